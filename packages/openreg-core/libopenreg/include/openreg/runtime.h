@@ -1,0 +1,188 @@
+/*
+ * libopenreg: the driver-level C API of the emulated openreg accelerator.
+ *
+ * This header is the seam a vendor replaces with their real driver. It has no
+ * dependency on PyTorch. The model follows CUDA's runtime API:
+ *
+ *  - Devices. OPENREG_DEVICE_COUNT devices (default 2), each with a fixed
+ *    capacity OPENREG_DEVICE_MEMORY (default 8 GiB, suffixes K/M/G accepted).
+ *    The current device is per host thread and starts at 0.
+ *
+ *  - Address space. Device memory lives in its own address range. The
+ *    pointers that orMalloc returns (the "device view") have no access
+ *    rights: host code that dereferences one faults, as on a discrete GPU.
+ *    Code running on the device (a kernel) turns a device pointer into a
+ *    usable one with orKernelPointer(); that is one subtraction and one
+ *    addition, no system call and no lock.
+ *
+ *  - Streams. Each stream runs its work in order on its own worker,
+ *    asynchronously to the host: a launch returns before the work has run.
+ *    The NULL stream is the current device's default stream.
+ *
+ *  - Events. Record a point in a stream, query or wait for it from the host,
+ *    make another stream wait for it, and measure time between two of them.
+ *
+ *  - Errors. Every call returns an orStatus; orGetLastErrorMessage() gives
+ *    the detailed message of the calling thread's last failure. A kernel
+ *    that fails leaves an error on its device which the next synchronising
+ *    call on that device (stream/event/device synchronize, synchronous
+ *    memcpy/memset) returns, naming the kernel.
+ *
+ * All functions are thread safe.
+ */
+#ifndef OPENREG_RUNTIME_H_
+#define OPENREG_RUNTIME_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#if defined(OPENREG_BUILDING_RUNTIME)
+#define OPENREG_API __declspec(dllexport)
+#else
+#define OPENREG_API __declspec(dllimport)
+#endif
+#else
+#define OPENREG_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum orStatus {
+  orSuccess = 0,
+  orErrorNotReady = 1,               /* queried work has not completed yet */
+  orErrorInvalidValue = 2,           /* a bad argument */
+  orErrorInvalidDevice = 3,          /* device index out of range */
+  orErrorMemoryAllocation = 4,       /* out of device or host memory */
+  orErrorInvalidDevicePointer = 5,   /* not a live allocation of this runtime */
+  orErrorInvalidResourceHandle = 6,  /* unknown or destroyed stream/event */
+  orErrorInvalidMemcpyDirection = 7, /* pointers do not match the copy kind */
+  orErrorNotPermitted = 8,           /* e.g. kernel-only call made by the host */
+  orErrorLaunchFailure = 9,          /* a kernel failed (reported later) */
+  orErrorForkedProcess = 10,         /* used in a child forked after init */
+  orErrorInitialization = 11,        /* bad configuration or OS failure */
+} orStatus;
+
+typedef enum orMemcpyKind {
+  orMemcpyHostToHost = 0,
+  orMemcpyHostToDevice = 1,
+  orMemcpyDeviceToHost = 2,
+  orMemcpyDeviceToDevice = 3,
+  orMemcpyDefault = 4, /* inferred from the pointers */
+} orMemcpyKind;
+
+typedef enum orMemoryType {
+  orMemoryTypeUnregistered = 0, /* ordinary (pageable) host memory */
+  orMemoryTypeHost = 1,         /* pinned host memory from orMallocHost */
+  orMemoryTypeDevice = 2,
+} orMemoryType;
+
+typedef struct orPointerAttributes {
+  orMemoryType type;
+  int device;       /* owning device, or -1 for host memory */
+  void* base;       /* start of the allocation containing the pointer */
+  size_t size;      /* size of that allocation in bytes */
+} orPointerAttributes;
+
+typedef struct orDeviceProp {
+  char name[64];
+  size_t totalGlobalMem;
+  int multiProcessorCount; /* host threads the device may use */
+  int major;
+  int minor;
+  size_t memoryAlignment;  /* alignment of orMalloc results */
+} orDeviceProp;
+
+typedef struct orRuntimeCounters {
+  uint64_t kernelsLaunched;
+  uint64_t memcpyHostToDevice;
+  uint64_t memcpyDeviceToHost;
+  uint64_t memcpyDeviceToDevice;
+  uint64_t bytesHostToDevice;
+  uint64_t bytesDeviceToHost;
+  uint64_t bytesDeviceToDevice;
+  uint64_t deviceMallocs;
+  uint64_t deviceFrees;
+} orRuntimeCounters;
+
+typedef struct orStream_st* orStream_t; /* NULL: current device's default stream */
+typedef struct orEvent_st* orEvent_t;
+
+/* A kernel: runs on a stream's worker. Return orSuccess, or the result of
+ * orKernelFail(). args belongs to the kernel; deleter (may be NULL) frees it
+ * after the kernel ran or when the launch is refused. */
+typedef orStatus (*orKernelFn)(void* args);
+typedef void (*orKernelArgsDeleter)(void* args);
+
+enum { orEventDefault = 0, orEventDisableTiming = 1 };
+enum { orStreamDefault = 0 };
+
+/* ---- errors ---- */
+OPENREG_API const char* orGetErrorName(orStatus status);
+OPENREG_API const char* orGetLastErrorMessage(void);
+
+/* ---- devices ---- */
+OPENREG_API orStatus orGetDeviceCount(int* count);
+OPENREG_API orStatus orSetDevice(int device);
+OPENREG_API orStatus orGetDevice(int* device);
+OPENREG_API orStatus orGetDeviceProperties(orDeviceProp* prop, int device);
+OPENREG_API orStatus orDeviceSynchronize(void);
+
+/* ---- memory ---- */
+OPENREG_API orStatus orMalloc(void** ptr, size_t size);
+OPENREG_API orStatus orFree(void* ptr); /* waits for the device's queued work */
+OPENREG_API orStatus orMallocHost(void** ptr, size_t size);
+OPENREG_API orStatus orFreeHost(void* ptr);
+OPENREG_API orStatus orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
+/* Asynchronous only when the host side is pinned (orMallocHost) or absent;
+ * a copy to or from pageable memory returns once it is done, as on CUDA. */
+OPENREG_API orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind,
+                                   orStream_t stream);
+OPENREG_API orStatus orMemset(void* dev_ptr, int value, size_t count);
+OPENREG_API orStatus orMemsetAsync(void* dev_ptr, int value, size_t count, orStream_t stream);
+OPENREG_API orStatus orPointerGetAttributes(orPointerAttributes* attr, const void* ptr);
+OPENREG_API orStatus orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+/* Bytes of the current device's memory held in host RAM right now. */
+OPENREG_API orStatus orDeviceGetResidentBytes(size_t* bytes);
+
+/* ---- streams ---- */
+OPENREG_API orStatus orDeviceGetStreamPriorityRange(int* least, int* greatest);
+OPENREG_API orStatus orStreamCreate(orStream_t* stream);
+OPENREG_API orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int flags, int priority);
+OPENREG_API orStatus orStreamDestroy(orStream_t stream); /* after queued work is done */
+OPENREG_API orStatus orStreamQuery(orStream_t stream);
+OPENREG_API orStatus orStreamSynchronize(orStream_t stream);
+OPENREG_API orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flags);
+OPENREG_API orStatus orStreamGetDevice(orStream_t stream, int* device);
+OPENREG_API orStatus orStreamGetPriority(orStream_t stream, int* priority);
+
+/* ---- events ---- */
+OPENREG_API orStatus orEventCreate(orEvent_t* event);
+OPENREG_API orStatus orEventCreateWithFlags(orEvent_t* event, unsigned int flags);
+OPENREG_API orStatus orEventDestroy(orEvent_t event);
+OPENREG_API orStatus orEventRecord(orEvent_t event, orStream_t stream);
+OPENREG_API orStatus orEventQuery(orEvent_t event); /* orSuccess if never recorded */
+OPENREG_API orStatus orEventSynchronize(orEvent_t event);
+OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+/* ---- kernels ---- */
+/* name must stay valid until the kernel ran (a literal or an interned name). */
+OPENREG_API orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void* args,
+                                    orKernelArgsDeleter deleter);
+/* Device side only: translate a device pointer into one the kernel can use. */
+OPENREG_API orStatus orKernelPointer(const void* dev_ptr, void** kernel_ptr);
+/* Device side only: record why the running kernel failed; returns orErrorLaunchFailure. */
+OPENREG_API orStatus orKernelFail(const char* message);
+/* 1 when the calling thread is running a kernel. */
+OPENREG_API int orInKernel(void);
+
+/* ---- observability ---- */
+OPENREG_API orStatus orGetCounters(orRuntimeCounters* counters);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPENREG_RUNTIME_H_ */

@@ -1,0 +1,232 @@
+// Devices: configuration, lazy initialisation, the per-thread current device,
+// device-wide synchronisation, kernel error reporting and fork detection.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime_internal.h"
+
+namespace openreg::rt {
+
+std::atomic<bool> g_forked{false};
+
+namespace {
+
+constexpr size_t kDefaultCapacity = size_t{8} << 30;  // 8 GiB per device
+constexpr int kDefaultDeviceCount = 2;
+constexpr int kMaxDeviceCount = 64;
+
+// Parses "123", "512M", "4G", "64K" (binary units). Returns false when malformed.
+bool parse_bytes(const char* text, size_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (end == text || errno != 0) return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; ++end; break;
+    case 'm': case 'M': shift = 20; ++end; break;
+    case 'g': case 'G': shift = 30; ++end; break;
+    default: return false;
+  }
+  if (*end == 'i' || *end == 'B') ++end;
+  if (*end == 'B') ++end;
+  if (*end != '\0' || v == 0) return false;
+  *out = static_cast<size_t>(v) << shift;
+  return true;
+}
+
+void mark_forked() { g_forked.store(true); }
+
+Runtime* create_runtime() {
+  auto* rt = new Runtime();
+  rt->device_count = kDefaultDeviceCount;
+  rt->capacity = kDefaultCapacity;
+  if (const char* env = std::getenv("OPENREG_DEVICE_COUNT")) {
+    char* end = nullptr;
+    long n = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || n < 1 || n > kMaxDeviceCount)
+      rt->config_error = "OPENREG_DEVICE_COUNT='" + std::string(env) +
+                         "' is not a whole number from 1 to " + std::to_string(kMaxDeviceCount);
+    else
+      rt->device_count = static_cast<int>(n);
+  }
+  if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
+    size_t bytes = 0;
+    if (!parse_bytes(env, &bytes))
+      rt->config_error = "OPENREG_DEVICE_MEMORY='" + std::string(env) +
+                         "' is not a size such as 512M or 8G";
+    else
+      rt->capacity = (bytes + platform::page_size() - 1) / platform::page_size() * platform::page_size();
+  }
+  rt->devices.reset(new Device[rt->device_count]);
+  for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
+  platform::on_fork_child(mark_forked);
+  return rt;
+}
+
+thread_local int t_current_device = 0;
+
+}  // namespace
+
+Runtime& runtime() {
+  static Runtime* rt = create_runtime();  // intentionally leaked
+  return *rt;
+}
+
+int& current_device_index() { return t_current_device; }
+
+orStatus check_runtime() {
+  Runtime& rt = runtime();
+  if (g_forked.load(std::memory_order_relaxed))
+    return fail(orErrorForkedProcess,
+                "the openreg runtime was started in the parent process and cannot be used in a "
+                "forked child; start worker processes with the 'spawn' method");
+  if (!rt.config_error.empty()) return fail(orErrorInitialization, rt.config_error);
+  return orSuccess;
+}
+
+orStatus get_device(int index, Device** out) {
+  Runtime& rt = runtime();
+  if (index < 0 || index >= rt.device_count)
+    return fail(orErrorInvalidDevice, "device index " + std::to_string(index) +
+                                          " is out of range: there are " +
+                                          std::to_string(rt.device_count) + " openreg devices");
+  Device& dev = rt.devices[index];
+  if (!dev.ready.load(std::memory_order_acquire)) {
+    std::call_once(dev.init_once, [&] {
+      if (!platform::create_dual_mapping(rt.capacity, &dev.arena, &dev.init_error)) {
+        dev.init_status = orErrorInitialization;
+        return;
+      }
+      dev.free_blocks[0] = rt.capacity;
+      uintptr_t handle = 0;
+      Stream* s = rt.streams.acquire(&handle);
+      s->device = index;
+      s->priority = 0;
+      s->is_default = true;
+      dev.default_stream = reinterpret_cast<orStream_t>(handle);
+      dev.streams.push_back(s);
+      dev.ready.store(true, std::memory_order_release);
+    });
+    if (dev.init_status != orSuccess)
+      return fail(dev.init_status, "device " + std::to_string(index) + ": " + dev.init_error);
+  }
+  *out = &dev;
+  return orSuccess;
+}
+
+orStatus current_device(Device** out) { return get_device(t_current_device, out); }
+
+Device* device_of(const void* ptr) {
+  Runtime& rt = runtime();
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  for (int i = 0; i < rt.device_count; ++i) {
+    Device& dev = rt.devices[i];
+    if (!dev.ready.load(std::memory_order_acquire)) continue;
+    auto base = reinterpret_cast<uintptr_t>(dev.arena.device_view);
+    if (p >= base && p < base + dev.arena.size) return &dev;
+  }
+  return nullptr;
+}
+
+void record_kernel_error(int device, const char* kernel, const char* message) {
+  Device& dev = runtime().devices[device];
+  std::lock_guard<std::mutex> lock(dev.error_mu);
+  if (dev.has_error.load()) return;  // keep the first failure
+  dev.error = "kernel '" + std::string(kernel ? kernel : "<unnamed>") + "' failed on openreg device " +
+              std::to_string(device) + ": " + (message ? message : "no message");
+  dev.has_error.store(true);
+}
+
+orStatus take_device_error(Device& dev) {
+  if (!dev.has_error.load(std::memory_order_acquire)) return orSuccess;
+  std::lock_guard<std::mutex> lock(dev.error_mu);
+  if (!dev.has_error.load()) return orSuccess;
+  std::string message = std::move(dev.error);
+  dev.error.clear();
+  dev.has_error.store(false);
+  return fail(orErrorLaunchFailure, message);
+}
+
+orStatus synchronize_device(Device& dev) {
+  std::vector<Stream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(dev.streams_mu);
+    streams = dev.streams;
+  }
+  for (Stream* s : streams) s->synchronize();
+  return take_device_error(dev);
+}
+
+}  // namespace openreg::rt
+
+using namespace openreg::rt;
+
+extern "C" {
+
+orStatus orGetDeviceCount(int* count) {
+  if (count == nullptr) return fail(orErrorInvalidValue, "count is NULL");
+  if (orStatus st = check_runtime()) return st;
+  *count = runtime().device_count;
+  return orSuccess;
+}
+
+orStatus orSetDevice(int device) {
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = nullptr;
+  if (orStatus st = get_device(device, &dev)) return st;
+  current_device_index() = device;
+  return orSuccess;
+}
+
+orStatus orGetDevice(int* device) {
+  if (device == nullptr) return fail(orErrorInvalidValue, "device is NULL");
+  if (orStatus st = check_runtime()) return st;
+  *device = current_device_index();
+  return orSuccess;
+}
+
+orStatus orGetDeviceProperties(orDeviceProp* prop, int device) {
+  if (prop == nullptr) return fail(orErrorInvalidValue, "prop is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Runtime& rt = runtime();
+  if (device < 0 || device >= rt.device_count)
+    return fail(orErrorInvalidDevice, "device index " + std::to_string(device) +
+                                          " is out of range: there are " +
+                                          std::to_string(rt.device_count) + " openreg devices");
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "OpenReg Emulated Device");
+  prop->totalGlobalMem = rt.capacity;
+  prop->multiProcessorCount = openreg::platform::hardware_threads();
+  prop->major = 1;
+  prop->minor = 0;
+  prop->memoryAlignment = 512;
+  return orSuccess;
+}
+
+orStatus orDeviceSynchronize(void) {
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = nullptr;
+  if (orStatus st = current_device(&dev)) return st;
+  return synchronize_device(*dev);
+}
+
+orStatus orGetCounters(orRuntimeCounters* out) {
+  if (out == nullptr) return fail(orErrorInvalidValue, "counters is NULL");
+  Counters& c = runtime().counters;
+  out->kernelsLaunched = c.kernels.load();
+  out->memcpyHostToDevice = c.h2d.load();
+  out->memcpyDeviceToHost = c.d2h.load();
+  out->memcpyDeviceToDevice = c.d2d.load();
+  out->bytesHostToDevice = c.bytes_h2d.load();
+  out->bytesDeviceToHost = c.bytes_d2h.load();
+  out->bytesDeviceToDevice = c.bytes_d2d.load();
+  out->deviceMallocs = c.mallocs.load();
+  out->deviceFrees = c.frees.load();
+  return orSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,351 @@
+// Device memory, pinned host memory, copies and memsets.
+//
+// Each device's memory is one arena (see platform.h) carved by a first-fit
+// allocator with 512-byte granularity. Freed blocks coalesce with their
+// neighbours, and the whole pages they cover are given back to the OS, so a
+// device's resident size follows what is allocated. The caching allocator of
+// the PyTorch layer sits on top, so this path is not hot.
+//
+// Copies and memsets are work items on a stream, like kernels. A copy that
+// touches pageable host memory completes before the call returns (the host
+// buffer may be reused right after); one with pinned or device memory only
+// is asynchronous.
+#include <cstring>
+#include <sstream>
+
+#include "runtime_internal.h"
+
+namespace openreg::rt {
+
+namespace {
+
+constexpr size_t kAlignment = 512;
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+std::string hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+std::string mib(size_t bytes) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return os.str();
+}
+
+// Where a pointer lives, for copies and attributes.
+struct Location {
+  orMemoryType type = orMemoryTypeUnregistered;
+  Device* device = nullptr;
+  uintptr_t base = 0;
+  size_t size = 0;
+};
+
+// Classifies [ptr, ptr+count). Device ranges must lie inside one live allocation.
+orStatus locate(const void* ptr, size_t count, Location* loc) {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (Device* dev = device_of(ptr)) {
+    std::lock_guard<std::mutex> lock(dev->mem_mu);
+    size_t off = p - reinterpret_cast<uintptr_t>(dev->arena.device_view);
+    auto it = dev->live_blocks.upper_bound(off);
+    if (it == dev->live_blocks.begin() || (--it, off >= it->first + it->second))
+      return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " on openreg device " +
+                                                   std::to_string(dev->index) +
+                                                   " is not inside a live allocation");
+    if (off + count > it->first + it->second)
+      return fail(orErrorInvalidValue, "range of " + std::to_string(count) + " bytes at " + hex(ptr) +
+                                           " runs past the end of its allocation of " +
+                                           std::to_string(it->second) + " bytes");
+    loc->type = orMemoryTypeDevice;
+    loc->device = dev;
+    loc->base = reinterpret_cast<uintptr_t>(dev->arena.device_view) + it->first;
+    loc->size = it->second;
+    return orSuccess;
+  }
+  Runtime& rt = runtime();
+  std::lock_guard<std::mutex> lock(rt.host_mu);
+  auto it = rt.host_blocks.upper_bound(p);
+  if (it != rt.host_blocks.begin() && (--it, p < it->first + it->second) &&
+      p + count <= it->first + it->second) {
+    loc->type = orMemoryTypeHost;
+    loc->base = it->first;
+    loc->size = it->second;
+  }
+  return orSuccess;
+}
+
+char* kernel_address(const Location& loc, const void* ptr) {
+  if (loc.type != orMemoryTypeDevice) return static_cast<char*>(const_cast<void*>(ptr));
+  return loc.device->arena.kernel_view + (static_cast<const char*>(ptr) - loc.device->arena.device_view);
+}
+
+struct CopyArgs {
+  char* dst;
+  const char* src;
+  size_t count;
+};
+
+orStatus copy_kernel(void* p) {
+  auto* a = static_cast<CopyArgs*>(p);
+  std::memcpy(a->dst, a->src, a->count);
+  return orSuccess;
+}
+
+struct SetArgs {
+  char* dst;
+  int value;
+  size_t count;
+};
+
+orStatus set_kernel(void* p) {
+  auto* a = static_cast<SetArgs*>(p);
+  std::memset(a->dst, a->value, a->count);
+  return orSuccess;
+}
+
+template <typename T>
+void delete_args(void* p) {
+  delete static_cast<T*>(p);
+}
+
+// Enqueues a copy. `blocking`: wait for it; `sync`: also report device errors.
+orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream,
+              bool sync) {
+  if (orStatus st = check_runtime()) return st;
+  if (count == 0) return orSuccess;
+  if (dst == nullptr || src == nullptr) return fail(orErrorInvalidValue, "NULL pointer in memcpy");
+  Location d, s;
+  if (orStatus st = locate(dst, count, &d)) return st;
+  if (orStatus st = locate(src, count, &s)) return st;
+  const bool dd = d.type == orMemoryTypeDevice, sd = s.type == orMemoryTypeDevice;
+  orMemcpyKind actual = dd ? (sd ? orMemcpyDeviceToDevice : orMemcpyHostToDevice)
+                           : (sd ? orMemcpyDeviceToHost : orMemcpyHostToHost);
+  if (kind != orMemcpyDefault && kind != actual)
+    return fail(orErrorInvalidMemcpyDirection,
+                std::string("the pointers describe a ") +
+                    (actual == orMemcpyHostToHost     ? "host-to-host"
+                     : actual == orMemcpyHostToDevice ? "host-to-device"
+                     : actual == orMemcpyDeviceToHost ? "device-to-host"
+                                                      : "device-to-device") +
+                    " copy, which does not match the requested kind");
+  Stream* str = nullptr;
+  if (orStatus st = resolve_stream(stream, &str)) return st;
+  Counters& c = runtime().counters;
+  switch (actual) {
+    case orMemcpyHostToDevice: c.h2d++; c.bytes_h2d += count; break;
+    case orMemcpyDeviceToHost: c.d2h++; c.bytes_d2h += count; break;
+    case orMemcpyDeviceToDevice: c.d2d++; c.bytes_d2d += count; break;
+    default: break;
+  }
+  WorkItem item;
+  item.fn = copy_kernel;
+  item.args = new CopyArgs{kernel_address(d, dst), kernel_address(s, src), count};
+  item.deleter = delete_args<CopyArgs>;
+  item.name = "openreg::memcpy";
+  const bool pageable = (!dd && d.type == orMemoryTypeUnregistered) || (!sd && s.type == orMemoryTypeUnregistered);
+  uint64_t seq = str->enqueue(item);
+  if (sync || pageable) str->completed.wait_for(seq);
+  return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
+}
+
+orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool sync) {
+  if (orStatus st = check_runtime()) return st;
+  if (count == 0) return orSuccess;
+  Location d;
+  if (orStatus st = locate(dev_ptr, count, &d)) return st;
+  if (d.type != orMemoryTypeDevice) return fail(orErrorInvalidDevicePointer, "memset needs device memory");
+  Stream* str = nullptr;
+  if (orStatus st = resolve_stream(stream, &str)) return st;
+  WorkItem item;
+  item.fn = set_kernel;
+  item.args = new SetArgs{kernel_address(d, dev_ptr), value, count};
+  item.deleter = delete_args<SetArgs>;
+  item.name = "openreg::memset";
+  uint64_t seq = str->enqueue(item);
+  if (!sync) return orSuccess;
+  str->completed.wait_for(seq);
+  return take_device_error(runtime().devices[str->device]);
+}
+
+}  // namespace
+}  // namespace openreg::rt
+
+using namespace openreg::rt;
+
+extern "C" {
+
+orStatus orMalloc(void** ptr, size_t size) {
+  if (ptr == nullptr) return fail(orErrorInvalidValue, "ptr is NULL");
+  *ptr = nullptr;
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = nullptr;
+  if (orStatus st = current_device(&dev)) return st;
+  if (size == 0) return orSuccess;
+  if (size > dev->arena.size) size = dev->arena.size + 1;  // fails below, without overflow
+  const size_t need = round_up(size, kAlignment);
+  std::lock_guard<std::mutex> lock(dev->mem_mu);
+  size_t largest = 0;
+  for (auto it = dev->free_blocks.begin(); it != dev->free_blocks.end(); ++it) {
+    if (it->second < need) {
+      largest = std::max(largest, it->second);
+      continue;
+    }
+    const size_t off = it->first, block = it->second;
+    dev->free_blocks.erase(it);
+    if (block > need) dev->free_blocks[off + need] = block - need;
+    dev->live_blocks[off] = need;
+    dev->allocated += need;
+    runtime().counters.mallocs++;
+    *ptr = dev->arena.device_view + off;
+    return orSuccess;
+  }
+  return fail(orErrorMemoryAllocation,
+              "out of memory on openreg device " + std::to_string(dev->index) + ": tried to allocate " +
+                  mib(need) + "; " + mib(dev->allocated) + " allocated, " + mib(largest) +
+                  " largest free block, " + mib(dev->arena.size) +
+                  " capacity (set OPENREG_DEVICE_MEMORY to change it)");
+}
+
+orStatus orFree(void* ptr) {
+  if (ptr == nullptr) return orSuccess;
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = device_of(ptr);
+  if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " is not openreg device memory");
+  // As cudaFree, wait for queued work that may still use the memory.
+  {
+    std::vector<Stream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(dev->streams_mu);
+      streams = dev->streams;
+    }
+    for (Stream* s : streams) s->synchronize();
+  }
+  std::lock_guard<std::mutex> lock(dev->mem_mu);
+  size_t off = static_cast<char*>(ptr) - dev->arena.device_view;
+  auto live = dev->live_blocks.find(off);
+  if (live == dev->live_blocks.end())
+    return fail(orErrorInvalidDevicePointer,
+                "pointer " + hex(ptr) + " is not the start of a live allocation on openreg device " +
+                    std::to_string(dev->index) + " (freed twice, or not returned by orMalloc)");
+  const size_t size = live->second;
+  dev->live_blocks.erase(live);
+  dev->allocated -= size;
+  runtime().counters.frees++;
+  // Coalesce with free neighbours.
+  size_t start = off, end = off + size;
+  auto next = dev->free_blocks.lower_bound(off);
+  if (next != dev->free_blocks.end() && next->first == end) {
+    end += next->second;
+    next = dev->free_blocks.erase(next);
+  }
+  if (next != dev->free_blocks.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      dev->free_blocks.erase(prev);
+    }
+  }
+  dev->free_blocks[start] = end - start;
+  // Return the pages that are now wholly free and that this block touched.
+  const size_t page = openreg::platform::page_size();
+  const size_t lo = std::max(round_up(start, page), off / page * page);
+  const size_t hi = std::min(end / page * page, round_up(off + size, page));
+  if (hi > lo) openreg::platform::release_pages(dev->arena, lo, hi - lo);
+  return orSuccess;
+}
+
+orStatus orMallocHost(void** ptr, size_t size) {
+  if (ptr == nullptr) return fail(orErrorInvalidValue, "ptr is NULL");
+  *ptr = nullptr;
+  if (orStatus st = check_runtime()) return st;
+  if (size == 0) return orSuccess;
+  const size_t bytes = round_up(size, openreg::platform::page_size());
+  void* p = openreg::platform::host_alloc(bytes);
+  if (p == nullptr) return fail(orErrorMemoryAllocation, "cannot allocate " + mib(bytes) + " of pinned host memory");
+  Runtime& rt = runtime();
+  std::lock_guard<std::mutex> lock(rt.host_mu);
+  rt.host_blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *ptr = p;
+  return orSuccess;
+}
+
+orStatus orFreeHost(void* ptr) {
+  if (ptr == nullptr) return orSuccess;
+  if (orStatus st = check_runtime()) return st;
+  Runtime& rt = runtime();
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(rt.host_mu);
+    auto it = rt.host_blocks.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == rt.host_blocks.end())
+      return fail(orErrorInvalidValue, "pointer " + hex(ptr) +
+                                           " is not pinned memory from orMallocHost (freed twice?)");
+    bytes = it->second;
+    rt.host_blocks.erase(it);
+  }
+  // Asynchronous copies may still read or write the buffer: wait for every device.
+  for (int i = 0; i < rt.device_count; ++i) {
+    Device& dev = rt.devices[i];
+    if (!dev.ready.load()) continue;
+    std::vector<Stream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(dev.streams_mu);
+      streams = dev.streams;
+    }
+    for (Stream* s : streams) s->synchronize();
+  }
+  openreg::platform::host_free(ptr, bytes);
+  return orSuccess;
+}
+
+orStatus orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
+  return copy(dst, src, count, kind, nullptr, /*sync=*/true);
+}
+
+orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream) {
+  return copy(dst, src, count, kind, stream, /*sync=*/false);
+}
+
+orStatus orMemset(void* dev_ptr, int value, size_t count) {
+  return set(dev_ptr, value, count, nullptr, /*sync=*/true);
+}
+
+orStatus orMemsetAsync(void* dev_ptr, int value, size_t count, orStream_t stream) {
+  return set(dev_ptr, value, count, stream, /*sync=*/false);
+}
+
+orStatus orPointerGetAttributes(orPointerAttributes* attr, const void* ptr) {
+  if (attr == nullptr) return fail(orErrorInvalidValue, "attr is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Location loc;
+  if (orStatus st = locate(ptr, 0, &loc)) return st;
+  attr->type = loc.type;
+  attr->device = loc.device ? loc.device->index : -1;
+  attr->base = reinterpret_cast<void*>(loc.base);
+  attr->size = loc.size;
+  return orSuccess;
+}
+
+orStatus orMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = nullptr;
+  if (orStatus st = current_device(&dev)) return st;
+  std::lock_guard<std::mutex> lock(dev->mem_mu);
+  if (free_bytes) *free_bytes = dev->arena.size - dev->allocated;
+  if (total_bytes) *total_bytes = dev->arena.size;
+  return orSuccess;
+}
+
+orStatus orDeviceGetResidentBytes(size_t* bytes) {
+  if (bytes == nullptr) return fail(orErrorInvalidValue, "bytes is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = nullptr;
+  if (orStatus st = current_device(&dev)) return st;
+  *bytes = openreg::platform::resident_bytes(dev->arena, 0, dev->arena.size);
+  return orSuccess;
+}
+
+}  // extern "C"

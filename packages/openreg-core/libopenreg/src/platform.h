@@ -1,0 +1,51 @@
+// The OS seam of the runtime: everything that differs between Linux, macOS
+// and Windows sits behind these few functions. A port implements this header
+// in one file (platform_posix.cpp serves Linux and macOS).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace openreg::platform {
+
+// One block of memory mapped twice: `device_view` has no access rights (what
+// the host and PyTorch see), `kernel_view` is readable and writable (what
+// kernels use). Both views alias the same pages.
+struct DualMapping {
+  char* device_view = nullptr;
+  char* kernel_view = nullptr;
+  size_t size = 0;
+  intptr_t handle = -1;  // OS object backing both views
+};
+
+// Reserves `size` bytes of sparse memory in two views. Pages are committed on
+// first touch. Returns false and fills `error` on failure.
+bool create_dual_mapping(size_t size, DualMapping* out, std::string* error);
+
+// Gives the pages of [offset, offset+length) back to the OS; they read as zero
+// afterwards. Offsets are multiples of page_size().
+void release_pages(const DualMapping& mapping, size_t offset, size_t length);
+
+// Bytes of [offset, offset+length) currently resident in RAM.
+size_t resident_bytes(const DualMapping& mapping, size_t offset, size_t length);
+
+// Page-aligned, readable and writable host memory (the pinned-host pool).
+void* host_alloc(size_t size);
+void host_free(void* ptr, size_t size);
+
+size_t page_size();
+int hardware_threads();
+uint64_t now_ns();  // monotonic clock
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Runs `child` in the child process after fork() (no-op where fork does not exist).
+void on_fork_child(void (*child)());
+
+}  // namespace openreg::platform

@@ -1,0 +1,227 @@
+// Internal state of the emulated runtime, shared by the files in src/.
+//
+// Handles. Streams and events are objects in a HandleTable: they are never
+// deallocated, only recycled, and a handle carries the slot index plus a
+// generation. A destroyed or made-up handle therefore gives
+// orErrorInvalidResourceHandle instead of touching freed memory.
+//
+// Waiting. Progress is a monotonically increasing 64-bit counter (a
+// Progress): a stream counts completed work items, an event counts
+// completed records. Waiters spin for a short while (launch latency on an
+// idle device is a few microseconds) and then sleep on a condition variable.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "openreg/runtime.h"
+#include "platform.h"
+
+namespace openreg::rt {
+
+// ---- errors ----
+// Records `message` as the calling thread's last error and returns `status`.
+orStatus fail(orStatus status, const std::string& message);
+
+// ---- configuration ----
+uint64_t spin_ns();  // how long waiters spin before sleeping (OPENREG_SPIN_US)
+
+// ---- waiting on a counter ----
+class Progress {
+ public:
+  uint64_t value() const { return value_.load(std::memory_order_acquire); }
+  void advance_to(uint64_t v);
+  void wait_for(uint64_t v);  // until value() >= v
+
+ private:
+  std::atomic<uint64_t> value_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// ---- handle tables ----
+template <typename T>
+class HandleTable {
+ public:
+  static constexpr uint32_t kChunk = 256;
+  static constexpr uint32_t kChunks = 4096;
+
+  // Returns a fresh or recycled object and its handle value.
+  T* acquire(uintptr_t* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint32_t index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = size_;
+      if (index / kChunk >= kChunks) return nullptr;
+      if (index % kChunk == 0) chunks_[index / kChunk].store(new Slot[kChunk], std::memory_order_release);
+      ++size_;
+    }
+    Slot& slot = slot_at(index);
+    uint32_t gen = slot.generation.load(std::memory_order_relaxed) + 1;
+    slot.generation.store(gen, std::memory_order_release);
+    *handle = (static_cast<uintptr_t>(gen) << 32) | (index + 1);
+    return &slot.object;
+  }
+
+  // The live object behind `handle`, or nullptr.
+  T* lookup(uintptr_t handle) const {
+    uint32_t index = static_cast<uint32_t>(handle & 0xffffffffu);
+    uint32_t gen = static_cast<uint32_t>(handle >> 32);
+    if (index == 0 || (gen & 1) == 0) return nullptr;  // odd generation = live
+    --index;
+    if (index / kChunk >= kChunks) return nullptr;
+    Slot* chunk = chunks_[index / kChunk].load(std::memory_order_acquire);
+    if (chunk == nullptr) return nullptr;
+    Slot& slot = chunk[index % kChunk];
+    if (slot.generation.load(std::memory_order_acquire) != gen) return nullptr;
+    return &slot.object;
+  }
+
+  // Marks the handle dead; the object is recycled by a later acquire().
+  bool release(uintptr_t handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    T* obj = lookup(handle);
+    if (obj == nullptr) return false;
+    uint32_t index = static_cast<uint32_t>(handle & 0xffffffffu) - 1;
+    slot_at(index).generation.fetch_add(1, std::memory_order_acq_rel);
+    free_.push_back(index);
+    return true;
+  }
+
+ private:
+  struct Slot {
+    std::atomic<uint32_t> generation{0};
+    T object;
+  };
+  Slot& slot_at(uint32_t index) { return chunks_[index / kChunk].load()[index % kChunk]; }
+
+  std::mutex mu_;
+  std::array<std::atomic<Slot*>, kChunks> chunks_{};
+  uint32_t size_ = 0;
+  std::vector<uint32_t> free_;
+};
+
+// ---- streams ----
+struct WorkItem {
+  orKernelFn fn = nullptr;
+  void* args = nullptr;
+  orKernelArgsDeleter deleter = nullptr;
+  const char* name = nullptr;
+  uint64_t seq = 0;
+};
+
+struct Stream {
+  int device = 0;
+  int priority = 0;
+  bool is_default = false;
+
+  std::mutex mu;  // guards queue, submitted_locked, sleeping, worker
+  std::condition_variable work_cv;
+  std::deque<WorkItem> queue;
+  uint64_t submitted_locked = 0;
+  bool sleeping = false;
+  bool has_worker = false;
+  std::atomic<uint64_t> submitted{0};
+  Progress completed;
+
+  uint64_t enqueue(const WorkItem& item);  // returns the item's sequence number
+  void synchronize() { completed.wait_for(submitted.load(std::memory_order_acquire)); }
+  bool idle() const { return completed.value() >= submitted.load(std::memory_order_acquire); }
+
+ private:
+  void worker_loop();
+};
+
+// ---- events ----
+struct Event {
+  std::atomic<bool> timing{true};
+  std::atomic<int> device{-1};
+  std::atomic<uint64_t> recorded{0};  // generation of the last orEventRecord
+  Progress completed;                 // generation that last ran
+  std::atomic<uint64_t> time_ns{0};   // when the last record ran
+};
+
+// ---- devices ----
+struct Device {
+  int index = 0;
+  std::once_flag init_once;
+  orStatus init_status = orSuccess;
+  std::string init_error;
+  std::atomic<bool> ready{false};
+
+  platform::DualMapping arena;
+
+  // Sub-allocator of the arena (first fit on an ordered free list).
+  std::mutex mem_mu;
+  std::map<size_t, size_t> free_blocks;  // offset -> size
+  std::map<size_t, size_t> live_blocks;  // offset -> size
+  size_t allocated = 0;
+
+  std::mutex streams_mu;
+  std::vector<Stream*> streams;  // every live stream of the device
+  orStream_t default_stream = nullptr;
+
+  // The first kernel failure not yet reported by a synchronising call.
+  std::mutex error_mu;
+  std::atomic<bool> has_error{false};
+  std::string error;
+};
+
+struct Counters {
+  std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0},
+      bytes_d2d{0}, mallocs{0}, frees{0};
+};
+
+struct Runtime {
+  int device_count = 0;
+  size_t capacity = 0;
+  std::string config_error;
+  std::unique_ptr<Device[]> devices;
+  HandleTable<Stream> streams;
+  HandleTable<Event> events;
+  Counters counters;
+
+  std::mutex host_mu;
+  std::map<uintptr_t, size_t> host_blocks;  // pinned base -> size
+};
+
+// The process-wide runtime; never destroyed so worker threads may outlive main().
+Runtime& runtime();
+extern std::atomic<bool> g_forked;
+
+// Validates the configuration (once) and the fork state. Every API entry calls it.
+orStatus check_runtime();
+// Initialises device `index` if needed.
+orStatus get_device(int index, Device** out);
+// The current device of this host thread, initialised.
+orStatus current_device(Device** out);
+int& current_device_index();
+
+// Resolves a stream handle (NULL: the current device's default stream).
+orStatus resolve_stream(orStream_t handle, Stream** out);
+orStatus resolve_event(orEvent_t handle, Event** out);
+
+// Records a kernel failure on its device.
+void record_kernel_error(int device, const char* kernel, const char* message);
+// Returns and clears the device's pending kernel error (orSuccess if none).
+orStatus take_device_error(Device& dev);
+orStatus synchronize_device(Device& dev);
+
+// Device whose arena contains `ptr`, or nullptr.
+Device* device_of(const void* ptr);
+
+}  // namespace openreg::rt
