@@ -212,17 +212,22 @@ orStatus orStreamDestroy(orStream_t stream) {
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
   if (s->is_default) return fail(orErrorInvalidResourceHandle, "the default stream cannot be destroyed");
-  if (!runtime().streams.release(reinterpret_cast<uintptr_t>(stream)))
-    return fail(orErrorInvalidResourceHandle, "the stream is unknown or was destroyed");
+  // Drain and unlink the stream before its slot is released: once released, the
+  // slot can be recycled by another thread for another device, and work still
+  // queued here would run as that device (and s->device would be rewritten).
   s->synchronize();
-  Device& dev = runtime().devices[s->device];
-  std::lock_guard<std::mutex> lock(dev.streams_mu);
-  for (auto it = dev.streams.begin(); it != dev.streams.end(); ++it) {
-    if (*it == s) {
-      dev.streams.erase(it);
-      break;
+  {
+    Device& dev = runtime().devices[s->device];
+    std::lock_guard<std::mutex> lock(dev.streams_mu);
+    for (auto it = dev.streams.begin(); it != dev.streams.end(); ++it) {
+      if (*it == s) {
+        dev.streams.erase(it);
+        break;
+      }
     }
   }
+  if (!runtime().streams.release(reinterpret_cast<uintptr_t>(stream)))
+    return fail(orErrorInvalidResourceHandle, "the stream is unknown or was destroyed");
   return orSuccess;
 }
 
@@ -256,6 +261,15 @@ orStatus orStreamGetPriority(orStream_t stream, int* priority) {
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
   *priority = s->priority;
+  return orSuccess;
+}
+
+orStatus orDeviceGetDefaultStream(int device, orStream_t* stream) {
+  if (stream == nullptr) return fail(orErrorInvalidValue, "stream is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Device* dev = nullptr;
+  if (orStatus st = get_device(device, &dev)) return st;
+  *stream = dev->default_stream;
   return orSuccess;
 }
 
@@ -300,9 +314,12 @@ orStatus orEventDestroy(orEvent_t event) {
   if (orStatus st = check_runtime()) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
+  // Wait for queued records before the slot can be recycled: orEventCreate on a
+  // recycled slot marks it complete, which would release waiters on a record
+  // that has not run yet.
+  e->completed.wait_for(e->recorded.load());
   if (!runtime().events.release(reinterpret_cast<uintptr_t>(event)))
     return fail(orErrorInvalidResourceHandle, "the event is unknown or was destroyed");
-  e->completed.wait_for(e->recorded.load());  // no record of it may still be queued
   return orSuccess;
 }
 

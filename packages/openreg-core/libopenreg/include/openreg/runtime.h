@@ -157,6 +157,8 @@ OPENREG_API orStatus orStreamSynchronize(orStream_t stream);
 OPENREG_API orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flags);
 OPENREG_API orStatus orStreamGetDevice(orStream_t stream, int* device);
 OPENREG_API orStatus orStreamGetPriority(orStream_t stream, int* priority);
+/* The default stream of a given device (what NULL means on that device). */
+OPENREG_API orStatus orDeviceGetDefaultStream(int device, orStream_t* stream);
 
 /* ---- events ---- */
 OPENREG_API orStatus orEventCreate(orEvent_t* event);

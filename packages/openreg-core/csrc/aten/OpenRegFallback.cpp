@@ -1,0 +1,364 @@
+// The generic path: every ATen operator without a native openreg kernel.
+//
+// For an op call on openreg tensors:
+//  1. Output metadata comes from PyTorch's meta kernel, run on the host on
+//     meta tensors that mirror the inputs (sizes, strides, offsets, dtypes).
+//  2. Outputs are allocated on the device. View ops need no kernel at all:
+//     the result aliases the input's storage with the meta result's geometry.
+//  3. A kernel is launched on the current stream. On the device it turns
+//     every openreg tensor into a CPU tensor over the kernel view of the
+//     same memory (kernel_tensor) and runs the CPU implementation: in-place
+//     and out= ops write straight into device memory; a functional op runs
+//     its out= overload into the outputs when one exists, otherwise its
+//     result is copied into the outputs on the device (one device-side copy).
+//     Inputs are never copied, and the host does not wait.
+//  4. Ops whose result the host must see (a Python bool or number) or whose
+//     output shape depends on data (no meta kernel, e.g. nonzero) wait for
+//     the kernel, as CUDA does.
+// Random ops draw from a generator seeded at launch from the device's
+// generator (see OpenRegGenerator.h).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "../runtime/OpenRegException.h"
+#include "../runtime/OpenRegGenerator.h"
+#include "../runtime/OpenRegStream.h"
+#include "OpenRegFallback.h"
+#include "OpenRegKernelTensor.h"
+
+namespace c10::openreg {
+
+namespace {
+
+using torch::jit::Stack;
+
+// ---- statistics and strict mode ----
+std::mutex g_stats_mu;
+std::unordered_map<std::string, int64_t> g_counts;
+std::atomic<bool> g_strict{false};
+
+void count(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  g_counts[op.schema().operator_name().name + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name())]++;
+}
+
+// ---- mapping over the tensors inside IValues ----
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isList()) {
+    auto list = v.toList();
+    if (list.size() > 0 && (list.get(0).isTensor() || list.get(0).isNone())) {
+      bool has_tensor = false;
+      for (const c10::IValue& e : list) has_tensor |= e.isTensor();
+      if (has_tensor) {
+        c10::List<std::optional<at::Tensor>> out;
+        for (const c10::IValue& e : list)
+          out.push_back(e.isTensor() ? std::optional<at::Tensor>(f(e.toTensor())) : std::nullopt);
+        return out;
+      }
+    }
+  }
+  return v;
+}
+
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  map_tensors(v, [&](const at::Tensor& t) {
+    f(t);
+    return t;
+  });
+}
+
+// ---- 1. meta ----
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined() || !t.is_privateuseone()) return t;
+  auto opts = t.options().device(c10::kMeta);
+  if (t.storage_offset() == 0 && t.numel() > 0 && t.storage().nbytes() == t.nbytes() && t.is_contiguous())
+    return at::empty_strided(t.sizes(), t.strides(), opts);
+  const int64_t storage_numel = static_cast<int64_t>(t.storage().nbytes() / t.dtype().itemsize());
+  return at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
+}
+
+// ---- 3. the kernel ----
+// Arguments as the device sees them: openreg tensors become kernel tensors.
+void to_kernel_stack(Stack& stack) {
+  for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return kernel_tensor(t); });
+}
+
+// A generator argument: the per-launch generator from the device's generator.
+void seed_generators(const c10::FunctionSchema& schema, Stack& args, c10::DeviceIndex device) {
+  const auto& arguments = schema.arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].type()->kind() != c10::TypeKind::OptionalType ||
+        arguments[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() != c10::TypeKind::GeneratorType)
+      continue;
+    at::Generator gen = args[i].isNone() ? default_generator(device) : args[i].toGenerator();
+    TORCH_CHECK(gen.device().type() == c10::DeviceType::PrivateUse1,
+                "Expected an openreg generator, got one for device ", gen.device());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator();
+  }
+}
+
+// Arguments that name a device (factories): meta for shape inference, cpu on the device.
+void replace_devices(Stack& args, c10::Device device) {
+  for (c10::IValue& v : args)
+    if (v.isDevice() && v.toDevice().is_privateuseone()) v = device;
+}
+
+// The out= overload of a functional op: same name, same leading arguments,
+// then one kwarg-only mutable tensor per return.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorHandle>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(op.operator_name());
+  if (it != cache.end()) return it->second;
+  std::optional<c10::OperatorHandle> found;
+  const auto& schema = op.schema();
+  bool all_tensor_returns = !schema.returns().empty();
+  for (const auto& r : schema.returns())
+    all_tensor_returns &= r.type()->kind() == c10::TypeKind::TensorType && !r.alias_info();
+  if (all_tensor_returns) {
+    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name != schema.name() || name.overload_name == schema.overload_name()) continue;
+      auto candidate = c10::Dispatcher::singleton().findSchema(name);
+      if (!candidate) continue;
+      const auto& cs = candidate->schema();
+      const size_t n = schema.arguments().size(), r = schema.returns().size();
+      if (cs.arguments().size() != n + r || cs.returns().size() != r) continue;
+      bool match = true;
+      for (size_t i = 0; i < n && match; ++i)
+        match = cs.arguments()[i].name() == schema.arguments()[i].name() &&
+                *cs.arguments()[i].type() == *schema.arguments()[i].type();
+      for (size_t i = n; i < n + r && match; ++i)
+        match = cs.arguments()[i].is_out() && cs.arguments()[i].type()->kind() == c10::TypeKind::TensorType;
+      if (match) {
+        found = candidate;
+        break;
+      }
+    }
+  }
+  cache.emplace(op.operator_name(), found);
+  return found;
+}
+
+bool is_view_return(const c10::Argument& ret) { return ret.alias_info() && !ret.alias_info()->isWrite(); }
+bool is_write_return(const c10::Argument& ret) { return ret.alias_info() && ret.alias_info()->isWrite(); }
+
+// Index of the argument a returned alias belongs to.
+int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret) {
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->beforeSets() == ret.alias_info()->beforeSets()) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// A view of `base` with the geometry (and dtype) of `meta`.
+at::Tensor view_like(const at::Tensor& base, const at::Tensor& meta) {
+  if (meta.dtype() == base.dtype())
+    return base.as_strided(meta.sizes(), meta.strides(), meta.storage_offset());
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                      base.key_set(), meta.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+  return out;
+}
+
+at::Tensor alloc_like(const at::Tensor& meta, c10::Device device) {
+  return at::empty_strided(meta.sizes(), meta.strides(), meta.options().device(device));
+}
+
+// ---- 4. the synchronous path ----
+// Runs the op on the device and waits. Tensor results that alias an input
+// become views; fresh ones are copied into new device tensors by a kernel.
+void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, c10::Device device) {
+  const auto& schema = op.schema();
+  auto state = std::make_shared<std::pair<Stack, std::exception_ptr>>();
+  Stack kernel_args = args;
+  seed_generators(schema, kernel_args, device.index());
+  replace_devices(kernel_args, c10::Device(c10::kCPU));
+  auto stream = getCurrentOpenRegStream(device.index());
+  OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
+    try {
+      to_kernel_stack(kernel_args);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
+      state->first = std::move(kernel_args);
+    } catch (...) {
+      state->second = std::current_exception();
+    }
+  }));
+  stream.synchronize();
+  if (state->second) std::rethrow_exception(state->second);
+  Stack& results = state->first;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (device out, host result)
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& ret = schema.returns()[i];
+    if (is_view_return(ret) || is_write_return(ret)) {
+      const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
+      stack->push_back(is_write_return(ret) ? base : view_like(base, results[i].toTensor()));
+      continue;
+    }
+    stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
+      if (!host.defined()) return host;
+      at::Tensor out = host.is_non_overlapping_and_dense()
+                           ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
+                           : at::empty(host.sizes(), host.options().device(device));
+      copies.emplace_back(out, host);
+      return out;
+    }));
+  }
+  if (!copies.empty())
+    OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [copies] {
+      for (const auto& [out, host] : copies) kernel_tensor(out).copy_(host);
+    }));
+}
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  const auto& schema = op.schema();
+  TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
+              "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
+  count(op);
+  const size_t num_args = schema.arguments().size();
+  Stack args(std::make_move_iterator(stack->end() - num_args), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - num_args, stack->end());
+
+  // Which device: every openreg tensor must be on the same one.
+  std::optional<c10::Device> device;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.is_privateuseone()) return;
+      if (!device) device = t.device();
+      TORCH_CHECK(*device == t.device(),
+                  "Expected all tensors to be on the same device, but found at least two devices, ", *device,
+                  " and ", t.device(), "! (in ", schema.operator_name(), ")");
+    });
+    if (v.isDevice() && v.toDevice().is_privateuseone() && !device) device = v.toDevice();
+  }
+  if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
+  if (!device->has_index()) device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
+  c10::DeviceGuard guard(*device);
+
+  bool tensor_returns_only = true;
+  for (const auto& r : schema.returns()) {
+    auto kind = r.type()->kind();
+    tensor_returns_only &= kind == c10::TypeKind::TensorType ||
+                           (kind == c10::TypeKind::ListType &&
+                            r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
+  }
+
+  // 1. Output metadata from the meta kernels.
+  Stack meta;
+  if (tensor_returns_only) {
+    meta = args;
+    for (c10::IValue& v : meta) v = map_tensors(v, to_meta);
+    replace_devices(meta, c10::Device(c10::kMeta));
+    for (c10::IValue& v : meta)  // meta kernels must not consume the real generator
+      if (v.isGenerator()) v = c10::IValue();
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const c10::NotImplementedError&) {
+      tensor_returns_only = false;  // no meta kernel: data-dependent shapes
+    }
+  }
+  if (!tensor_returns_only) return run_synchronously(op, stack, std::move(args), *device);
+
+  // 2. Outputs on the device.
+  Stack outputs;
+  bool needs_kernel = false, functional = false;
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    const auto& ret = schema.returns()[i];
+    if (is_view_return(ret)) {
+      const c10::IValue& base = args[aliased_argument(schema, ret)];
+      if (meta[i].isTensor()) {
+        outputs.push_back(view_like(base.toTensor(), meta[i].toTensor()));
+      } else {  // a list of views (split, unbind, ...)
+        c10::List<at::Tensor> views;
+        for (const at::Tensor& m : meta[i].toTensorList()) views.push_back(view_like(base.toTensor(), m));
+        outputs.push_back(views);
+      }
+    } else if (is_write_return(ret)) {
+      needs_kernel = true;
+      const at::Tensor& target = args[aliased_argument(schema, ret)].toTensor();
+      const at::Tensor& m = meta[i].toTensor();
+      if (target.sizes() != m.sizes()) target.resize_(m.sizes());  // out= resized by the meta kernel
+      outputs.push_back(target);
+    } else {
+      needs_kernel = functional = true;
+      outputs.push_back(map_tensors(meta[i], [&](const at::Tensor& m) { return alloc_like(m, *device); }));
+    }
+  }
+
+  // 3. The kernel.
+  if (needs_kernel) {
+    Stack kernel_args = args;
+    seed_generators(schema, kernel_args, device->index());
+    replace_devices(kernel_args, c10::Device(c10::kCPU));
+    std::optional<c10::OperatorHandle> out_op;
+    bool single_tensors = true;
+    for (const auto& o : outputs) single_tensors &= o.isTensor();
+    if (functional && single_tensors) out_op = find_out_overload(op);
+    if (out_op) {
+      for (const c10::IValue& o : outputs) kernel_args.push_back(o);
+    }
+    Stack results = functional && !out_op ? outputs : Stack();
+    auto stream = getCurrentOpenRegStream(device->index());
+    OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(),
+                                  [op, out_op, kernel_args, results]() mutable {
+                                    to_kernel_stack(kernel_args);
+                                    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+                                    if (out_op) {
+                                      out_op->redispatchBoxed(cpu, &kernel_args);
+                                      return;
+                                    }
+                                    op.redispatchBoxed(cpu, &kernel_args);
+                                    // A functional op without out=: copy its results into the outputs.
+                                    for (size_t i = 0; i < results.size(); ++i) {
+                                      if (results[i].isTensor() && results[i].toTensor().is_privateuseone()) {
+                                        kernel_tensor(results[i].toTensor()).copy_(kernel_args[i].toTensor());
+                                      } else if (results[i].isTensorList()) {
+                                        auto outs = results[i].toTensorList();
+                                        auto got = kernel_args[i].toTensorList();
+                                        for (size_t j = 0; j < outs.size(); ++j)
+                                          kernel_tensor(outs.get(j)).copy_(got.get(j));
+                                      }
+                                    }
+                                  }));
+  }
+  for (c10::IValue& o : outputs) stack->push_back(std::move(o));
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  return {g_counts.begin(), g_counts.end()};
+}
+
+void reset_fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  g_counts.clear();
+}
+
+void set_strict_mode(bool strict) { g_strict.store(strict); }
+bool strict_mode() { return g_strict.load(); }
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
+
+}  // namespace c10::openreg

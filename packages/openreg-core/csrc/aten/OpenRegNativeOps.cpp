@@ -1,0 +1,218 @@
+// The native operator set: what cannot go through the generic path because
+// it creates, reshapes or moves storage (factories, views, resize, set_,
+// copies across devices, reading a scalar). Registered with
+// TORCH_LIBRARY_IMPL(aten, PrivateUse1, ...).
+#include <ATen/EmptyTensor.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "../runtime/OpenRegCachingAllocator.h"
+#include "../runtime/OpenRegException.h"
+#include "../runtime/OpenRegHooks.h"
+#include "../runtime/OpenRegHostAllocator.h"
+#include "../runtime/OpenRegStream.h"
+#include "OpenRegKernelTensor.h"
+
+namespace c10::openreg {
+
+void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  const size_t old_bytes = storage->nbytes();
+  c10::Device device = storage->device();
+  c10::DeviceGuard guard(device);
+  c10::DataPtr data = new_bytes > 0 ? storage->allocator()->allocate(new_bytes)
+                                    : c10::DataPtr(nullptr, device);
+  const size_t keep = std::min(old_bytes, new_bytes);
+  if (keep > 0 && storage->data() != nullptr)
+    OPENREG_CHECK(orMemcpyAsync(data.get(), storage->data(), keep, orMemcpyDeviceToDevice,
+                                current_stream_handle(device.index())));
+  storage->set_data_ptr_noswap(std::move(data));
+  storage->set_nbytes(new_bytes);
+}
+
+namespace {
+
+void ensure_storage(const at::Tensor& self) {
+  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
+                                                         self.storage_offset());
+  if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  c10::Device dev = device.value_or(c10::Device(c10::DeviceType::PrivateUse1));
+  c10::DeviceGuard guard(dev);
+  return at::detail::empty_generic(size, allocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  c10::Device dev = device.value_or(c10::Device(c10::DeviceType::PrivateUse1));
+  c10::DeviceGuard guard(dev);
+  return at::detail::empty_strided_generic(size, stride, allocator::get(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(C10_AS_INTARRAYREF_SLOW(size));
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  ensure_storage(self);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
+                        c10::SymIntArrayRef stride) {
+  TORCH_CHECK(source.device() == self.device(), "Expected a storage on ", self.device(), " but got one on ",
+              source.device());
+  auto* impl = self.unsafeGetTensorImpl();
+  if (!self.storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  impl->set_storage_offset(offset.expect_int());
+  impl->set_sizes_and_strides(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+  ensure_storage(self);
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  const int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage(self, std::move(source), 0, {c10::SymInt(n)}, {c10::SymInt(1)});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(),
+                     source.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, allocator::get(), /*resizable=*/true);
+  return set_storage(self, std::move(storage), 0, {c10::SymInt(0)}, {c10::SymInt(1)});
+}
+
+bool is_contiguous_same(const at::Tensor& a, const at::Tensor& b) {
+  return a.dtype() == b.dtype() && a.is_contiguous() && b.is_contiguous() && !a.is_conj() && !b.is_conj() &&
+         !a.is_neg() && !b.is_neg();
+}
+
+// Copy between two openreg tensors, possibly on two devices.
+void copy_device_to_device(const at::Tensor& dst, const at::Tensor& src) {
+  c10::DeviceGuard guard(dst.device());
+  auto dst_stream = getCurrentOpenRegStream(dst.device().index());
+  if (src.device() != dst.device()) {
+    // Order the copy after src's producer, and src's later users after the copy.
+    auto src_stream = getCurrentOpenRegStream(src.device().index());
+    c10::Event ready(c10::DeviceType::PrivateUse1);
+    ready.record(src_stream.unwrap());
+    ready.block(dst_stream.unwrap());
+    allocator::recordStream(src.storage().data_ptr(), dst_stream);
+  }
+  if (is_contiguous_same(dst, src)) {
+    OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToDevice,
+                                dst_stream.handle()));
+  } else {
+    OPENREG_CHECK(::openreg::launch(dst_stream.handle(), "openreg::strided_copy",
+                                  [dst, src] { kernel_tensor(dst).copy_(kernel_tensor(src)); }));
+  }
+  if (src.device() != dst.device()) {
+    c10::Event done(c10::DeviceType::PrivateUse1);
+    done.record(dst_stream.unwrap());
+    done.block(getCurrentOpenRegStream(src.device().index()).unwrap());
+  }
+}
+
+void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(dst.device());
+  auto stream = getCurrentOpenRegStream(dst.device().index());
+  if (!is_contiguous_same(dst, src)) {
+    at::Tensor host = src.to(dst.dtype()).resolve_conj().resolve_neg().contiguous();
+    if (dst.is_contiguous()) return copy_host_to_device(dst, host, non_blocking);
+    at::Tensor staging = at::empty(dst.sizes(), dst.options());
+    copy_host_to_device(staging, host, false);
+    return copy_device_to_device(dst, staging);
+  }
+  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice,
+                              stream.handle()));
+  if (host_allocator::is_pinned(src.const_data_ptr())) {
+    if (non_blocking) host_allocator::record_stream(src.storage().data_ptr().get_context(), stream);
+    else stream.synchronize();
+  }
+}
+
+void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(src.device());
+  auto stream = getCurrentOpenRegStream(src.device().index());
+  if (!is_contiguous_same(dst, src)) {
+    at::Tensor dense = at::empty(src.sizes(), src.options().dtype(dst.dtype()));
+    copy_device_to_device(dense, src);
+    at::Tensor host = at::empty(src.sizes(), dst.options());
+    copy_device_to_host(host, dense, false);
+    dst.copy_(host);
+    return;
+  }
+  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToHost,
+                              stream.handle()));
+  if (!non_blocking) stream.synchronize();
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return dst;
+  at::Tensor src = self;
+  if (src.sizes() != dst.sizes()) src = src.expand_as(dst);
+  if (src.is_privateuseone() && dst.is_privateuseone()) copy_device_to_device(dst, src);
+  else if (dst.is_privateuseone()) copy_host_to_device(dst, src, non_blocking);
+  else if (src.is_privateuseone()) copy_device_to_host(dst, src, non_blocking);
+  else dst.copy_(src, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_output(dst, self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  copy_device_to_host(host, self.reshape({}), false);
+  return at::_local_scalar_dense(host);
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  allocator::recordStream(self.storage().data_ptr(), OpenRegStream(stream));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("record_stream", record_stream);
+}
+
+}  // namespace c10::openreg

@@ -1,0 +1,171 @@
+// torch_openreg._C: the Python binding of the runtime and the PyTorch layer.
+// The only translation unit that includes <torch/extension.h>; everything it
+// exposes is used by torch_openreg/openreg/*.py.
+#include <torch/csrc/Generator.h>
+#include <torch/extension.h>
+
+#include "aten/OpenRegFallback.h"
+#include "runtime/OpenRegCachingAllocator.h"
+#include "runtime/OpenRegException.h"
+#include "runtime/OpenRegFunctions.h"
+#include "runtime/OpenRegGenerator.h"
+#include "runtime/OpenRegHostAllocator.h"
+#include "runtime/OpenRegStream.h"
+
+namespace py = pybind11;
+using namespace c10::openreg;
+
+namespace {
+
+py::tuple pack(const OpenRegStream& s) {
+  return py::make_tuple(s.id(), s.device_index(), static_cast<int>(c10::DeviceType::PrivateUse1));
+}
+
+py::dict stats_dict(c10::DeviceIndex device) {
+  const auto stats = allocator::getDeviceStats(device);
+  py::dict out;
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  auto add = [&](const char* name, const c10::CachingAllocator::StatArray& a) {
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string prefix = std::string(name) + "." + pools[i] + ".";
+      out[py::str(prefix + "current")] = a[i].current;
+      out[py::str(prefix + "peak")] = a[i].peak;
+      out[py::str(prefix + "allocated")] = a[i].allocated;
+      out[py::str(prefix + "freed")] = a[i].freed;
+    }
+  };
+  add("allocation", stats.allocation);
+  add("segment", stats.segment);
+  add("active", stats.active);
+  add("inactive_split", stats.inactive_split);
+  add("allocated_bytes", stats.allocated_bytes);
+  add("reserved_bytes", stats.reserved_bytes);
+  add("active_bytes", stats.active_bytes);
+  add("inactive_split_bytes", stats.inactive_split_bytes);
+  add("requested_bytes", stats.requested_bytes);
+  out["num_alloc_retries"] = stats.num_alloc_retries;
+  out["num_ooms"] = stats.num_ooms;
+  out["num_device_alloc"] = stats.num_device_alloc;
+  out["num_device_free"] = stats.num_device_free;
+  return out;
+}
+
+py::list snapshot_list() {
+  py::list segments;
+  for (const auto& seg : allocator::snapshot()) {
+    py::dict d;
+    d["device"] = static_cast<int>(seg.device);
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["allocated_size"] = seg.allocated_size;
+    d["active_size"] = seg.active_size;
+    d["requested_size"] = seg.requested_size;
+    d["stream"] = reinterpret_cast<uintptr_t>(seg.stream);
+    d["segment_type"] = seg.is_large ? "large" : "small";
+    py::list blocks;
+    for (const auto& b : seg.blocks) {
+      py::dict bd;
+      bd["size"] = b.size;
+      bd["requested_size"] = b.requested_size;
+      bd["state"] = b.allocated ? "active_allocated" : (b.active ? "active_pending_free" : "inactive");
+      blocks.append(bd);
+    }
+    d["blocks"] = blocks;
+    segments.append(d);
+  }
+  return segments;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
+
+  // devices
+  m.def("_device_count", [] { return static_cast<int>(device_count()); });
+  m.def("_get_device", [] { return static_cast<int>(current_device()); });
+  m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_exchange_device", [](int d) {
+    if (d < 0) return -1;
+    return static_cast<int>(exchange_device(static_cast<c10::DeviceIndex>(d)));
+  });
+  m.def("_check_device_index", [](int d) { check_device_index(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_synchronize", [](int d) {
+    py::gil_scoped_release no_gil;
+    const auto previous = exchange_device(static_cast<c10::DeviceIndex>(d));
+    orStatus st = orDeviceSynchronize();
+    exchange_device(previous);
+    OPENREG_CHECK(st);
+  });
+  m.def("_get_device_properties", [](int d) {
+    orDeviceProp prop;
+    OPENREG_CHECK(orGetDeviceProperties(&prop, d));
+    py::dict out;
+    out["name"] = std::string(prop.name);
+    out["total_memory"] = prop.totalGlobalMem;
+    out["multi_processor_count"] = prop.multiProcessorCount;
+    out["major"] = prop.major;
+    out["minor"] = prop.minor;
+    return out;
+  });
+  m.def("_mem_get_info", [](int d) {
+    const auto previous = exchange_device(static_cast<c10::DeviceIndex>(d));
+    size_t free_bytes = 0, total = 0;
+    orStatus st = orMemGetInfo(&free_bytes, &total);
+    exchange_device(previous);
+    OPENREG_CHECK(st);
+    return py::make_tuple(free_bytes, total);
+  });
+  m.def("_runtime_counters", [] {
+    orRuntimeCounters c;
+    OPENREG_CHECK(orGetCounters(&c));
+    py::dict out;
+    out["kernels_launched"] = c.kernelsLaunched;
+    out["memcpy_h2d"] = c.memcpyHostToDevice;
+    out["memcpy_d2h"] = c.memcpyDeviceToHost;
+    out["memcpy_d2d"] = c.memcpyDeviceToDevice;
+    out["bytes_h2d"] = c.bytesHostToDevice;
+    out["bytes_d2h"] = c.bytesDeviceToHost;
+    out["bytes_d2d"] = c.bytesDeviceToDevice;
+    out["device_mallocs"] = c.deviceMallocs;
+    out["device_frees"] = c.deviceFrees;
+    return out;
+  });
+
+  // streams
+  m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(d)); });
+  m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(d)); });
+  m.def("_set_current_stream", [](int64_t id, int d, int) {
+    setCurrentOpenRegStream(OpenRegStream(c10::Stream(c10::Stream::UNSAFE,
+                                                      c10::Device(c10::DeviceType::PrivateUse1, d), id)));
+  });
+  m.def("_stream_priority_range", [] {
+    int least = 0, greatest = 0;
+    OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));
+    return py::make_tuple(least, greatest);
+  });
+
+  // memory
+  m.def("_memory_stats", [](int d) { return stats_dict(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_memory_snapshot", [] { return snapshot_list(); });
+  m.def("_empty_cache", [] {
+    py::gil_scoped_release no_gil;
+    allocator::emptyCache();
+    host_allocator::empty_cache();
+  });
+  m.def("_reset_peak_memory_stats", [](int d) { allocator::resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_reset_accumulated_memory_stats",
+        [](int d) { allocator::resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); });
+
+  // random
+  m.def("_get_default_generator", [](int d) {
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(d))));
+  });
+
+  // the generic operator path
+  m.def("_fallback_counts", [] { return fallback_counts(); });
+  m.def("_reset_fallback_counts", [] { reset_fallback_counts(); });
+  m.def("_set_strict_mode", [](bool s) { set_strict_mode(s); });
+  m.def("_get_strict_mode", [] { return strict_mode(); });
+}

@@ -1,0 +1,447 @@
+// A caching allocator for openreg device memory, modelled on CUDA's.
+//
+// Device malloc/free are slow (free waits for the device), so freed blocks
+// stay cached. Memory comes from the runtime in segments: requests up to
+// 1 MiB are served from 2 MiB segments (the small pool), larger ones from
+// 20 MiB segments or, above 10 MiB, a segment of their own rounded to 2 MiB
+// (the large pool). A segment is split into blocks; a block's tail is split
+// off when the remainder is worth keeping, and free neighbours coalesce.
+//
+// Pools are keyed by stream: a block freed on stream S is only reused by
+// allocations on S, whose work is ordered after the free. A block that was
+// used on other streams too (record_stream) is only returned to its pool
+// after events recorded on those streams have completed.
+//
+// When the runtime is out of memory the cache is released and the
+// allocation retried once; then torch.OutOfMemoryError is raised with the
+// requested, allocated, reserved and capacity sizes.
+#include "OpenRegCachingAllocator.h"
+
+#include <c10/util/Exception.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "OpenRegException.h"
+#include "OpenRegFunctions.h"
+
+namespace c10::openreg::allocator {
+
+namespace {
+
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
+
+constexpr size_t kMinBlock = 512;
+constexpr size_t kSmallSize = size_t{1} << 20;
+constexpr size_t kSmallSegment = size_t{2} << 20;
+constexpr size_t kLargeSegment = size_t{20} << 20;
+constexpr size_t kMinLargeAlloc = size_t{10} << 20;
+constexpr size_t kRoundLarge = size_t{2} << 20;
+
+struct Block {
+  c10::DeviceIndex device;
+  orStream_t stream;
+  size_t size;
+  size_t requested = 0;
+  char* ptr;
+  bool small;
+  bool allocated = false;
+  int pending_events = 0;
+  Block* prev = nullptr;  // neighbours inside the same segment
+  Block* next = nullptr;
+  std::vector<c10::Stream> stream_uses;
+  Block(c10::DeviceIndex d, orStream_t s, size_t sz, char* p, bool sm)
+      : device(d), stream(s), size(sz), ptr(p), small(sm) {}
+  bool is_segment() const { return prev == nullptr && next == nullptr; }
+};
+
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return reinterpret_cast<uintptr_t>(a->stream) < reinterpret_cast<uintptr_t>(b->stream);
+    if (a->size != b->size) return a->size < b->size;
+    return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+  }
+};
+using Pool = std::set<Block*, BlockOrder>;
+
+size_t round_size(size_t n) { return n < kMinBlock ? kMinBlock : (n + kMinBlock - 1) / kMinBlock * kMinBlock; }
+
+size_t segment_size(size_t n) {
+  if (n <= kSmallSize) return kSmallSegment;
+  if (n < kMinLargeAlloc) return kLargeSegment;
+  return (n + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+std::string format_size(size_t bytes) {
+  std::ostringstream os;
+  os.precision(2);
+  if (bytes < (1 << 20)) os << std::fixed << bytes / 1024.0 << " KiB";
+  else if (bytes < (size_t{1} << 30)) os << std::fixed << bytes / 1048576.0 << " MiB";
+  else os << std::fixed << bytes / 1073741824.0 << " GiB";
+  return os.str();
+}
+
+class DeviceCache {
+ public:
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+
+  Block* malloc(size_t requested, orStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    process_events();
+    const size_t size = round_size(requested);
+    const bool small = size <= kSmallSize;
+    Pool& pool = small ? small_pool_ : large_pool_;
+    Block key(device_, stream, size, nullptr, small);
+    Block* block = nullptr;
+    auto it = pool.lower_bound(&key);
+    if (it != pool.end() && (*it)->stream == stream) {
+      block = *it;
+      pool.erase(it);
+    } else {
+      block = new_segment(size, stream, small);
+    }
+    // Split off the tail when it is big enough to be useful on its own.
+    const size_t remaining = block->size - size;
+    if ((small && remaining >= kMinBlock) || (!small && remaining > kSmallSize)) {
+      auto* rest = new Block(device_, stream, remaining, block->ptr + size, small);
+      rest->prev = block;
+      rest->next = block->next;
+      if (rest->next) rest->next->prev = rest;
+      block->next = rest;
+      block->size = size;
+      pool.insert(rest);
+    }
+    block->allocated = true;
+    block->requested = requested;
+    active_.emplace(block->ptr, block);
+    update(stats_.allocation, small, +1);
+    update(stats_.active, small, +1);
+    update(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
+    update(stats_.active_bytes, small, static_cast<int64_t>(block->size));
+    update(stats_.requested_bytes, small, static_cast<int64_t>(requested));
+    return block;
+  }
+
+  void free(void* ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(ptr);
+    TORCH_INTERNAL_ASSERT(it != active_.end(), "openreg allocator: freeing an unknown pointer");
+    Block* block = it->second;
+    active_.erase(it);
+    block->allocated = false;
+    update(stats_.allocation, block->small, -1);
+    update(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
+    update(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
+    if (!block->stream_uses.empty()) {
+      // Not reusable until the other streams' work queued so far is done.
+      for (const c10::Stream& s : block->stream_uses) {
+        orEvent_t event = nullptr;
+        OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
+        OPENREG_CHECK(orEventRecord(event, OpenRegStream(s).handle()));
+        pending_.emplace_back(event, block);
+        block->pending_events++;
+      }
+      block->stream_uses.clear();
+      return;
+    }
+    release_to_pool(block);
+  }
+
+  void record_stream(void* ptr, const c10::Stream& stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(ptr);
+    if (it == active_.end()) return;  // not from this allocator (e.g. a view of a freed block)
+    Block* block = it->second;
+    if (OpenRegStream(stream).handle() == block->stream) return;
+    for (const auto& s : block->stream_uses)
+      if (s == stream) return;
+    block->stream_uses.push_back(stream);
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [event, block] : pending_) OPENREG_CHECK(orEventSynchronize(event));
+    process_events();
+    release_cached(small_pool_);
+    release_cached(large_pool_);
+  }
+
+  DeviceStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    recount_inactive_split();
+    return stats_;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for_each_stat([](Stat& s) { s.reset_peak(); });
+  }
+
+  void reset_accumulated() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for_each_stat([](Stat& s) { s.reset_accumulated(); });
+    stats_.num_alloc_retries = 0;
+    stats_.num_ooms = 0;
+    stats_.num_device_alloc = 0;
+    stats_.num_device_free = 0;
+  }
+
+  void snapshot(std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Block* head : segments_) {
+      c10::CachingDeviceAllocator::SegmentInfo seg;
+      seg.device = device_;
+      seg.address = reinterpret_cast<size_t>(head->ptr);
+      seg.stream = head->stream;
+      seg.is_large = !head->small;
+      for (Block* b = head; b != nullptr; b = b->next) {
+        c10::CachingDeviceAllocator::BlockInfo info;
+        info.size = b->size;
+        info.requested_size = b->allocated ? b->requested : 0;
+        info.allocated = b->allocated;
+        info.active = b->allocated || b->pending_events > 0;
+        seg.total_size += b->size;
+        if (info.allocated) {
+          seg.allocated_size += b->size;
+          seg.requested_size += b->requested;
+        }
+        if (info.active) seg.active_size += b->size;
+        seg.blocks.push_back(info);
+      }
+      out.push_back(std::move(seg));
+    }
+  }
+
+ private:
+  Block* new_segment(size_t size, orStream_t stream, bool small) {
+    const size_t bytes = segment_size(size);
+    void* ptr = nullptr;
+    const auto previous = exchange_device(device_);
+    orStatus st = orMalloc(&ptr, bytes);
+    if (st == orErrorMemoryAllocation) {
+      // Give the cache back and try once more.
+      stats_.num_alloc_retries++;
+      for (auto& [event, block] : pending_) orEventSynchronize(event);
+      process_events();
+      release_cached(small_pool_);
+      release_cached(large_pool_);
+      st = orMalloc(&ptr, bytes);
+    }
+    exchange_device(previous);
+    if (st == orErrorMemoryAllocation) {
+      stats_.num_ooms++;
+      size_t free_bytes = 0, total = 0;
+      const auto prev = exchange_device(device_);
+      orMemGetInfo(&free_bytes, &total);
+      exchange_device(prev);
+      const auto& agg = [](const StatArray& a) { return a[static_cast<size_t>(StatType::AGGREGATE)].current; };
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
+                       ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(size),
+                       "). Device capacity ", format_size(total), ", ", format_size(free_bytes),
+                       " free; ", format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ",
+                       format_size(agg(stats_.reserved_bytes)),
+                       " reserved by PyTorch. Free tensors, call torch.openreg.empty_cache(), or raise "
+                       "OPENREG_DEVICE_MEMORY.");
+    }
+    OPENREG_CHECK(st);
+    stats_.num_device_alloc++;
+    update(stats_.segment, small, +1);
+    update(stats_.reserved_bytes, small, static_cast<int64_t>(bytes));
+    auto* block = new Block(device_, stream, bytes, static_cast<char*>(ptr), small);
+    segments_.insert(block);
+    return block;
+  }
+
+  static bool is_free(const Block* b) { return b != nullptr && !b->allocated && b->pending_events == 0; }
+
+  void release_to_pool(Block* block) {
+    Pool& pool = block->small ? small_pool_ : large_pool_;
+    update(stats_.active, block->small, -1);
+    update(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
+    // Coalesce with free neighbours; a segment's first block stays its head.
+    if (Block* next = block->next; is_free(next)) {
+      pool.erase(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (block->next) block->next->prev = block;
+      delete next;
+    }
+    if (Block* prev = block->prev; is_free(prev)) {
+      pool.erase(prev);
+      prev->size += block->size;
+      prev->next = block->next;
+      if (prev->next) prev->next->prev = prev;
+      delete block;
+      block = prev;
+    }
+    pool.insert(block);
+  }
+
+  void process_events() {
+    while (!pending_.empty()) {
+      auto [event, block] = pending_.front();
+      orStatus st = orEventQuery(event);
+      if (st == orErrorNotReady) break;
+      orEventDestroy(event);
+      pending_.pop_front();
+      if (--block->pending_events == 0) release_to_pool(block);
+    }
+  }
+
+  void release_cached(Pool& pool) {
+    for (auto it = pool.begin(); it != pool.end();) {
+      Block* block = *it;
+      if (!block->is_segment()) {
+        ++it;
+        continue;
+      }
+      it = pool.erase(it);
+      segments_.erase(block);
+      OPENREG_CHECK(orFree(block->ptr));
+      stats_.num_device_free++;
+      update(stats_.segment, block->small, -1);
+      update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+      delete block;
+    }
+  }
+
+  // Inactive split blocks: free blocks that are part of a larger segment.
+  // Counted when stats are read, to keep malloc and free O(log n).
+  void recount_inactive_split() {
+    int64_t count[3] = {0, 0, 0}, bytes[3] = {0, 0, 0};
+    for (Pool* pool : {&small_pool_, &large_pool_})
+      for (Block* b : *pool)
+        if (!b->is_segment()) {
+          const size_t t = b->small ? 1 : 2;
+          count[0]++, count[t]++, bytes[0] += b->size, bytes[t] += b->size;
+        }
+    set_current(stats_.inactive_split, count);
+    set_current(stats_.inactive_split_bytes, bytes);
+  }
+
+  static void set_current(StatArray& a, const int64_t values[3]) {
+    for (size_t i = 0; i < 3; ++i) {
+      const int64_t delta = values[i] - a[i].current;
+      if (delta > 0) a[i].increase(delta);
+      else if (delta < 0) a[i].decrease(-delta);
+    }
+  }
+
+  static void update(StatArray& a, bool small, int64_t delta) {
+    for (size_t i : {static_cast<size_t>(StatType::AGGREGATE),
+                     static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL)}) {
+      if (delta >= 0) a[i].increase(static_cast<size_t>(delta));
+      else a[i].decrease(static_cast<size_t>(-delta));
+    }
+  }
+
+  template <typename F>
+  void for_each_stat(F f) {
+    for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                         &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                         &stats_.inactive_split_bytes, &stats_.requested_bytes})
+      for (Stat& s : *a) f(s);
+  }
+
+  c10::DeviceIndex device_;
+  std::mutex mu_;
+  Pool small_pool_, large_pool_;
+  std::set<Block*> segments_;  // first block of every segment
+  std::unordered_map<void*, Block*> active_;
+  std::deque<std::pair<orEvent_t, Block*>> pending_;
+  DeviceStats stats_;
+};
+
+class OpenRegCachingAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const c10::DeviceIndex device = current_device();
+    const c10::Device dev(c10::DeviceType::PrivateUse1, device);
+    if (n == 0) return c10::DataPtr(nullptr, nullptr, &raw_delete, dev);
+    Block* block = cache(device).malloc(n, current_stream_handle(device));
+    return c10::DataPtr(block->ptr, block->ptr, &raw_delete, dev);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+
+  // Host code cannot touch device memory: copies go through the runtime.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    OPENREG_CHECK(orMemcpy(dest, src, count, orMemcpyDeviceToDevice));
+  }
+
+  bool initialized() override { return true; }
+
+  void emptyCache(c10::MempoolId_t) override {
+    for (auto& c : caches_)
+      if (c) c->empty_cache();
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    if (ptr.get() == nullptr) return;
+    cache(ptr.device().index()).record_stream(ptr.get_context(), stream);
+  }
+
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override { return cache(device).stats(); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { cache(device).reset_accumulated(); }
+  void resetPeakStats(c10::DeviceIndex device) override { cache(device).reset_peak(); }
+
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_device_index(device);
+    size_t free_bytes = 0, total = 0;
+    const auto previous = exchange_device(device);
+    orStatus st = orMemGetInfo(&free_bytes, &total);
+    exchange_device(previous);
+    OPENREG_CHECK(st);
+    return {free_bytes, total};
+  }
+
+  DeviceCache& cache(c10::DeviceIndex device) {
+    check_device_index(device);
+    std::call_once(once_[device], [&] { caches_[device] = std::make_unique<DeviceCache>(device); });
+    return *caches_[device];
+  }
+
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> segments() {
+    std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
+    for (auto& c : caches_)
+      if (c) c->snapshot(out);
+    return out;
+  }
+
+ private:
+  static void raw_delete(void* ptr);
+  std::unique_ptr<DeviceCache> caches_[64];
+  std::once_flag once_[64];
+};
+
+OpenRegCachingAllocator g_allocator;
+
+void OpenRegCachingAllocator::raw_delete(void* ptr) {
+  if (ptr == nullptr) return;
+  int device = -1;
+  orPointerAttributes attr;
+  if (orPointerGetAttributes(&attr, ptr) == orSuccess) device = attr.device;
+  TORCH_INTERNAL_ASSERT(device >= 0, "openreg allocator: pointer is not device memory");
+  g_allocator.cache(static_cast<c10::DeviceIndex>(device)).free(ptr);
+}
+
+}  // namespace
+
+c10::DeviceAllocator* get() { return &g_allocator; }
+void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream) { g_allocator.recordStream(data_ptr, stream); }
+void emptyCache() { g_allocator.emptyCache({0, 0}); }
+c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) { return g_allocator.getDeviceStats(device); }
+void resetPeakStats(c10::DeviceIndex device) { g_allocator.resetPeakStats(device); }
+void resetAccumulatedStats(c10::DeviceIndex device) { g_allocator.resetAccumulatedStats(device); }
+std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot() { return g_allocator.segments(); }
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+
+}  // namespace c10::openreg::allocator

@@ -1,0 +1,22 @@
+// The caching device allocator (see the comment at the top of the .cpp).
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <vector>
+
+#include "OpenRegStream.h"
+
+namespace c10::openreg::allocator {
+
+// The allocator registered for PrivateUse1 (c10::GetAllocator / getDeviceAllocator).
+c10::DeviceAllocator* get();
+
+void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream);
+void emptyCache();
+c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device);
+void resetPeakStats(c10::DeviceIndex device);
+void resetAccumulatedStats(c10::DeviceIndex device);
+std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+}  // namespace c10::openreg::allocator

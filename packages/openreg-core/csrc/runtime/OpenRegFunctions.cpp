@@ -1,0 +1,40 @@
+#include "OpenRegFunctions.h"
+
+#include <c10/util/Exception.h>
+
+#include "OpenRegException.h"
+
+namespace c10::openreg {
+
+c10::DeviceIndex device_count() noexcept {
+  int count = 0;
+  if (orGetDeviceCount(&count) != orSuccess) return 0;
+  return static_cast<c10::DeviceIndex>(count);
+}
+
+void check_device_index(c10::DeviceIndex device) {
+  const auto count = device_count();
+  TORCH_CHECK(device >= 0 && device < count, "Invalid openreg device index ", static_cast<int>(device),
+              ": there are ", static_cast<int>(count),
+              " openreg devices (valid indices 0..", static_cast<int>(count) - 1,
+              "; OPENREG_DEVICE_COUNT sets the count)");
+}
+
+c10::DeviceIndex current_device() {
+  int device = 0;
+  OPENREG_CHECK(orGetDevice(&device));
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+void set_device(c10::DeviceIndex device) {
+  check_device_index(device);
+  OPENREG_CHECK(orSetDevice(device));
+}
+
+c10::DeviceIndex exchange_device(c10::DeviceIndex device) {
+  const auto previous = current_device();
+  if (device != previous) set_device(device);
+  return previous;
+}
+
+}  // namespace c10::openreg

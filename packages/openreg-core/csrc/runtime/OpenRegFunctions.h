@@ -1,0 +1,16 @@
+// Device management for the PyTorch layer: thin, checked wrappers over the
+// runtime's device calls, in c10 types.
+#pragma once
+
+#include <c10/core/Device.h>
+
+namespace c10::openreg {
+
+c10::DeviceIndex device_count() noexcept;  // 0 if the runtime is unusable
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex device);
+c10::DeviceIndex exchange_device(c10::DeviceIndex device);
+// Raises a clear error unless 0 <= device < device_count().
+void check_device_index(c10::DeviceIndex device);
+
+}  // namespace c10::openreg

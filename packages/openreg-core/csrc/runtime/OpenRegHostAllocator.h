@@ -1,0 +1,17 @@
+// The pinned-host allocator: page-locked (runtime-registered) host memory
+// that asynchronous copies may use while the host goes on.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include "OpenRegStream.h"
+
+namespace c10::openreg::host_allocator {
+
+c10::Allocator* get();
+bool is_pinned(const void* ptr);
+// Keeps the pinned block behind `ctx` from reuse until `stream`'s work queued so far is done.
+void record_stream(void* ctx, OpenRegStream stream);
+void empty_cache();
+
+}  // namespace c10::openreg::host_allocator

@@ -1,0 +1,124 @@
+#include "OpenRegStream.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "OpenRegException.h"
+#include "OpenRegFunctions.h"
+
+namespace c10::openreg {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr c10::StreamId kExternalBase = c10::StreamId{1} << 32;
+
+struct DevicePools {
+  std::once_flag once;
+  orStream_t default_stream = nullptr;
+  std::array<orStream_t, 2 * kStreamPoolSize> pooled{};
+  std::array<std::atomic<uint32_t>, 2> next{};
+};
+
+DevicePools g_pools[kMaxDevices];
+
+DevicePools& pools(c10::DeviceIndex device) {
+  check_device_index(device);
+  DevicePools& p = g_pools[device];
+  std::call_once(p.once, [&] {
+    OPENREG_CHECK(orDeviceGetDefaultStream(device, &p.default_stream));
+    int least = 0, greatest = 0;
+    OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));
+    const auto previous = exchange_device(device);
+    for (int i = 0; i < 2 * kStreamPoolSize; ++i)
+      OPENREG_CHECK(orStreamCreateWithPriority(&p.pooled[i], 0, i < kStreamPoolSize ? least : greatest));
+    exchange_device(previous);
+  });
+  return p;
+}
+
+thread_local std::array<c10::StreamId, kMaxDevices> t_current{};
+
+c10::DeviceIndex resolve(c10::DeviceIndex device) {
+  return device < 0 ? current_device() : device;
+}
+
+c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
+}
+
+orStream_t handle_of(c10::DeviceIndex device, c10::StreamId id) {
+  if (id >= kExternalBase) return reinterpret_cast<orStream_t>(static_cast<uintptr_t>(id));
+  DevicePools& p = pools(device);
+  if (id == 0) return p.default_stream;
+  TORCH_CHECK(id > 0 && id <= 2 * kStreamPoolSize, "invalid openreg stream id ", id);
+  return p.pooled[id - 1];
+}
+
+}  // namespace
+
+OpenRegStream::OpenRegStream(c10::Stream stream) : stream_(stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "expected an openreg stream, got a stream of device ", stream.device());
+}
+
+orStream_t OpenRegStream::handle() const { return handle_of(device_index(), id()); }
+
+int OpenRegStream::priority() const {
+  int priority = 0;
+  OPENREG_CHECK(orStreamGetPriority(handle(), &priority));
+  return priority;
+}
+
+bool OpenRegStream::query() const {
+  orStatus st = orStreamQuery(handle());
+  if (st == orErrorNotReady) return false;
+  OPENREG_CHECK(st);
+  return true;
+}
+
+void OpenRegStream::synchronize() const { OPENREG_CHECK(orStreamSynchronize(handle())); }
+
+OpenRegStream getDefaultOpenRegStream(c10::DeviceIndex device) {
+  device = resolve(device);
+  check_device_index(device);
+  return OpenRegStream(make(device, 0));
+}
+
+OpenRegStream getCurrentOpenRegStream(c10::DeviceIndex device) {
+  device = resolve(device);
+  check_device_index(device);
+  return OpenRegStream(make(device, t_current[device]));
+}
+
+OpenRegStream getStreamFromPool(int priority, c10::DeviceIndex device) {
+  device = resolve(device);
+  DevicePools& p = pools(device);
+  const int band = priority < 0 ? 1 : 0;
+  const uint32_t i = p.next[band].fetch_add(1, std::memory_order_relaxed) % kStreamPoolSize;
+  return OpenRegStream(make(device, 1 + band * kStreamPoolSize + i));
+}
+
+OpenRegStream getStreamFromExternal(orStream_t handle, c10::DeviceIndex device) {
+  int owner = -1;
+  OPENREG_CHECK(orStreamGetDevice(handle, &owner));
+  TORCH_CHECK(owner == device, "external stream belongs to openreg device ", owner, ", not ",
+              static_cast<int>(device));
+  return OpenRegStream(make(device, static_cast<c10::StreamId>(reinterpret_cast<uintptr_t>(handle))));
+}
+
+void setCurrentOpenRegStream(OpenRegStream stream) {
+  check_device_index(stream.device_index());
+  t_current[stream.device_index()] = stream.id();
+}
+
+orStream_t current_stream_handle(c10::DeviceIndex device) {
+  return handle_of(device, t_current[device]);
+}
+
+std::ostream& operator<<(std::ostream& os, const OpenRegStream& s) { return os << s.unwrap(); }
+
+}  // namespace c10::openreg

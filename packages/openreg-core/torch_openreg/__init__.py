@@ -1,0 +1,38 @@
+"""openreg: a CUDA-like accelerator emulated on the CPU, integrated into PyTorch
+through the PrivateUse1 mechanism.
+
+``import torch`` loads this package through the ``torch.backends`` entry point
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off). Importing it:
+
+1. loads the C++ layer (``_C`` and ``lib/libtorch_openreg``), whose static
+   initialisers register the device guard, the hooks, the allocator and the
+   operator kernels for PrivateUse1;
+2. renames PrivateUse1 to ``openreg`` and registers ``torch.openreg``;
+3. generates the ``Tensor.openreg()``-style convenience methods;
+4. loads the installed openreg plugins (see ``torch.openreg.plugins()``).
+"""
+
+import torch
+
+from . import _C  # noqa: F401  (registers the backend in C++)
+
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    if getattr(torch.utils.backend_registration, "_privateuse1_backend_name", "") != "openreg":
+        torch.utils.rename_privateuse1_backend("openreg")
+    from . import openreg
+
+    torch._register_device_module("openreg", openreg)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+    openreg._plugins.load_plugins()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing the package did the work."""
+
+
+_register()

@@ -1,0 +1,220 @@
+"""``torch.openreg``: the device module, shaped like ``torch.cuda``.
+
+Devices, lazy initialisation and fork safety live here; streams and events in
+``streams.py``, memory in ``memory.py``, random numbers in ``random.py``,
+plugin discovery in ``_plugins.py``.
+"""
+
+import os
+import threading
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from .. import _C
+from ._utils import _DeviceLike, _get_device_index
+from ._plugins import plugins
+from .memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+from .random import (
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream", "device",
+    "device_count", "device_of", "empty_cache", "get_amp_supported_dtype", "get_device_capability",
+    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init",
+    "initial_seed", "is_available", "is_initialized", "manual_seed", "manual_seed_all",
+    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
+    "memory_reserved", "memory_snapshot", "memory_stats", "plugins", "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state",
+    "set_rng_state_all", "set_stream", "stream", "synchronize",
+]
+
+_initialized = False
+_in_bad_fork = False
+_init_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _initialized, _in_bad_fork
+    if _initialized:
+        _initialized = False
+        _in_bad_fork = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def is_available() -> bool:
+    """True when at least one openreg device can be used."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """Number of openreg devices (``OPENREG_DEVICE_COUNT``, default 2)."""
+    if _in_bad_fork:
+        return 0
+    return _C._device_count()
+
+
+def is_initialized() -> bool:
+    """Whether the openreg state of this process has been initialised."""
+    return _initialized and not _in_bad_fork
+
+
+def _lazy_init() -> None:
+    global _initialized
+    if _initialized:
+        return
+    with _init_lock:
+        if _initialized:
+            return
+        if _in_bad_fork:
+            raise RuntimeError(
+                "Cannot re-initialize openreg in forked subprocess. To use openreg with "
+                "multiprocessing, you must use the 'spawn' start method"
+            )
+        if _C._device_count() <= 0:
+            raise RuntimeError("No openreg device is available (check OPENREG_DEVICE_COUNT)")
+        _initialized = True
+
+
+def init() -> None:
+    """Initialise openreg state now instead of at first use."""
+    _lazy_init()
+
+
+def current_device() -> int:
+    """Index of the current openreg device of this thread."""
+    _lazy_init()
+    return _C._get_device()
+
+
+def set_device(device: _DeviceLike) -> None:
+    """Set the current openreg device of this thread."""
+    index = _get_device_index(device)
+    _C._set_device(index)
+
+
+class device:
+    """Context manager that changes the current openreg device."""
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else _get_device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        self.prev_idx = _C._exchange_device(self.idx)
+
+    def __exit__(self, *args: Any) -> None:
+        if self.prev_idx >= 0:
+            _C._set_device(self.prev_idx)
+
+
+class device_of(device):
+    """Context manager that makes the device of a tensor current."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == "openreg" else None)
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Wait for all work queued on all streams of an openreg device."""
+    _C._synchronize(_get_device_index(device))
+
+
+class _DeviceProperties:
+    def __init__(self, props: Dict[str, Any]):
+        self.name: str = props["name"]
+        self.total_memory: int = props["total_memory"]
+        self.multi_processor_count: int = props["multi_processor_count"]
+        self.major: int = props["major"]
+        self.minor: int = props["minor"]
+
+    def __repr__(self) -> str:
+        return (
+            f"_OpenRegDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+            f"multi_processor_count={self.multi_processor_count})"
+        )
+
+
+def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
+    """Properties of an openreg device (name, total memory, ...)."""
+    return _DeviceProperties(_C._get_device_properties(_get_device_index(device)))
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    """Name of an openreg device."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _DeviceLike = None) -> tuple:
+    """(major, minor) capability of an openreg device."""
+    p = get_device_properties(device)
+    return (p.major, p.minor)
+
+
+def get_amp_supported_dtype() -> List[torch.dtype]:
+    """Data types autocast may use on openreg."""
+    return [torch.float16, torch.bfloat16]
+
+
+def _is_in_bad_fork() -> bool:
+    return _in_bad_fork
+
+
+def _runtime_counters() -> Dict[str, int]:
+    """Counters of the runtime: kernels launched and copies by direction (for tests and tools)."""
+    return _C._runtime_counters()
+
+
+def fallback_op_counts() -> Dict[str, int]:
+    """How many calls of each operator went through the generic (fallback) path."""
+    return dict(_C._fallback_counts())
+
+
+def reset_fallback_op_counts() -> None:
+    """Reset the counts returned by :func:`fallback_op_counts`."""
+    _C._reset_fallback_counts()
+
+
+def set_strict_mode(strict: bool) -> None:
+    """In strict mode an operator without a native openreg kernel raises instead of running generically."""
+    _C._set_strict_mode(bool(strict))
+
+
+def is_strict_mode() -> bool:
+    """Whether strict mode is on."""
+    return _C._get_strict_mode()
+
+

@@ -1,0 +1,68 @@
+"""Random number generators, one per openreg device, shaped like ``torch.cuda.random``.
+
+Each generator's state is host-side (see ``csrc/runtime/OpenRegGenerator.h``).
+"""
+
+from typing import Iterable, List
+
+import torch
+
+from .. import _C
+from ._utils import _DeviceLike, _get_device_index
+
+
+def _generator(device: _DeviceLike = None) -> torch.Generator:
+    return _C._get_default_generator(_get_device_index(device))
+
+
+def _count() -> int:
+    return _C._device_count()
+
+
+def get_rng_state(device: _DeviceLike = "openreg") -> torch.Tensor:
+    """The state of a device's generator as a ByteTensor."""
+    return _generator(device).get_state()
+
+
+def get_rng_state_all() -> List[torch.Tensor]:
+    """The states of all devices' generators."""
+    return [get_rng_state(i) for i in range(_count())]
+
+
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "openreg") -> None:
+    """Set the state of a device's generator."""
+    _generator(device).set_state(new_state.clone(memory_format=torch.contiguous_format))
+
+
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Set the states of all devices' generators."""
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's generator."""
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's generator."""
+    for i in range(_count()):
+        _generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    """Seed the current device's generator with a random number."""
+    _generator().seed()
+
+
+def seed_all() -> None:
+    """Seed every device's generator with one random number."""
+    s = _generator(0).seed()
+    for i in range(1, _count()):
+        _generator(i).manual_seed(s)
+
+
+def initial_seed() -> int:
+    """The initial seed of the current device's generator."""
+    return _generator().initial_seed()

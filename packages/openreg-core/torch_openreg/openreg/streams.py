@@ -1,0 +1,128 @@
+"""Streams and events of openreg, shaped like ``torch.cuda.Stream``/``Event``.
+
+Both are thin subclasses of the generic ``torch.Stream``/``torch.Event``: the
+work is done by the C++ device guard (``csrc/runtime/OpenRegGuard.cpp``).
+"""
+
+from typing import Any, Optional
+
+import torch
+
+from .. import _C
+from ._utils import _DeviceLike, _get_device_index
+
+
+class Stream(torch.Stream):
+    """An openreg stream: work on it runs in order, asynchronously to the host.
+
+    ``priority`` is 0 (low, default) or negative (high).
+    """
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        if kwargs.get("stream_id") is not None:  # re-wrapping an existing stream
+            return super().__new__(cls, **kwargs)
+        index = _get_device_index(device)
+        return super().__new__(cls, device=torch.device("openreg", index), priority=priority)
+
+    def wait_event(self, event: "Event") -> None:
+        """Make future work on this stream wait for ``event``."""
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Make future work on this stream wait for the work queued on ``stream`` so far."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: Optional["Event"] = None) -> "Event":
+        """Record an event on this stream (a new one if none is given)."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    @property
+    def priority(self) -> int:
+        """The stream's priority."""
+        return self._priority() if hasattr(self, "_priority") else 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, torch.Stream) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash((self.stream_id, self.device_index, self.device_type))
+
+    def __repr__(self) -> str:
+        return f"<torch.openreg.Stream device=openreg:{self.device_index} stream_id={self.stream_id}>"
+
+
+def _wrap(packed: tuple) -> Stream:
+    stream_id, device_index, device_type = packed
+    return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+
+
+class Event(torch.Event):
+    """An openreg event: a point in a stream to wait for or to time."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
+        if interprocess:
+            raise NotImplementedError("openreg events cannot be shared between processes")
+        return super().__new__(cls, device=torch.device("openreg"), enable_timing=enable_timing, blocking=blocking)
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        """Record the event on ``stream`` (the current stream by default)."""
+        super().record(stream if stream is not None else current_stream())
+
+    def wait(self, stream: Optional[torch.Stream] = None) -> None:
+        """Make ``stream`` (the current stream by default) wait for this event."""
+        super().wait(stream if stream is not None else current_stream())
+
+    def __repr__(self) -> str:
+        return f"<torch.openreg.Event {id(self):#x}>"
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    """The current stream of an openreg device, for this thread."""
+    return _wrap(_C._get_current_stream(_get_device_index(device)))
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    """The default stream of an openreg device."""
+    return _wrap(_C._get_default_stream(_get_device_index(device)))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Make ``stream`` the current stream of its device, for this thread."""
+    if stream is None:
+        return
+    if stream.device_type != torch._C._get_privateuse1_backend_name() and str(stream.device.type) != "openreg":
+        raise ValueError(f"Expected an openreg stream, got a stream of device {stream.device}")
+    _C._set_current_stream(stream.stream_id, stream.device_index, stream.device_type)
+
+
+class StreamContext:
+    """Context manager that makes a stream current (and its device, while inside)."""
+
+    def __init__(self, stream: Optional[torch.Stream]):
+        self.stream = stream
+        self.src_prev_stream: Optional[Stream] = None
+        self.dst_prev_stream: Optional[Stream] = None
+        self.prev_device = -1
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        self.prev_device = _C._exchange_device(self.stream.device_index)
+        self.src_prev_stream = current_stream(self.prev_device)
+        self.dst_prev_stream = current_stream(self.stream.device_index)
+        set_stream(self.stream)
+
+    def __exit__(self, *args: Any) -> None:
+        if self.stream is None:
+            return
+        set_stream(self.dst_prev_stream)
+        set_stream(self.src_prev_stream)
+        _C._set_device(self.prev_device)
+
+
+def stream(stream: Optional[torch.Stream]) -> StreamContext:
+    """Context manager that makes ``stream`` current."""
+    return StreamContext(stream)
