@@ -273,8 +273,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
       if (v.isGenerator()) v = c10::IValue();
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const c10::NotImplementedError&) {
-      tensor_returns_only = false;  // no meta kernel: data-dependent shapes
+    } catch (const std::exception&) {
+      // No usable meta kernel (data-dependent shapes, or none registered):
+      // run on the device and wait. A genuine argument error is raised there
+      // too, with the message the CPU implementation gives.
+      tensor_returns_only = false;
     }
   }
   if (!tensor_returns_only) return run_synchronously(op, stack, std::move(args), *device);

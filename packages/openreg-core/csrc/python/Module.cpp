@@ -145,6 +145,13 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(least, greatest);
   });
 
+  m.def("_event_elapsed_time", [](uintptr_t start, uintptr_t end) {
+    TORCH_CHECK(start != 0 && end != 0, "Both events must be recorded before calculating elapsed time.");
+    float ms = 0;
+    OPENREG_CHECK(orEventElapsedTime(&ms, reinterpret_cast<orEvent_t>(start), reinterpret_cast<orEvent_t>(end)));
+    return ms;
+  });
+
   // memory
   m.def("_memory_stats", [](int d) { return stats_dict(static_cast<c10::DeviceIndex>(d)); });
   m.def("_memory_snapshot", [] { return snapshot_list(); });

@@ -75,6 +75,12 @@ class Event(torch.Event):
         """Make ``stream`` (the current stream by default) wait for this event."""
         super().wait(stream if stream is not None else current_stream())
 
+    def elapsed_time(self, end_event: "Event") -> float:
+        """Milliseconds between this event and ``end_event`` (both recorded with timing enabled)."""
+        if not isinstance(end_event, torch.Event):
+            raise TypeError(f"expected a torch.Event, got {type(end_event).__name__}")
+        return _C._event_elapsed_time(self.event_id, end_event.event_id)
+
     def __repr__(self) -> str:
         return f"<torch.openreg.Event {id(self):#x}>"
 
