@@ -39,7 +39,8 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const
       di(dilation.begin(), dilation.end()), op(output_padding.begin(), output_padding.end());
   OPENREG_CHECK(::openreg::launch(
       current_stream_handle(input.device().index()), "aten::convolution_overrideable",
-      [=] {
+      [=, out = launch_tensor(out), input = launch_tensor(input), weight = launch_tensor(weight),
+       b = launch_tensor(b)] {
         kernel_tensor(out).copy_(at::convolution(kernel_tensor(input), kernel_tensor(weight), kernel_tensor(b), st,
                                                  pa, di, transposed, op, groups));
       }));
@@ -60,7 +61,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
   std::vector<int64_t> st(stride.begin(), stride.end()), pa(padding.begin(), padding.end()),
       di(dilation.begin(), dilation.end()), op(output_padding.begin(), output_padding.end());
   OPENREG_CHECK(::openreg::launch(
-      current_stream_handle(input.device().index()), "aten::convolution_backward_overrideable", [=] {
+      current_stream_handle(input.device().index()), "aten::convolution_backward_overrideable",
+      [=, grad_output = launch_tensor(grad_output), input = launch_tensor(input), weight = launch_tensor(weight),
+       grad_input = launch_tensor(grad_input), grad_weight = launch_tensor(grad_weight),
+       grad_bias = launch_tensor(grad_bias)] {
         auto [ci, cw, cb] = at::convolution_backward(kernel_tensor(grad_output), kernel_tensor(input),
                                                      kernel_tensor(weight), bias_sizes, st, pa, di, transposed, op,
                                                      groups, output_mask);

@@ -96,6 +96,11 @@ at::Tensor to_meta(const at::Tensor& t) {
 }
 
 // ---- 3. the kernel ----
+// Arguments as captured at launch: openreg tensors become non-owning aliases.
+void to_launch_stack(Stack& stack) {
+  for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); });
+}
+
 // Arguments as the device sees them: openreg tensors become kernel tensors.
 void to_kernel_stack(Stack& stack) {
   for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return kernel_tensor(t); });
@@ -321,6 +326,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
       for (const c10::IValue& o : outputs) kernel_args.push_back(o);
     }
     Stack results = functional && !out_op ? outputs : Stack();
+    to_launch_stack(kernel_args);
+    to_launch_stack(results);
     auto stream = getCurrentOpenRegStream(device->index());
     OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(),
                                   [op, out_op, kernel_args, results]() mutable {

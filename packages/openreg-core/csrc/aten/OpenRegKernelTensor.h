@@ -12,6 +12,21 @@
 
 namespace c10::openreg {
 
+// Host side, at launch: an openreg tensor over the same memory that does not
+// own it. Kernels capture these, so a tensor the user drops while its kernel
+// is still queued is freed at once, as on CUDA: the caching allocator only
+// reuses the block for work queued later on the same stream.
+inline at::Tensor launch_tensor(const at::Tensor& t) {
+  if (!t.defined() || !t.is_privateuseone()) return t;
+  const auto& storage = t.storage();
+  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                     c10::DataPtr(const_cast<void*>(storage.data()), storage.device()), /*allocator=*/nullptr,
+                     /*resizable=*/false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), t.key_set(), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return out;
+}
+
 inline at::Tensor kernel_tensor(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
   const auto& storage = t.storage();

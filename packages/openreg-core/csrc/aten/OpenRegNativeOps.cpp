@@ -127,7 +127,9 @@ void copy_device_to_device(const at::Tensor& dst, const at::Tensor& src) {
                                 dst_stream.handle()));
   } else {
     OPENREG_CHECK(::openreg::launch(dst_stream.handle(), "openreg::strided_copy",
-                                  [dst, src] { kernel_tensor(dst).copy_(kernel_tensor(src)); }));
+                                    [dst = launch_tensor(dst), src = launch_tensor(src)] {
+                                      kernel_tensor(dst).copy_(kernel_tensor(src));
+                                    }));
   }
   if (src.device() != dst.device()) {
     c10::Event done(c10::DeviceType::PrivateUse1);

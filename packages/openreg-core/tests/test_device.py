@@ -1,0 +1,173 @@
+"""Device registration, torch.openreg's device API and torch.accelerator."""
+
+import threading
+
+import pytest
+import torch
+from conftest import run_python
+from torch.testing._internal.common_utils import TestCase
+
+
+class TestRegistration(TestCase):
+    def test_autoload_quickstart(self):
+        r = run_python(
+            """
+            import torch
+            device = torch.device("openreg")
+            x = torch.tensor([[1., 2.], [3., 4.]], device=device)
+            y = x + 2
+            print(y.device, y.cpu().tolist(), torch.openreg.is_available())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "openreg:0 [[3.0, 4.0], [5.0, 6.0]] True")
+
+    def test_autoload_can_be_disabled(self):
+        r = run_python(
+            "import torch; print(hasattr(torch, 'openreg'), torch._C._get_privateuse1_backend_name())",
+            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "False privateuseone")
+
+    def test_backend_name_and_module(self):
+        self.assertEqual(torch._C._get_privateuse1_backend_name(), "openreg")
+        self.assertIs(torch.openreg, torch.get_device_module("openreg"))
+
+    def test_generated_methods(self):
+        t = torch.ones(3)
+        self.assertFalse(t.is_openreg)
+        d = t.openreg()
+        self.assertTrue(d.is_openreg)
+        self.assertEqual(d.device, torch.device("openreg:0"))
+        self.assertEqual(t.openreg(1).device, torch.device("openreg:1"))
+        m = torch.nn.Linear(2, 2).openreg()
+        self.assertEqual(m.weight.device, torch.device("openreg:0"))
+        s = torch.ones(4).untyped_storage().openreg()
+        self.assertTrue(s.is_openreg)
+        self.assertEqual(s.device.type, "openreg")
+
+    def test_legacy_type_string(self):
+        self.assertEqual(torch.ones(2, device="openreg").type(), "torch.openreg.FloatTensor")
+
+
+class TestDeviceModule(TestCase):
+    def test_count_and_current(self):
+        self.assertTrue(torch.openreg.is_available())
+        self.assertEqual(torch.openreg.device_count(), 2)
+        self.assertEqual(torch.openreg.current_device(), 0)
+        torch.openreg.set_device(1)
+        self.assertEqual(torch.openreg.current_device(), 1)
+        self.assertEqual(torch.ones(1, device="openreg").device, torch.device("openreg:1"))
+        torch.openreg.set_device("openreg:0")
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_device_count_env(self):
+        r = run_python("import torch; print(torch.openreg.device_count())", env={"OPENREG_DEVICE_COUNT": "3"})
+        self.assertEqual(r.stdout.strip(), "3", r.stderr)
+
+    def test_device_context(self):
+        with torch.openreg.device(1):
+            self.assertEqual(torch.openreg.current_device(), 1)
+            with torch.openreg.device(0):
+                self.assertEqual(torch.openreg.current_device(), 0)
+            self.assertEqual(torch.openreg.current_device(), 1)
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_invalid_device_index(self):
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5: there are 2 openreg devices"):
+            torch.openreg.set_device(5)
+        with self.assertRaisesRegex(ValueError, "Invalid openreg device index -1"):
+            torch.openreg.set_device(-1)
+        with self.assertRaisesRegex(RuntimeError, "index 2"):
+            torch.ones(1, device="openreg:2")
+        self.assertEqual(torch.openreg.current_device(), 0)
+        self.assertEqual(torch.ones(1, device="openreg").add(1).cpu().item(), 2.0)
+
+    def test_wrong_device_type(self):
+        with self.assertRaisesRegex(ValueError, "Expected an openreg device"):
+            torch.openreg.set_device(torch.device("cpu"))
+
+    def test_current_device_is_per_thread(self):
+        seen = {}
+        barrier = threading.Barrier(2)
+
+        def worker(index):
+            torch.openreg.set_device(index)
+            barrier.wait()
+            seen[index] = (torch.openreg.current_device(), torch.ones(1, device="openreg").device.index)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(seen, {0: (0, 0), 1: (1, 1)})
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_properties(self):
+        p = torch.openreg.get_device_properties(0)
+        self.assertEqual(p.name, "OpenReg Emulated Device")
+        self.assertEqual(torch.openreg.get_device_name(1), "OpenReg Emulated Device")
+        self.assertEqual(p.total_memory, 8 << 30)
+        self.assertGreaterEqual(p.multi_processor_count, 1)
+        self.assertEqual(torch.openreg.get_device_capability(), (1, 0))
+        free, total = torch.openreg.mem_get_info(0)
+        self.assertEqual(total, 8 << 30)
+        self.assertLessEqual(free, total)
+
+    def test_init(self):
+        torch.openreg.init()
+        self.assertTrue(torch.openreg.is_initialized())
+
+    def test_amp_dtypes(self):
+        self.assertEqual(torch.openreg.get_amp_supported_dtype(), [torch.float16, torch.bfloat16])
+
+
+class TestAccelerator(TestCase):
+    def test_accelerator_api(self):
+        self.assertEqual(torch.accelerator.current_accelerator(), torch.device("openreg"))
+        self.assertTrue(torch.accelerator.is_available())
+        self.assertEqual(torch.accelerator.device_count(), 2)
+        torch.accelerator.set_device_index(1)
+        self.assertEqual(torch.accelerator.current_device_index(), 1)
+        torch.accelerator.set_device_index(0)
+        s = torch.accelerator.current_stream()
+        self.assertEqual(s.device, torch.device("openreg:0"))
+        x = torch.ones(1000, device="openreg") * 3
+        torch.accelerator.synchronize()
+        self.assertEqual(x.sum().item(), 3000.0)
+
+    def test_generic_stream_and_event(self):
+        s = torch.Stream(device="openreg")
+        e = torch.Event(device="openreg", enable_timing=True)
+        with torch.accelerator.stream(s) if hasattr(torch.accelerator, "stream") else torch.openreg.stream(s):
+            y = torch.ones(4, device="openreg") * 2
+            e.record(s)
+        e.synchronize()
+        self.assertTrue(e.query())
+        self.assertEqual(y.cpu().tolist(), [2.0] * 4)
+
+
+class TestFork(TestCase):
+    def test_fork_after_init_is_poisoned(self):
+        r = run_python(
+            """
+            import os, torch
+            torch.ones(1, device="openreg").cpu()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    torch.ones(1, device="openreg").cpu()
+                    os._exit(3)
+                except RuntimeError as e:
+                    os._exit(0 if "spawn" in str(e) else 4)
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status))
+            """
+        )
+        self.assertEqual(r.stdout.strip(), "0", r.stderr)
+
+
+if __name__ == "__main__":
+    pytest.main([__file__])

@@ -1,0 +1,131 @@
+"""The caching device allocator, its statistics, out of memory, and pinned host memory."""
+
+import gc
+
+import torch
+from conftest import run_python
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+MiB = 1 << 20
+
+
+class TestCachingAllocator(TestCase):
+    def test_allocated_returns_to_baseline(self):
+        gc.collect()
+        base = torch.openreg.memory_allocated()
+        for i in range(200):
+            t = torch.empty(1000 + i * 37, device="openreg")
+            u = t * 2
+            del t, u
+        self.assertEqual(torch.openreg.memory_allocated(), base)
+        kept = [torch.empty(256 * 1024, device="openreg") for _ in range(4)]
+        self.assertEqual(torch.openreg.memory_allocated(), base + 4 * MiB)
+        del kept
+        self.assertEqual(torch.openreg.memory_allocated(), base)
+
+    def test_blocks_are_reused_and_cache_emptied(self):
+        torch.openreg.empty_cache()
+        x = torch.empty(MiB, device="openreg")  # 4 MiB: large pool
+        reserved = torch.openreg.memory_reserved()
+        ptr = x.data_ptr()
+        del x
+        self.assertEqual(torch.openreg.memory_reserved(), reserved)  # cached, not freed
+        y = torch.empty(MiB, device="openreg")
+        self.assertEqual(y.data_ptr(), ptr)
+        del y
+        torch.openreg.empty_cache()
+        self.assertEqual(torch.openreg.memory_reserved(), 0)
+
+    def test_stats_and_peaks(self):
+        torch.openreg.empty_cache()
+        torch.openreg.reset_peak_memory_stats()
+        base = torch.openreg.memory_allocated()
+        x = torch.empty(2 * MiB, device="openreg")
+        self.assertEqual(torch.openreg.max_memory_allocated(), base + 8 * MiB)
+        del x
+        self.assertEqual(torch.openreg.max_memory_allocated(), base + 8 * MiB)
+        torch.openreg.reset_peak_memory_stats()
+        self.assertEqual(torch.openreg.max_memory_allocated(), base)
+        stats = torch.openreg.memory_stats()
+        self.assertIn("allocated_bytes.all.current", stats)
+        self.assertIn("reserved_bytes.large_pool.peak", stats)
+        self.assertGreaterEqual(torch.openreg.max_memory_reserved(), torch.openreg.memory_reserved())
+
+    def test_accelerator_memory_api(self):
+        base = torch.accelerator.memory_allocated()
+        x = torch.empty(MiB, device="openreg")
+        self.assertEqual(torch.accelerator.memory_allocated(), base + 4 * MiB)
+        self.assertEqual(torch.accelerator.memory_stats()["allocated_bytes.all.current"], base + 4 * MiB)
+        del x
+
+    def test_snapshot(self):
+        x = torch.empty(100, device="openreg")
+        segs = torch.openreg.memory_snapshot()
+        self.assertTrue(any(b["state"] == "active_allocated" for s in segs for b in s["blocks"]))
+        self.assertTrue(all(s["total_size"] == sum(b["size"] for b in s["blocks"]) for s in segs))
+        del x
+
+    def test_record_stream_delays_reuse(self):
+        s = torch.openreg.Stream()
+        x = torch.empty(256, 256, device="openreg")
+        ptr = x.data_ptr()
+        with torch.openreg.stream(s):
+            a = torch.randn(384, 384, device="openreg")
+            for _ in range(8):
+                a = a @ a / 384
+            x.record_stream(s)
+        del x
+        y = torch.empty(256, 256, device="openreg")
+        self.assertNotEqual(y.data_ptr(), ptr)  # s may still use the old block
+        s.synchronize()
+        del a
+
+    def test_out_of_memory(self):
+        r = run_python(
+            """
+            import torch
+            keep = torch.empty(16 << 20, dtype=torch.uint8, device="openreg")
+            try:
+                torch.empty(64 << 20, dtype=torch.uint8, device="openreg")
+            except torch.OutOfMemoryError as e:
+                print("OOM:", e)
+            print("after:", (torch.ones(4, device="openreg") * 2).sum().item(), torch.openreg.memory_allocated())
+            """,
+            env={"OPENREG_DEVICE_MEMORY": "48M"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("OOM: openreg out of memory on device 0. Tried to allocate 64.00 MiB", r.stdout)
+        self.assertIn("Device capacity 48.00 MiB", r.stdout)
+        self.assertIn("16.00 MiB allocated by PyTorch", r.stdout)
+        self.assertIn("after: 8.0 16777216", r.stdout)
+
+
+class TestPinnedMemory(TestCase):
+    def test_pin_memory(self):
+        t = torch.randn(1000)
+        self.assertFalse(t.is_pinned())
+        p = t.pin_memory()
+        self.assertTrue(p.is_pinned())
+        self.assertEqual(p, t)
+
+    def test_non_blocking_copies(self):
+        host = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
+        d = host.to("openreg", non_blocking=True)
+        back = torch.empty_like(host).pin_memory()
+        back.copy_(d, non_blocking=True)
+        torch.openreg.current_stream().synchronize()
+        self.assertEqual(back, host)
+
+    def test_non_blocking_h2d_is_asynchronous(self):
+        host = torch.ones(4 << 20).pin_memory()
+        s = torch.openreg.current_stream()
+        a = torch.randn(512, 512, device="openreg")
+        for _ in range(8):
+            a = a @ a / 512
+        d = host.to("openreg", non_blocking=True)
+        self.assertFalse(s.query())  # the copy is queued behind the matmuls
+        self.assertEqual(d.sum().item(), float(4 << 20))
+
+
+if __name__ == "__main__":
+    run_tests()

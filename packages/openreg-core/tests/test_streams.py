@@ -1,0 +1,136 @@
+"""Streams and events: torch.openreg.Stream/Event over the device guard."""
+
+import threading
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def slow_work(n: int = 384) -> torch.Tensor:
+    """Queues enough device work that it is still running when the host checks."""
+    a = torch.randn(n, n, device="openreg")
+    for _ in range(8):
+        a = a @ a / n
+    return a
+
+
+class TestStreams(TestCase):
+    def test_default_and_current(self):
+        s = torch.openreg.current_stream()
+        self.assertEqual(s, torch.openreg.default_stream())
+        self.assertEqual(s.stream_id, 0)
+        self.assertEqual(s.device, torch.device("openreg:0"))
+        self.assertEqual(torch.openreg.default_stream(1).device, torch.device("openreg:1"))
+
+    def test_stream_context_and_set_stream(self):
+        s = torch.openreg.Stream()
+        self.assertNotEqual(s, torch.openreg.default_stream())
+        with torch.openreg.stream(s):
+            self.assertEqual(torch.openreg.current_stream(), s)
+        self.assertEqual(torch.openreg.current_stream(), torch.openreg.default_stream())
+        torch.openreg.set_stream(s)
+        self.assertEqual(torch.openreg.current_stream(), s)
+        torch.openreg.set_stream(torch.openreg.default_stream())
+
+    def test_stream_on_other_device_switches_device(self):
+        s1 = torch.openreg.Stream(device=1)
+        with torch.openreg.stream(s1):
+            self.assertEqual(torch.openreg.current_device(), 1)
+            x = torch.ones(3, device="openreg")
+        self.assertEqual(torch.openreg.current_device(), 0)
+        self.assertEqual(x.device, torch.device("openreg:1"))
+
+    def test_current_stream_is_per_thread(self):
+        s = torch.openreg.Stream()
+        seen = []
+        torch.openreg.set_stream(s)
+        t = threading.Thread(target=lambda: seen.append(torch.openreg.current_stream()))
+        t.start()
+        t.join()
+        torch.openreg.set_stream(torch.openreg.default_stream())
+        self.assertEqual(seen, [torch.openreg.default_stream()])
+
+    def test_work_is_asynchronous_and_query(self):
+        s = torch.openreg.Stream()
+        with torch.openreg.stream(s):
+            a = slow_work(512)
+        self.assertFalse(s.query())  # the host got here before the device finished
+        s.synchronize()
+        self.assertTrue(s.query())
+        self.assertTrue(torch.isfinite(a).all().item())
+
+    def test_wait_stream_orders_work(self):
+        s1, s2 = torch.openreg.Stream(), torch.openreg.Stream()
+        a = torch.zeros(256, 256, device="openreg")
+        with torch.openreg.stream(s1):
+            slow_work(384)
+            a.fill_(1.0)
+        s2.wait_stream(s1)
+        with torch.openreg.stream(s2):
+            b = a * 2
+        s2.synchronize()
+        self.assertEqual(b.cpu(), torch.full((256, 256), 2.0))
+
+    def test_priorities(self):
+        hi = torch.openreg.Stream(priority=-1)
+        lo = torch.openreg.Stream(priority=0)
+        self.assertNotEqual(hi, lo)
+        self.assertEqual(torch.Stream(device="openreg", priority=-1).device_type, hi.device_type)
+
+
+class TestEvents(TestCase):
+    def test_query_unrecorded_and_record(self):
+        e = torch.openreg.Event()
+        self.assertTrue(e.query())
+        slow_work(512)
+        e.record()
+        self.assertFalse(e.query())
+        e.synchronize()
+        self.assertTrue(e.query())
+
+    def test_elapsed_time(self):
+        start, end = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)
+        start.record()
+        slow_work()
+        end.record()
+        end.synchronize()
+        self.assertGreater(start.elapsed_time(end), 0.0)
+
+    def test_elapsed_time_errors(self):
+        a, b = torch.openreg.Event(), torch.openreg.Event()
+        a.record()
+        b.record()
+        b.synchronize()
+        with self.assertRaisesRegex(RuntimeError, "timing enabled"):
+            a.elapsed_time(b)
+        c, d = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)
+        with self.assertRaisesRegex(RuntimeError, "must be recorded"):
+            c.elapsed_time(d)
+        # the device still works
+        self.assertEqual((torch.ones(2, device="openreg") + 1).cpu().tolist(), [2.0, 2.0])
+
+    def test_stream_wait_event(self):
+        s1, s2 = torch.openreg.Stream(), torch.openreg.Stream()
+        x = torch.zeros(128, device="openreg")
+        with torch.openreg.stream(s1):
+            slow_work(384)
+            x.add_(5)
+            e = s1.record_event()
+        s2.wait_event(e)
+        with torch.openreg.stream(s2):
+            y = x + 1
+        # y was produced on s2: the default stream, which copies it to the host, must wait for it.
+        torch.openreg.current_stream().wait_stream(s2)
+        self.assertEqual(y.cpu(), torch.full((128,), 6.0))
+
+    def test_cross_device_copy_is_ordered(self):
+        with torch.openreg.device(0):
+            a = slow_work(384)
+            a.fill_(3.0)
+        b = a.to("openreg:1")
+        self.assertEqual(b.device, torch.device("openreg:1"))
+        self.assertEqual(b.cpu(), torch.full((384, 384), 3.0))
+
+
+if __name__ == "__main__":
+    run_tests()
