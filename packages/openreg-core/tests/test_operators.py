@@ -1,0 +1,238 @@
+"""The native operator set and the generic zero-copy path, compared with the CPU."""
+
+import torch
+from conftest import run_python
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def pair(*shape, dtype=torch.float32):
+    cpu = torch.randn(*shape).to(dtype)
+    return cpu, cpu.to("openreg")
+
+
+class TestNativeOps(TestCase):
+    def test_factories_and_copies(self):
+        x = torch.empty(3, 4, device="openreg")
+        self.assertEqual(x.shape, (3, 4))
+        self.assertEqual(torch.empty_strided((2, 3), (1, 2), device="openreg").stride(), (1, 2))
+        cpu = torch.arange(12.0).reshape(3, 4)
+        d = cpu.to("openreg")
+        self.assertEqual(d.cpu(), cpu)
+        self.assertEqual(d.to(torch.int32).cpu(), cpu.to(torch.int32))
+        self.assertEqual(cpu.t().to("openreg").cpu(), cpu.t())  # non-contiguous host to device
+        self.assertEqual(d.t().cpu(), cpu.t())  # non-contiguous device to host
+        self.assertEqual(d.to("openreg:1").cpu(), cpu)
+        self.assertEqual(d[1, 2].item(), 6.0)
+
+    def test_views_share_storage(self):
+        cpu, d = pair(4, 6)
+        v = d.view(6, 4)
+        t = d.t()
+        s = d[1:3, ::2]
+        self.assertEqual(v.untyped_storage().data_ptr(), d.untyped_storage().data_ptr())
+        self.assertEqual(t.data_ptr(), d.data_ptr())
+        s.fill_(7.0)
+        cpu[1:3, ::2] = 7.0
+        self.assertEqual(d.cpu(), cpu)
+        self.assertEqual(v.cpu(), cpu.view(6, 4))
+
+    def test_resize_and_set(self):
+        d = torch.arange(4.0, device="openreg")
+        d.resize_(8)
+        self.assertEqual(d[:4].cpu(), torch.arange(4.0))
+        e = torch.empty(0, device="openreg")
+        e.set_(d.untyped_storage(), 0, (2, 2), (2, 1))
+        self.assertEqual(e.cpu(), torch.arange(4.0).reshape(2, 2))
+        f = torch.empty(0, device="openreg").set_(d)
+        self.assertEqual(f.data_ptr(), d.data_ptr())
+
+
+class TestGenericPath(TestCase):
+    def test_elementwise_reductions_linalg(self):
+        a, da = pair(5, 7)
+        b, db = pair(5, 7)
+        self.assertEqual((da + db).cpu(), a + b)
+        self.assertEqual(torch.sin(da).cpu(), torch.sin(a))
+        self.assertEqual(da.sum(dim=1).cpu(), a.sum(dim=1))
+        self.assertEqual((da @ db.t()).cpu(), a @ b.t())
+        self.assertEqual(torch.softmax(da, 1).cpu(), torch.softmax(a, 1))
+        self.assertEqual(da.max(dim=0).values.cpu(), a.max(dim=0).values)
+
+    def test_integer_and_bool(self):
+        a = torch.randint(-5, 5, (10,))
+        d = a.to("openreg")
+        self.assertEqual((d * 3 - 1).cpu(), a * 3 - 1)
+        self.assertEqual((d > 0).cpu(), a > 0)
+        self.assertEqual(((d > 0) & (d < 3)).cpu(), (a > 0) & (a < 3))
+
+    def test_inplace_and_out_keep_storage(self):
+        a, da = pair(4, 4)
+        ptr = da.data_ptr()
+        da.mul_(2).add_(1)
+        self.assertEqual(da.data_ptr(), ptr)
+        self.assertEqual(da.cpu(), a * 2 + 1)
+        out = torch.empty(4, 4, device="openreg")
+        optr = out.data_ptr()
+        torch.exp(da, out=out)
+        self.assertEqual(out.data_ptr(), optr)
+        self.assertEqual(out.cpu(), torch.exp(a * 2 + 1))
+        small = torch.empty(0, device="openreg")
+        torch.add(da, 1, out=small)  # out= resized by the op
+        self.assertEqual(small.cpu(), a * 2 + 2)
+
+    def test_non_contiguous_and_channels_last(self):
+        a, da = pair(2, 3, 5, 5)
+        cl = da.contiguous(memory_format=torch.channels_last)
+        self.assertTrue(cl.is_contiguous(memory_format=torch.channels_last))
+        self.assertEqual((cl * 2).cpu(), a * 2)
+        self.assertEqual(torch.relu(da.transpose(1, 3)).cpu(), torch.relu(a.transpose(1, 3)))
+
+    def test_data_dependent_shapes(self):
+        a, da = pair(50)
+        self.assertEqual(da[da > 0].cpu(), a[a > 0])
+        self.assertEqual(torch.nonzero(da > 0).cpu(), torch.nonzero(a > 0))
+        self.assertEqual(torch.unique(da.round()).cpu(), torch.unique(a.round()))
+
+    def test_convolution_and_backward(self):
+        x, dx = pair(2, 3, 8, 8)
+        conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        dconv = torch.nn.Conv2d(3, 4, 3, padding=1).to("openreg")
+        dconv.load_state_dict({k: v.to("openreg") for k, v in conv.state_dict().items()})
+        dx.requires_grad_(True)
+        x.requires_grad_(True)
+        conv(x).square().sum().backward()
+        dconv(dx).square().sum().backward()
+        self.assertEqual(dx.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
+        self.assertEqual(dconv.weight.grad.cpu(), conv.weight.grad, atol=1e-4, rtol=1e-4)
+        self.assertEqual(dconv.bias.grad.cpu(), conv.bias.grad, atol=1e-4, rtol=1e-4)
+
+    def test_fft(self):
+        a, da = pair(16)
+        self.assertEqual(torch.fft.rfft(da).cpu(), torch.fft.rfft(a))
+
+    def test_autograd_mlp(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        dmodel = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to("openreg")
+        dmodel.load_state_dict({k: v.to("openreg") for k, v in model.state_dict().items()})
+        x = torch.randn(4, 8)
+        model(x).sum().backward()
+        dmodel(x.to("openreg")).sum().backward()
+        for p, dp in zip(model.parameters(), dmodel.parameters()):
+            self.assertEqual(dp.grad.cpu(), p.grad)
+
+    def test_device_mismatch(self):
+        a = torch.ones(3, device="openreg:0")
+        b = torch.ones(3, device="openreg:1")
+        with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device.*openreg:0.*openreg:1"):
+            a + b
+        self.assertEqual((a + a).cpu().tolist(), [2.0] * 3)
+
+    def test_shape_error_matches_cpu(self):
+        with self.assertRaisesRegex(RuntimeError, "must match the size"):
+            torch.ones(3, device="openreg") + torch.ones(4, device="openreg")
+
+    def test_no_host_device_copies(self):
+        a = torch.randn(64, 64, device="openreg")
+        b = torch.randn(64, 64, device="openreg")
+        torch.openreg.synchronize()
+        before = torch.openreg._runtime_counters()
+        c = torch.relu(a @ b + 1).sum(0)
+        c.mul_(2)
+        torch.openreg.synchronize()
+        after = torch.openreg._runtime_counters()
+        self.assertEqual(after["memcpy_h2d"], before["memcpy_h2d"])
+        self.assertEqual(after["memcpy_d2h"], before["memcpy_d2h"])
+        self.assertEqual(after["memcpy_d2d"], before["memcpy_d2d"])
+        self.assertGreaterEqual(after["kernels_launched"] - before["kernels_launched"], 4)
+
+    def test_fallback_counts_and_strict_mode(self):
+        torch.openreg.reset_fallback_op_counts()
+        d = torch.ones(3, device="openreg")
+        torch.sin(d)
+        torch.sin(d)
+        counts = torch.openreg.fallback_op_counts()
+        self.assertEqual(counts["aten::sin.out"], 2)
+        torch.openreg.set_strict_mode(True)
+        try:
+            with self.assertRaisesRegex(RuntimeError, "strict mode: 'aten::cos.out' has no native openreg kernel"):
+                torch.cos(d)
+            self.assertEqual(d.view(3, 1).shape, (3, 1))  # native ops still work
+        finally:
+            torch.openreg.set_strict_mode(False)
+        self.assertFalse(torch.openreg.is_strict_mode())
+
+    def test_kernel_failure_reported_at_sync(self):
+        # The host cannot know the index is out of range without reading device memory:
+        # the failure surfaces at the next synchronising call, naming the kernel.
+        d = torch.zeros(4, device="openreg")
+        idx = torch.tensor([10], device="openreg")
+        with self.assertRaisesRegex(RuntimeError, "kernel 'aten::.*' failed on openreg device 0"):
+            d.index_select(0, idx)
+            torch.openreg.synchronize()
+        self.assertEqual((d + 1).cpu().tolist(), [1.0] * 4)
+
+
+class TestRandom(TestCase):
+    def test_manual_seed_reproducible(self):
+        torch.openreg.manual_seed(123)
+        a = torch.randn(100, device="openreg")
+        b = torch.rand(100, device="openreg")
+        torch.openreg.manual_seed(123)
+        self.assertEqual(torch.randn(100, device="openreg").cpu(), a.cpu())
+        self.assertEqual(torch.rand(100, device="openreg").cpu(), b.cpu())
+        self.assertEqual(torch.openreg.initial_seed(), 123)
+
+    def test_rng_state_roundtrip(self):
+        state = torch.openreg.get_rng_state()
+        a = torch.randn(10, device="openreg").cpu()
+        torch.openreg.set_rng_state(state)
+        self.assertEqual(torch.randn(10, device="openreg").cpu(), a)
+        states = torch.openreg.get_rng_state_all()
+        self.assertEqual(len(states), 2)
+        torch.openreg.set_rng_state_all(states)
+
+    def test_bad_state_size(self):
+        with self.assertRaisesRegex(RuntimeError, "(?i)state"):
+            torch.openreg.set_rng_state(torch.zeros(10, dtype=torch.uint8))
+        self.assertEqual(torch.randn(3, device="openreg").shape, (3,))
+
+    def test_devices_have_own_generators(self):
+        torch.openreg.manual_seed_all(7)
+        a = torch.randn(5, device="openreg:0").cpu()
+        b = torch.randn(5, device="openreg:1").cpu()
+        self.assertEqual(a, b)  # same seed, separate generators
+        c = torch.randn(5, device="openreg:0").cpu()
+        self.assertNotEqual(a, c)
+
+    def test_explicit_generator_and_dropout(self):
+        g = torch.Generator(device="openreg")
+        g.manual_seed(3)
+        a = torch.randn(8, device="openreg", generator=g).cpu()
+        g.manual_seed(3)
+        self.assertEqual(torch.randn(8, device="openreg", generator=g).cpu(), a)
+        torch.openreg.manual_seed(0)
+        x = torch.nn.functional.dropout(torch.ones(1000, device="openreg"), 0.5)
+        frac = (x == 0).float().mean().item()
+        self.assertTrue(0.4 < frac < 0.6, frac)
+
+
+class TestAddressSpace(TestCase):
+    def test_host_read_of_device_memory_faults(self):
+        r = run_python(
+            """
+            import ctypes, torch
+            x = torch.ones(4, device="openreg")
+            torch.openreg.synchronize()
+            print("reading", flush=True)
+            ctypes.string_at(x.data_ptr(), 4)
+            print("read succeeded")
+            """
+        )
+        self.assertIn("reading", r.stdout)
+        self.assertNotIn("read succeeded", r.stdout)
+        self.assertLess(r.returncode, 0, "the process should have died from a signal")
+
+
+if __name__ == "__main__":
+    run_tests()
