@@ -96,6 +96,22 @@ at::Tensor to_meta(const at::Tensor& t) {
 }
 
 // ---- 3. the kernel ----
+// Device code cannot warn (a GPU kernel has no way to): warnings the CPU
+// implementation raises while running as a kernel are dropped. Host-side
+// checks (meta kernels) still warn as usual.
+struct DropWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+struct DeviceWarningGuard {
+  DeviceWarningGuard() : guard_(&handler()) {}
+  static DropWarnings& handler() {
+    static DropWarnings h;
+    return h;
+  }
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
 // Arguments as captured at launch: openreg tensors become non-owning aliases.
 void to_launch_stack(Stack& stack) {
   for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); });
@@ -201,6 +217,7 @@ void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, 
   replace_devices(kernel_args, c10::Device(c10::kCPU));
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
+    DeviceWarningGuard no_warnings;
     try {
       to_kernel_stack(kernel_args);
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
@@ -233,6 +250,71 @@ void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, 
     OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [copies] {
       for (const auto& [out, host] : copies) kernel_tensor(out).copy_(host);
     }));
+}
+
+// Ops whose out= overload turned out not to be a drop-in for the functional
+// op (e.g. mse_loss.out resizes its output to the unreduced shape).
+std::mutex g_bad_out_mu;
+std::unordered_map<c10::OperatorName, bool> g_bad_out;
+
+bool out_overload_usable(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(g_bad_out_mu);
+  return g_bad_out.find(op.operator_name()) == g_bad_out.end();
+}
+
+// Device side: makes a result land in its device output. A CPU kernel may
+// have written elsewhere (a functional op allocates its result; an out=
+// kernel may reallocate its output): then the result is copied over, on
+// the device. Returns false if the shapes disagree.
+bool land(const at::Tensor& got, const at::Tensor& target) {
+  at::Tensor want = kernel_tensor(target);
+  if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides())
+    return true;
+  if (got.sizes() != want.sizes()) return false;
+  want.copy_(got);
+  return true;
+}
+
+bool land_all(const Stack& returns, const Stack& targets) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].isTensor()) {
+      if (!land(returns[i].toTensor(), targets[i].toTensor())) return false;
+    } else if (targets[i].isTensorList()) {
+      auto outs = targets[i].toTensorList();
+      auto got = returns[i].toTensorList();
+      if (got.size() != outs.size()) return false;
+      for (size_t j = 0; j < outs.size(); ++j)
+        if (!land(got.get(j), outs.get(j))) return false;
+    }
+  }
+  return true;
+}
+
+// Device side: runs one op. `args` holds launch tensors; `targets` the
+// device outputs, per return (None for views). With an out= overload the
+// outputs are passed to it; if it misbehaves the functional op runs instead.
+void run_kernel(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op, Stack args,
+                const Stack& targets) {
+  DeviceWarningGuard no_warnings;
+  const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+  if (out_op) {
+    Stack out_args = args;
+    out_args.insert(out_args.end(), targets.begin(), targets.end());
+    to_kernel_stack(out_args);
+    bool ok = false;
+    try {
+      out_op->redispatchBoxed(cpu, &out_args);
+      ok = land_all(out_args, targets);
+    } catch (const std::exception&) {
+    }
+    if (ok) return;
+    std::lock_guard<std::mutex> lock(g_bad_out_mu);
+    g_bad_out[op.operator_name()] = true;
+  }
+  to_kernel_stack(args);
+  op.redispatchBoxed(cpu, &args);
+  TORCH_CHECK(land_all(args, targets), "the CPU kernel of ", op.schema().operator_name(),
+              " produced results whose shapes differ from its meta kernel's");
 }
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
@@ -321,35 +403,17 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     std::optional<c10::OperatorHandle> out_op;
     bool single_tensors = true;
     for (const auto& o : outputs) single_tensors &= o.isTensor();
-    if (functional && single_tensors) out_op = find_out_overload(op);
-    if (out_op) {
-      for (const c10::IValue& o : outputs) kernel_args.push_back(o);
-    }
-    Stack results = functional && !out_op ? outputs : Stack();
+    if (functional && single_tensors && out_overload_usable(op)) out_op = find_out_overload(op);
+    Stack targets;
+    for (size_t i = 0; i < outputs.size(); ++i)
+      targets.push_back(is_view_return(schema.returns()[i]) ? c10::IValue() : outputs[i]);
     to_launch_stack(kernel_args);
-    to_launch_stack(results);
+    to_launch_stack(targets);
     auto stream = getCurrentOpenRegStream(device->index());
     OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(),
-                                  [op, out_op, kernel_args, results]() mutable {
-                                    to_kernel_stack(kernel_args);
-                                    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
-                                    if (out_op) {
-                                      out_op->redispatchBoxed(cpu, &kernel_args);
-                                      return;
-                                    }
-                                    op.redispatchBoxed(cpu, &kernel_args);
-                                    // A functional op without out=: copy its results into the outputs.
-                                    for (size_t i = 0; i < results.size(); ++i) {
-                                      if (results[i].isTensor() && results[i].toTensor().is_privateuseone()) {
-                                        kernel_tensor(results[i].toTensor()).copy_(kernel_args[i].toTensor());
-                                      } else if (results[i].isTensorList()) {
-                                        auto outs = results[i].toTensorList();
-                                        auto got = kernel_args[i].toTensorList();
-                                        for (size_t j = 0; j < outs.size(); ++j)
-                                          kernel_tensor(outs.get(j)).copy_(got.get(j));
-                                      }
-                                    }
-                                  }));
+                                    [op, out_op, kernel_args = std::move(kernel_args), targets = std::move(targets)] {
+                                      run_kernel(op, out_op, kernel_args, targets);
+                                    }));
   }
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));
 }

@@ -6,7 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
 
 #include "openreg/runtime.hpp"
 
@@ -27,17 +27,20 @@ inline at::Tensor launch_tensor(const at::Tensor& t) {
   return out;
 }
 
+// The storage is resizable with the CPU allocator: a CPU out= kernel that
+// reallocates its output writes to host memory, and the generic path then
+// copies the result into the device output (see land() in OpenRegFallback.cpp).
 inline at::Tensor kernel_tensor(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
   const auto& storage = t.storage();
   void* base = ::openreg::kernel_pointer(storage.data());
   if (base == nullptr) return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
-  return at::for_blob(base, t.sizes())
-      .strides(t.strides())
-      .storage_offset(t.storage_offset())
-      .context(nullptr, [](void*) {})
-      .options(t.options().device(c10::kCPU))
-      .make_tensor();
+  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(), c10::DataPtr(base, c10::Device(c10::kCPU)),
+                     c10::GetCPUAllocator(), /*resizable=*/true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                      t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return out;
 }
 
 }  // namespace c10::openreg
