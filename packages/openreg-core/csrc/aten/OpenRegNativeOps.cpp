@@ -49,8 +49,7 @@ void ensure_storage(const at::Tensor& self) {
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
-  c10::Device dev = device.value_or(c10::Device(c10::DeviceType::PrivateUse1));
-  c10::DeviceGuard guard(dev);
+  c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
   return at::detail::empty_generic(size, allocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -58,8 +57,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
-  c10::Device dev = device.value_or(c10::Device(c10::DeviceType::PrivateUse1));
-  c10::DeviceGuard guard(dev);
+  c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
   return at::detail::empty_strided_generic(size, stride, allocator::get(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));

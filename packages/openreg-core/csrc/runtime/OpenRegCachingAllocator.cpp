@@ -24,7 +24,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <unordered_map>
+#include <c10/util/flat_hash_map.h>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
@@ -120,21 +120,21 @@ class DeviceCache {
     }
     block->allocated = true;
     block->requested = requested;
-    active_.emplace(block->ptr, block);
     update(stats_.allocation, small, +1);
     update(stats_.active, small, +1);
     update(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
     update(stats_.active_bytes, small, static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, small, static_cast<int64_t>(requested));
+    live_.emplace(block->ptr, block);
     return block;
   }
 
   void free(void* ptr) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = active_.find(ptr);
-    TORCH_INTERNAL_ASSERT(it != active_.end(), "openreg allocator: freeing an unknown pointer");
+    auto it = live_.find(ptr);
+    TORCH_INTERNAL_ASSERT(it != live_.end(), "openreg allocator: freeing an unknown pointer");
     Block* block = it->second;
-    active_.erase(it);
+    live_.erase(it);
     block->allocated = false;
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
@@ -156,8 +156,8 @@ class DeviceCache {
 
   void record_stream(void* ptr, const c10::Stream& stream) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = active_.find(ptr);
-    if (it == active_.end()) return;  // not from this allocator (e.g. a view of a freed block)
+    auto it = live_.find(ptr);
+    if (it == live_.end()) return;
     Block* block = it->second;
     if (OpenRegStream(stream).handle() == block->stream) return;
     for (const auto& s : block->stream_uses)
@@ -354,8 +354,8 @@ class DeviceCache {
   std::mutex mu_;
   Pool small_pool_, large_pool_;
   std::set<Block*> segments_;  // first block of every segment
-  std::unordered_map<void*, Block*> active_;
   std::deque<std::pair<orEvent_t, Block*>> pending_;
+  ska::flat_hash_map<void*, Block*> live_;  // allocated blocks by address
   DeviceStats stats_;
 };
 
@@ -384,8 +384,8 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
-    if (ptr.get() == nullptr) return;
-    cache(ptr.device().index()).record_stream(ptr.get_context(), stream);
+    if (ptr.get() == nullptr || ptr.get_deleter() != &raw_delete) return;  // not ours
+    cache(ptr.device().index()).record_stream(ptr.get(), stream);
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override { return cache(device).stats(); }
@@ -417,6 +417,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 
  private:
   static void raw_delete(void* ptr);
+
   std::unique_ptr<DeviceCache> caches_[64];
   std::once_flag once_[64];
 };
@@ -425,10 +426,8 @@ OpenRegCachingAllocator g_allocator;
 
 void OpenRegCachingAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
-  int device = -1;
-  orPointerAttributes attr;
-  if (orPointerGetAttributes(&attr, ptr) == orSuccess) device = attr.device;
-  TORCH_INTERNAL_ASSERT(device >= 0, "openreg allocator: pointer is not device memory");
+  const int device = orPointerGetDevice(ptr);
+  TORCH_INTERNAL_ASSERT(device >= 0, "openreg allocator: freeing a pointer that is not device memory");
   g_allocator.cache(static_cast<c10::DeviceIndex>(device)).free(ptr);
 }
 

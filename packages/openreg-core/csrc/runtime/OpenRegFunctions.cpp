@@ -7,9 +7,12 @@
 namespace c10::openreg {
 
 c10::DeviceIndex device_count() noexcept {
-  int count = 0;
-  if (orGetDeviceCount(&count) != orSuccess) return 0;
-  return static_cast<c10::DeviceIndex>(count);
+  // Fixed for the life of the process (OPENREG_DEVICE_COUNT is read once).
+  static const c10::DeviceIndex count = [] {
+    int n = 0;
+    return orGetDeviceCount(&n) == orSuccess ? static_cast<c10::DeviceIndex>(n) : c10::DeviceIndex(0);
+  }();
+  return count;
 }
 
 void check_device_index(c10::DeviceIndex device) {

@@ -214,6 +214,11 @@ orStatus orDeviceSynchronize(void) {
   return synchronize_device(*dev);
 }
 
+int orPointerGetDevice(const void* ptr) {
+  Device* dev = device_of(ptr);
+  return dev == nullptr ? -1 : dev->index;
+}
+
 orStatus orGetCounters(orRuntimeCounters* out) {
   if (out == nullptr) return fail(orErrorInvalidValue, "counters is NULL");
   Counters& c = runtime().counters;

@@ -143,6 +143,8 @@ OPENREG_API orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orM
 OPENREG_API orStatus orMemset(void* dev_ptr, int value, size_t count);
 OPENREG_API orStatus orMemsetAsync(void* dev_ptr, int value, size_t count, orStream_t stream);
 OPENREG_API orStatus orPointerGetAttributes(orPointerAttributes* attr, const void* ptr);
+/* The device whose memory contains ptr, or -1 (no lock, no validation of liveness). */
+OPENREG_API int orPointerGetDevice(const void* ptr);
 OPENREG_API orStatus orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 /* Bytes of the current device's memory held in host RAM right now. */
 OPENREG_API orStatus orDeviceGetResidentBytes(size_t* bytes);
