@@ -4,6 +4,8 @@
 // so a `non_blocking=True` copy can never read a buffer that was reused.
 #include "OpenRegHostAllocator.h"
 
+#include <ATen/core/CachingHostAllocator.h>
+
 #include <c10/util/Exception.h>
 
 #include <map>
@@ -29,7 +31,7 @@ size_t round_pow2(size_t n) {
   return r;
 }
 
-class HostCache final : public c10::Allocator {
+class HostCache final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &raw_delete, c10::Device(c10::DeviceType::CPU));
@@ -48,8 +50,13 @@ class HostCache final : public c10::Allocator {
       void* ptr = nullptr;
       OPENREG_CHECK(orMallocHost(&ptr, size));
       block = new HostBlock{ptr, size, {}};
+      stats_.num_host_alloc++;
+      stats_.allocations.increase(1);
+      stats_.allocated_bytes.increase(size);
     }
     used_[block->ptr] = block;
+    stats_.active_requests.increase(1);
+    stats_.active_bytes.increase(size);
     return c10::DataPtr(block->ptr, block->ptr, &raw_delete, c10::Device(c10::DeviceType::CPU));
   }
 
@@ -60,8 +67,35 @@ class HostCache final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = used_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != used_.end(), "openreg host allocator: unknown pointer");
+    stats_.active_requests.decrease(1);
+    stats_.active_bytes.decrease(it->second->size);
     free_[it->second->size].push_back(it->second);
     used_.erase(it);
+  }
+
+  bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    record(ctx, OpenRegStream(stream));
+    return true;
+  }
+
+  void empty_cache() override { empty(); }
+
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* s : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes})
+      s->reset_accumulated();
+    stats_.num_host_alloc = stats_.num_host_free = 0;
+  }
+
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* s : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes})
+      s->reset_peak();
   }
 
   void record(void* ptr, OpenRegStream stream) {
@@ -83,6 +117,9 @@ class HostCache final : public c10::Allocator {
           orEventDestroy(e);
         }
         orFreeHost(b->ptr);
+        stats_.num_host_free++;
+        stats_.allocations.decrease(1);
+        stats_.allocated_bytes.decrease(b->size);
         delete b;
       }
       list.clear();
@@ -105,6 +142,7 @@ class HostCache final : public c10::Allocator {
   std::mutex mu_;
   std::map<size_t, std::vector<HostBlock*>> free_;
   std::unordered_map<void*, HostBlock*> used_;
+  at::HostStats stats_;
 };
 
 HostCache g_host;
@@ -123,6 +161,8 @@ bool is_pinned(const void* ptr) {
 }
 
 void record_stream(void* ctx, OpenRegStream stream) { g_host.record(ctx, stream); }
+
+REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_host);
 void empty_cache() { g_host.empty(); }
 
 }  // namespace c10::openreg::host_allocator
