@@ -24,6 +24,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -192,18 +193,194 @@ int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret
   return -1;
 }
 
-// A view of `base` with the geometry (and dtype) of `meta`.
-at::Tensor view_like(const at::Tensor& base, const at::Tensor& meta) {
-  if (meta.dtype() == base.dtype())
-    return base.as_strided(meta.sizes(), meta.strides(), meta.storage_offset());
+// ---- 2. geometry of results, and a cache of it ----
+// What the meta kernel says about one result tensor.
+struct Geometry {
+  bool defined = false;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+Geometry geometry_of(const at::Tensor& t) {
+  Geometry g;
+  if (!t.defined()) return g;
+  g.defined = true;
+  g.dtype = t.scalar_type();
+  g.sizes = t.sizes().vec();
+  g.strides = t.strides().vec();
+  g.offset = t.storage_offset();
+  return g;
+}
+
+// The meta kernel's verdict for one call: per return, one tensor or a list.
+struct MetaResult {
+  bool data_dependent = false;  // no usable meta kernel: run synchronously
+  std::vector<bool> is_list;
+  std::vector<std::vector<Geometry>> returns;
+};
+
+// A view of `base` with the geometry (and dtype) `g`.
+at::Tensor view_like(const at::Tensor& base, const Geometry& g) {
+  if (g.dtype == base.scalar_type()) return base.as_strided(g.sizes, g.strides, g.offset);
   auto out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
-                                                      base.key_set(), meta.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+                                                      base.key_set(), c10::scalarTypeToTypeMeta(g.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   return out;
 }
 
-at::Tensor alloc_like(const at::Tensor& meta, c10::Device device) {
-  return at::empty_strided(meta.sizes(), meta.strides(), meta.options().device(device));
+at::Tensor view_like(const at::Tensor& base, const at::Tensor& meta) { return view_like(base, geometry_of(meta)); }
+
+at::Tensor alloc_like(const Geometry& g, c10::Device device) {
+  if (!g.defined) return at::Tensor();
+  return at::empty_strided(g.sizes, g.strides, at::TensorOptions().dtype(g.dtype).device(device));
+}
+
+// Meta results depend only on what meta tensors carry (dtype, sizes,
+// strides, offset, device) and on the non-tensor arguments, so they are
+// cached per operator and argument signature: a repeated call skips the
+// meta kernel (which, for many ops, is Python code).
+struct MetaKey {
+  const void* op;
+  std::vector<int64_t> words;
+  bool operator==(const MetaKey& o) const { return op == o.op && words == o.words; }
+};
+
+struct MetaKeyHash {
+  size_t operator()(const MetaKey& k) const {
+    size_t h = std::hash<const void*>()(k.op);
+    for (int64_t w : k.words) h ^= std::hash<int64_t>()(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
+  if (!t.defined()) {
+    w.push_back(-1);
+    return;
+  }
+  w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.device().index() + 1));
+  w.push_back(static_cast<int64_t>(t.scalar_type()));
+  w.push_back(t.dim());
+  for (int64_t v : t.sizes()) w.push_back(v);
+  for (int64_t v : t.strides()) w.push_back(v);
+  w.push_back(t.storage_offset());
+  w.push_back(static_cast<int64_t>(t.storage().nbytes()));
+}
+
+// Appends what meta can see of `v`; false when it cannot be keyed.
+bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
+  if (v.isTensor()) {
+    w.push_back(1);
+    key_tensor(v.toTensor(), w);
+  } else if (v.isNone()) {
+    w.push_back(2);
+  } else if (v.isInt()) {
+    w.push_back(3);
+    w.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    w.push_back(4);
+    double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    w.push_back(bits);
+  } else if (v.isBool()) {
+    w.push_back(5);
+    w.push_back(v.toBool());
+  } else if (v.isIntList()) {
+    w.push_back(6);
+    auto l = v.toIntList();
+    w.push_back(static_cast<int64_t>(l.size()));
+    for (int64_t x : l) w.push_back(x);
+  } else if (v.isTensorList()) {
+    w.push_back(7);
+    auto l = v.toTensorList();
+    w.push_back(static_cast<int64_t>(l.size()));
+    for (const at::Tensor& t : l) key_tensor(t, w);
+  } else if (v.isList()) {
+    w.push_back(8);
+    auto l = v.toList();
+    w.push_back(static_cast<int64_t>(l.size()));
+    for (const c10::IValue& e : l)
+      if (!key_value(e, w)) return false;
+  } else if (v.isDevice()) {
+    w.push_back(9);
+    w.push_back((static_cast<int64_t>(v.toDevice().type()) << 16) | (v.toDevice().index() + 1));
+  } else if (v.isString()) {
+    w.push_back(10);
+    w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else if (v.isGenerator()) {
+    w.push_back(11);
+  } else if (v.isComplexDouble()) {
+    w.push_back(12);
+    c10::complex<double> c = v.toComplexDouble();
+    int64_t bits[2];
+    std::memcpy(bits, &c, sizeof(bits));
+    w.push_back(bits[0]);
+    w.push_back(bits[1]);
+  } else {
+    return false;  // symbolic or custom values: not cached
+  }
+  return true;
+}
+
+constexpr size_t kMetaCacheCapacity = 16384;
+std::mutex g_meta_mu;
+std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash> g_meta_cache;
+
+std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, const Stack& args,
+                                               bool tensor_returns_only) {
+  auto result = std::make_shared<MetaResult>();
+  if (!tensor_returns_only) {
+    result->data_dependent = true;
+    return result;
+  }
+  Stack meta = args;
+  for (c10::IValue& v : meta) v = map_tensors(v, to_meta);
+  replace_devices(meta, c10::Device(c10::kMeta));
+  for (c10::IValue& v : meta)  // meta kernels must not consume the real generator
+    if (v.isGenerator()) v = c10::IValue();
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception&) {
+    // No usable meta kernel (data-dependent shapes, or none registered): run
+    // on the device and wait. A genuine argument error is raised there too,
+    // with the message the CPU implementation gives.
+    result->data_dependent = true;
+    return result;
+  }
+  for (const c10::IValue& r : meta) {
+    std::vector<Geometry> gs;
+    if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorList()) gs.push_back(geometry_of(t));
+      result->is_list.push_back(true);
+    } else {
+      gs.push_back(geometry_of(r.isTensor() ? r.toTensor() : at::Tensor()));
+      result->is_list.push_back(false);
+    }
+    result->returns.push_back(std::move(gs));
+  }
+  return result;
+}
+
+std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const Stack& args,
+                                           bool tensor_returns_only) {
+  MetaKey key{&op.schema(), {}};
+  key.words.reserve(32);
+  bool cacheable = true;
+  for (const c10::IValue& v : args) cacheable = cacheable && key_value(v, key.words);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    auto it = g_meta_cache.find(key);
+    if (it != g_meta_cache.end()) return it->second;
+  }
+  auto result = compute_meta(op, args, tensor_returns_only);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
+    g_meta_cache.emplace(std::move(key), result);
+  }
+  return result;
 }
 
 // ---- 4. the synchronous path ----
@@ -350,48 +527,39 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
                             r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
   }
 
-  // 1. Output metadata from the meta kernels.
-  Stack meta;
-  if (tensor_returns_only) {
-    meta = args;
-    for (c10::IValue& v : meta) v = map_tensors(v, to_meta);
-    replace_devices(meta, c10::Device(c10::kMeta));
-    for (c10::IValue& v : meta)  // meta kernels must not consume the real generator
-      if (v.isGenerator()) v = c10::IValue();
-    try {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const std::exception&) {
-      // No usable meta kernel (data-dependent shapes, or none registered):
-      // run on the device and wait. A genuine argument error is raised there
-      // too, with the message the CPU implementation gives.
-      tensor_returns_only = false;
-    }
-  }
-  if (!tensor_returns_only) return run_synchronously(op, stack, std::move(args), *device);
+  // 1. Output metadata from the meta kernels (cached).
+  const auto meta = meta_for(op, args, tensor_returns_only);
+  if (meta->data_dependent) return run_synchronously(op, stack, std::move(args), *device);
 
   // 2. Outputs on the device.
   Stack outputs;
   bool needs_kernel = false, functional = false;
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
+    const auto& geometries = meta->returns[i];
     if (is_view_return(ret)) {
-      const c10::IValue& base = args[aliased_argument(schema, ret)];
-      if (meta[i].isTensor()) {
-        outputs.push_back(view_like(base.toTensor(), meta[i].toTensor()));
+      const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
+      if (!meta->is_list[i]) {
+        outputs.push_back(view_like(base, geometries[0]));
       } else {  // a list of views (split, unbind, ...)
         c10::List<at::Tensor> views;
-        for (const at::Tensor& m : meta[i].toTensorList()) views.push_back(view_like(base.toTensor(), m));
+        for (const Geometry& g : geometries) views.push_back(view_like(base, g));
         outputs.push_back(views);
       }
     } else if (is_write_return(ret)) {
       needs_kernel = true;
       const at::Tensor& target = args[aliased_argument(schema, ret)].toTensor();
-      const at::Tensor& m = meta[i].toTensor();
-      if (target.sizes() != m.sizes()) target.resize_(m.sizes());  // out= resized by the meta kernel
+      if (target.sizes() != c10::IntArrayRef(geometries[0].sizes)) target.resize_(geometries[0].sizes);  // out= resized
       outputs.push_back(target);
     } else {
       needs_kernel = functional = true;
-      outputs.push_back(map_tensors(meta[i], [&](const at::Tensor& m) { return alloc_like(m, *device); }));
+      if (!meta->is_list[i]) {
+        outputs.push_back(alloc_like(geometries[0], *device));
+      } else {
+        c10::List<at::Tensor> fresh;
+        for (const Geometry& g : geometries) fresh.push_back(alloc_like(g, *device));
+        outputs.push_back(fresh);
+      }
     }
   }
 
