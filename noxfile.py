@@ -1,0 +1,168 @@
+"""Sessions that build, test and lint the openreg monorepo.
+
+    nox -s tests        everything: builds openreg-core once, then every test session
+    nox -s core         core's PyTorch tests (packages/openreg-core/tests)
+    nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
+    nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
+    nox -s lint         ruff and clang-format (not part of `tests`)
+
+Session graph (`requires=`): build <- core, packaging <- tests; runtime, runtime_asan and
+runtime_tsan need no build and are required by tests too. Nox runs a required session once per
+invocation, so `nox -s tests` builds core once and every session installs that one wheel.
+
+`nox -r` reuses the session venvs (torch is not reinstalled; the wheel is). To rerun one session
+against the wheel already in dist/ without rebuilding: `nox -r -s core --no-dependencies`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+from nox.command import CommandFailed
+
+ROOT = Path(__file__).resolve().parent
+DIST = ROOT / "dist"
+CORE = ROOT / "packages" / "openreg-core"
+PYTHON = "3.11"
+
+# Exactly pinned: pip takes this from the machine's local wheel. An unpinned torch may resolve to
+# a multi-GB CUDA build of another release.
+TORCH = "torch==2.13.0"
+# A fresh venv seeds an old setuptools that cannot build core (`invalid command 'bdist_wheel'`).
+BASE = ("setuptools>=70.1", "wheel")
+# torch.testing._internal.common_utils (TestCase, run_tests) imports expecttest and numpy.
+CORE_TEST_DEPS = ("expecttest", "numpy")
+LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
+CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_missing_interpreters = True
+nox.options.error_on_external_run = True
+nox.options.sessions = ["tests"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {"MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    env.update(extra)
+    return env
+
+
+def _one(pattern: str, session: nox.Session) -> Path:
+    found = sorted(DIST.glob(pattern))
+    if len(found) != 1:
+        session.error(f"expected exactly one dist/{pattern}, found {[p.name for p in found]}: run `nox -s build`")
+    return found[0]
+
+
+def _install_core(session: nox.Session, *extra: str) -> None:
+    """Installs torch and the openreg-core wheel that the `build` session left in dist/."""
+    session.install(*BASE)
+    session.install(TORCH, "pytest", *extra)
+    wheel = _one("openreg_core-*.whl", session)
+    # --force-reinstall: a rebuilt wheel keeps its version, and a reused venv must take it anyway.
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+
+
+@nox.session(python=PYTHON, default=False)
+def build(session: nox.Session) -> None:
+    """Builds the openreg-core sdist into dist/, then a wheel from that sdist (proving it builds)."""
+    session.install(*BASE)
+    session.install(TORCH, "cmake", "ninja", "build")
+    DIST.mkdir(exist_ok=True)
+    for old in [*DIST.glob("openreg_core-*.tar.gz"), *DIST.glob("openreg_core-*.whl")]:
+        old.unlink()
+    # The sdist is built from a copy of the package so that build/ and *.egg-info/ in the
+    # developer's tree can't leak into it, and the tree is left as it was.
+    staging = Path(session.create_tmp()) / "openreg-core-src"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(
+        CORE, staging, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so", "*.o", "*.pyc")
+    )
+    session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(DIST), str(staging), env=_env())
+    sdist = _one("openreg_core-*.tar.gz", session)
+    session.run(
+        "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", str(sdist), "-w", str(DIST), env=_env()
+    )
+    _one("openreg_core-*.whl", session)
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def core(session: nox.Session) -> None:
+    """openreg-core's PyTorch tests, against the built wheel."""
+    _install_core(session, "ninja", *CORE_TEST_DEPS)
+    tests = CORE / "tests"
+    # An empty test folder fails loudly here (pytest itself would exit with 5, "no tests ran").
+    if not any(tests.rglob("test_*.py")):
+        session.error(f"{tests.relative_to(ROOT)} has no test_*.py files: core's tests are missing")
+    session.run("pytest", str(tests), *session.posargs)
+
+
+def _runtime(session: nox.Session, sanitizer: str) -> None:
+    session.install(*BASE)
+    session.install("pytest", "cmake", "ninja")
+    # Set even when empty, so a sanitizer chosen in the caller's shell doesn't leak into `runtime`.
+    env = _env(OPENREG_SANITIZER=sanitizer)
+    session.run("pytest", str(CORE / "libopenreg" / "tests"), *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON)
+def runtime(session: nox.Session) -> None:
+    """libopenreg's tests (C++, no torch): builds its own test program into build/runtime-tests."""
+    _runtime(session, "")
+
+
+@nox.session(python=PYTHON)
+def runtime_asan(session: nox.Session) -> None:
+    """libopenreg's tests under AddressSanitizer (and LeakSanitizer)."""
+    _runtime(session, "address")
+
+
+@nox.session(python=PYTHON)
+def runtime_tsan(session: nox.Session) -> None:
+    """libopenreg's tests under ThreadSanitizer."""
+    _runtime(session, "thread")
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def packaging(session: nox.Session) -> None:
+    """Checks what the wheel and the sdist in dist/ contain, and that the installed wheel imports."""
+    _install_core(session)
+    session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env={"OPENREG_DIST": str(DIST)})
+
+
+@nox.session(python=PYTHON, requires=["core", "runtime", "runtime_asan", "runtime_tsan", "packaging"])
+def tests(session: nox.Session) -> None:
+    """Everything: the test sessions it requires, then the cross-package scenarios in tests/scenarios."""
+    _install_core(session, "numpy")  # as in the README's install: without numpy torch warns at import
+    session.run("pytest", str(ROOT / "tests" / "scenarios"), *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def lint(session: nox.Session) -> None:
+    """ruff (check and format) on Python files; clang-format on C++ under packages/*/{csrc,libopenreg}."""
+    session.install(*LINT_TOOLS)
+    sources = sorted(
+        str(p.relative_to(ROOT))
+        for top in ("csrc", "libopenreg")
+        for d in ROOT.glob(f"packages/*/{top}")
+        for p in d.rglob("*")
+        if p.suffix in CXX_SUFFIXES and p.is_file()
+    )
+    if not sources:
+        session.error("no C++ sources found under packages/*/csrc or packages/*/libopenreg")
+    checks = {
+        "ruff check": ["ruff", "check", "."],
+        "ruff format": ["ruff", "format", "--check", "--diff", "."],
+        "clang-format": ["clang-format", "--dry-run", "--Werror", *sources],
+    }
+    failed = []
+    for name, cmd in checks.items():  # every check runs, so one report shows all findings
+        try:
+            session.run(*cmd)
+        except CommandFailed:
+            failed.append(name)
+    if failed:
+        session.error(f"failed: {', '.join(failed)} (fix with `ruff check --fix`, `ruff format`, `clang-format -i`)")
