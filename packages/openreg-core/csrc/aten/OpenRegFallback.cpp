@@ -45,12 +45,12 @@ using torch::jit::Stack;
 
 // ---- statistics and strict mode ----
 std::mutex g_stats_mu;
-std::unordered_map<std::string, int64_t> g_counts;
+std::unordered_map<const c10::FunctionSchema*, int64_t> g_counts;
 std::atomic<bool> g_strict{false};
 
 void count(const c10::OperatorHandle& op) {
   std::lock_guard<std::mutex> lock(g_stats_mu);
-  g_counts[op.schema().operator_name().name + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name())]++;
+  g_counts[&op.schema()]++;
 }
 
 // ---- mapping over the tensors inside IValues ----
@@ -118,10 +118,46 @@ void to_launch_stack(Stack& stack) {
   for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); });
 }
 
+// A stack captured at launch: plain device tensors as KernelTensorArgs (their
+// slots hold None), device tensors inside lists as launch tensors.
+struct LaunchStack {
+  Stack values;
+  std::vector<std::pair<size_t, KernelTensorArg>> tensors;
+
+  static LaunchStack capture(Stack stack) {
+    LaunchStack out;
+    for (size_t i = 0; i < stack.size(); ++i) {
+      c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (t.defined() && t.is_privateuseone()) {
+          out.tensors.emplace_back(i, KernelTensorArg(t));
+          v = c10::IValue();
+        }
+      } else {
+        v = map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); });
+      }
+    }
+    out.values = std::move(stack);
+    return out;
+  }
+
+  // Device side: the stack with every device tensor as a kernel tensor.
+  Stack materialize() const;
+};
+
 // Arguments as the device sees them: openreg tensors become kernel tensors.
 void to_kernel_stack(Stack& stack) {
   for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return kernel_tensor(t); });
 }
+
+Stack LaunchStack::materialize() const {
+  Stack stack = values;
+  to_kernel_stack(stack);
+  for (const auto& [i, arg] : tensors) stack[i] = arg.materialize();
+  return stack;
+}
+
 
 // A generator argument: the per-launch generator from the device's generator.
 void seed_generators(const c10::FunctionSchema& schema, Stack& args, c10::DeviceIndex device) {
@@ -443,8 +479,7 @@ bool out_overload_usable(const c10::OperatorHandle& op) {
 // have written elsewhere (a functional op allocates its result; an out=
 // kernel may reallocate its output): then the result is copied over, on
 // the device. Returns false if the shapes disagree.
-bool land(const at::Tensor& got, const at::Tensor& target) {
-  at::Tensor want = kernel_tensor(target);
+bool land(const at::Tensor& got, const at::Tensor& want) {
   if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides())
     return true;
   if (got.sizes() != want.sizes()) return false;
@@ -470,14 +505,15 @@ bool land_all(const Stack& returns, const Stack& targets) {
 // Device side: runs one op. `args` holds launch tensors; `targets` the
 // device outputs, per return (None for views). With an out= overload the
 // outputs are passed to it; if it misbehaves the functional op runs instead.
-void run_kernel(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op, Stack args,
-                const Stack& targets) {
+void run_kernel(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
+                const LaunchStack& launch_args, const LaunchStack& launch_targets) {
   DeviceWarningGuard no_warnings;
   const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+  Stack args = launch_args.materialize();
+  const Stack targets = launch_targets.materialize();
   if (out_op) {
     Stack out_args = args;
     out_args.insert(out_args.end(), targets.begin(), targets.end());
-    to_kernel_stack(out_args);
     bool ok = false;
     try {
       out_op->redispatchBoxed(cpu, &out_args);
@@ -488,7 +524,6 @@ void run_kernel(const c10::OperatorHandle& op, const std::optional<c10::Operator
     std::lock_guard<std::mutex> lock(g_bad_out_mu);
     g_bad_out[op.operator_name()] = true;
   }
-  to_kernel_stack(args);
   op.redispatchBoxed(cpu, &args);
   TORCH_CHECK(land_all(args, targets), "the CPU kernel of ", op.schema().operator_name(),
               " produced results whose shapes differ from its meta kernel's");
@@ -575,12 +610,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     Stack targets;
     for (size_t i = 0; i < outputs.size(); ++i)
       targets.push_back(is_view_return(schema.returns()[i]) ? c10::IValue() : outputs[i]);
-    to_launch_stack(kernel_args);
-    to_launch_stack(targets);
     auto stream = getCurrentOpenRegStream(device->index());
     OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(),
-                                    [op, out_op, kernel_args = std::move(kernel_args), targets = std::move(targets)] {
-                                      run_kernel(op, out_op, kernel_args, targets);
+                                    [op, out_op, args = LaunchStack::capture(std::move(kernel_args)),
+                                     targets = LaunchStack::capture(std::move(targets))] {
+                                      run_kernel(op, out_op, args, targets);
                                     }));
   }
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));
@@ -590,7 +624,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
-  return {g_counts.begin(), g_counts.end()};
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [schema, n] : g_counts)
+    out.emplace_back(schema->name() + (schema->overload_name().empty() ? "" : "." + schema->overload_name()), n);
+  return out;
 }
 
 void reset_fallback_counts() {

@@ -43,4 +43,36 @@ inline at::Tensor kernel_tensor(const at::Tensor& t) {
   return out;
 }
 
+// Host side, at launch: what a kernel needs to see one device tensor (its
+// geometry and memory), without owning the memory and without allocating:
+// cheaper than launch_tensor() for the common case of a plain tensor argument.
+struct KernelTensorArg {
+  const void* storage;
+  size_t nbytes;
+  caffe2::TypeMeta dtype;
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  int64_t offset;
+
+  explicit KernelTensorArg(const at::Tensor& t)
+      : storage(t.storage().data()),
+        nbytes(t.storage().nbytes()),
+        dtype(t.dtype()),
+        sizes(t.sizes().begin(), t.sizes().end()),
+        strides(t.strides().begin(), t.strides().end()),
+        offset(t.storage_offset()) {}
+
+  // Device side: the CPU tensor over the kernel view (as kernel_tensor()).
+  at::Tensor materialize() const {
+    void* base = ::openreg::kernel_pointer(storage);
+    if (base == nullptr)
+      return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(c10::kCPU));
+    c10::Storage alias(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
+                       c10::GetCPUAllocator(), /*resizable=*/true);
+    auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                        dtype);
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+    return out;
+  }
+};
+
 }  // namespace c10::openreg
