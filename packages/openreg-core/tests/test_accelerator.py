@@ -15,11 +15,28 @@ MiB = 1 << 20
 
 # torch.accelerator.Graph (device graph capture) is a class, not covered here: see the issue notes.
 COVERED = {
-    "current_accelerator", "current_device_idx", "current_device_index", "get_device_capability",
-    "current_stream", "device_count", "device_index", "empty_cache", "empty_host_cache", "get_memory_info",
-    "is_available", "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved",
-    "memory_stats", "reset_accumulated_memory_stats", "reset_peak_memory_stats", "set_device_idx",
-    "set_device_index", "set_stream", "synchronize",
+    "current_accelerator",
+    "current_device_idx",
+    "current_device_index",
+    "get_device_capability",
+    "current_stream",
+    "device_count",
+    "device_index",
+    "empty_cache",
+    "empty_host_cache",
+    "get_memory_info",
+    "is_available",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_device_idx",
+    "set_device_index",
+    "set_stream",
+    "synchronize",
 }
 
 

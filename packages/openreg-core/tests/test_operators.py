@@ -124,7 +124,9 @@ class TestGenericPath(TestCase):
     def test_device_mismatch(self):
         a = torch.ones(3, device="openreg:0")
         b = torch.ones(3, device="openreg:1")
-        with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device.*openreg:0.*openreg:1"):
+        with self.assertRaisesRegex(
+            RuntimeError, "Expected all tensors to be on the same device.*openreg:0.*openreg:1"
+        ):
             a + b
         self.assertEqual((a + a).cpu().tolist(), [2.0] * 3)
 

@@ -62,14 +62,20 @@ class TestPlugins(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.strip().splitlines()
         self.assertEqual(lines[0], "[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', True)]")
-        self.assertIn("openreg plugin 'zzbroken' failed to load: ImportError: needs a library that is missing", lines[1])
+        self.assertIn(
+            "openreg plugin 'zzbroken' failed to load: ImportError: needs a library that is missing", lines[1]
+        )
         self.assertEqual(lines[2], "openreg:0")  # loaded after the device exists
 
     def test_selection_by_env(self):
         r = run_python(REPORT, env={**self.env, "OPENREG_PLUGINS": "zzgood"})
-        self.assertEqual(r.stdout.strip().splitlines()[:2], ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', True)]", "[]"])
+        self.assertEqual(
+            r.stdout.strip().splitlines()[:2], ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', True)]", "[]"]
+        )
         r = run_python(REPORT, env={**self.env, "OPENREG_PLUGINS": "none"})
-        self.assertEqual(r.stdout.strip().splitlines(), ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', False)]", "[]", "None"])
+        self.assertEqual(
+            r.stdout.strip().splitlines(), ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', False)]", "[]", "None"]
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ at::Tensor alloc_like(const at::Tensor& meta, c10::Device device) {
 }
 
 at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                        c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                        bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
+                        c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                        c10::IntArrayRef output_padding, int64_t groups) {
   c10::DeviceGuard guard(input.device());
   const at::Tensor b = bias.value_or(at::Tensor());
   at::Tensor meta = at::convolution(meta_of(input), meta_of(weight), meta_of(b), stride, padding, dilation, transposed,
@@ -37,25 +37,26 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const
   at::Tensor out = alloc_like(meta, input.device());
   std::vector<int64_t> st(stride.begin(), stride.end()), pa(padding.begin(), padding.end()),
       di(dilation.begin(), dilation.end()), op(output_padding.begin(), output_padding.end());
-  OPENREG_CHECK(::openreg::launch(
-      current_stream_handle(input.device().index()), "aten::convolution_overrideable",
-      [=, out = launch_tensor(out), input = launch_tensor(input), weight = launch_tensor(weight),
-       b = launch_tensor(b)] {
-        kernel_tensor(out).copy_(at::convolution(kernel_tensor(input), kernel_tensor(weight), kernel_tensor(b), st,
-                                                 pa, di, transposed, op, groups));
-      }));
+  OPENREG_CHECK(::openreg::launch(current_stream_handle(input.device().index()), "aten::convolution_overrideable",
+                                  [=, out = launch_tensor(out), input = launch_tensor(input),
+                                   weight = launch_tensor(weight), b = launch_tensor(b)] {
+                                    kernel_tensor(out).copy_(at::convolution(kernel_tensor(input),
+                                                                             kernel_tensor(weight), kernel_tensor(b),
+                                                                             st, pa, di, transposed, op, groups));
+                                  }));
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
-    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
-    int64_t groups, std::array<bool, 3> output_mask) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                                             const at::Tensor& weight, c10::IntArrayRef stride,
+                                                             c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                                             bool transposed, c10::IntArrayRef output_padding,
+                                                             int64_t groups, std::array<bool, 3> output_mask) {
   c10::DeviceGuard guard(input.device());
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
-  auto [gi, gw, gb] = at::convolution_backward(meta_of(grad_output), meta_of(input), meta_of(weight), bias_sizes,
-                                               stride, padding, dilation, transposed, output_padding, groups,
-                                               output_mask);
+  auto [gi, gw, gb] =
+      at::convolution_backward(meta_of(grad_output), meta_of(input), meta_of(weight), bias_sizes, stride, padding,
+                               dilation, transposed, output_padding, groups, output_mask);
   at::Tensor grad_input = alloc_like(gi, input.device()), grad_weight = alloc_like(gw, input.device()),
              grad_bias = alloc_like(gb, input.device());
   std::vector<int64_t> st(stride.begin(), stride.end()), pa(padding.begin(), padding.end()),
@@ -65,9 +66,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
       [=, grad_output = launch_tensor(grad_output), input = launch_tensor(input), weight = launch_tensor(weight),
        grad_input = launch_tensor(grad_input), grad_weight = launch_tensor(grad_weight),
        grad_bias = launch_tensor(grad_bias)] {
-        auto [ci, cw, cb] = at::convolution_backward(kernel_tensor(grad_output), kernel_tensor(input),
-                                                     kernel_tensor(weight), bias_sizes, st, pa, di, transposed, op,
-                                                     groups, output_mask);
+        auto [ci, cw, cb] =
+            at::convolution_backward(kernel_tensor(grad_output), kernel_tensor(input), kernel_tensor(weight),
+                                     bias_sizes, st, pa, di, transposed, op, groups, output_mask);
         if (grad_input.defined()) kernel_tensor(grad_input).copy_(ci);
         if (grad_weight.defined()) kernel_tensor(grad_weight).copy_(cw);
         if (grad_bias.defined()) kernel_tensor(grad_bias).copy_(cb);

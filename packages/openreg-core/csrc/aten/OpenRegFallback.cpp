@@ -17,6 +17,8 @@
 //     the kernel, as CUDA does.
 // Random ops draw from a generator seeded at launch from the device's
 // generator (see OpenRegGenerator.h).
+#include "OpenRegFallback.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -34,7 +36,6 @@
 #include "../runtime/OpenRegException.h"
 #include "../runtime/OpenRegGenerator.h"
 #include "../runtime/OpenRegStream.h"
-#include "OpenRegFallback.h"
 #include "OpenRegKernelTensor.h"
 
 namespace c10::openreg {
@@ -157,7 +158,6 @@ Stack LaunchStack::materialize() const {
   for (const auto& [i, arg] : tensors) stack[i] = arg.materialize();
   return stack;
 }
-
 
 // A generator argument: the per-launch generator from the device's generator.
 void seed_generators(const c10::FunctionSchema& schema, Stack& args, c10::DeviceIndex device) {
@@ -399,8 +399,7 @@ std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, co
   return result;
 }
 
-std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const Stack& args,
-                                           bool tensor_returns_only) {
+std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const Stack& args, bool tensor_returns_only) {
   MetaKey key{&op.schema(), {}};
   key.words.reserve(32);
   bool cacheable = true;
@@ -480,8 +479,7 @@ bool out_overload_usable(const c10::OperatorHandle& op) {
 // kernel may reallocate its output): then the result is copied over, on
 // the device. Returns false if the shapes disagree.
 bool land(const at::Tensor& got, const at::Tensor& want) {
-  if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides())
-    return true;
+  if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides()) return true;
   if (got.sizes() != want.sizes()) return false;
   want.copy_(got);
   return true;
@@ -545,13 +543,14 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
       if (!t.defined() || !t.is_privateuseone()) return;
       if (!device) device = t.device();
       TORCH_CHECK(*device == t.device(),
-                  "Expected all tensors to be on the same device, but found at least two devices, ", *device,
-                  " and ", t.device(), "! (in ", schema.operator_name(), ")");
+                  "Expected all tensors to be on the same device, but found at least two devices, ", *device, " and ",
+                  t.device(), "! (in ", schema.operator_name(), ")");
     });
     if (v.isDevice() && v.toDevice().is_privateuseone() && !device) device = v.toDevice();
   }
   if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
-  if (!device->has_index()) device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
+  if (!device->has_index())
+    device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
   c10::DeviceGuard guard(*device);
 
   bool tensor_returns_only = true;
@@ -611,11 +610,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     for (size_t i = 0; i < outputs.size(); ++i)
       targets.push_back(is_view_return(schema.returns()[i]) ? c10::IValue() : outputs[i]);
     auto stream = getCurrentOpenRegStream(device->index());
-    OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(),
-                                    [op, out_op, args = LaunchStack::capture(std::move(kernel_args)),
-                                     targets = LaunchStack::capture(std::move(targets))] {
-                                      run_kernel(op, out_op, args, targets);
-                                    }));
+    OPENREG_CHECK(::openreg::launch(
+        stream.handle(), schema.name().c_str(),
+        [op, out_op, args = LaunchStack::capture(std::move(kernel_args)),
+         targets = LaunchStack::capture(std::move(targets))] { run_kernel(op, out_op, args, targets); }));
   }
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));
 }

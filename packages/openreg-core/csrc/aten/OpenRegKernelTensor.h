@@ -37,8 +37,8 @@ inline at::Tensor kernel_tensor(const at::Tensor& t) {
   if (base == nullptr) return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(), c10::DataPtr(base, c10::Device(c10::kCPU)),
                      c10::GetCPUAllocator(), /*resizable=*/true);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                      t.dtype());
+  auto out =
+      at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return out;
 }
@@ -64,12 +64,11 @@ struct KernelTensorArg {
   // Device side: the CPU tensor over the kernel view (as kernel_tensor()).
   at::Tensor materialize() const {
     void* base = ::openreg::kernel_pointer(storage);
-    if (base == nullptr)
-      return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(c10::kCPU));
+    if (base == nullptr) return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(c10::kCPU));
     c10::Storage alias(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
                        c10::GetCPUAllocator(), /*resizable=*/true);
-    auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                        dtype);
+    auto out =
+        at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
     out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
     return out;
   }

@@ -28,8 +28,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
   const size_t old_bytes = storage->nbytes();
   c10::Device device = storage->device();
   c10::DeviceGuard guard(device);
-  c10::DataPtr data = new_bytes > 0 ? storage->allocator()->allocate(new_bytes)
-                                    : c10::DataPtr(nullptr, device);
+  c10::DataPtr data = new_bytes > 0 ? storage->allocator()->allocate(new_bytes) : c10::DataPtr(nullptr, device);
   const size_t keep = std::min(old_bytes, new_bytes);
   if (keep > 0 && storage->data() != nullptr)
     OPENREG_CHECK(orMemcpyAsync(data.get(), storage->data(), keep, orMemcpyDeviceToDevice,
@@ -41,8 +40,8 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
 namespace {
 
 void ensure_storage(const at::Tensor& self) {
-  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
-                                                         self.storage_offset());
+  const size_t needed =
+      at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
   if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
 }
 
@@ -58,9 +57,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
   c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
-  return at::detail::empty_strided_generic(size, stride, allocator::get(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           c10::dtype_or_default(dtype));
+  return at::detail::empty_strided_generic(
+      size, stride, allocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -94,8 +92,7 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
   if (self.is_same(source)) return self;
-  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(),
-                     source.sym_strides());
+  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(), source.sym_strides());
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
@@ -121,13 +118,12 @@ void copy_device_to_device(const at::Tensor& dst, const at::Tensor& src) {
     allocator::recordStream(src.storage().data_ptr(), dst_stream);
   }
   if (is_contiguous_same(dst, src)) {
-    OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToDevice,
-                                dst_stream.handle()));
+    OPENREG_CHECK(
+        orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToDevice, dst_stream.handle()));
   } else {
-    OPENREG_CHECK(::openreg::launch(dst_stream.handle(), "openreg::strided_copy",
-                                    [dst = launch_tensor(dst), src = launch_tensor(src)] {
-                                      kernel_tensor(dst).copy_(kernel_tensor(src));
-                                    }));
+    OPENREG_CHECK(::openreg::launch(
+        dst_stream.handle(), "openreg::strided_copy",
+        [dst = launch_tensor(dst), src = launch_tensor(src)] { kernel_tensor(dst).copy_(kernel_tensor(src)); }));
   }
   if (src.device() != dst.device()) {
     c10::Event done(c10::DeviceType::PrivateUse1);
@@ -146,11 +142,13 @@ void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_
     copy_host_to_device(staging, host, false);
     return copy_device_to_device(dst, staging);
   }
-  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice,
-                              stream.handle()));
+  OPENREG_CHECK(
+      orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice, stream.handle()));
   if (host_allocator::is_pinned(src.const_data_ptr())) {
-    if (non_blocking) host_allocator::record_stream(src.storage().data_ptr().get_context(), stream);
-    else stream.synchronize();
+    if (non_blocking)
+      host_allocator::record_stream(src.storage().data_ptr().get_context(), stream);
+    else
+      stream.synchronize();
   }
 }
 
@@ -165,8 +163,8 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
     dst.copy_(host);
     return;
   }
-  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToHost,
-                              stream.handle()));
+  OPENREG_CHECK(
+      orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToHost, stream.handle()));
   if (!non_blocking) stream.synchronize();
 }
 
@@ -174,10 +172,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (dst.numel() == 0) return dst;
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand_as(dst);
-  if (src.is_privateuseone() && dst.is_privateuseone()) copy_device_to_device(dst, src);
-  else if (dst.is_privateuseone()) copy_host_to_device(dst, src, non_blocking);
-  else if (src.is_privateuseone()) copy_device_to_host(dst, src, non_blocking);
-  else dst.copy_(src, non_blocking);
+  if (src.is_privateuseone() && dst.is_privateuseone())
+    copy_device_to_device(dst, src);
+  else if (dst.is_privateuseone())
+    copy_host_to_device(dst, src, non_blocking);
+  else if (src.is_privateuseone())
+    copy_device_to_host(dst, src, non_blocking);
+  else
+    dst.copy_(src, non_blocking);
   return dst;
 }
 

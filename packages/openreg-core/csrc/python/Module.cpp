@@ -136,8 +136,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(d)); });
   m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(d)); });
   m.def("_set_current_stream", [](int64_t id, int d, int) {
-    setCurrentOpenRegStream(OpenRegStream(c10::Stream(c10::Stream::UNSAFE,
-                                                      c10::Device(c10::DeviceType::PrivateUse1, d), id)));
+    setCurrentOpenRegStream(
+        OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)));
   });
   m.def("_stream_priority_range", [] {
     int least = 0, greatest = 0;

@@ -18,13 +18,13 @@
 #include "OpenRegCachingAllocator.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <c10/util/flat_hash_map.h>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
@@ -82,9 +82,12 @@ size_t segment_size(size_t n) {
 std::string format_size(size_t bytes) {
   std::ostringstream os;
   os.precision(2);
-  if (bytes < (1 << 20)) os << std::fixed << bytes / 1024.0 << " KiB";
-  else if (bytes < (size_t{1} << 30)) os << std::fixed << bytes / 1048576.0 << " MiB";
-  else os << std::fixed << bytes / 1073741824.0 << " GiB";
+  if (bytes < (1 << 20))
+    os << std::fixed << bytes / 1024.0 << " KiB";
+  else if (bytes < (size_t{1} << 30))
+    os << std::fixed << bytes / 1048576.0 << " MiB";
+  else
+    os << std::fixed << bytes / 1073741824.0 << " GiB";
   return os.str();
 }
 
@@ -244,8 +247,8 @@ class DeviceCache {
       const auto& agg = [](const StatArray& a) { return a[static_cast<size_t>(StatType::AGGREGATE)].current; };
       TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
                        ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(size),
-                       "). Device capacity ", format_size(total), ", ", format_size(free_bytes),
-                       " free; ", format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ",
+                       "). Device capacity ", format_size(total), ", ", format_size(free_bytes), " free; ",
+                       format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ",
                        format_size(agg(stats_.reserved_bytes)),
                        " reserved by PyTorch. Free tensors, call torch.openreg.empty_cache(), or raise "
                        "OPENREG_DEVICE_MEMORY.");
@@ -329,24 +332,28 @@ class DeviceCache {
   static void set_current(StatArray& a, const int64_t values[3]) {
     for (size_t i = 0; i < 3; ++i) {
       const int64_t delta = values[i] - a[i].current;
-      if (delta > 0) a[i].increase(delta);
-      else if (delta < 0) a[i].decrease(-delta);
+      if (delta > 0)
+        a[i].increase(delta);
+      else if (delta < 0)
+        a[i].decrease(-delta);
     }
   }
 
   static void update(StatArray& a, bool small, int64_t delta) {
     for (size_t i : {static_cast<size_t>(StatType::AGGREGATE),
                      static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL)}) {
-      if (delta >= 0) a[i].increase(static_cast<size_t>(delta));
-      else a[i].decrease(static_cast<size_t>(-delta));
+      if (delta >= 0)
+        a[i].increase(static_cast<size_t>(delta));
+      else
+        a[i].decrease(static_cast<size_t>(-delta));
     }
   }
 
   template <typename F>
   void for_each_stat(F f) {
-    for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                         &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                         &stats_.inactive_split_bytes, &stats_.requested_bytes})
+    for (StatArray* a :
+         {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split, &stats_.allocated_bytes,
+          &stats_.reserved_bytes, &stats_.active_bytes, &stats_.inactive_split_bytes, &stats_.requested_bytes})
       for (Stat& s : *a) f(s);
   }
 
@@ -436,7 +443,9 @@ void OpenRegCachingAllocator::raw_delete(void* ptr) {
 c10::DeviceAllocator* get() { return &g_allocator; }
 void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream) { g_allocator.recordStream(data_ptr, stream); }
 void emptyCache() { g_allocator.emptyCache({0, 0}); }
-c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) { return g_allocator.getDeviceStats(device); }
+c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) {
+  return g_allocator.getDeviceStats(device);
+}
 void resetPeakStats(c10::DeviceIndex device) { g_allocator.resetPeakStats(device); }
 void resetAccumulatedStats(c10::DeviceIndex device) { g_allocator.resetAccumulatedStats(device); }
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot() { return g_allocator.segments(); }

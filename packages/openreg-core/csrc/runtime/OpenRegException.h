@@ -8,12 +8,11 @@
 // Checks an orStatus; on failure raises with the runtime's detailed message
 // (it names the device, sizes and limits). Out of memory becomes
 // torch.OutOfMemoryError, anything else RuntimeError.
-#define OPENREG_CHECK(expr)                                                           \
-  do {                                                                                \
-    orStatus __or_status = (expr);                                                    \
-    if (C10_UNLIKELY(__or_status != orSuccess)) {                                     \
-      TORCH_CHECK_WITH(OutOfMemoryError, __or_status != orErrorMemoryAllocation,      \
-                       orGetLastErrorMessage());                                      \
-      TORCH_CHECK(false, orGetLastErrorMessage());                                    \
-    }                                                                                 \
+#define OPENREG_CHECK(expr)                                                                                \
+  do {                                                                                                     \
+    orStatus __or_status = (expr);                                                                         \
+    if (C10_UNLIKELY(__or_status != orSuccess)) {                                                          \
+      TORCH_CHECK_WITH(OutOfMemoryError, __or_status != orErrorMemoryAllocation, orGetLastErrorMessage()); \
+      TORCH_CHECK(false, orGetLastErrorMessage());                                                         \
+    }                                                                                                      \
   } while (0)

@@ -17,9 +17,8 @@ c10::DeviceIndex device_count() noexcept {
 
 void check_device_index(c10::DeviceIndex device) {
   const auto count = device_count();
-  TORCH_CHECK(device >= 0 && device < count, "Invalid openreg device index ", static_cast<int>(device),
-              ": there are ", static_cast<int>(count),
-              " openreg devices (valid indices 0..", static_cast<int>(count) - 1,
+  TORCH_CHECK(device >= 0 && device < count, "Invalid openreg device index ", static_cast<int>(device), ": there are ",
+              static_cast<int>(count), " openreg devices (valid indices 0..", static_cast<int>(count) - 1,
               "; OPENREG_DEVICE_COUNT sets the count)");
 }
 

@@ -1,8 +1,8 @@
 #include "OpenRegGenerator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/Tensor.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/core/Tensor.h>
 
 #include <memory>
 #include <mutex>
@@ -27,8 +27,10 @@ uint64_t OpenRegGeneratorImpl::get_offset() const {
   TORCH_CHECK(false, "openreg generators have no offset (they are Mersenne Twister based, not Philox)");
 }
 
-void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) { cpu_.set_state(at::Tensor(
-    c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(&new_state)))); }
+void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
+  cpu_.set_state(
+      at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(&new_state))));
+}
 
 c10::intrusive_ptr<c10::TensorImpl> OpenRegGeneratorImpl::get_state() const {
   return cpu_.get_state().getIntrusivePtr();

@@ -21,9 +21,7 @@ void OpenRegGuardImpl::setDevice(c10::Device d) const {
 
 void OpenRegGuardImpl::uncheckedSetDevice(c10::Device d) const noexcept { orSetDevice(d.index()); }
 
-c10::Stream OpenRegGuardImpl::getStream(c10::Device d) const {
-  return getCurrentOpenRegStream(d.index()).unwrap();
-}
+c10::Stream OpenRegGuardImpl::getStream(c10::Device d) const { return getCurrentOpenRegStream(d.index()).unwrap(); }
 
 c10::Stream OpenRegGuardImpl::getDefaultStream(c10::Device d) const {
   return getDefaultOpenRegStream(d.index()).unwrap();
@@ -44,9 +42,7 @@ c10::Stream OpenRegGuardImpl::exchangeStream(c10::Stream s) const {
   return previous.unwrap();
 }
 
-void* OpenRegGuardImpl::getStreamNativeHandle(const c10::Stream s) const {
-  return OpenRegStream(s).handle();
-}
+void* OpenRegGuardImpl::getStreamNativeHandle(const c10::Stream s) const { return OpenRegStream(s).handle(); }
 
 c10::DeviceIndex OpenRegGuardImpl::deviceCount() const noexcept { return device_count(); }
 
@@ -58,15 +54,15 @@ c10::DeviceCapability OpenRegGuardImpl::getDeviceCapability(c10::Device d) const
 // Events are created lazily at first record, on the stream's device.
 void OpenRegGuardImpl::record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
                               const c10::EventFlag flag) const {
-  TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-              "Event device index ", static_cast<int>(device_index),
-              " does not match recording stream's device index ", static_cast<int>(stream.device_index()), ".");
+  TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "Event device index ",
+              static_cast<int>(device_index), " does not match recording stream's device index ",
+              static_cast<int>(stream.device_index()), ".");
   OpenRegStream s(stream);
   if (*event == nullptr) {
     orEvent_t e = nullptr;
     // As on CUDA, PyTorch's internal events skip timing; torch.Event asks for it.
-    OPENREG_CHECK(orEventCreateWithFlags(
-        &e, flag == c10::EventFlag::BACKEND_DEFAULT ? orEventDefault : orEventDisableTiming));
+    OPENREG_CHECK(
+        orEventCreateWithFlags(&e, flag == c10::EventFlag::BACKEND_DEFAULT ? orEventDefault : orEventDisableTiming));
     *event = e;
   }
   OPENREG_CHECK(orEventRecord(static_cast<orEvent_t>(*event), s.handle()));
@@ -94,8 +90,7 @@ void OpenRegGuardImpl::synchronizeEvent(void* event) const {
 }
 
 double OpenRegGuardImpl::elapsedTime(void* start, void* end, const c10::DeviceIndex) const {
-  TORCH_CHECK(start != nullptr && end != nullptr,
-              "Both events must be recorded before calculating elapsed time.");
+  TORCH_CHECK(start != nullptr && end != nullptr, "Both events must be recorded before calculating elapsed time.");
   float ms = 0;
   OPENREG_CHECK(orEventElapsedTime(&ms, static_cast<orEvent_t>(start), static_cast<orEvent_t>(end)));
   return ms;
@@ -103,9 +98,7 @@ double OpenRegGuardImpl::elapsedTime(void* start, void* end, const c10::DeviceIn
 
 bool OpenRegGuardImpl::queryStream(const c10::Stream& stream) const { return OpenRegStream(stream).query(); }
 
-void OpenRegGuardImpl::synchronizeStream(const c10::Stream& stream) const {
-  OpenRegStream(stream).synchronize();
-}
+void OpenRegGuardImpl::synchronizeStream(const c10::Stream& stream) const { OpenRegStream(stream).synchronize(); }
 
 void OpenRegGuardImpl::synchronizeDevice(const c10::DeviceIndex device_index) const {
   const auto previous = exchange_device(device_index < 0 ? current_device() : device_index);

@@ -1,13 +1,14 @@
 // PrivateUse1 hooks: what ATen asks of the backend outside of operators
 // (availability, generators, pinned memory, device of a pointer, storage
 // resize). Registered at load time of libtorch_openreg.
+#include "OpenRegHooks.h"
+
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/StorageImpl.h>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
 #include "OpenRegGenerator.h"
-#include "OpenRegHooks.h"
 #include "OpenRegHostAllocator.h"
 
 namespace c10::openreg {
@@ -21,18 +22,14 @@ struct OpenRegHooksInterface final : public at::PrivateUse1HooksInterface {
     int count = 0;
     OPENREG_CHECK(orGetDeviceCount(&count));
   }
-  bool hasPrimaryContext(c10::DeviceIndex device) const override {
-    return device >= 0 && device < device_count();
-  }
+  bool hasPrimaryContext(c10::DeviceIndex device) const override { return device >= 0 && device < device_count(); }
   c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex device) const override { set_device(device); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override { return exchange_device(device); }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchange_device(device); }
 
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
-    return default_generator(device);
-  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override { return default_generator(device); }
   at::Generator getNewGenerator(c10::DeviceIndex device) const override { return new_generator(device); }
 
   at::Device getDeviceFromPtr(void* data) const override {

@@ -5,7 +5,6 @@
 #include "OpenRegHostAllocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
-
 #include <c10/util/Exception.h>
 
 #include <map>

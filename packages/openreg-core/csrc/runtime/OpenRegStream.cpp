@@ -42,9 +42,7 @@ DevicePools& pools(c10::DeviceIndex device) {
 
 thread_local std::array<c10::StreamId, kMaxDevices> t_current{};
 
-c10::DeviceIndex resolve(c10::DeviceIndex device) {
-  return device < 0 ? current_device() : device;
-}
+c10::DeviceIndex resolve(c10::DeviceIndex device) { return device < 0 ? current_device() : device; }
 
 c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
@@ -105,8 +103,7 @@ OpenRegStream getStreamFromPool(int priority, c10::DeviceIndex device) {
 OpenRegStream getStreamFromExternal(orStream_t handle, c10::DeviceIndex device) {
   int owner = -1;
   OPENREG_CHECK(orStreamGetDevice(handle, &owner));
-  TORCH_CHECK(owner == device, "external stream belongs to openreg device ", owner, ", not ",
-              static_cast<int>(device));
+  TORCH_CHECK(owner == device, "external stream belongs to openreg device ", owner, ", not ", static_cast<int>(device));
   return OpenRegStream(make(device, static_cast<c10::StreamId>(reinterpret_cast<uintptr_t>(handle))));
 }
 
@@ -115,9 +112,7 @@ void setCurrentOpenRegStream(OpenRegStream stream) {
   t_current[stream.device_index()] = stream.id();
 }
 
-orStream_t current_stream_handle(c10::DeviceIndex device) {
-  return handle_of(device, t_current[device]);
-}
+orStream_t current_stream_handle(c10::DeviceIndex device) { return handle_of(device, t_current[device]); }
 
 std::ostream& operator<<(std::ostream& os, const OpenRegStream& s) { return os << s.unwrap(); }
 

@@ -7,13 +7,13 @@ plugin discovery in ``_plugins.py``.
 
 import os
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
 from .. import _C
-from ._utils import _DeviceLike, _get_device_index
 from ._plugins import plugins
+from ._utils import _DeviceLike, _get_device_index
 from .memory import (
     empty_cache,
     max_memory_allocated,
@@ -48,14 +48,46 @@ from .streams import (
 )
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream", "device",
-    "device_count", "device_of", "empty_cache", "get_amp_supported_dtype", "get_device_capability",
-    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init",
-    "initial_seed", "is_available", "is_initialized", "manual_seed", "manual_seed_all",
-    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
-    "memory_reserved", "memory_snapshot", "memory_stats", "plugins", "reset_accumulated_memory_stats",
-    "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state",
-    "set_rng_state_all", "set_stream", "stream", "synchronize",
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device",
+    "device_count",
+    "device_of",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "plugins",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "set_stream",
+    "stream",
+    "synchronize",
 ]
 
 _initialized = False
@@ -216,5 +248,3 @@ def set_strict_mode(strict: bool) -> None:
 def is_strict_mode() -> bool:
     """Whether strict mode is on."""
     return _C._get_strict_mode()
-
-

@@ -25,8 +25,8 @@ def _get_device_index(device: _DeviceLike = None, optional: bool = True) -> int:
         return current_device()
     if not isinstance(index, int):
         raise TypeError(f"Expected a device index as int, got {type(index).__name__}")
-    from . import _lazy_init
     from .. import _C
+    from . import _lazy_init
 
     _lazy_init()
     if index < 0:
