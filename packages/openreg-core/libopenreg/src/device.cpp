@@ -25,11 +25,25 @@ bool parse_bytes(const char* text, size_t* out) {
   if (end == text || errno != 0) return false;
   unsigned shift = 0;
   switch (*end) {
-    case '\0': break;
-    case 'k': case 'K': shift = 10; ++end; break;
-    case 'm': case 'M': shift = 20; ++end; break;
-    case 'g': case 'G': shift = 30; ++end; break;
-    default: return false;
+    case '\0':
+      break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      ++end;
+      break;
+    default:
+      return false;
   }
   if (*end == 'i' || *end == 'B') ++end;
   if (*end == 'B') ++end;
@@ -48,16 +62,15 @@ Runtime* create_runtime() {
     char* end = nullptr;
     long n = std::strtol(env, &end, 10);
     if (end == env || *end != '\0' || n < 1 || n > kMaxDeviceCount)
-      rt->config_error = "OPENREG_DEVICE_COUNT='" + std::string(env) +
-                         "' is not a whole number from 1 to " + std::to_string(kMaxDeviceCount);
+      rt->config_error = "OPENREG_DEVICE_COUNT='" + std::string(env) + "' is not a whole number from 1 to " +
+                         std::to_string(kMaxDeviceCount);
     else
       rt->device_count = static_cast<int>(n);
   }
   if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
     size_t bytes = 0;
     if (!parse_bytes(env, &bytes))
-      rt->config_error = "OPENREG_DEVICE_MEMORY='" + std::string(env) +
-                         "' is not a size such as 512M or 8G";
+      rt->config_error = "OPENREG_DEVICE_MEMORY='" + std::string(env) + "' is not a size such as 512M or 8G";
     else
       rt->capacity = (bytes + platform::page_size() - 1) / platform::page_size() * platform::page_size();
   }
@@ -91,8 +104,7 @@ orStatus check_runtime() {
 orStatus get_device(int index, Device** out) {
   Runtime& rt = runtime();
   if (index < 0 || index >= rt.device_count)
-    return fail(orErrorInvalidDevice, "device index " + std::to_string(index) +
-                                          " is out of range: there are " +
+    return fail(orErrorInvalidDevice, "device index " + std::to_string(index) + " is out of range: there are " +
                                           std::to_string(rt.device_count) + " openreg devices");
   Device& dev = rt.devices[index];
   if (!dev.ready.load(std::memory_order_acquire)) {
@@ -194,8 +206,7 @@ orStatus orGetDeviceProperties(orDeviceProp* prop, int device) {
   if (orStatus st = check_runtime()) return st;
   Runtime& rt = runtime();
   if (device < 0 || device >= rt.device_count)
-    return fail(orErrorInvalidDevice, "device index " + std::to_string(device) +
-                                          " is out of range: there are " +
+    return fail(orErrorInvalidDevice, "device index " + std::to_string(device) + " is out of range: there are " +
                                           std::to_string(rt.device_count) + " openreg devices");
   std::memset(prop, 0, sizeof(*prop));
   std::snprintf(prop->name, sizeof(prop->name), "OpenReg Emulated Device");

@@ -18,18 +18,30 @@ extern "C" {
 
 const char* orGetErrorName(orStatus status) {
   switch (status) {
-    case orSuccess: return "orSuccess";
-    case orErrorNotReady: return "orErrorNotReady";
-    case orErrorInvalidValue: return "orErrorInvalidValue";
-    case orErrorInvalidDevice: return "orErrorInvalidDevice";
-    case orErrorMemoryAllocation: return "orErrorMemoryAllocation";
-    case orErrorInvalidDevicePointer: return "orErrorInvalidDevicePointer";
-    case orErrorInvalidResourceHandle: return "orErrorInvalidResourceHandle";
-    case orErrorInvalidMemcpyDirection: return "orErrorInvalidMemcpyDirection";
-    case orErrorNotPermitted: return "orErrorNotPermitted";
-    case orErrorLaunchFailure: return "orErrorLaunchFailure";
-    case orErrorForkedProcess: return "orErrorForkedProcess";
-    case orErrorInitialization: return "orErrorInitialization";
+    case orSuccess:
+      return "orSuccess";
+    case orErrorNotReady:
+      return "orErrorNotReady";
+    case orErrorInvalidValue:
+      return "orErrorInvalidValue";
+    case orErrorInvalidDevice:
+      return "orErrorInvalidDevice";
+    case orErrorMemoryAllocation:
+      return "orErrorMemoryAllocation";
+    case orErrorInvalidDevicePointer:
+      return "orErrorInvalidDevicePointer";
+    case orErrorInvalidResourceHandle:
+      return "orErrorInvalidResourceHandle";
+    case orErrorInvalidMemcpyDirection:
+      return "orErrorInvalidMemcpyDirection";
+    case orErrorNotPermitted:
+      return "orErrorNotPermitted";
+    case orErrorLaunchFailure:
+      return "orErrorLaunchFailure";
+    case orErrorForkedProcess:
+      return "orErrorForkedProcess";
+    case orErrorInitialization:
+      return "orErrorInitialization";
   }
   return "orErrorUnknown";
 }

@@ -53,12 +53,11 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
     auto it = dev->live_blocks.upper_bound(off);
     if (it == dev->live_blocks.begin() || (--it, off >= it->first + it->second))
       return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " on openreg device " +
-                                                   std::to_string(dev->index) +
-                                                   " is not inside a live allocation");
+                                                   std::to_string(dev->index) + " is not inside a live allocation");
     if (off + count > it->first + it->second)
       return fail(orErrorInvalidValue, "range of " + std::to_string(count) + " bytes at " + hex(ptr) +
-                                           " runs past the end of its allocation of " +
-                                           std::to_string(it->second) + " bytes");
+                                           " runs past the end of its allocation of " + std::to_string(it->second) +
+                                           " bytes");
     loc->type = orMemoryTypeDevice;
     loc->device = dev;
     loc->base = reinterpret_cast<uintptr_t>(dev->arena.device_view) + it->first;
@@ -68,8 +67,7 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
   Runtime& rt = runtime();
   std::lock_guard<std::mutex> lock(rt.host_mu);
   auto it = rt.host_blocks.upper_bound(p);
-  if (it != rt.host_blocks.begin() && (--it, p < it->first + it->second) &&
-      p + count <= it->first + it->second) {
+  if (it != rt.host_blocks.begin() && (--it, p < it->first + it->second) && p + count <= it->first + it->second) {
     loc->type = orMemoryTypeHost;
     loc->base = it->first;
     loc->size = it->second;
@@ -112,8 +110,7 @@ void delete_args(void* p) {
 }
 
 // Enqueues a copy. `blocking`: wait for it; `sync`: also report device errors.
-orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream,
-              bool sync) {
+orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream, bool sync) {
   if (orStatus st = check_runtime()) return st;
   if (count == 0) return orSuccess;
   if (dst == nullptr || src == nullptr) return fail(orErrorInvalidValue, "NULL pointer in memcpy");
@@ -121,24 +118,33 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   if (orStatus st = locate(dst, count, &d)) return st;
   if (orStatus st = locate(src, count, &s)) return st;
   const bool dd = d.type == orMemoryTypeDevice, sd = s.type == orMemoryTypeDevice;
-  orMemcpyKind actual = dd ? (sd ? orMemcpyDeviceToDevice : orMemcpyHostToDevice)
-                           : (sd ? orMemcpyDeviceToHost : orMemcpyHostToHost);
+  orMemcpyKind actual =
+      dd ? (sd ? orMemcpyDeviceToDevice : orMemcpyHostToDevice) : (sd ? orMemcpyDeviceToHost : orMemcpyHostToHost);
   if (kind != orMemcpyDefault && kind != actual)
-    return fail(orErrorInvalidMemcpyDirection,
-                std::string("the pointers describe a ") +
-                    (actual == orMemcpyHostToHost     ? "host-to-host"
-                     : actual == orMemcpyHostToDevice ? "host-to-device"
-                     : actual == orMemcpyDeviceToHost ? "device-to-host"
-                                                      : "device-to-device") +
-                    " copy, which does not match the requested kind");
+    return fail(orErrorInvalidMemcpyDirection, std::string("the pointers describe a ") +
+                                                   (actual == orMemcpyHostToHost     ? "host-to-host"
+                                                    : actual == orMemcpyHostToDevice ? "host-to-device"
+                                                    : actual == orMemcpyDeviceToHost ? "device-to-host"
+                                                                                     : "device-to-device") +
+                                                   " copy, which does not match the requested kind");
   Stream* str = nullptr;
   if (orStatus st = resolve_stream(stream, &str)) return st;
   Counters& c = runtime().counters;
   switch (actual) {
-    case orMemcpyHostToDevice: c.h2d++; c.bytes_h2d += count; break;
-    case orMemcpyDeviceToHost: c.d2h++; c.bytes_d2h += count; break;
-    case orMemcpyDeviceToDevice: c.d2d++; c.bytes_d2d += count; break;
-    default: break;
+    case orMemcpyHostToDevice:
+      c.h2d++;
+      c.bytes_h2d += count;
+      break;
+    case orMemcpyDeviceToHost:
+      c.d2h++;
+      c.bytes_d2h += count;
+      break;
+    case orMemcpyDeviceToDevice:
+      c.d2d++;
+      c.bytes_d2d += count;
+      break;
+    default:
+      break;
   }
   WorkItem item;
   item.fn = copy_kernel;
@@ -202,11 +208,10 @@ orStatus orMalloc(void** ptr, size_t size) {
     *ptr = dev->arena.device_view + off;
     return orSuccess;
   }
-  return fail(orErrorMemoryAllocation,
-              "out of memory on openreg device " + std::to_string(dev->index) + ": tried to allocate " +
-                  mib(need) + "; " + mib(dev->allocated) + " allocated, " + mib(largest) +
-                  " largest free block, " + mib(dev->arena.size) +
-                  " capacity (set OPENREG_DEVICE_MEMORY to change it)");
+  return fail(orErrorMemoryAllocation, "out of memory on openreg device " + std::to_string(dev->index) +
+                                           ": tried to allocate " + mib(need) + "; " + mib(dev->allocated) +
+                                           " allocated, " + mib(largest) + " largest free block, " +
+                                           mib(dev->arena.size) + " capacity (set OPENREG_DEVICE_MEMORY to change it)");
 }
 
 orStatus orFree(void* ptr) {
@@ -281,8 +286,8 @@ orStatus orFreeHost(void* ptr) {
     std::lock_guard<std::mutex> lock(rt.host_mu);
     auto it = rt.host_blocks.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == rt.host_blocks.end())
-      return fail(orErrorInvalidValue, "pointer " + hex(ptr) +
-                                           " is not pinned memory from orMallocHost (freed twice?)");
+      return fail(orErrorInvalidValue,
+                  "pointer " + hex(ptr) + " is not pinned memory from orMallocHost (freed twice?)");
     bytes = it->second;
     rt.host_blocks.erase(it);
   }
@@ -309,9 +314,7 @@ orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind ki
   return copy(dst, src, count, kind, stream, /*sync=*/false);
 }
 
-orStatus orMemset(void* dev_ptr, int value, size_t count) {
-  return set(dev_ptr, value, count, nullptr, /*sync=*/true);
-}
+orStatus orMemset(void* dev_ptr, int value, size_t count) { return set(dev_ptr, value, count, nullptr, /*sync=*/true); }
 
 orStatus orMemsetAsync(void* dev_ptr, int value, size_t count, orStream_t stream) {
   return set(dev_ptr, value, count, stream, /*sync=*/false);

@@ -3,8 +3,6 @@
 // The dual mapping is one shared-memory object mapped twice: PROT_NONE for the
 // device view, PROT_READ|PROT_WRITE for the kernel view. Linux uses an
 // anonymous memfd; elsewhere a shm object whose name is unlinked at once.
-#include "platform.h"
-
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -18,6 +16,8 @@
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "platform.h"
 
 namespace openreg::platform {
 
@@ -76,14 +76,14 @@ void release_pages(const DualMapping& m, size_t offset, size_t length) {
   if (length == 0) return;
 #if defined(__linux__)
   // Punch a hole in the object: frees the pages for both views at once.
-  if (fallocate(static_cast<int>(m.handle), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(offset), static_cast<off_t>(length)) == 0)
+  if (fallocate(static_cast<int>(m.handle), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                static_cast<off_t>(length)) == 0)
     return;
   madvise(m.kernel_view + offset, length, MADV_REMOVE);
 #else
   // Remapping the range drops its pages.
-  mmap(m.kernel_view + offset, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-       static_cast<int>(m.handle), static_cast<off_t>(offset));
+  mmap(m.kernel_view + offset, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, static_cast<int>(m.handle),
+       static_cast<off_t>(offset));
 #endif
 }
 
@@ -120,9 +120,9 @@ int hardware_threads() {
 }
 
 uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 void on_fork_child(void (*child)()) { pthread_atfork(nullptr, nullptr, child); }

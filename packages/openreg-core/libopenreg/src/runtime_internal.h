@@ -182,8 +182,8 @@ struct Device {
 };
 
 struct Counters {
-  std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0},
-      bytes_d2d{0}, mallocs{0}, frees{0};
+  std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, mallocs{0},
+      frees{0};
 };
 
 struct Runtime {

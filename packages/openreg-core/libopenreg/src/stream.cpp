@@ -85,8 +85,7 @@ void Stream::worker_loop() {
       if (queue.empty()) {
         lock.unlock();
         const uint64_t deadline = platform::now_ns() + spin;
-        while (submitted.load(std::memory_order_acquire) <= completed.value() &&
-               platform::now_ns() < deadline) {
+        while (submitted.load(std::memory_order_acquire) <= completed.value() && platform::now_ns() < deadline) {
           for (int i = 0; i < 32; ++i) platform::cpu_relax();
         }
         lock.lock();
@@ -115,8 +114,7 @@ void Stream::worker_loop() {
     }
     t_in_kernel = false;
     if (st != orSuccess)
-      record_kernel_error(device, item.name,
-                          t_kernel_error.empty() ? orGetErrorName(st) : t_kernel_error.c_str());
+      record_kernel_error(device, item.name, t_kernel_error.empty() ? orGetErrorName(st) : t_kernel_error.c_str());
     if (item.deleter) item.deleter(item.args);
     completed.advance_to(item.seq);
   }
@@ -195,8 +193,9 @@ orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int flags, int 
   if (s == nullptr) return fail(orErrorMemoryAllocation, "too many streams");
   s->device = dev->index;
   // As on CUDA, priorities outside the range are clamped to it.
-  s->priority = priority > kLeastPriority ? kLeastPriority
-                : priority < kGreatestPriority ? kGreatestPriority : priority;
+  s->priority = priority > kLeastPriority      ? kLeastPriority
+                : priority < kGreatestPriority ? kGreatestPriority
+                                               : priority;
   s->is_default = false;
   {
     std::lock_guard<std::mutex> lock(dev->streams_mu);
@@ -362,8 +361,7 @@ orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   if (orStatus st = resolve_event(start, &a)) return st;
   if (orStatus st = resolve_event(end, &b)) return st;
   if (!a->timing.load() || !b->timing.load())
-    return fail(orErrorInvalidResourceHandle,
-                "elapsed time needs both events created with timing enabled");
+    return fail(orErrorInvalidResourceHandle, "elapsed time needs both events created with timing enabled");
   if (a->device.load() < 0 || b->device.load() < 0)
     return fail(orErrorInvalidResourceHandle, "both events must be recorded before elapsed time is measured");
   if (a->completed.value() < a->recorded.load() || b->completed.value() < b->recorded.load())
@@ -372,8 +370,7 @@ orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   return orSuccess;
 }
 
-orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void* args,
-                        orKernelArgsDeleter deleter) {
+orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void* args, orKernelArgsDeleter deleter) {
   orStatus st = check_runtime();
   Stream* s = nullptr;
   if (st == orSuccess && fn == nullptr) st = fail(orErrorInvalidValue, "kernel function is NULL");
@@ -394,8 +391,7 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
 
 orStatus orKernelPointer(const void* dev_ptr, void** kernel_ptr) {
   if (kernel_ptr == nullptr) return fail(orErrorInvalidValue, "kernel_ptr is NULL");
-  if (!t_in_kernel)
-    return fail(orErrorNotPermitted, "orKernelPointer is device-side: call it from a running kernel");
+  if (!t_in_kernel) return fail(orErrorNotPermitted, "orKernelPointer is device-side: call it from a running kernel");
   Device* dev = device_of(dev_ptr);
   if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer is not openreg device memory");
   *kernel_ptr = dev->arena.kernel_view + (static_cast<const char*>(dev_ptr) - dev->arena.device_view);

@@ -81,9 +81,9 @@ typedef enum orMemoryType {
 
 typedef struct orPointerAttributes {
   orMemoryType type;
-  int device;       /* owning device, or -1 for host memory */
-  void* base;       /* start of the allocation containing the pointer */
-  size_t size;      /* size of that allocation in bytes */
+  int device;  /* owning device, or -1 for host memory */
+  void* base;  /* start of the allocation containing the pointer */
+  size_t size; /* size of that allocation in bytes */
 } orPointerAttributes;
 
 typedef struct orDeviceProp {
@@ -92,7 +92,7 @@ typedef struct orDeviceProp {
   int multiProcessorCount; /* host threads the device may use */
   int major;
   int minor;
-  size_t memoryAlignment;  /* alignment of orMalloc results */
+  size_t memoryAlignment; /* alignment of orMalloc results */
 } orDeviceProp;
 
 typedef struct orRuntimeCounters {
@@ -138,8 +138,7 @@ OPENREG_API orStatus orFreeHost(void* ptr);
 OPENREG_API orStatus orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
 /* Asynchronous only when the host side is pinned (orMallocHost) or absent;
  * a copy to or from pageable memory returns once it is done, as on CUDA. */
-OPENREG_API orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind,
-                                   orStream_t stream);
+OPENREG_API orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream);
 OPENREG_API orStatus orMemset(void* dev_ptr, int value, size_t count);
 OPENREG_API orStatus orMemsetAsync(void* dev_ptr, int value, size_t count, orStream_t stream);
 OPENREG_API orStatus orPointerGetAttributes(orPointerAttributes* attr, const void* ptr);

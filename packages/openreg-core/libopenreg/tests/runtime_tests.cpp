@@ -1,0 +1,1654 @@
+// Tests of the emulated device runtime (libopenreg), through its public C API.
+//
+//   openreg_runtime_tests --list        case names, one per line
+//   openreg_runtime_tests --run NAME    runs one case: exit 0 pass, 77 skipped, other = fail
+//   openreg_runtime_tests               runs every case, each in its own child process
+//                                       (the runtime is process-wide state), and prints a summary
+//
+// tests/test_runtime.py runs each case under pytest, with the environment a
+// case needs (OPENREG_DEVICE_COUNT, OPENREG_DEVICE_MEMORY) and sanitizer options.
+// Cases that need such a variable skip (exit 77) when it is not set.
+//
+// Correctness never depends on timing: "work has not run yet" is established
+// with a Gate the kernel waits on and the host opens; sleeps only make
+// a missing wait more likely to show.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "openreg/runtime.h"
+#include "openreg/runtime.hpp"
+
+// ---------------------------------------------------------------------------
+// A tiny test registry.
+
+namespace {
+
+struct TestCase {
+  const char* name;
+  void (*fn)();
+  int expected_signal;  // 0: must exit 0; otherwise must die by this signal
+};
+
+std::vector<TestCase>& registry() {
+  static std::vector<TestCase> cases;
+  return cases;
+}
+
+struct Registrar {
+  Registrar(const char* name, void (*fn)(), int expected_signal) { registry().push_back({name, fn, expected_signal}); }
+};
+
+constexpr int kSkipExitCode = 77;
+
+[[noreturn]] void fail_now(const char* file, int line, const std::string& what) {
+  std::fprintf(stderr, "%s:%d: FAILED: %s\n  last runtime error: %s\n", file, line, what.c_str(),
+               orGetLastErrorMessage());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(1);  // also from worker threads; do not run static destructors under live workers
+}
+
+[[noreturn]] void skip_now(const std::string& why) {
+  std::printf("SKIP: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(kSkipExitCode);
+}
+
+// Printable form of a CHECK_EQ operand.
+template <typename T>
+std::string to_text(const T& v) {
+  if constexpr (std::is_same_v<T, std::string>)
+    return "'" + v + "'";
+  else if constexpr (std::is_pointer_v<T>) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", static_cast<const void*>(v));
+    return buf;
+  } else
+    return std::to_string(v);
+}
+
+std::string status_str(orStatus st) { return std::string(orGetErrorName(st)) + " (" + std::to_string(st) + ")"; }
+
+}  // namespace
+
+#define TEST(name)                                                 \
+  static void test_##name();                                       \
+  static const Registrar registrar_##name(#name, &test_##name, 0); \
+  static void test_##name()
+
+// A case that passes only by dying with signal `sig`.
+#define DEATH_TEST(name, sig)                                        \
+  static void test_##name();                                         \
+  static const Registrar registrar_##name(#name, &test_##name, sig); \
+  static void test_##name()
+
+#define FAIL(msg) fail_now(__FILE__, __LINE__, (msg))
+
+#define CHECK(cond)                                     \
+  do {                                                  \
+    if (!(cond)) FAIL(std::string("CHECK(" #cond ")")); \
+  } while (0)
+
+#define CHECK_EQ(a, b)                                                                                  \
+  do {                                                                                                  \
+    const auto check_a_ = (a);                                                                          \
+    const auto check_b_ = (b);                                                                          \
+    if (!(check_a_ == check_b_))                                                                        \
+      FAIL(std::string("CHECK_EQ(" #a ", " #b "): ") + to_text(check_a_) + " != " + to_text(check_b_)); \
+  } while (0)
+
+#define CHECK_STATUS(expected, call)                                                                        \
+  do {                                                                                                      \
+    const orStatus check_st_ = (call);                                                                      \
+    if (check_st_ != (expected))                                                                            \
+      FAIL(std::string(#call " returned ") + status_str(check_st_) + ", expected " + status_str(expected)); \
+  } while (0)
+
+#define CHECK_OK(call) CHECK_STATUS(orSuccess, call)
+
+// The calling thread's last runtime error message contains `needle`.
+#define CHECK_MESSAGE_HAS(needle)                                                  \
+  do {                                                                             \
+    const std::string check_msg_ = orGetLastErrorMessage();                        \
+    if (check_msg_.find(needle) == std::string::npos)                              \
+      FAIL(std::string("last error message does not contain '") + (needle) + "'"); \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A kernel waits on a Gate that the host opens: proves work has not run yet
+// without depending on timing. Fails the test instead of hanging forever.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::atomic<bool> reached{false};
+  void wait() {
+    reached.store(true);
+    const auto deadline = Clock::now() + 20s;
+    while (!open.load(std::memory_order_acquire)) {
+      if (Clock::now() > deadline) FAIL("gate never opened: the host call blocked on queued work");
+      std::this_thread::yield();
+    }
+  }
+  void release() { open.store(true, std::memory_order_release); }
+};
+
+// A one-shot barrier for host threads (C++17 has no std::barrier).
+class Latch {
+ public:
+  explicit Latch(int n) : count_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (--count_ == 0)
+      cv_.notify_all();
+    else
+      cv_.wait(lock, [&] { return count_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_;
+};
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+// Parses the subset of OPENREG_DEVICE_MEMORY syntax the tests use: N, NK, NM, NG.
+size_t parse_size(const char* text) {
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  switch (*end) {
+    case 'k':
+    case 'K':
+      return static_cast<size_t>(v) << 10;
+    case 'm':
+    case 'M':
+      return static_cast<size_t>(v) << 20;
+    case 'g':
+    case 'G':
+      return static_cast<size_t>(v) << 30;
+    default:
+      return static_cast<size_t>(v);
+  }
+}
+
+// Iteration scale for the stress case: OPENREG_TEST_SCALE, smaller under TSan.
+double test_scale() {
+  if (const char* env = std::getenv("OPENREG_TEST_SCALE")) return std::max(0.001, std::atof(env));
+#if defined(__SANITIZE_THREAD__)
+  return 0.5;
+#else
+  return 1.0;
+#endif
+}
+
+void sleep_kernel_ms(orStream_t stream, int ms) {
+  CHECK_OK(
+      openreg::launch(stream, "test::sleep", [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }));
+}
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7 + (i >> 8)) & 0xff);
+  return v;
+}
+
+size_t resident_bytes() {
+  size_t bytes = 0;
+  CHECK_OK(orDeviceGetResidentBytes(&bytes));
+  return bytes;
+}
+
+}  // namespace
+
+// ===========================================================================
+// Devices
+
+TEST(device_count_default) {
+  if (std::getenv("OPENREG_DEVICE_COUNT")) skip_now("OPENREG_DEVICE_COUNT is set");
+  int count = -1;
+  CHECK_OK(orGetDeviceCount(&count));
+  CHECK_EQ(count, 2);
+  CHECK_STATUS(orErrorInvalidValue, orGetDeviceCount(nullptr));
+}
+
+TEST(device_count_from_env) {
+  const char* env = std::getenv("OPENREG_DEVICE_COUNT");
+  if (!env) skip_now("needs OPENREG_DEVICE_COUNT (test_runtime.py sets 3)");
+  const int want = std::atoi(env);
+  int count = -1;
+  CHECK_OK(orGetDeviceCount(&count));
+  CHECK_EQ(count, want);
+  // The last device works, the next one does not.
+  CHECK_OK(orSetDevice(want - 1));
+  void* p = nullptr;
+  CHECK_OK(orMalloc(&p, 1024));
+  orPointerAttributes attr{};
+  CHECK_OK(orPointerGetAttributes(&attr, p));
+  CHECK_EQ(attr.device, want - 1);
+  CHECK_OK(orFree(p));
+  CHECK_STATUS(orErrorInvalidDevice, orSetDevice(want));
+  CHECK_MESSAGE_HAS("there are " + std::to_string(want) + " openreg devices");
+}
+
+TEST(device_invalid_index) {
+  int count = 0;
+  CHECK_OK(orGetDeviceCount(&count));
+  CHECK_STATUS(orErrorInvalidDevice, orSetDevice(-1));
+  CHECK_MESSAGE_HAS("device index -1");
+  CHECK_MESSAGE_HAS("there are " + std::to_string(count) + " openreg devices");
+  CHECK_STATUS(orErrorInvalidDevice, orSetDevice(count));
+  CHECK_MESSAGE_HAS("device index " + std::to_string(count));
+  CHECK_MESSAGE_HAS("there are " + std::to_string(count));
+  CHECK_STATUS(orErrorInvalidDevice, orSetDevice(1 << 30));
+  orDeviceProp prop;
+  CHECK_STATUS(orErrorInvalidDevice, orGetDeviceProperties(&prop, count));
+  CHECK_STATUS(orErrorInvalidDevice, orGetDeviceProperties(&prop, -3));
+  // A failed orSetDevice leaves the current device alone.
+  int dev = -1;
+  CHECK_OK(orGetDevice(&dev));
+  CHECK_EQ(dev, 0);
+}
+
+TEST(device_current_is_per_thread) {
+  int count = 0;
+  CHECK_OK(orGetDeviceCount(&count));
+  CHECK(count >= 2);
+  CHECK_OK(orSetDevice(1));
+  Latch set(4), checked(4);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      int initial = -1;
+      CHECK_OK(orGetDevice(&initial));
+      CHECK_EQ(initial, 0);  // a new thread starts at device 0, whatever its creator set
+      const int mine = t % 2;
+      CHECK_OK(orSetDevice(mine));
+      set.arrive_and_wait();  // everyone has set theirs
+      int now = -1;
+      CHECK_OK(orGetDevice(&now));
+      CHECK_EQ(now, mine);
+      // Allocations land on the thread's device.
+      void* p = nullptr;
+      CHECK_OK(orMalloc(&p, 4096));
+      orPointerAttributes attr{};
+      CHECK_OK(orPointerGetAttributes(&attr, p));
+      CHECK_EQ(attr.device, mine);
+      CHECK_OK(orFree(p));
+      checked.arrive_and_wait();
+      ok++;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK_EQ(ok.load(), 4);
+  int dev = -1;
+  CHECK_OK(orGetDevice(&dev));
+  CHECK_EQ(dev, 1);  // untouched by the other threads
+  // A kernel sees its stream's device as current.
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  int seen = -1, in_kernel = -1;
+  CHECK_OK(openreg::launch(s, "test::get_device", [&] {
+    int d = -1;
+    if (orGetDevice(&d) == orSuccess) seen = d;
+    in_kernel = orInKernel();
+  }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(seen, 1);
+  CHECK_EQ(in_kernel, 1);
+  CHECK_EQ(orInKernel(), 0);
+  int sdev = -1;
+  CHECK_OK(orStreamGetDevice(s, &sdev));
+  CHECK_EQ(sdev, 1);
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(device_properties) {
+  size_t free_b = 0, total = 0;
+  CHECK_OK(orMemGetInfo(&free_b, &total));
+  if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY"))
+    CHECK_EQ(total, parse_size(env));
+  else
+    CHECK_EQ(total, size_t{8} << 30);
+  int count = 0;
+  CHECK_OK(orGetDeviceCount(&count));
+  for (int d = 0; d < count; ++d) {
+    orDeviceProp prop;
+    std::memset(&prop, 0x7f, sizeof(prop));
+    CHECK_OK(orGetDeviceProperties(&prop, d));
+    CHECK(std::strlen(prop.name) > 0 && std::strlen(prop.name) < sizeof(prop.name));
+    CHECK(contains(prop.name, "OpenReg"));
+    CHECK_EQ(prop.totalGlobalMem, total);
+    CHECK_EQ(prop.memoryAlignment, size_t{512});
+    CHECK(prop.multiProcessorCount >= 1);
+    CHECK_EQ(prop.major, 1);
+  }
+  CHECK_STATUS(orErrorInvalidValue, orGetDeviceProperties(nullptr, 0));
+}
+
+TEST(device_synchronize_waits_for_all_streams) {
+  std::vector<orStream_t> streams(3);
+  for (auto& s : streams) CHECK_OK(orStreamCreate(&s));
+  std::atomic<int> done{0};
+  for (int i = 0; i < 3; ++i) {
+    CHECK_OK(openreg::launch(streams[i], "test::slow", [&] {
+      std::this_thread::sleep_for(20ms);
+      done++;
+    }));
+  }
+  CHECK_OK(openreg::launch(nullptr, "test::slow_default", [&] {
+    std::this_thread::sleep_for(20ms);
+    done++;
+  }));
+  CHECK_OK(orDeviceSynchronize());
+  CHECK_EQ(done.load(), 4);
+  for (auto s : streams) {
+    CHECK_OK(orStreamQuery(s));
+    CHECK_OK(orStreamDestroy(s));
+  }
+  CHECK_OK(orDeviceSynchronize());  // idle device
+}
+
+// ===========================================================================
+// Memory
+
+TEST(memory_malloc_free_alignment) {
+  std::vector<void*> ptrs;
+  for (size_t size : {1, 7, 511, 512, 513, 4096, 100000, 1 << 20}) {
+    void* p = nullptr;
+    CHECK_OK(orMalloc(&p, size));
+    CHECK(p != nullptr);
+    CHECK_EQ(reinterpret_cast<uintptr_t>(p) % 512, uintptr_t{0});
+    for (void* q : ptrs) CHECK(q != p);
+    ptrs.push_back(p);
+  }
+  // Zero bytes: success and a null pointer.
+  void* z = reinterpret_cast<void*>(0x1);
+  CHECK_OK(orMalloc(&z, 0));
+  CHECK(z == nullptr);
+  CHECK_OK(orFree(nullptr));
+  CHECK_STATUS(orErrorInvalidValue, orMalloc(nullptr, 16));
+  for (void* p : ptrs) CHECK_OK(orFree(p));
+  size_t free_b = 0, total = 0;
+  CHECK_OK(orMemGetInfo(&free_b, &total));
+  CHECK_EQ(free_b, total);
+}
+
+TEST(memory_memcpy_round_trips) {
+  const size_t n = 3 * 4096 + 123;  // not a multiple of anything convenient
+  const auto src = pattern(n, 1);
+  void* a = nullptr;
+  void* b = nullptr;
+  CHECK_OK(orMalloc(&a, n));
+  CHECK_OK(orMalloc(&b, n));
+  // H2D, D2D, D2H.
+  CHECK_OK(orMemcpy(a, src.data(), n, orMemcpyHostToDevice));
+  CHECK_OK(orMemcpy(b, a, n, orMemcpyDeviceToDevice));
+  std::vector<unsigned char> out(n, 0);
+  CHECK_OK(orMemcpy(out.data(), b, n, orMemcpyDeviceToHost));
+  CHECK(out == src);
+  // orMemcpyDefault infers the direction; interior pointers work.
+  const auto src2 = pattern(1000, 2);
+  CHECK_OK(orMemcpy(static_cast<char*>(a) + 100, src2.data(), 1000, orMemcpyDefault));
+  std::vector<unsigned char> out2(1200, 0);
+  CHECK_OK(orMemcpy(out2.data(), a, 1200, orMemcpyDefault));
+  CHECK(std::equal(out2.begin(), out2.begin() + 100, src.begin()));
+  CHECK(std::equal(out2.begin() + 100, out2.begin() + 1100, src2.begin()));
+  CHECK(std::equal(out2.begin() + 1100, out2.end(), src.begin() + 1100));
+  // Host to host through the runtime.
+  std::vector<unsigned char> h(64, 0);
+  CHECK_OK(orMemcpy(h.data(), src.data(), 64, orMemcpyHostToHost));
+  CHECK(std::equal(h.begin(), h.end(), src.begin()));
+  // Zero bytes is a no-op.
+  CHECK_OK(orMemcpy(a, src.data(), 0, orMemcpyHostToDevice));
+  CHECK_OK(orFree(a));
+  CHECK_OK(orFree(b));
+}
+
+TEST(memory_memcpy_cross_device) {
+  const size_t n = 64 * 1024;
+  const auto src = pattern(n, 3);
+  void* d0 = nullptr;
+  void* d1 = nullptr;
+  CHECK_OK(orSetDevice(0));
+  CHECK_OK(orMalloc(&d0, n));
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(orMalloc(&d1, n));
+  CHECK_OK(orMemcpy(d0, src.data(), n, orMemcpyHostToDevice));  // current device 1, memory on 0
+  CHECK_OK(orMemcpy(d1, d0, n, orMemcpyDeviceToDevice));
+  CHECK_OK(orSetDevice(0));
+  std::vector<unsigned char> out(n, 0);
+  CHECK_OK(orMemcpy(out.data(), d1, n, orMemcpyDeviceToHost));
+  CHECK(out == src);
+  orPointerAttributes attr{};
+  CHECK_OK(orPointerGetAttributes(&attr, d1));
+  CHECK_EQ(attr.device, 1);
+  CHECK_OK(orFree(d1));  // freeing works from any current device
+  CHECK_OK(orFree(d0));
+}
+
+TEST(memory_memset) {
+  const size_t n = 10000;
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  CHECK_OK(orMemset(d, 0xab, n));
+  CHECK_OK(orMemset(static_cast<char*>(d) + 10, 0x01, 20));
+  std::vector<unsigned char> out(n, 0);
+  CHECK_OK(orMemcpy(out.data(), d, n, orMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) CHECK_EQ(out[i], (i >= 10 && i < 30) ? 0x01 : 0xab);
+  // Async memset on a stream, ordered before a later copy on the same stream.
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orMemsetAsync(d, 0x5c, n, s));
+  std::vector<unsigned char> out2(n, 0);
+  CHECK_OK(orMemcpyAsync(out2.data(), d, n, orMemcpyDeviceToHost, s));  // pageable: done on return
+  CHECK(std::all_of(out2.begin(), out2.end(), [](unsigned char c) { return c == 0x5c; }));
+  // Errors: host memory, overrun.
+  std::vector<char> host(16);
+  CHECK_STATUS(orErrorInvalidDevicePointer, orMemset(host.data(), 0, 16));
+  CHECK_STATUS(orErrorInvalidValue, orMemset(d, 0, n + 1024));
+  CHECK_OK(orStreamDestroy(s));
+  CHECK_OK(orFree(d));
+}
+
+TEST(memory_async_memcpy_pinned_is_async) {
+  const size_t n = 1 << 20;
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  unsigned char* pinned = nullptr;
+  CHECK_OK(orMallocHost(reinterpret_cast<void**>(&pinned), n));
+  CHECK(pinned != nullptr);
+  const auto src = pattern(n, 4);
+  std::memcpy(pinned, src.data(), n);
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  CHECK_OK(orMemset(d, 0, n));
+
+  // H2D from pinned memory behind a gated kernel: the call returns with the copy pending.
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gate", [&] { gate.wait(); }));
+  CHECK_OK(orMemcpyAsync(d, pinned, n, orMemcpyHostToDevice, s));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(s));
+  // D2H into pinned memory is pending too: the host buffer still holds its old bytes.
+  CHECK_OK(orMemcpyAsync(pinned, d, n, orMemcpyDeviceToHost, s));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(s));
+  CHECK(std::memcmp(pinned, src.data(), n) == 0);
+  gate.release();
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orStreamQuery(s));
+  CHECK(std::memcmp(pinned, src.data(), n) == 0);  // went there and back
+
+  // Fresh data in from pinned memory, checked through a synchronous D2H.
+  std::memset(pinned, 0x33, n);
+  CHECK_OK(orMemcpyAsync(d, pinned, n, orMemcpyHostToDevice, s));
+  CHECK_OK(orStreamSynchronize(s));
+  std::vector<unsigned char> out(n, 0);
+  CHECK_OK(orMemcpy(out.data(), d, n, orMemcpyDeviceToHost));
+  CHECK(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0x33; }));
+
+  CHECK_OK(orFree(d));
+  CHECK_OK(orFreeHost(pinned));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(memory_async_memcpy_pageable_completes_on_return) {
+  const size_t n = 1 << 20;
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  auto src = pattern(n, 5);
+  sleep_kernel_ms(s, 30);  // the copy queues behind this
+  CHECK_OK(orMemcpyAsync(d, src.data(), n, orMemcpyHostToDevice, s));
+  CHECK_OK(orStreamQuery(s));  // everything up to and including the copy has run
+  // The caller may reuse its buffer at once.
+  std::fill(src.begin(), src.end(), 0);
+  sleep_kernel_ms(s, 30);
+  std::vector<unsigned char> out(n, 0);
+  CHECK_OK(orMemcpyAsync(out.data(), d, n, orMemcpyDeviceToHost, s));
+  CHECK_OK(orStreamQuery(s));
+  CHECK(out == pattern(n, 5));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(memory_pointer_attributes) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 8192));
+  orPointerAttributes attr{};
+  CHECK_OK(orPointerGetAttributes(&attr, static_cast<char*>(d) + 1000));
+  CHECK_EQ(static_cast<int>(attr.type), static_cast<int>(orMemoryTypeDevice));
+  CHECK_EQ(attr.device, 0);
+  CHECK(attr.base == d);
+  CHECK_EQ(attr.size, size_t{8192});
+
+  void* h = nullptr;
+  CHECK_OK(orMallocHost(&h, 10000));
+  CHECK_OK(orPointerGetAttributes(&attr, static_cast<char*>(h) + 5));
+  CHECK_EQ(static_cast<int>(attr.type), static_cast<int>(orMemoryTypeHost));
+  CHECK_EQ(attr.device, -1);
+  CHECK(attr.base == h);
+  CHECK(attr.size >= size_t{10000});
+
+  int local = 0;
+  CHECK_OK(orPointerGetAttributes(&attr, &local));
+  CHECK_EQ(static_cast<int>(attr.type), static_cast<int>(orMemoryTypeUnregistered));
+  CHECK_EQ(attr.device, -1);
+
+  // orPointerGetDevice: the owning device by address range, without a liveness check.
+  CHECK_EQ(orPointerGetDevice(d), 0);
+  CHECK_EQ(orPointerGetDevice(static_cast<char*>(d) + 8191), 0);
+  CHECK_EQ(orPointerGetDevice(h), -1);
+  CHECK_EQ(orPointerGetDevice(&local), -1);
+  CHECK_EQ(orPointerGetDevice(nullptr), -1);
+  CHECK_OK(orSetDevice(1));
+  void* d1 = nullptr;
+  CHECK_OK(orMalloc(&d1, 512));
+  CHECK_EQ(orPointerGetDevice(d1), 1);
+  CHECK_OK(orPointerGetAttributes(&attr, d1));
+  CHECK_EQ(attr.device, 1);
+  CHECK_OK(orFree(d1));
+  CHECK_OK(orSetDevice(0));
+
+  // Device address range, but not inside a live allocation.
+  CHECK_OK(orFree(d));
+  CHECK_EQ(orPointerGetDevice(d), 0);
+  CHECK_STATUS(orErrorInvalidDevicePointer, orPointerGetAttributes(&attr, d));
+  CHECK_STATUS(orErrorInvalidValue, orPointerGetAttributes(nullptr, &local));
+  CHECK_OK(orFreeHost(h));
+}
+
+TEST(memory_get_info) {
+  size_t free0 = 0, total = 0;
+  CHECK_OK(orMemGetInfo(&free0, &total));
+  CHECK(total > 0);
+  CHECK_EQ(free0, total);
+  void* p = nullptr;
+  CHECK_OK(orMalloc(&p, 1000000));
+  size_t free1 = 0;
+  CHECK_OK(orMemGetInfo(&free1, nullptr));
+  CHECK(free0 - free1 >= size_t{1000000});
+  CHECK(free0 - free1 < size_t{1000000} + 512);
+  CHECK_OK(orFree(p));
+  CHECK_OK(orMemGetInfo(&free1, nullptr));
+  CHECK_EQ(free1, total);
+  // Device 1's memory is accounted separately.
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(orMalloc(&p, 4096));
+  CHECK_OK(orSetDevice(0));
+  CHECK_OK(orMemGetInfo(&free1, nullptr));
+  CHECK_EQ(free1, total);
+  CHECK_OK(orFree(p));
+}
+
+TEST(memory_memcpy_errors) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 4096));
+  std::vector<char> host(8192);
+  // Kinds that contradict the pointers.
+  CHECK_STATUS(orErrorInvalidMemcpyDirection, orMemcpy(host.data(), d, 16, orMemcpyHostToDevice));
+  CHECK_MESSAGE_HAS("device-to-host");
+  CHECK_STATUS(orErrorInvalidMemcpyDirection, orMemcpy(d, host.data(), 16, orMemcpyDeviceToHost));
+  CHECK_STATUS(orErrorInvalidMemcpyDirection, orMemcpy(d, host.data(), 16, orMemcpyDeviceToDevice));
+  CHECK_STATUS(orErrorInvalidMemcpyDirection, orMemcpy(host.data(), host.data() + 100, 16, orMemcpyHostToDevice));
+  // A range running past the end of its allocation.
+  CHECK_STATUS(orErrorInvalidValue, orMemcpy(d, host.data(), 4097, orMemcpyHostToDevice));
+  CHECK_MESSAGE_HAS("runs past the end");
+  CHECK_STATUS(orErrorInvalidValue, orMemcpy(host.data(), static_cast<char*>(d) + 4000, 200, orMemcpyDeviceToHost));
+  CHECK_STATUS(orErrorInvalidValue, orMemcpy(nullptr, host.data(), 16, orMemcpyDefault));
+  // Freed memory is no longer a valid source.
+  CHECK_OK(orFree(d));
+  CHECK_STATUS(orErrorInvalidDevicePointer, orMemcpy(host.data(), d, 16, orMemcpyDeviceToHost));
+  CHECK_MESSAGE_HAS("not inside a live allocation");
+}
+
+TEST(memory_free_errors) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 4096));
+  // Not the start of an allocation.
+  CHECK_STATUS(orErrorInvalidDevicePointer, orFree(static_cast<char*>(d) + 512));
+  // Not device memory at all.
+  int local = 0;
+  CHECK_STATUS(orErrorInvalidDevicePointer, orFree(&local));
+  CHECK_MESSAGE_HAS("not openreg device memory");
+  CHECK_OK(orFree(d));
+  // Double free.
+  CHECK_STATUS(orErrorInvalidDevicePointer, orFree(d));
+  CHECK_MESSAGE_HAS("freed twice");
+  // Pinned-host frees of the wrong memory.
+  CHECK_STATUS(orErrorInvalidValue, orFreeHost(&local));
+  void* h = nullptr;
+  CHECK_OK(orMallocHost(&h, 100));
+  CHECK_STATUS(orErrorInvalidValue, orFreeHost(static_cast<char*>(h) + 1));
+  CHECK_OK(orFreeHost(h));
+  CHECK_STATUS(orErrorInvalidValue, orFreeHost(h));
+  CHECK_OK(orFreeHost(nullptr));
+  // The runtime still works.
+  void* e = nullptr;
+  CHECK_OK(orMalloc(&e, 4096));
+  const auto src = pattern(4096, 6);
+  CHECK_OK(orMemcpy(e, src.data(), 4096, orMemcpyHostToDevice));
+  std::vector<unsigned char> out(4096);
+  CHECK_OK(orMemcpy(out.data(), e, 4096, orMemcpyDeviceToHost));
+  CHECK(out == src);
+  CHECK_OK(orFree(e));
+  size_t free_b = 0, total = 0;
+  CHECK_OK(orMemGetInfo(&free_b, &total));
+  CHECK_EQ(free_b, total);
+}
+
+// ===========================================================================
+// Capacity (test_runtime.py runs this with OPENREG_DEVICE_MEMORY=64M; it works
+// with any capacity since nothing is touched).
+
+TEST(capacity_out_of_memory) {
+  size_t free_b = 0, total = 0;
+  CHECK_OK(orMemGetInfo(&free_b, &total));
+  if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) CHECK_EQ(total, parse_size(env));
+  CHECK_EQ(free_b, total);
+  const size_t quarter = total / 4;
+  // One allocation larger than the device.
+  void* p = reinterpret_cast<void*>(0x1);
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, total + 1));
+  CHECK(p == nullptr);
+  CHECK_MESSAGE_HAS("capacity");
+  CHECK_MESSAGE_HAS("OPENREG_DEVICE_MEMORY");
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, SIZE_MAX));
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, SIZE_MAX - 100));
+  // Fill the device exactly, then one more byte fails.
+  void* q[4] = {};
+  for (auto& x : q) CHECK_OK(orMalloc(&x, quarter));
+  CHECK_OK(orMemGetInfo(&free_b, nullptr));
+  CHECK_EQ(free_b, size_t{0});
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, 1));
+  CHECK_MESSAGE_HAS("capacity");
+  CHECK_MESSAGE_HAS("out of memory on openreg device 0");
+  // Fragmentation: half is free, but in two separate quarters.
+  CHECK_OK(orFree(q[0]));
+  CHECK_OK(orFree(q[2]));
+  CHECK_OK(orMemGetInfo(&free_b, nullptr));
+  CHECK_EQ(free_b, 2 * quarter);
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, quarter + 512));
+  CHECK_MESSAGE_HAS("largest free block");
+  CHECK_OK(orMalloc(&q[0], quarter));  // an exact fit still works
+  // Free everything: the free blocks coalesce, so nearly all of it fits in one piece.
+  CHECK_OK(orFree(q[0]));
+  CHECK_OK(orFree(q[1]));
+  CHECK_OK(orFree(q[3]));
+  CHECK_OK(orMemGetInfo(&free_b, nullptr));
+  CHECK_EQ(free_b, total);
+  void* big = nullptr;
+  CHECK_OK(orMalloc(&big, total - 4096));
+  void* small = nullptr;
+  CHECK_OK(orMalloc(&small, 4096));
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, 1));
+  CHECK_OK(orFree(big));
+  CHECK_OK(orFree(small));
+  CHECK_OK(orMalloc(&big, total));
+  CHECK_OK(orFree(big));
+  CHECK_OK(orMemGetInfo(&free_b, nullptr));
+  CHECK_EQ(free_b, total);
+  // The other device is not affected by device 0 being full.
+  CHECK_OK(orMalloc(&big, total));
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(orMalloc(&p, 4096));
+  CHECK_OK(orFree(p));
+  CHECK_OK(orFree(big));
+}
+
+TEST(capacity_freed_pages_return_to_os) {
+  const size_t n = size_t{32} << 20;
+  CHECK(resident_bytes() < (size_t{1} << 20));
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  CHECK(resident_bytes() < (size_t{1} << 20));  // reserved, not committed
+  CHECK_OK(openreg::launch(nullptr, "test::fill", [d, n] { std::memset(openreg::kernel_pointer(d), 0x5a, n); }));
+  CHECK_OK(orDeviceSynchronize());
+  const size_t filled = resident_bytes();
+  CHECK(filled >= n);
+  unsigned char probe[16];
+  CHECK_OK(orMemcpy(probe, static_cast<char*>(d) + n - 16, 16, orMemcpyDeviceToHost));
+  CHECK(std::all_of(probe, probe + 16, [](unsigned char c) { return c == 0x5a; }));
+  CHECK_OK(orFree(d));
+  const size_t after = resident_bytes();
+  if (after >= (size_t{1} << 20))
+    FAIL("resident bytes after free: " + std::to_string(after) + " (filled: " + std::to_string(filled) + ")");
+  // Released pages read as zero when allocated again.
+  CHECK_OK(orMalloc(&d, n));
+  CHECK_OK(orMemcpy(probe, static_cast<char*>(d) + n / 2, 16, orMemcpyDeviceToHost));
+  CHECK(std::all_of(probe, probe + 16, [](unsigned char c) { return c == 0; }));
+  CHECK_OK(orFree(d));
+}
+
+// ===========================================================================
+// Own address space
+
+// Host code reading device memory must fault, as on a discrete device.
+DEATH_TEST(host_read_of_device_pointer_faults, SIGSEGV) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 4096));
+  CHECK_OK(orMemset(d, 1, 4096));
+  std::printf("reading device pointer %p from the host; this must die by SIGSEGV\n", d);
+  std::fflush(stdout);
+  volatile const char* p = static_cast<volatile const char*>(d);
+  const char c = *p;
+  std::fprintf(stderr, "host read of a device pointer succeeded (read %d): no protection\n", c);
+  std::_Exit(3);
+}
+
+TEST(kernel_pointer_translation) {
+  const size_t count = 1000;
+  int* d = nullptr;
+  CHECK_OK(orMalloc(reinterpret_cast<void**>(&d), count * sizeof(int)));
+  void* kp = nullptr;
+  CHECK_STATUS(orErrorNotPermitted, orKernelPointer(d, &kp));
+  CHECK_MESSAGE_HAS("device-side");
+  CHECK_STATUS(orErrorNotPermitted, orKernelFail("from the host"));
+  bool threw = false;
+  try {
+    openreg::kernel_pointer(d);
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  CHECK(threw);
+
+  std::atomic<int> kernel_status{-1};
+  std::atomic<bool> distinct{false};
+  int local = 0;
+  std::atomic<int> bad_pointer_status{-1};
+  CHECK_OK(openreg::launch(nullptr, "test::write", [&] {
+    void* raw = nullptr;
+    kernel_status = orKernelPointer(d + 10, &raw);
+    int* k = openreg::kernel_pointer(d);
+    distinct = (static_cast<void*>(k) != static_cast<void*>(d)) && raw == static_cast<void*>(k + 10);
+    for (size_t i = 0; i < count; ++i) k[i] = static_cast<int>(i * i);
+    void* bogus = nullptr;
+    bad_pointer_status = orKernelPointer(&local, &bogus);
+  }));
+  CHECK_OK(orStreamSynchronize(nullptr));
+  CHECK_EQ(kernel_status.load(), static_cast<int>(orSuccess));
+  CHECK_EQ(bad_pointer_status.load(), static_cast<int>(orErrorInvalidDevicePointer));
+  CHECK(distinct.load());
+  std::vector<int> out(count, -1);
+  CHECK_OK(orMemcpy(out.data(), d, count * sizeof(int), orMemcpyDeviceToHost));
+  for (size_t i = 0; i < count; ++i) CHECK_EQ(out[i], static_cast<int>(i * i));
+  // And the other way: data copied in is visible through the kernel view.
+  std::vector<int> in(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<int>(3 * i + 1);
+  CHECK_OK(orMemcpy(d, in.data(), count * sizeof(int), orMemcpyHostToDevice));
+  std::atomic<long> sum{0};
+  CHECK_OK(openreg::launch(nullptr, "test::sum", [&] {
+    const int* k = openreg::kernel_pointer(d);
+    long s = 0;
+    for (size_t i = 0; i < count; ++i) s += k[i];
+    sum = s;
+  }));
+  CHECK_OK(orDeviceSynchronize());
+  long want = 0;
+  for (int v : in) want += v;
+  CHECK_EQ(sum.load(), want);
+  CHECK(openreg::kernel_pointer(static_cast<void*>(nullptr)) == nullptr);
+  CHECK_OK(orFree(d));
+}
+
+// ===========================================================================
+// Streams
+
+TEST(stream_launch_returns_before_work_ran) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  Gate gate;
+  std::atomic<bool> ran{false};
+  CHECK_OK(openreg::launch(s, "test::gated", [&] {
+    gate.wait();
+    ran = true;
+  }));
+  // The kernel cannot finish before the gate opens: the launch returned first.
+  CHECK(!ran.load());
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(s));
+  gate.release();
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK(ran.load());
+  CHECK_OK(orStreamQuery(s));
+  // Same on the default stream.
+  Gate gate2;
+  std::atomic<bool> ran2{false};
+  CHECK_OK(openreg::launch(nullptr, "test::gated_default", [&] {
+    gate2.wait();
+    ran2 = true;
+  }));
+  CHECK(!ran2.load());
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(nullptr));
+  gate2.release();
+  CHECK_OK(orStreamSynchronize(nullptr));
+  CHECK(ran2.load());
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(stream_in_order_execution) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  std::vector<int> seen;  // only touched by kernels of one stream, then by the host after sync
+  const int n = 2000;
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gate", [&] { gate.wait(); }));
+  for (int i = 0; i < n; ++i) {
+    CHECK_OK(openreg::launch(s, "test::append", [&seen, i] { seen.push_back(i); }));
+    if (i == n / 2) gate.release();  // half queued while blocked, half while running
+  }
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(seen.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(seen[i], i);
+  // Copies and kernels interleave in order too.
+  int* d = nullptr;
+  CHECK_OK(orMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
+  std::vector<int> values;
+  for (int i = 0; i < 50; ++i) {
+    CHECK_OK(orMemsetAsync(d, i, sizeof(int), s));
+    CHECK_OK(openreg::launch(s, "test::read", [&values, d] { values.push_back(*openreg::kernel_pointer(d) & 0xff); }));
+  }
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(values.size(), size_t{50});
+  for (int i = 0; i < 50; ++i) CHECK_EQ(values[i], i);
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(stream_priorities) {
+  int least = 99, greatest = 99;
+  CHECK_OK(orDeviceGetStreamPriorityRange(&least, &greatest));
+  CHECK_EQ(least, 0);
+  CHECK_EQ(greatest, -1);
+  CHECK(greatest <= least);  // lower number = higher priority, as on CUDA
+  CHECK_OK(orDeviceGetStreamPriorityRange(nullptr, nullptr));
+  struct Case {
+    int requested, expected;
+  };
+  for (Case c : {Case{0, 0}, Case{-1, -1}, Case{-7, -1}, Case{5, 0}, Case{least, least}, Case{greatest, greatest}}) {
+    orStream_t s = nullptr;
+    CHECK_OK(orStreamCreateWithPriority(&s, orStreamDefault, c.requested));
+    int p = 42;
+    CHECK_OK(orStreamGetPriority(s, &p));
+    CHECK_EQ(p, c.expected);
+    std::atomic<bool> ran{false};
+    CHECK_OK(openreg::launch(s, "test::prio", [&] { ran = true; }));
+    CHECK_OK(orStreamSynchronize(s));
+    CHECK(ran.load());
+    CHECK_OK(orStreamDestroy(s));
+  }
+  int p = 42;
+  CHECK_OK(orStreamGetPriority(nullptr, &p));
+  CHECK_EQ(p, 0);
+  orStream_t s = nullptr;
+  CHECK_STATUS(orErrorInvalidValue, orStreamCreateWithPriority(&s, 12345, 0));
+  CHECK_STATUS(orErrorInvalidValue, orStreamCreate(nullptr));
+}
+
+TEST(stream_destroy_and_invalid_handles) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  // Destroy waits for the queued work.
+  std::atomic<bool> ran{false};
+  CHECK_OK(openreg::launch(s, "test::slow", [&] {
+    std::this_thread::sleep_for(30ms);
+    ran = true;
+  }));
+  CHECK_OK(orStreamDestroy(s));
+  CHECK(ran.load());
+  // Every use of the destroyed handle is refused.
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamQuery(s));
+  CHECK_MESSAGE_HAS("destroyed");
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamSynchronize(s));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamDestroy(s));
+  int dev = -1;
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamGetDevice(s, &dev));
+  char buf[16];
+  CHECK_STATUS(orErrorInvalidResourceHandle, orMemcpyAsync(buf, buf + 8, 8, orMemcpyHostToHost, s));
+  // A refused launch still frees the kernel's arguments.
+  static std::atomic<int> deleted{0};
+  std::atomic<bool> ran2{false};
+  CHECK_STATUS(orErrorInvalidResourceHandle,
+               orLaunchKernel(s, "test::refused", [](void*) { return orSuccess; }, &ran2, [](void*) { deleted++; }));
+  CHECK_EQ(deleted.load(), 1);
+  CHECK_STATUS(orErrorInvalidResourceHandle, openreg::launch(s, "test::refused", [&] { ran2 = true; }));
+  // The slot is recycled, the old handle stays dead.
+  orStream_t s2 = nullptr;
+  CHECK_OK(orStreamCreate(&s2));
+  CHECK(s2 != s);
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamQuery(s));
+  CHECK_OK(openreg::launch(s2, "test::after", [&] { ran2 = true; }));
+  CHECK_OK(orStreamSynchronize(s2));
+  CHECK(ran2.load());
+  // Made-up handles.
+  for (uintptr_t bogus : {uintptr_t{0x1}, uintptr_t{0x12345678}, (uintptr_t{0xdeadbeef} << 32) | 1,
+                          (uintptr_t{3} << 32) | 0xfffff, ~uintptr_t{0}}) {
+    auto h = reinterpret_cast<orStream_t>(bogus);
+    CHECK_STATUS(orErrorInvalidResourceHandle, orStreamQuery(h));
+    CHECK_STATUS(orErrorInvalidResourceHandle, orStreamSynchronize(h));
+    CHECK_STATUS(orErrorInvalidResourceHandle, orStreamDestroy(h));
+  }
+  // The default stream cannot be destroyed.
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamDestroy(nullptr));
+  CHECK_MESSAGE_HAS("default stream");
+  CHECK_OK(orStreamQuery(nullptr));
+  CHECK_OK(orStreamDestroy(s2));
+}
+
+TEST(stream_default_stream_handles) {
+  orStream_t d0 = nullptr, d1 = nullptr;
+  CHECK_OK(orDeviceGetDefaultStream(0, &d0));
+  CHECK_OK(orDeviceGetDefaultStream(1, &d1));
+  CHECK(d0 != nullptr && d1 != nullptr && d0 != d1);
+  orStream_t again = nullptr;
+  CHECK_OK(orDeviceGetDefaultStream(0, &again));
+  CHECK(again == d0);
+  int dev = -1;
+  CHECK_OK(orStreamGetDevice(d1, &dev));
+  CHECK_EQ(dev, 1);
+  // The handle is the same queue as NULL on that device.
+  Gate gate;
+  CHECK_OK(openreg::launch(nullptr, "test::gated_null", [&] { gate.wait(); }));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(d0));
+  gate.release();
+  CHECK_OK(orStreamSynchronize(d0));
+  CHECK_OK(orStreamQuery(nullptr));
+  // NULL means the current device's default stream; device 1's is usable from device 0.
+  std::atomic<int> seen{-1};
+  CHECK_OK(openreg::launch(d1, "test::on_dev1", [&] {
+    int d = -1;
+    orGetDevice(&d);
+    seen = d;
+  }));
+  CHECK_OK(orStreamSynchronize(d1));
+  CHECK_EQ(seen.load(), 1);
+  // Default streams cannot be destroyed, by handle either.
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamDestroy(d0));
+  CHECK_MESSAGE_HAS("default stream");
+  CHECK_OK(orStreamQuery(d0));
+  int count = 0;
+  CHECK_OK(orGetDeviceCount(&count));
+  CHECK_STATUS(orErrorInvalidDevice, orDeviceGetDefaultStream(count, &again));
+  CHECK_STATUS(orErrorInvalidDevice, orDeviceGetDefaultStream(-1, &again));
+  CHECK_STATUS(orErrorInvalidValue, orDeviceGetDefaultStream(0, nullptr));
+}
+
+TEST(stream_wait_event_orders_across_streams) {
+  orStream_t a = nullptr, b = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  orEvent_t ev = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&ev, orEventDisableTiming));
+  int shared_value = 0;  // plain int: the event is the only ordering between the streams
+  int observed = -1;
+  Gate gate;
+  CHECK_OK(openreg::launch(a, "test::producer", [&] {
+    gate.wait();
+    std::this_thread::sleep_for(20ms);
+    shared_value = 42;
+  }));
+  CHECK_OK(orEventRecord(ev, a));
+  CHECK_OK(orStreamWaitEvent(b, ev, 0));
+  CHECK_OK(openreg::launch(b, "test::consumer", [&] { observed = shared_value; }));
+  CHECK_STATUS(orErrorNotReady, orEventQuery(ev));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(b));  // b is blocked behind a's event
+  gate.release();
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK_EQ(observed, 42);
+  CHECK_OK(orEventQuery(ev));
+
+  // Across devices: a stream on device 1 waits for an event recorded on device 0.
+  CHECK_OK(orSetDevice(1));
+  orStream_t c = nullptr;
+  CHECK_OK(orStreamCreate(&c));
+  CHECK_OK(orSetDevice(0));
+  Gate gate2;
+  CHECK_OK(openreg::launch(a, "test::producer2", [&] {
+    gate2.wait();
+    shared_value = 7;
+  }));
+  CHECK_OK(orEventRecord(ev, a));
+  CHECK_OK(orStreamWaitEvent(c, ev, 0));
+  CHECK_OK(openreg::launch(c, "test::consumer2", [&] { observed = shared_value; }));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(c));
+  gate2.release();
+  CHECK_OK(orStreamSynchronize(c));
+  CHECK_EQ(observed, 7);
+
+  // Waiting on a never-recorded or completed event does not block.
+  orEvent_t fresh = nullptr;
+  CHECK_OK(orEventCreate(&fresh));
+  CHECK_OK(orStreamWaitEvent(b, fresh, 0));
+  CHECK_OK(orStreamWaitEvent(b, ev, 0));
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK_STATUS(orErrorInvalidValue, orStreamWaitEvent(b, ev, 7));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamWaitEvent(b, reinterpret_cast<orEvent_t>(uintptr_t{0x77}), 0));
+  CHECK_OK(orEventDestroy(fresh));
+  CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+  CHECK_OK(orStreamDestroy(c));
+}
+
+// ===========================================================================
+// Events
+
+TEST(event_record_query_synchronize) {
+  orEvent_t ev = nullptr;
+  CHECK_OK(orEventCreate(&ev));
+  CHECK_OK(orEventQuery(ev));        // never recorded: complete
+  CHECK_OK(orEventSynchronize(ev));  // and does not block
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  Gate gate;
+  std::atomic<bool> ran{false};
+  CHECK_OK(openreg::launch(s, "test::gated", [&] {
+    gate.wait();
+    ran = true;
+  }));
+  CHECK_OK(orEventRecord(ev, s));
+  CHECK_STATUS(orErrorNotReady, orEventQuery(ev));
+  gate.release();
+  CHECK_OK(orEventSynchronize(ev));
+  CHECK(ran.load());
+  CHECK_OK(orEventQuery(ev));
+  // Re-recording moves the event to the new point.
+  Gate gate2;
+  CHECK_OK(openreg::launch(s, "test::gated2", [&] { gate2.wait(); }));
+  CHECK_OK(orEventRecord(ev, s));
+  CHECK_STATUS(orErrorNotReady, orEventQuery(ev));
+  gate2.release();
+  CHECK_OK(orEventSynchronize(ev));
+  // Recording on the default stream.
+  CHECK_OK(orEventRecord(ev, nullptr));
+  CHECK_OK(orEventSynchronize(ev));
+  CHECK_OK(orEventQuery(ev));
+  CHECK_STATUS(orErrorInvalidValue, orEventCreate(nullptr));
+  CHECK_STATUS(orErrorInvalidValue, orEventCreateWithFlags(&ev, 0x100));
+  CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(event_elapsed_time) {
+  orEvent_t start = nullptr, end = nullptr;
+  CHECK_OK(orEventCreate(&start));
+  CHECK_OK(orEventCreate(&end));
+  float ms = -1;
+  // Never recorded.
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, start, end));
+  CHECK_MESSAGE_HAS("recorded");
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orEventRecord(start, s));
+  sleep_kernel_ms(s, 20);
+  CHECK_OK(orEventRecord(end, s));
+  CHECK_OK(orEventSynchronize(end));
+  CHECK_OK(orEventElapsedTime(&ms, start, end));
+  // Lower bound only: the sleep ran between the two records.
+  if (!(ms >= 20.0f * 0.999f)) FAIL("elapsed " + std::to_string(ms) + " ms < 20 ms");
+  CHECK(ms < 10000.0f);
+  CHECK_OK(orEventElapsedTime(&ms, end, start));
+  CHECK(ms <= -20.0f * 0.999f);
+  // One of the two not recorded.
+  orEvent_t unrecorded = nullptr;
+  CHECK_OK(orEventCreate(&unrecorded));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, start, unrecorded));
+  // Not complete yet.
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gated", [&] { gate.wait(); }));
+  CHECK_OK(orEventRecord(end, s));
+  CHECK_STATUS(orErrorNotReady, orEventElapsedTime(&ms, start, end));
+  gate.release();
+  CHECK_OK(orEventSynchronize(end));
+  CHECK_OK(orEventElapsedTime(&ms, start, end));
+  // Timing disabled.
+  orEvent_t quiet = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&quiet, orEventDisableTiming));
+  CHECK_OK(orEventRecord(quiet, s));
+  CHECK_OK(orEventSynchronize(quiet));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, start, quiet));
+  CHECK_MESSAGE_HAS("timing");
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, quiet, end));
+  CHECK_STATUS(orErrorInvalidValue, orEventElapsedTime(nullptr, start, end));
+  for (auto e : {start, end, unrecorded, quiet}) CHECK_OK(orEventDestroy(e));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(event_destroyed_and_invalid_handles) {
+  orEvent_t ev = nullptr;
+  CHECK_OK(orEventCreate(&ev));
+  CHECK_OK(orEventRecord(ev, nullptr));
+  CHECK_OK(orEventDestroy(ev));
+  float ms = 0;
+  orEvent_t other = nullptr;
+  CHECK_OK(orEventCreate(&other));  // probably reuses the slot
+  CHECK(other != ev);
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventQuery(ev));
+  CHECK_MESSAGE_HAS("event");
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventSynchronize(ev));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventRecord(ev, nullptr));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventDestroy(ev));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, ev, other));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamWaitEvent(nullptr, ev, 0));
+  // The recycled slot starts as a fresh, never-recorded event.
+  CHECK_OK(orEventQuery(other));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, other, other));
+  for (uintptr_t bogus : {uintptr_t{0}, uintptr_t{0x2}, (uintptr_t{0xabcdef01} << 32) | 1, ~uintptr_t{0}}) {
+    auto h = reinterpret_cast<orEvent_t>(bogus);
+    CHECK_STATUS(orErrorInvalidResourceHandle, orEventQuery(h));
+    CHECK_STATUS(orErrorInvalidResourceHandle, orEventDestroy(h));
+  }
+  CHECK_OK(orEventDestroy(other));
+}
+
+// ===========================================================================
+// Errors
+
+TEST(error_kernel_fail_reported_once) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orLaunchKernel(s, "test::failing_kernel", [](void*) { return orKernelFail("boom"); }, nullptr, nullptr));
+  // The launch itself succeeded; the failure arrives with the next synchronising call.
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("test::failing_kernel");
+  CHECK_MESSAGE_HAS("boom");
+  CHECK_MESSAGE_HAS("device 0");
+  // Reported once; the device keeps working.
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orDeviceSynchronize());
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 10; ++i) CHECK_OK(openreg::launch(s, "test::after", [&] { ran++; }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(ran.load(), 10);
+
+  // Reported by orDeviceSynchronize as well, and through another stream of the device.
+  CHECK_OK(
+      orLaunchKernel(s, "test::failing_again", [](void*) { return orKernelFail("boom again"); }, nullptr, nullptr));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("test::failing_again");
+  CHECK_MESSAGE_HAS("boom again");
+  CHECK_OK(orDeviceSynchronize());
+
+  // Only the first failure is kept until it is reported.
+  CHECK_OK(orLaunchKernel(s, "test::first", [](void*) { return orKernelFail("first"); }, nullptr, nullptr));
+  CHECK_OK(orLaunchKernel(s, "test::second", [](void*) { return orKernelFail("second"); }, nullptr, nullptr));
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("test::first");
+  CHECK(!contains(orGetLastErrorMessage(), "test::second"));
+  CHECK_OK(orStreamSynchronize(s));
+
+  // A failure on device 1 is not reported on device 0.
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(orLaunchKernel(nullptr, "test::dev1_fail", [](void*) { return orKernelFail("dev1"); }, nullptr, nullptr));
+  CHECK_OK(orSetDevice(0));
+  CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orSetDevice(1));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("device 1");
+  CHECK_MESSAGE_HAS("dev1");
+  CHECK_OK(orSetDevice(0));
+
+  // orEventSynchronize reports the error of the event's device.
+  orEvent_t ev = nullptr;
+  CHECK_OK(orEventCreate(&ev));
+  CHECK_OK(orLaunchKernel(s, "test::before_event", [](void*) { return orKernelFail("evt"); }, nullptr, nullptr));
+  CHECK_OK(orEventRecord(ev, s));
+  CHECK_STATUS(orErrorLaunchFailure, orEventSynchronize(ev));
+  CHECK_MESSAGE_HAS("test::before_event");
+  CHECK_OK(orEventSynchronize(ev));
+
+  // And a synchronous memcpy.
+  int* d = nullptr;
+  CHECK_OK(orMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
+  CHECK_OK(orLaunchKernel(nullptr, "test::before_copy", [](void*) { return orKernelFail("cpy"); }, nullptr, nullptr));
+  int v = 0;
+  CHECK_STATUS(orErrorLaunchFailure, orMemcpy(&v, d, sizeof(int), orMemcpyDeviceToHost));
+  CHECK_MESSAGE_HAS("test::before_copy");
+  CHECK_OK(orMemcpy(&v, d, sizeof(int), orMemcpyDeviceToHost));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(error_kernel_exception) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  std::atomic<bool> after{false};
+  CHECK_OK(openreg::launch(s, "test::throwing", [] { throw std::runtime_error("kaboom: bad input"); }));
+  CHECK_OK(openreg::launch(s, "test::after_throw", [&] { after = true; }));
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("test::throwing");
+  CHECK_MESSAGE_HAS("kaboom: bad input");
+  CHECK(after.load());  // later work on the stream still ran
+  CHECK_OK(orStreamSynchronize(s));
+  // A raw kernel function that throws is caught by the worker as well.
+  CHECK_OK(orLaunchKernel(
+      s, "test::raw_throw", [](void*) -> orStatus { throw std::logic_error("raw failure"); }, nullptr, nullptr));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("test::raw_throw");
+  CHECK_MESSAGE_HAS("raw failure");
+  // A kernel returning an error status without a message names the status.
+  CHECK_OK(orLaunchKernel(s, "test::status_only", [](void*) { return orErrorInvalidValue; }, nullptr, nullptr));
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("test::status_only");
+  CHECK_MESSAGE_HAS("orErrorInvalidValue");
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 5; ++i) CHECK_OK(openreg::launch(s, "test::ok", [&] { ran++; }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(ran.load(), 5);
+  // Launch argument validation.
+  CHECK_STATUS(orErrorInvalidValue, orLaunchKernel(s, "test::null", nullptr, nullptr, nullptr));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+TEST(error_names_and_messages_are_per_thread) {
+  CHECK(std::strcmp(orGetErrorName(orSuccess), "orSuccess") == 0);
+  CHECK(std::strcmp(orGetErrorName(orErrorLaunchFailure), "orErrorLaunchFailure") == 0);
+  CHECK(std::strcmp(orGetErrorName(orErrorForkedProcess), "orErrorForkedProcess") == 0);
+  CHECK(std::strcmp(orGetErrorName(static_cast<orStatus>(999)), "orErrorUnknown") == 0);
+  CHECK_STATUS(orErrorInvalidDevice, orSetDevice(-5));
+  const std::string mine = orGetLastErrorMessage();
+  CHECK(contains(mine, "orErrorInvalidDevice"));
+  std::string theirs;
+  std::thread([&] {
+    theirs = orGetLastErrorMessage();  // a fresh thread has no error yet
+    orStatus st = orFree(reinterpret_cast<void*>(0x1000));
+    if (st != orErrorInvalidDevicePointer) theirs = "wrong status";
+  }).join();
+  CHECK(theirs.empty());
+  CHECK_EQ(std::string(orGetLastErrorMessage()), mine);  // unchanged by the other thread
+}
+
+// With OPENREG_SPIN_US=0 every waiter and idle worker goes straight to sleep,
+// so each launch and each wait exercises the condition-variable hand-off: a
+// lost wake-up would hang here (the pytest timeout catches it).
+TEST(stream_wakeups_without_spinning) {
+  const char* env = std::getenv("OPENREG_SPIN_US");
+  if (!env || std::atoi(env) != 0) skip_now("needs OPENREG_SPIN_US=0 (test_runtime.py sets it)");
+  orStream_t a = nullptr, b = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  orEvent_t ev = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&ev, orEventDisableTiming));
+  long value = 0;  // written on a, read on b: ordered only by the event
+  long observed = 0;
+  const int n = static_cast<int>(2000 * test_scale());
+  for (int i = 1; i <= n; ++i) {
+    CHECK_OK(openreg::launch(a, "test::write", [&value, i] { value = i; }));
+    CHECK_OK(orEventRecord(ev, a));
+    CHECK_OK(orStreamWaitEvent(b, ev, 0));
+    CHECK_OK(openreg::launch(b, "test::read", [&] { observed = value; }));
+    if (i % 3 == 0) CHECK_OK(orEventSynchronize(ev));
+    CHECK_OK(orStreamSynchronize(b));
+    CHECK_EQ(observed, static_cast<long>(i));
+  }
+  CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+}
+
+// A malformed configuration is reported by every call, naming the variable.
+TEST(config_invalid_environment) {
+  const char* env = std::getenv("OPENREG_DEVICE_MEMORY");
+  if (!env || std::string(env) != "12X") skip_now("needs OPENREG_DEVICE_MEMORY=12X (test_runtime.py sets it)");
+  int count = 0;
+  CHECK_STATUS(orErrorInitialization, orGetDeviceCount(&count));
+  CHECK_MESSAGE_HAS("OPENREG_DEVICE_MEMORY='12X'");
+  void* p = nullptr;
+  CHECK_STATUS(orErrorInitialization, orMalloc(&p, 16));
+  orStream_t s = nullptr;
+  CHECK_STATUS(orErrorInitialization, orStreamCreate(&s));
+  CHECK_STATUS(orErrorInitialization, orDeviceSynchronize());
+}
+
+// ===========================================================================
+// Thread safety stress: host threads x streams, kernels with per-stream
+// non-atomic counters (checks in-order, exclusive execution), events between
+// streams, allocations, and stream/event handle recycling, all at once.
+
+TEST(stress_threads_streams) {
+  const double scale = test_scale();
+  const int kThreads = 8;
+  const int kStreams = 3;
+  const int iters = std::max(20, static_cast<int>(4000 * scale));  // kernels per stream
+  const int kEventEvery = 16;
+  const int kMallocEvery = 128;
+  int device_count = 0;
+  CHECK_OK(orGetDeviceCount(&device_count));
+  orRuntimeCounters before{};
+  CHECK_OK(orGetCounters(&before));
+  std::atomic<uint64_t> launched{0};
+  std::atomic<uint64_t> cross_checks{0};
+  std::atomic<int> finished{0};
+  Latch start(kThreads);
+
+  auto worker = [&](int t) {
+    CHECK_OK(orSetDevice(t % device_count));
+    struct PerStream {
+      orStream_t stream = nullptr;
+      long counter = 0;  // only touched by this stream's kernels (and the host after sync)
+      std::vector<long> snapshots;
+    };
+    std::vector<PerStream> ps(kStreams);
+    for (auto& p : ps) {
+      CHECK_OK(orStreamCreateWithPriority(&p.stream, 0, (t & 1) ? -1 : 0));
+      p.snapshots.assign(iters / kEventEvery + 1, -1);
+    }
+    start.arrive_and_wait();
+    for (int i = 0; i < iters; ++i) {
+      for (int k = 0; k < kStreams; ++k) {
+        PerStream* p = &ps[k];
+        CHECK_OK(openreg::launch(p->stream, "stress::increment", [p, i] {
+          if (p->counter != i)
+            FAIL("stream ran out of order: counter " + std::to_string(p->counter) + ", expected " + std::to_string(i));
+          p->counter = i + 1;
+        }));
+        launched++;
+      }
+      if (i % kEventEvery == kEventEvery - 1) {
+        // Stream k publishes its counter; stream k+1 waits for it and checks it.
+        const int slot = i / kEventEvery;
+        for (int k = 0; k < kStreams; ++k) {
+          PerStream* src = &ps[k];
+          PerStream* dst = &ps[(k + 1) % kStreams];
+          CHECK_OK(
+              openreg::launch(src->stream, "stress::publish", [src, slot] { src->snapshots[slot] = src->counter; }));
+          orEvent_t ev = nullptr;
+          CHECK_OK(orEventCreateWithFlags(&ev, (i & 1) ? orEventDisableTiming : orEventDefault));
+          CHECK_OK(orEventRecord(ev, src->stream));
+          CHECK_OK(orStreamWaitEvent(dst->stream, ev, 0));
+          CHECK_OK(openreg::launch(dst->stream, "stress::observe", [src, slot, i, &cross_checks] {
+            if (src->snapshots[slot] != i + 1)
+              FAIL("event did not order streams: saw " + std::to_string(src->snapshots[slot]) + ", expected " +
+                   std::to_string(i + 1));
+            cross_checks++;
+          }));
+          launched += 2;
+          CHECK_OK(orEventDestroy(ev));  // while the wait may still be queued
+        }
+      }
+      if (i % kMallocEvery == kMallocEvery / 2) {
+        const size_t n = 4096 + 512 * t + 8 * i;
+        void* d = nullptr;
+        CHECK_OK(orMalloc(&d, n));
+        orStream_t s = ps[i % kStreams].stream;
+        CHECK_OK(orMemsetAsync(d, t + 1, n, s));
+        CHECK_OK(openreg::launch(s, "stress::touch", [d, n, t] {
+          auto* k = static_cast<unsigned char*>(openreg::kernel_pointer(d));
+          for (size_t j = 0; j < n; j += 97)
+            if (k[j] != t + 1) FAIL("device memory was overwritten by someone else");
+          k[0] = static_cast<unsigned char>(t + 100);
+        }));
+        launched++;
+        std::vector<unsigned char> out(n);
+        CHECK_OK(orMemcpyAsync(out.data(), d, n, orMemcpyDeviceToHost, s));  // pageable: blocking
+        CHECK_EQ(static_cast<int>(out[0]), t + 100);
+        CHECK_EQ(static_cast<int>(out[n - 1]), t + 1);
+        CHECK_OK(orFree(d));
+      }
+      if (i % 32 == 7) {
+        // Short-lived streams on both devices: handle slots recycle across threads.
+        const int dev = (t + i / 32) % device_count;
+        CHECK_OK(orSetDevice(dev));
+        orStream_t tmp = nullptr;
+        CHECK_OK(orStreamCreate(&tmp));
+        int tmp_dev = -1;
+        CHECK_OK(orStreamGetDevice(tmp, &tmp_dev));
+        CHECK_EQ(tmp_dev, dev);
+        std::atomic<int>* seen = new std::atomic<int>(-1);
+        CHECK_OK(openreg::launch(tmp, "stress::tmp", [seen] {
+          int d = -1;
+          orGetDevice(&d);
+          seen->store(d);
+        }));
+        launched++;
+        CHECK_OK(orStreamDestroy(tmp));  // waits for the kernel
+        CHECK_EQ(seen->load(), dev);
+        delete seen;
+        CHECK_OK(orSetDevice(t % device_count));
+      }
+      if (i == iters / 2) {
+        // Recycle a stream handle mid-flight (the counter carries over).
+        PerStream& p = ps[kStreams - 1];
+        CHECK_OK(orStreamDestroy(p.stream));
+        CHECK_OK(orStreamCreate(&p.stream));
+      }
+    }
+    for (auto& p : ps) CHECK_OK(orStreamSynchronize(p.stream));
+    for (auto& p : ps) {
+      CHECK_EQ(p.counter, static_cast<long>(iters));
+      CHECK_OK(orStreamDestroy(p.stream));
+    }
+    finished++;
+  };
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  CHECK_EQ(finished.load(), kThreads);
+  CHECK_EQ(cross_checks.load(), static_cast<uint64_t>(kThreads) * kStreams * (iters / kEventEvery));
+  orRuntimeCounters after{};
+  CHECK_OK(orGetCounters(&after));
+  CHECK_EQ(after.kernelsLaunched - before.kernelsLaunched, launched.load());
+  CHECK_EQ(after.deviceMallocs - before.deviceMallocs, after.deviceFrees - before.deviceFrees);
+  for (int d = 0; d < device_count; ++d) {
+    CHECK_OK(orSetDevice(d));
+    size_t free_b = 0, total = 0;
+    CHECK_OK(orMemGetInfo(&free_b, &total));
+    CHECK_EQ(free_b, total);
+    CHECK_OK(orDeviceSynchronize());
+  }
+  std::printf("%d threads x %d streams x %d iterations: %llu kernels in %.2f s\n", kThreads, kStreams, iters,
+              static_cast<unsigned long long>(launched.load()), secs);
+}
+
+// ===========================================================================
+// fork: a child forked after the runtime started must not use it.
+
+TEST(fork_child_is_refused) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 4096));  // the runtime is up, with a worker thread running
+  CHECK_OK(openreg::launch(nullptr, "test::warm", [] {}));
+  CHECK_OK(orDeviceSynchronize());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    // Child: report through the exit code (1: wrong status, 2: wrong message).
+    void* p = nullptr;
+    const orStatus st = orMalloc(&p, 4096);
+    if (st != orErrorForkedProcess) {
+      std::fprintf(stderr, "child: orMalloc returned %s\n", orGetErrorName(st));
+      std::_Exit(1);
+    }
+    const std::string msg = orGetLastErrorMessage();
+    if (msg.find("spawn") == std::string::npos || msg.find("fork") == std::string::npos) {
+      std::fprintf(stderr, "child: unexpected message: %s\n", msg.c_str());
+      std::_Exit(2);
+    }
+    int count = 0;
+    if (orGetDeviceCount(&count) != orErrorForkedProcess) std::_Exit(3);
+    if (orStreamSynchronize(nullptr) != orErrorForkedProcess) std::_Exit(4);
+    std::_Exit(0);
+  }
+  int wstatus = 0;
+  CHECK_EQ(waitpid(pid, &wstatus, 0), pid);
+  if (!WIFEXITED(wstatus)) FAIL("forked child did not exit normally (status " + std::to_string(wstatus) + ")");
+  if (WEXITSTATUS(wstatus) != 0)
+    FAIL("forked child reported failure code " + std::to_string(WEXITSTATUS(wstatus)) +
+         " (1: status was not orErrorForkedProcess, 2: message lacks 'spawn')");
+  // The parent is unaffected.
+  CHECK_OK(orFree(d));
+  CHECK_OK(orMalloc(&d, 4096));
+  CHECK_OK(orFree(d));
+}
+
+// ===========================================================================
+// Counters
+
+TEST(counters_are_exact) {
+  orRuntimeCounters c0{}, c1{};
+  CHECK_OK(orGetCounters(&c0));
+  void* a = nullptr;
+  void* b = nullptr;
+  CHECK_OK(orMalloc(&a, 4096));
+  CHECK_OK(orMalloc(&b, 4096));
+  std::vector<char> host(4096, 1);
+  void* pinned = nullptr;
+  CHECK_OK(orMallocHost(&pinned, 4096));
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orMemcpy(a, host.data(), 100, orMemcpyHostToDevice));
+  CHECK_OK(orMemcpy(a, host.data(), 200, orMemcpyDefault));
+  CHECK_OK(orMemcpyAsync(a, pinned, 300, orMemcpyHostToDevice, s));  // 3 H2D, 600 bytes
+  CHECK_OK(orStreamSynchronize(s));                                  // the default stream does not order itself after s
+  CHECK_OK(orMemcpy(host.data(), a, 1000, orMemcpyDeviceToHost));
+  CHECK_OK(orMemcpyAsync(pinned, b, 24, orMemcpyDefault, s));  // 2 D2H, 1024 bytes
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orMemcpy(b, a, 4096, orMemcpyDeviceToDevice));                                   // 1 D2D, 4096 bytes
+  CHECK_OK(orMemcpy(host.data(), host.data() + 2048, 10, orMemcpyHostToHost));              // not counted
+  CHECK_OK(orMemcpy(a, host.data(), 0, orMemcpyHostToDevice));                              // not counted
+  CHECK_STATUS(orErrorInvalidValue, orMemcpy(a, host.data(), 5000, orMemcpyHostToDevice));  // refused
+  CHECK_OK(orMemset(a, 0, 16));                                                             // not a copy
+  for (int i = 0; i < 7; ++i) CHECK_OK(openreg::launch(s, "test::count", [] {}));
+  CHECK_OK(orLaunchKernel(s, "test::count_raw", [](void*) { return orSuccess; }, nullptr, nullptr));
+  orEvent_t ev = nullptr;  // event records and waits are not kernel launches
+  CHECK_OK(orEventCreate(&ev));
+  CHECK_OK(orEventRecord(ev, s));
+  CHECK_OK(orStreamWaitEvent(nullptr, ev, 0));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orFree(a));
+  CHECK_OK(orFree(b));
+  CHECK_OK(orGetCounters(&c1));
+  CHECK_EQ(c1.memcpyHostToDevice - c0.memcpyHostToDevice, uint64_t{3});
+  CHECK_EQ(c1.bytesHostToDevice - c0.bytesHostToDevice, uint64_t{600});
+  CHECK_EQ(c1.memcpyDeviceToHost - c0.memcpyDeviceToHost, uint64_t{2});
+  CHECK_EQ(c1.bytesDeviceToHost - c0.bytesDeviceToHost, uint64_t{1024});
+  CHECK_EQ(c1.memcpyDeviceToDevice - c0.memcpyDeviceToDevice, uint64_t{1});
+  CHECK_EQ(c1.bytesDeviceToDevice - c0.bytesDeviceToDevice, uint64_t{4096});
+  CHECK_EQ(c1.kernelsLaunched - c0.kernelsLaunched, uint64_t{8});
+  CHECK_EQ(c1.deviceMallocs - c0.deviceMallocs, uint64_t{2});
+  CHECK_EQ(c1.deviceFrees - c0.deviceFrees, uint64_t{2});
+  CHECK_STATUS(orErrorInvalidValue, orGetCounters(nullptr));
+  CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orStreamDestroy(s));
+  CHECK_OK(orFreeHost(pinned));
+}
+
+// ===========================================================================
+// Driver
+
+namespace {
+
+const TestCase* find_case(const std::string& name) {
+  for (const auto& c : registry())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+// Runs every case in a child process (fork + exec of this program with --run).
+int run_all(const char* self) {
+  int passed = 0, failed = 0, skipped = 0;
+  std::vector<std::string> failures;
+  for (const auto& c : registry()) {
+    std::fflush(stdout);
+    const auto t0 = Clock::now();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 2;
+    }
+    if (pid == 0) {
+      if (c.expected_signal != 0) {
+        // Sanitizers catch SIGSEGV and exit instead; let the signal through.
+        for (const char* var : {"ASAN_OPTIONS", "TSAN_OPTIONS"}) {
+          const char* old = std::getenv(var);
+          setenv(var, (std::string(old ? old : "") + ":handle_segv=0").c_str(), 1);
+        }
+      }
+      execl(self, self, "--run", c.name, static_cast<char*>(nullptr));
+      std::perror("execl");
+      std::_Exit(127);
+    }
+    int wstatus = 0;
+    waitpid(pid, &wstatus, 0);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const char* verdict;
+    if (c.expected_signal != 0) {
+      const bool ok = WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == c.expected_signal;
+      verdict = ok ? "PASS" : "FAIL";
+    } else if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == kSkipExitCode) {
+      verdict = "SKIP";
+    } else {
+      verdict = (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) ? "PASS" : "FAIL";
+    }
+    if (verdict[0] == 'P')
+      ++passed;
+    else if (verdict[0] == 'S')
+      ++skipped;
+    else {
+      ++failed;
+      failures.push_back(c.name);
+    }
+    std::printf("%-48s %s (%.2f s)\n", c.name, verdict, secs);
+    std::fflush(stdout);
+  }
+  std::printf("\n%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  for (const auto& f : failures) std::printf("FAILED: %s\n", f.c_str());
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::sort(registry().begin(), registry().end(),
+            [](const TestCase& a, const TestCase& b) { return std::strcmp(a.name, b.name) < 0; });
+  if (argc == 2 && std::strcmp(argv[1], "--list") == 0) {
+    for (const auto& c : registry()) std::printf("%s\n", c.name);
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "--run") == 0) {
+    const TestCase* c = find_case(argv[2]);
+    if (c == nullptr) {
+      std::fprintf(stderr, "unknown test case '%s' (see --list)\n", argv[2]);
+      return 2;
+    }
+    c->fn();
+    if (c->expected_signal != 0) {
+      std::fprintf(stderr, "%s returned, but it must die by signal %d\n", c->name, c->expected_signal);
+      return 1;
+    }
+    return 0;
+  }
+#if defined(__linux__)
+  if (argc == 1) return run_all("/proc/self/exe");
+#else
+  if (argc == 1) return run_all(argv[0]);
+#endif
+  std::fprintf(stderr, "usage: %s [--list | --run NAME]\n", argv[0]);
+  return 2;
+}
