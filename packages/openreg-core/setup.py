@@ -20,6 +20,8 @@ class CMakeBuild(build_ext):
     """Configures and builds the C++ parts, installing them into the package."""
 
     def build_extension(self, ext: Extension) -> None:
+        # Importing torch must not autoload an installed (possibly broken) openreg.
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
         import torch.utils
 
         package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent

@@ -527,16 +527,8 @@ void run_kernel(const c10::OperatorHandle& op, const std::optional<c10::Operator
               " produced results whose shapes differ from its meta kernel's");
 }
 
-void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
-  const auto& schema = op.schema();
-  TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
-              "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
-  count(op);
-  const size_t num_args = schema.arguments().size();
-  Stack args(std::make_move_iterator(stack->end() - num_args), std::make_move_iterator(stack->end()));
-  stack->erase(stack->end() - num_args, stack->end());
-
-  // Which device: every openreg tensor must be on the same one.
+// The device of an op call: every openreg tensor must be on the same one.
+c10::Device common_device(const c10::FunctionSchema& schema, const Stack& args) {
   std::optional<c10::Device> device;
   for (const c10::IValue& v : args) {
     for_each_tensor(v, [&](const at::Tensor& t) {
@@ -551,6 +543,19 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
   if (!device->has_index())
     device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
+  return *device;
+}
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  const auto& schema = op.schema();
+  TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
+              "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
+  count(op);
+  const size_t num_args = schema.arguments().size();
+  Stack args(std::make_move_iterator(stack->end() - num_args), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - num_args, stack->end());
+
+  const std::optional<c10::Device> device = common_device(schema, args);
   c10::DeviceGuard guard(*device);
 
   bool tensor_returns_only = true;
@@ -619,6 +624,20 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 }
 
 }  // namespace
+
+void generic_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  fallback(op, keys, stack);
+}
+
+void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t num_args = op.schema().arguments().size();
+  Stack args(std::make_move_iterator(stack->end() - num_args), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - num_args, stack->end());
+  count(op);
+  const c10::Device device = common_device(op.schema(), args);
+  c10::DeviceGuard guard(device);
+  run_synchronously(op, stack, std::move(args), device);
+}
 
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);

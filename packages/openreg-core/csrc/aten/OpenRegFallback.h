@@ -1,12 +1,20 @@
 // Introspection of the generic operator path (OpenRegFallback.cpp).
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace c10::openreg {
+
+// The generic path as a boxed kernel (registered as the global PrivateUse1 fallback).
+void generic_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+// Runs the CPU implementation on the device and waits, for outputs whose
+// shapes depend on the data (registered per operator).
+void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
 // How many times each operator ("name.overload") went through the generic path.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();

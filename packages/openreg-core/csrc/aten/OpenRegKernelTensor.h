@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 
 #include "openreg/runtime.hpp"

@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import torch
 
 from .. import _C
+from . import ops  # noqa: F401  (registers openreg::scaled_square)
 from ._plugins import plugins
 from ._utils import _DeviceLike, _get_device_index
 from .memory import (

@@ -1,0 +1,90 @@
+// Registration form: a structured kernel.
+//
+// Structured operators split into a meta function (checks, output shape and
+// dtype; at::meta::structured_<op>) and an implementation. A backend
+// subclasses the meta class, says how outputs are created (set_output_*),
+// runs meta() on the host and launches its own implementation. openreg does
+// this for aten::mm and aten::mm.out: no meta tensors and no boxing, so
+// matmul skips the generic path.
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mm_meta.h>
+#include <torch/library.h>
+
+#include "../runtime/OpenRegException.h"
+#include "../runtime/OpenRegStream.h"
+#include "OpenRegKernelTensor.h"
+
+namespace c10::openreg {
+
+namespace {
+
+// Outputs are allocated on the device (functional form).
+struct StructuredMmFunctional final : at::meta::structured_mm {
+  void set_output_strided(int64_t idx, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    // An empty stride list means "contiguous".
+    outputs_[idx] = strides.empty() ? at::empty(sizes, options) : at::empty_strided(sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t idx, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    set_output_strided(idx, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t idx) override { return outputs_[idx]; }
+  std::array<at::Tensor, 1> outputs_;
+};
+
+// Outputs are the caller's (out= form), resized if their shape is wrong.
+struct StructuredMmOut final : at::meta::structured_mm {
+  explicit StructuredMmOut(const at::Tensor& out) : outputs_{out} {}
+  void set_output_strided(int64_t idx, c10::IntArrayRef sizes, c10::IntArrayRef, at::TensorOptions options) override {
+    TORCH_CHECK(options.dtype() == outputs_[idx].dtype(), "Expected out tensor to have dtype ", options.dtype(),
+                ", but got ", outputs_[idx].dtype(), " instead");
+    TORCH_CHECK(outputs_[idx].device() == options.device(),
+                "Expected out tensor to be on the same device as the inputs");
+    at::native::resize_output(outputs_[idx], sizes);
+  }
+  void set_output_raw_strided(int64_t idx, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    set_output_strided(idx, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t idx) override { return outputs_[idx]; }
+  std::array<at::Tensor, 1> outputs_;
+};
+
+void launch_mm(const at::Tensor& out, const at::Tensor& self, const at::Tensor& mat2) {
+  TORCH_CHECK(self.device() == mat2.device() && out.device() == self.device(),
+              "Expected all tensors to be on the same device, but found at least two devices, ", self.device(), " and ",
+              self.device() == mat2.device() ? out.device() : mat2.device(), "!");
+  OPENREG_CHECK(::openreg::launch(current_stream_handle(out.device().index()), "aten::mm",
+                                  [out = KernelTensorArg(out), a = KernelTensorArg(self), b = KernelTensorArg(mat2)] {
+                                    at::Tensor o = out.materialize();
+                                    at::mm_out(o, a.materialize(), b.materialize());
+                                  }));
+}
+
+at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+  StructuredMmFunctional op;
+  op.meta(self, mat2);
+  launch_mm(op.outputs_[0], self, mat2);
+  return op.outputs_[0];
+}
+
+at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
+  StructuredMmOut op(out);
+  op.meta(self, mat2);
+  launch_mm(out, self, mat2);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("mm", mm);
+  m.impl("mm.out", mm_out);
+}
+
+}  // namespace c10::openreg

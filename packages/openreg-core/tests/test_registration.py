@@ -1,0 +1,145 @@
+"""Each operator registration form openreg shows, one test class per form (see csrc/aten/)."""
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class TestNativeKernel(TestCase):
+    """OpenRegNativeOps.cpp: TORCH_LIBRARY_IMPL(aten, PrivateUse1) kernels, no generic path."""
+
+    def test_native_ops_skip_generic_path(self):
+        x = torch.arange(6.0).to("openreg")
+        torch.openreg.reset_fallback_op_counts()
+        y = x.view(2, 3).t().to("cpu")
+        self.assertEqual(y, torch.arange(6.0).view(2, 3).t())
+        self.assertEqual(torch.openreg.fallback_op_counts(), {})
+
+
+class TestDispatchStub(TestCase):
+    """OpenRegDispatchStub.cpp: abs.out is ATen's device-generic kernel plus openreg's abs_stub."""
+
+    def test_abs_through_stub(self):
+        torch.openreg.reset_fallback_op_counts()
+        x = torch.randn(7, 3)
+        self.assertEqual(torch.abs(x.to("openreg")).cpu(), x.abs())
+        self.assertEqual(x.to("openreg").t().abs().cpu(), x.t().abs())  # strided input
+        self.assertNotIn("aten::abs.out", torch.openreg.fallback_op_counts())
+        z = torch.randn(4, dtype=torch.complex64)
+        self.assertEqual(torch.abs(z.to("openreg")).cpu(), z.abs())
+
+
+class TestStructuredKernel(TestCase):
+    """OpenRegStructured.cpp: mm via at::meta::structured_mm and an openreg implementation."""
+
+    def test_mm_functional_and_out(self):
+        torch.openreg.reset_fallback_op_counts()
+        a, b = torch.randn(5, 4), torch.randn(4, 6)
+        self.assertEqual((a.to("openreg") @ b.to("openreg")).cpu(), a @ b)
+        out = torch.empty(0, device="openreg")
+        torch.mm(a.to("openreg"), b.to("openreg"), out=out)
+        self.assertEqual(out.cpu(), a @ b)
+        self.assertEqual(torch.openreg.fallback_op_counts(), {})
+
+    def test_meta_checks_run_on_host(self):
+        with self.assertRaisesRegex(RuntimeError, "cannot be multiplied"):
+            torch.mm(torch.ones(2, 3, device="openreg"), torch.ones(2, 3, device="openreg"))
+        with self.assertRaisesRegex(RuntimeError, "Expected out tensor to have dtype"):
+            torch.mm(
+                torch.ones(2, 2, device="openreg"),
+                torch.ones(2, 2, device="openreg"),
+                out=torch.empty(2, 2, dtype=torch.float64, device="openreg"),
+            )
+
+
+class TestGlobalFallback(TestCase):
+    """OpenRegFallback.cpp: every other op through the generic path (more in test_operators.py)."""
+
+    def test_generic_path_counts(self):
+        z = torch.zeros(2, device="openreg")
+        torch.openreg.reset_fallback_op_counts()
+        self.assertEqual(torch.erf(z).cpu(), torch.zeros(2))
+        self.assertEqual(torch.openreg.fallback_op_counts(), {"aten::erf.out": 1})
+
+
+class TestPerOpFallback(TestCase):
+    """OpenRegPerOpFallback.cpp: a boxed kernel registered for named data-dependent ops."""
+
+    def test_data_dependent_ops(self):
+        torch.openreg.reset_fallback_op_counts()
+        x = torch.tensor([0.0, 1.5, 0.0, -2.0])
+        d = x.to("openreg")
+        self.assertEqual(torch.nonzero(d).cpu(), torch.nonzero(x))
+        self.assertEqual(torch.masked_select(d, d != 0).cpu(), torch.masked_select(x, x != 0))
+        self.assertEqual(torch.unique(d).cpu(), torch.unique(x))
+        counts = torch.openreg.fallback_op_counts()
+        self.assertEqual(counts["aten::nonzero"], 1)
+        self.assertEqual(counts["aten::masked_select"], 1)
+
+
+class TestFallthrough(TestCase):
+    """OpenRegFallthrough.cpp: AutocastPrivateUse1 falls through, so autocast regions run."""
+
+    def test_ops_run_under_autocast(self):
+        x = torch.ones(3, device="openreg")
+        with torch.autocast("openreg", dtype=torch.bfloat16):
+            y = torch.exp(x) + 1
+        self.assertEqual(y.cpu(), torch.exp(torch.ones(3)) + 1)
+
+
+class TestCustomOps(TestCase):
+    """OpenRegCustomOps.cpp (C++) and torch_openreg/openreg/ops.py (torch.library)."""
+
+    def test_cpp_custom_op_with_meta_kernel(self):
+        x = torch.randn(3, 4)
+        self.assertEqual(torch.ops.openreg.custom_abs(x.to("openreg")).cpu(), x.abs())
+        self.assertEqual(torch.ops.openreg.custom_abs(x), x.abs())
+        m = torch.ops.openreg.custom_abs(torch.empty(3, 4, device="meta"))
+        self.assertEqual((m.shape, m.device.type), (torch.Size([3, 4]), "meta"))
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            fake = torch.ops.openreg.custom_abs(torch.empty(2, 5, device="openreg"))
+        self.assertEqual((fake.shape, fake.device), (torch.Size([2, 5]), torch.device("openreg:0")))
+
+    def test_python_custom_op_fake_and_autograd(self):
+        x = torch.randn(5)
+        d = x.to("openreg").requires_grad_(True)
+        out = torch.ops.openreg.scaled_square(d, 3.0)
+        self.assertEqual(out.cpu(), 3.0 * x * x)
+        out.sum().backward()
+        self.assertEqual(d.grad.cpu(), 6.0 * x)
+        torch.library.opcheck(torch.ops.openreg.scaled_square.default, (torch.randn(4, device="openreg"), 2.0))
+
+    def test_python_custom_op_compiles(self):
+        f = torch.compile(lambda t: torch.ops.openreg.scaled_square(t, 2.0) + 1, backend="aot_eager", fullgraph=True)
+        x = torch.randn(6)
+        self.assertEqual(f(x.to("openreg")).cpu(), 2.0 * x * x + 1)
+
+
+class TestAutogradFunction(TestCase):
+    """OpenRegAutogradFunctions.cpp: C++ torch::autograd::Function for AutogradPrivateUse1."""
+
+    def check(self, op, compiled: bool):
+        x = torch.randn(4, device="openreg", requires_grad=True)
+        fn = (lambda t: op(t) * 2) if not compiled else torch.compile(lambda t: op(t) * 2, backend="aot_eager")
+        fn(x).sum().backward()
+        self.assertEqual(x.grad.cpu(), torch.full((4,), 1.0))  # 2 (from * 2) scaled by 0.5
+
+    def test_returns_self(self):
+        x = torch.randn(3, device="openreg")
+        y = torch.ops.openreg.custom_autograd_fn_returns_self(x)
+        self.assertEqual(y.data_ptr(), x.data_ptr())
+        self.assertEqual(y.untyped_storage().data_ptr(), x.untyped_storage().data_ptr())
+        self.check(torch.ops.openreg.custom_autograd_fn_returns_self, compiled=False)
+        self.check(torch.ops.openreg.custom_autograd_fn_returns_self, compiled=True)
+
+    def test_aliasing(self):
+        x = torch.randn(3, device="openreg", requires_grad=True)
+        y = torch.ops.openreg.custom_autograd_fn_aliasing(x)
+        self.assertEqual(y.data_ptr(), x.data_ptr())  # a view of the input's memory
+        self.check(torch.ops.openreg.custom_autograd_fn_aliasing, compiled=False)
+        self.check(torch.ops.openreg.custom_autograd_fn_aliasing, compiled=True)
+
+
+if __name__ == "__main__":
+    run_tests()
