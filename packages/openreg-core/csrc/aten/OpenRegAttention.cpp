@@ -1,0 +1,131 @@
+// Scaled dot-product attention through the "overrideable" fused backend.
+//
+// torch.nn.functional.scaled_dot_product_attention asks the backend which
+// implementation to use (_fused_sdp_choice). openreg answers OVERRIDEABLE
+// when it can (no dropout, no grouped-query attention) and MATH otherwise,
+// and implements _scaled_dot_product_fused_attention_overrideable and its
+// backward as device kernels:
+//   S = scale * Q K^T + bias (causal: -inf above the diagonal), P = softmax(S), O = P V
+//   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q
+// The forward returns logsumexp(S) so the backward can rebuild P without
+// storing it.
+#include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "OpenRegLaunch.h"
+
+namespace c10::openreg {
+
+namespace {
+
+int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, bool enable_gqa) {
+  const bool supported = dropout_p == 0.0 && !enable_gqa && query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
+                         query.size(1) == key.size(1);
+  const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
+  if (supported && ctx.userEnabledOverrideableSDP()) return static_cast<int64_t>(at::SDPBackend::overrideable);
+  TORCH_CHECK(ctx.userEnabledMathSDP(), "No available kernel for scaled_dot_product_attention on openreg: ",
+              supported ? "the OVERRIDEABLE backend is disabled"
+                        : "the OVERRIDEABLE backend does not support dropout or grouped-query attention",
+              ", and the MATH backend is disabled");
+  return static_cast<int64_t>(at::SDPBackend::math);
+}
+
+// Scores S = scale * Q K^T + bias, with the causal mask applied (CPU tensors).
+at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias, bool is_causal, double scale) {
+  at::Tensor s = at::matmul(q, k.transpose(-2, -1)) * scale;
+  if (bias.defined())
+    s = bias.scalar_type() == at::kBool ? at::where(bias, s, -std::numeric_limits<double>::infinity()) : s + bias;
+  if (is_causal) {
+    at::Tensor keep = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).tril();
+    s = at::where(keep, s, -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
+attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                  const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal, bool return_debug_mask,
+                  std::optional<double> scale) {
+  TORCH_CHECK(dropout_p == 0.0, "openreg's fused attention does not implement dropout (the MATH backend does)");
+  c10::DeviceGuard guard(query.device());
+  auto sizes = query.sizes().vec();
+  sizes.back() = value.size(-1);
+  at::Tensor out = at::empty(sizes, query.options());
+  at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(at::kFloat));
+  const double s = scale_of(query, scale);
+  launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable",
+                      {query, key, value, attn_bias.value_or(at::Tensor())}, {out, lse},
+                      [is_causal, s](const std::vector<at::Tensor>& a) {
+                        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(at::kFloat);
+                        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
+                        at::Tensor p = at::exp(sc - l).to(a[0].scalar_type());
+                        return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
+                      });
+  auto empty = at::empty({0}, query.options().dtype(at::kLong));
+  return {out,
+          lse,
+          empty,
+          empty,
+          c10::SymInt(query.size(-2)),
+          c10::SymInt(key.size(-2)),
+          empty,
+          empty,
+          at::empty({0}, query.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
+    bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  c10::DeviceGuard guard(query.device());
+  auto maybe = [&](bool wanted, const at::Tensor& like) {
+    return wanted && like.defined() ? at::empty(like.sizes(), like.options()) : at::Tensor();
+  };
+  at::Tensor gq = maybe(grad_input_mask[0], query), gk = maybe(grad_input_mask[1], key),
+             gv = maybe(grad_input_mask[2], value), gb = maybe(grad_input_mask[3], attn_bias);
+  const double s = scale_of(query, scale);
+  launch_cpu_function(
+      "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+      {grad_out, query, key, value, attn_bias, out, logsumexp}, {gq, gk, gv, gb},
+      [is_causal, s](const std::vector<at::Tensor>& a) {
+        const at::Tensor &dout = a[0], &q = a[1], &k = a[2], &v = a[3], &bias = a[4], &o = a[5];
+        at::Tensor p =
+            at::exp(scores(q, k, bias, is_causal, s).to(at::kFloat) - a[6].unsqueeze(-1)).to(q.scalar_type());
+        at::Tensor dp = at::matmul(dout, v.transpose(-2, -1));
+        at::Tensor ds = p * (dp - (dout * o).sum(-1, /*keepdim=*/true));
+        return std::vector<at::Tensor>{at::matmul(ds, k) * s, at::matmul(ds.transpose(-2, -1), q) * s,
+                                       at::matmul(p.transpose(-2, -1), dout),
+                                       bias.defined() ? at::sum_to(ds, bias.sizes()) : at::Tensor()};
+      });
+  return {gq, gk, gv, gb};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", sdp_choice);
+  m.impl("_scaled_dot_product_fused_attention_overrideable", attention_forward);
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", attention_backward);
+}
+
+}  // namespace c10::openreg

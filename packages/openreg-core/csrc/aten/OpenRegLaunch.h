@@ -1,0 +1,37 @@
+// Launching a piece of CPU code as an openreg kernel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "../runtime/OpenRegException.h"
+#include "../runtime/OpenRegStream.h"
+#include "OpenRegKernelTensor.h"
+
+namespace c10::openreg {
+
+// Launches `fn` on the current stream of `outputs[0]`'s device. On the device
+// `fn` receives kernel tensors for `inputs` (undefined ones stay undefined)
+// and returns CPU results, which land in `outputs` (device tensors of the
+// same shapes; undefined outputs are skipped). Costs one device-side copy of
+// the results; for kernels that write their outputs in place use
+// ::openreg::launch with KernelTensorArg directly.
+template <typename F>
+void launch_cpu_function(const char* name, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& outputs, F fn) {
+  std::vector<std::optional<KernelTensorArg>> in, out;
+  for (const auto& t : inputs) in.emplace_back(t.defined() ? std::optional<KernelTensorArg>(t) : std::nullopt);
+  for (const auto& t : outputs) out.emplace_back(t.defined() ? std::optional<KernelTensorArg>(t) : std::nullopt);
+  OPENREG_CHECK(::openreg::launch(current_stream_handle(outputs.at(0).device().index()), name,
+                                  [in = std::move(in), out = std::move(out), fn = std::move(fn)] {
+                                    std::vector<at::Tensor> args;
+                                    for (const auto& a : in) args.push_back(a ? a->materialize() : at::Tensor());
+                                    std::vector<at::Tensor> results = fn(args);
+                                    for (size_t i = 0; i < out.size(); ++i)
+                                      if (out[i] && results.at(i).defined()) out[i]->materialize().copy_(results[i]);
+                                  }));
+}
+
+}  // namespace c10::openreg

@@ -1,0 +1,121 @@
+// The fused RNN cells. On an accelerator, nn.LSTM and nn.GRU compute each
+// time step with aten::_thnn_fused_lstm_cell / _thnn_fused_gru_cell (and
+// their backward ops), which ATen implements only for CUDA. openreg gives
+// them device kernels written with ATen CPU ops: gate pre-activations in,
+// new states plus a workspace of activated gates out; the backward ops read
+// the workspace back. Workspace layouts: LSTM [i, f, g, o] (batch x 4H),
+// GRU [r, z, n, hx, hn] (batch x 5H).
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/tanh.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "OpenRegLaunch.h"
+
+namespace c10::openreg {
+
+namespace {
+
+at::Tensor with_bias(const at::Tensor& gates, const at::Tensor& bias) { return bias.defined() ? gates + bias : gates; }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+                                                         const at::Tensor& cx, const std::optional<at::Tensor>& ib,
+                                                         const std::optional<at::Tensor>& hb) {
+  c10::DeviceGuard guard(cx.device());
+  at::Tensor hy = at::empty(cx.sizes(), cx.options()), cy = at::empty(cx.sizes(), cx.options());
+  at::Tensor workspace = at::empty(input_gates.sizes(), input_gates.options());
+  launch_cpu_function("aten::_thnn_fused_lstm_cell",
+                      {input_gates, hidden_gates, cx, ib.value_or(at::Tensor()), hb.value_or(at::Tensor())},
+                      {hy, cy, workspace}, [](const std::vector<at::Tensor>& a) {
+                        at::Tensor gates = with_bias(with_bias(a[0] + a[1], a[3]), a[4]);
+                        auto g = gates.chunk(4, 1);
+                        at::Tensor i = g[0].sigmoid(), f = g[1].sigmoid(), c = g[2].tanh(), o = g[3].sigmoid();
+                        at::Tensor cy = f * a[2] + i * c;
+                        return std::vector<at::Tensor>{o * cy.tanh(), cy, at::cat({i, f, c, o}, 1)};
+                      });
+  return {hy, cy, workspace};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(const std::optional<at::Tensor>& grad_hy,
+                                                                  const std::optional<at::Tensor>& grad_cy,
+                                                                  const at::Tensor& cx, const at::Tensor& cy,
+                                                                  const at::Tensor& workspace, bool has_bias) {
+  c10::DeviceGuard guard(cx.device());
+  at::Tensor grad_gates = at::empty(workspace.sizes(), workspace.options());
+  at::Tensor grad_cx = at::empty(cx.sizes(), cx.options());
+  at::Tensor grad_bias = has_bias ? at::empty({workspace.size(1)}, workspace.options()) : at::Tensor();
+  launch_cpu_function(
+      "aten::_thnn_fused_lstm_cell_backward_impl",
+      {grad_hy.value_or(at::Tensor()), grad_cy.value_or(at::Tensor()), cx, cy, workspace},
+      {grad_gates, grad_cx, grad_bias}, [has_bias](const std::vector<at::Tensor>& a) {
+        auto g = a[4].chunk(4, 1);
+        const at::Tensor &i = g[0], &f = g[1], &c = g[2], &o = g[3];
+        at::Tensor ghy = a[0].defined() ? a[0] : at::zeros_like(a[3]);
+        at::Tensor gcy = a[1].defined() ? a[1] : at::zeros_like(a[3]);
+        at::Tensor tanh_cy = a[3].tanh();
+        at::Tensor gc = gcy + ghy * o * (1 - tanh_cy * tanh_cy);
+        at::Tensor gates = at::cat(
+            {gc * c * i * (1 - i), gc * a[2] * f * (1 - f), gc * i * (1 - c * c), ghy * tanh_cy * o * (1 - o)}, 1);
+        return std::vector<at::Tensor>{gates, gc * f, has_bias ? gates.sum(0) : at::Tensor()};
+      });
+  return {grad_gates, grad_cx, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+                                            const at::Tensor& hx, const std::optional<at::Tensor>& ib,
+                                            const std::optional<at::Tensor>& hb) {
+  c10::DeviceGuard guard(hx.device());
+  at::Tensor hy = at::empty(hx.sizes(), hx.options());
+  at::Tensor workspace = at::empty({hx.size(0), hx.size(1) * 5}, hx.options());
+  launch_cpu_function("aten::_thnn_fused_gru_cell",
+                      {input_gates, hidden_gates, hx, ib.value_or(at::Tensor()), hb.value_or(at::Tensor())},
+                      {hy, workspace}, [](const std::vector<at::Tensor>& a) {
+                        auto ig = with_bias(a[0], a[3]).chunk(3, 1);
+                        auto hg = with_bias(a[1], a[4]).chunk(3, 1);
+                        at::Tensor r = (ig[0] + hg[0]).sigmoid(), z = (ig[1] + hg[1]).sigmoid();
+                        at::Tensor n = (ig[2] + r * hg[2]).tanh();
+                        return std::vector<at::Tensor>{n + z * (a[2] - n), at::cat({r, z, n, a[2], hg[2]}, 1)};
+                      });
+  return {hy, workspace};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_backward(const at::Tensor& grad_hy,
+                                                                                         const at::Tensor& workspace,
+                                                                                         bool has_bias) {
+  c10::DeviceGuard guard(grad_hy.device());
+  const int64_t h = grad_hy.size(1);
+  auto opts = grad_hy.options();
+  at::Tensor gi = at::empty({grad_hy.size(0), 3 * h}, opts), gh = at::empty({grad_hy.size(0), 3 * h}, opts);
+  at::Tensor ghx = at::empty(grad_hy.sizes(), opts);
+  at::Tensor gib = has_bias ? at::empty({3 * h}, opts) : at::Tensor();
+  at::Tensor ghb = has_bias ? at::empty({3 * h}, opts) : at::Tensor();
+  launch_cpu_function("aten::_thnn_fused_gru_cell_backward", {grad_hy, workspace}, {gi, gh, ghx, gib, ghb},
+                      [has_bias](const std::vector<at::Tensor>& a) {
+                        auto w = a[1].chunk(5, 1);
+                        const at::Tensor &r = w[0], &z = w[1], &n = w[2], &hx = w[3], &hn = w[4];
+                        const at::Tensor& g = a[0];
+                        at::Tensor dn = g * (1 - z) * (1 - n * n);
+                        at::Tensor dz = g * (hx - n) * z * (1 - z);
+                        at::Tensor dr = dn * hn * r * (1 - r);
+                        at::Tensor in = at::cat({dr, dz, dn}, 1), hid = at::cat({dr, dz, dn * r}, 1);
+                        return std::vector<at::Tensor>{in, hid, g * z, has_bias ? in.sum(0) : at::Tensor(),
+                                                       has_bias ? hid.sum(0) : at::Tensor()};
+                      });
+  return {gi, gh, ghx, gib, ghb};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_thnn_fused_lstm_cell", lstm_cell);
+  m.impl("_thnn_fused_lstm_cell_backward_impl", lstm_cell_backward);
+  m.impl("_thnn_fused_gru_cell", gru_cell);
+  m.impl("_thnn_fused_gru_cell_backward", gru_cell_backward);
+}
+
+}  // namespace c10::openreg

@@ -1,0 +1,99 @@
+"""Fused kernels nn modules need on an accelerator: RNN cells and scaled dot-product attention."""
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.testing._internal.common_utils import TestCase, parametrize, instantiate_parametrized_tests, run_tests
+
+
+def to_openreg(module: torch.nn.Module, like: torch.nn.Module) -> torch.nn.Module:
+    module.load_state_dict({k: v.to("openreg") for k, v in like.state_dict().items()})
+    return module
+
+
+@instantiate_parametrized_tests
+class TestRecurrent(TestCase):
+    """csrc/aten/OpenRegRecurrent.cpp: _thnn_fused_lstm_cell / _thnn_fused_gru_cell and backward."""
+
+    @parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+    @parametrize("bidirectional", [False, True])
+    def test_matches_cpu_with_grads(self, cls, bidirectional):
+        torch.manual_seed(0)
+        cpu = cls(4, 8, num_layers=2, bidirectional=bidirectional, batch_first=True)
+        dev = to_openreg(cls(4, 8, num_layers=2, bidirectional=bidirectional, batch_first=True).to("openreg"), cpu)
+        x = torch.randn(3, 5, 4)
+        y, _ = cpu(x)
+        dy, _ = dev(x.to("openreg"))
+        self.assertEqual(dy.cpu(), y, atol=1e-5, rtol=1e-5)
+        y.square().sum().backward()
+        dy.square().sum().backward()
+        for (name, p), dp in zip(cpu.named_parameters(), dev.parameters()):
+            self.assertEqual(dp.grad.cpu(), p.grad, atol=1e-4, rtol=1e-4, msg=name)
+
+    @parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+    def test_packed_sequence(self, cls):
+        torch.manual_seed(0)
+        cpu = cls(4, 6, bidirectional=True, batch_first=True)
+        dev = to_openreg(cls(4, 6, bidirectional=True, batch_first=True).to("openreg"), cpu)
+        x = torch.randn(3, 5, 4)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, [5, 3, 2], batch_first=True)
+        y, _ = cpu(packed)
+        dy, _ = dev(packed.to("openreg"))
+        self.assertEqual(dy.data.cpu(), y.data, atol=1e-5, rtol=1e-5)
+        self.assertEqual(dy.batch_sizes, y.batch_sizes)
+
+
+@instantiate_parametrized_tests
+class TestAttention(TestCase):
+    """csrc/aten/OpenRegAttention.cpp: the OVERRIDEABLE fused attention backend, forward and backward."""
+
+    @parametrize("case", ["plain", "causal", "float_mask", "bool_mask", "scale"])
+    def test_overrideable_matches_cpu(self, case):
+        torch.manual_seed(0)
+        q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 4)
+        kwargs = {
+            "plain": {},
+            "causal": {"is_causal": True},
+            "float_mask": {"attn_mask": torch.randn(6, 5)},
+            "bool_mask": {"attn_mask": torch.rand(6, 5) > 0.3},
+            "scale": {"scale": 0.3},
+        }[case]
+        cpu_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        dev_in = [t.to("openreg").requires_grad_() for t in (q, k, v)]
+        dev_kwargs = {n: (a.to("openreg") if isinstance(a, torch.Tensor) else a) for n, a in kwargs.items()}
+        out = F.scaled_dot_product_attention(*cpu_in, **kwargs)
+        with sdpa_kernel(SDPBackend.OVERRIDEABLE):  # raises if openreg did not pick its fused kernel
+            dout = F.scaled_dot_product_attention(*dev_in, **dev_kwargs)
+        self.assertEqual(dout.cpu(), out, atol=1e-5, rtol=1e-5)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        dout.backward(grad.to("openreg"))
+        for c, d in zip(cpu_in, dev_in):
+            self.assertEqual(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
+
+    def test_mask_gradient(self):
+        q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+        mask = torch.randn(4, 4, requires_grad=True)
+        dmask = mask.detach().to("openreg").requires_grad_()
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+        F.scaled_dot_product_attention(
+            q.to("openreg"), k.to("openreg"), v.to("openreg"), attn_mask=dmask
+        ).sum().backward()
+        self.assertEqual(dmask.grad.cpu(), mask.grad, atol=1e-4, rtol=1e-4)
+
+    def test_backend_choice(self):
+        q = torch.randn(1, 1, 4, 8, device="openreg")
+        choice = torch.ops.aten._fused_sdp_choice
+        self.assertEqual(choice(q, q, q), SDPBackend.OVERRIDEABLE.value)
+        self.assertEqual(choice(q, q, q, dropout_p=0.5), SDPBackend.MATH.value)  # dropout: MATH
+        with sdpa_kernel(SDPBackend.MATH):
+            self.assertEqual(choice(q, q, q), SDPBackend.MATH.value)
+        with sdpa_kernel(SDPBackend.OVERRIDEABLE):
+            with self.assertRaisesRegex(RuntimeError, "does not support dropout.*MATH backend is disabled"):
+                choice(q, q, q, dropout_p=0.5)
+        out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+        self.assertEqual(out.shape, q.shape)
+
+
+if __name__ == "__main__":
+    run_tests()
