@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.testing._internal.common_utils import TestCase, parametrize, instantiate_parametrized_tests, run_tests
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
 
 
 def to_openreg(module: torch.nn.Module, like: torch.nn.Module) -> torch.nn.Module:
