@@ -230,6 +230,11 @@ int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret
 }
 
 // ---- 2. geometry of results, and a cache of it ----
+void check_not_quantized(c10::ScalarType dtype) {
+  TORCH_CHECK(!c10::isQIntType(dtype), "quantized tensors (", dtype,
+              ") are not supported on openreg's generic operator path; see openreg-quant");
+}
+
 // What the meta kernel says about one result tensor.
 struct Geometry {
   bool defined = false;
@@ -269,6 +274,7 @@ at::Tensor view_like(const at::Tensor& base, const at::Tensor& meta) { return vi
 
 at::Tensor alloc_like(const Geometry& g, c10::Device device) {
   if (!g.defined) return at::Tensor();
+  check_not_quantized(g.dtype);
   return at::empty_strided(g.sizes, g.strides, at::TensorOptions().dtype(g.dtype).device(device));
 }
 
@@ -451,6 +457,7 @@ void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, 
     }
     stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
       if (!host.defined()) return host;
+      check_not_quantized(host.scalar_type());
       at::Tensor out = host.is_non_overlapping_and_dense()
                            ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
                            : at::empty(host.sizes(), host.options().device(device));
@@ -601,6 +608,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
       }
     }
   }
+
+  // Ops that return nothing (or only views) but mutate arguments (foreach
+  // ops, fused optimizers, AMP's unscale) still need their kernel.
+  for (const auto& a : schema.arguments()) needs_kernel |= a.alias_info() && a.alias_info()->isWrite();
+  needs_kernel |= schema.returns().empty();
 
   // 3. The kernel.
   if (needs_kernel) {

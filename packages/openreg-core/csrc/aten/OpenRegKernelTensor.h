@@ -41,6 +41,8 @@ inline at::Tensor kernel_tensor(const at::Tensor& t) {
   auto out =
       at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  out._set_conj(t.is_conj());
+  out._set_neg(t.is_neg());
   return out;
 }
 
@@ -53,6 +55,7 @@ struct KernelTensorArg {
   caffe2::TypeMeta dtype;
   c10::SmallVector<int64_t, 5> sizes, strides;
   int64_t offset;
+  bool conj, neg;  // lazily conjugated / negated views stay so on the device
 
   explicit KernelTensorArg(const at::Tensor& t)
       : storage(t.storage().data()),
@@ -60,7 +63,9 @@ struct KernelTensorArg {
         dtype(t.dtype()),
         sizes(t.sizes().begin(), t.sizes().end()),
         strides(t.strides().begin(), t.strides().end()),
-        offset(t.storage_offset()) {}
+        offset(t.storage_offset()),
+        conj(t.is_conj()),
+        neg(t.is_neg()) {}
 
   // Device side: the CPU tensor over the kernel view (as kernel_tensor()).
   at::Tensor materialize() const {
@@ -71,6 +76,8 @@ struct KernelTensorArg {
     auto out =
         at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
     out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+    out._set_conj(conj);
+    out._set_neg(neg);
     return out;
   }
 };

@@ -165,7 +165,10 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
   }
   OPENREG_CHECK(
       orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToHost, stream.handle()));
-  if (!non_blocking) stream.synchronize();
+  if (!non_blocking)
+    stream.synchronize();
+  else if (host_allocator::is_pinned(dst.const_data_ptr()))  // the copy may still write it
+    host_allocator::record_stream(dst.storage().data_ptr().get_context(), stream);
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {

@@ -139,6 +139,9 @@ PYBIND11_MODULE(_C, m) {
     setCurrentOpenRegStream(
         OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)));
   });
+  m.def("_stream_priority", [](int64_t id, int d) {
+    return OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).priority();
+  });
   m.def("_stream_priority_range", [] {
     int least = 0, greatest = 0;
     OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));

@@ -42,7 +42,7 @@ class Stream(torch.Stream):
     @property
     def priority(self) -> int:
         """The stream's priority."""
-        return self._priority() if hasattr(self, "_priority") else 0
+        return _C._stream_priority(self.stream_id, self.device_index)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, torch.Stream) and super().__eq__(other)
