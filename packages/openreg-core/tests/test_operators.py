@@ -168,6 +168,7 @@ class TestGenericPath(TestCase):
         # The host cannot know the index is out of range without reading device memory:
         # the failure surfaces at the next synchronising call, naming the kernel.
         d = torch.zeros(4, device="openreg")
+        d.index_select(0, torch.tensor([1], device="openreg"))  # a signature's first call runs synchronously
         idx = torch.tensor([10], device="openreg")
         with self.assertRaisesRegex(RuntimeError, "kernel 'aten::.*' failed on openreg device 0"):
             d.index_select(0, idx)

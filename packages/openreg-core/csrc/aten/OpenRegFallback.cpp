@@ -8,9 +8,12 @@
 //  3. A kernel is launched on the current stream. On the device it turns
 //     every openreg tensor into a CPU tensor over the kernel view of the
 //     same memory (kernel_tensor) and runs the CPU implementation: in-place
-//     and out= ops write straight into device memory; a functional op runs
-//     its out= overload into the outputs when one exists, otherwise its
-//     result is copied into the outputs on the device (one device-side copy).
+//     and out= ops write straight into device memory; a functional op's
+//     results are copied into the outputs on the device (one device-side
+//     copy). Functional ops are rare here: for structured ops PyTorch's own
+//     wrapper allocates the output and calls the out= op. (An op's out=
+//     overload is not a safe substitute for it: binary_cross_entropy.out,
+//     for one, expects its output at the unreduced shape.)
 //     Inputs are never copied, and the host does not wait.
 //  4. Ops whose result the host must see (a Python bool or number) or whose
 //     output shape depends on data (no meta kernel, e.g. nonzero) wait for
@@ -180,43 +183,6 @@ void replace_devices(Stack& args, c10::Device device) {
     if (v.isDevice() && v.toDevice().is_privateuseone()) v = device;
 }
 
-// The out= overload of a functional op: same name, same leading arguments,
-// then one kwarg-only mutable tensor per return.
-std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
-  static std::mutex mu;
-  static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorHandle>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(op.operator_name());
-  if (it != cache.end()) return it->second;
-  std::optional<c10::OperatorHandle> found;
-  const auto& schema = op.schema();
-  bool all_tensor_returns = !schema.returns().empty();
-  for (const auto& r : schema.returns())
-    all_tensor_returns &= r.type()->kind() == c10::TypeKind::TensorType && !r.alias_info();
-  if (all_tensor_returns) {
-    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      if (name.name != schema.name() || name.overload_name == schema.overload_name()) continue;
-      auto candidate = c10::Dispatcher::singleton().findSchema(name);
-      if (!candidate) continue;
-      const auto& cs = candidate->schema();
-      const size_t n = schema.arguments().size(), r = schema.returns().size();
-      if (cs.arguments().size() != n + r || cs.returns().size() != r) continue;
-      bool match = true;
-      for (size_t i = 0; i < n && match; ++i)
-        match = cs.arguments()[i].name() == schema.arguments()[i].name() &&
-                *cs.arguments()[i].type() == *schema.arguments()[i].type();
-      for (size_t i = n; i < n + r && match; ++i)
-        match = cs.arguments()[i].is_out() && cs.arguments()[i].type()->kind() == c10::TypeKind::TensorType;
-      if (match) {
-        found = candidate;
-        break;
-      }
-    }
-  }
-  cache.emplace(op.operator_name(), found);
-  return found;
-}
-
 bool is_view_return(const c10::Argument& ret) { return ret.alias_info() && !ret.alias_info()->isWrite(); }
 bool is_write_return(const c10::Argument& ret) { return ret.alias_info() && ret.alias_info()->isWrite(); }
 
@@ -257,6 +223,12 @@ Geometry geometry_of(const at::Tensor& t) {
 // The meta kernel's verdict for one call: per return, one tensor or a list.
 struct MetaResult {
   bool data_dependent = false;  // no usable meta kernel: run synchronously
+  // The first call of a signature runs synchronously and compares the CPU
+  // kernel's result shapes with the meta kernel's. Where they disagree (some
+  // meta kernels describe CUDA's auxiliary outputs, e.g. embedding_bag's), the
+  // signature stays synchronous, with outputs shaped as the CPU made them.
+  enum class Check { unverified, agrees, disagrees };
+  mutable std::atomic<Check> check{Check::unverified};
   std::vector<bool> is_list;
   std::vector<std::vector<Geometry>> returns;
 };
@@ -427,9 +399,16 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const 
 // ---- 4. the synchronous path ----
 // Runs the op on the device and waits. Tensor results that alias an input
 // become views; fresh ones are copied into new device tensors by a kernel.
-void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, c10::Device device) {
+// Returns the sizes of the tensors it returned, in order.
+std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args,
+                                                    c10::Device device) {
   const auto& schema = op.schema();
-  auto state = std::make_shared<std::pair<Stack, std::exception_ptr>>();
+  struct State {
+    Stack results;
+    std::vector<bool> moved;  // per return: a mutated argument the CPU kernel reallocated
+    std::exception_ptr error;
+  };
+  auto state = std::make_shared<State>();
   Stack kernel_args = args;
   seed_generators(schema, kernel_args, device.index());
   replace_devices(kernel_args, c10::Device(c10::kCPU));
@@ -437,22 +416,48 @@ void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, 
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
     DeviceWarningGuard no_warnings;
     try {
+      const Stack originals = kernel_args;  // the device tensors, before the op
       to_kernel_stack(kernel_args);
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
-      state->first = std::move(kernel_args);
+      const auto& schema = op.schema();
+      for (size_t i = 0; i < kernel_args.size(); ++i) {
+        const auto& ret = schema.returns()[i];
+        bool moved = false;
+        if (is_write_return(ret)) {
+          const at::Tensor want = kernel_tensor(originals[aliased_argument(schema, ret)].toTensor());
+          const at::Tensor& got = kernel_args[i].toTensor();
+          moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
+        }
+        state->moved.push_back(moved);
+      }
+      state->results = std::move(kernel_args);
     } catch (...) {
-      state->second = std::current_exception();
+      state->error = std::current_exception();
     }
   }));
   stream.synchronize();
-  if (state->second) std::rethrow_exception(state->second);
-  Stack& results = state->first;
+  if (state->error) std::rethrow_exception(state->error);
+  Stack& results = state->results;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const c10::IValue& r : results)
+    for_each_tensor(r, [&](const at::Tensor& t) {
+      if (t.defined()) shapes.push_back(t.sizes().vec());
+    });
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (device out, host result)
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& ret = schema.returns()[i];
     if (is_view_return(ret) || is_write_return(ret)) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
-      stack->push_back(is_write_return(ret) ? base : view_like(base, results[i].toTensor()));
+      if (is_view_return(ret)) {
+        stack->push_back(view_like(base, results[i].toTensor()));
+        continue;
+      }
+      if (state->moved[i]) {  // out= resized by the CPU kernel: give the device tensor its result
+        const at::Tensor& host = results[i].toTensor();
+        if (base.sizes() != host.sizes()) base.resize_(host.sizes());
+        copies.emplace_back(base, host);
+      }
+      stack->push_back(base);
       continue;
     }
     stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
@@ -469,16 +474,15 @@ void run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, 
     OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [copies] {
       for (const auto& [out, host] : copies) kernel_tensor(out).copy_(host);
     }));
+  return shapes;
 }
 
-// Ops whose out= overload turned out not to be a drop-in for the functional
-// op (e.g. mse_loss.out resizes its output to the unreduced shape).
-std::mutex g_bad_out_mu;
-std::unordered_map<c10::OperatorName, bool> g_bad_out;
-
-bool out_overload_usable(const c10::OperatorHandle& op) {
-  std::lock_guard<std::mutex> lock(g_bad_out_mu);
-  return g_bad_out.find(op.operator_name()) == g_bad_out.end();
+std::vector<std::vector<int64_t>> shapes_of(const MetaResult& meta) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& geometries : meta.returns)
+    for (const Geometry& g : geometries)
+      if (g.defined) shapes.push_back(g.sizes);
+  return shapes;
 }
 
 // Device side: makes a result land in its device output. A CPU kernel may
@@ -507,29 +511,17 @@ bool land_all(const Stack& returns, const Stack& targets) {
   return true;
 }
 
-// Device side: runs one op. `args` holds launch tensors; `targets` the
-// device outputs, per return (None for views). With an out= overload the
-// outputs are passed to it; if it misbehaves the functional op runs instead.
-void run_kernel(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
-                const LaunchStack& launch_args, const LaunchStack& launch_targets) {
+// Device side: runs one op. `args` holds the launch-time arguments,
+// `targets` the device outputs per return (None for views). A functional op
+// allocates its results on the CPU side; they are copied into the outputs
+// (one device-side copy). In-place and out= ops write device memory
+// directly, unless their CPU kernel reallocated an output.
+void run_kernel(const c10::OperatorHandle& op, const LaunchStack& launch_args, const LaunchStack& launch_targets) {
   DeviceWarningGuard no_warnings;
-  const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
   Stack args = launch_args.materialize();
+  // Fresh views of the device outputs that the CPU kernel never sees.
   const Stack targets = launch_targets.materialize();
-  if (out_op) {
-    Stack out_args = args;
-    out_args.insert(out_args.end(), targets.begin(), targets.end());
-    bool ok = false;
-    try {
-      out_op->redispatchBoxed(cpu, &out_args);
-      ok = land_all(out_args, targets);
-    } catch (const std::exception&) {
-    }
-    if (ok) return;
-    std::lock_guard<std::mutex> lock(g_bad_out_mu);
-    g_bad_out[op.operator_name()] = true;
-  }
-  op.redispatchBoxed(cpu, &args);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
   TORCH_CHECK(land_all(args, targets), "the CPU kernel of ", op.schema().operator_name(),
               " produced results whose shapes differ from its meta kernel's");
 }
@@ -575,11 +567,21 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, tensor_returns_only);
-  if (meta->data_dependent) return run_synchronously(op, stack, std::move(args), *device);
+  using Check = MetaResult::Check;
+  const Check check = meta->check.load(std::memory_order_relaxed);
+  if (meta->data_dependent || check == Check::disagrees) {
+    run_synchronously(op, stack, std::move(args), *device);
+    return;
+  }
+  if (check == Check::unverified) {
+    const bool agrees = run_synchronously(op, stack, std::move(args), *device) == shapes_of(*meta);
+    meta->check.store(agrees ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
+    return;
+  }
 
   // 2. Outputs on the device.
   Stack outputs;
-  bool needs_kernel = false, functional = false;
+  bool needs_kernel = false;
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
     const auto& geometries = meta->returns[i];
@@ -598,7 +600,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
       if (target.sizes() != c10::IntArrayRef(geometries[0].sizes)) target.resize_(geometries[0].sizes);  // out= resized
       outputs.push_back(target);
     } else {
-      needs_kernel = functional = true;
+      needs_kernel = true;
       if (!meta->is_list[i]) {
         outputs.push_back(alloc_like(geometries[0], *device));
       } else {
@@ -619,18 +621,14 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     Stack kernel_args = args;
     seed_generators(schema, kernel_args, device->index());
     replace_devices(kernel_args, c10::Device(c10::kCPU));
-    std::optional<c10::OperatorHandle> out_op;
-    bool single_tensors = true;
-    for (const auto& o : outputs) single_tensors &= o.isTensor();
-    if (functional && single_tensors && out_overload_usable(op)) out_op = find_out_overload(op);
     Stack targets;
     for (size_t i = 0; i < outputs.size(); ++i)
       targets.push_back(is_view_return(schema.returns()[i]) ? c10::IValue() : outputs[i]);
     auto stream = getCurrentOpenRegStream(device->index());
-    OPENREG_CHECK(::openreg::launch(
-        stream.handle(), schema.name().c_str(),
-        [op, out_op, args = LaunchStack::capture(std::move(kernel_args)),
-         targets = LaunchStack::capture(std::move(targets))] { run_kernel(op, out_op, args, targets); }));
+    OPENREG_CHECK(
+        ::openreg::launch(stream.handle(), schema.name().c_str(),
+                          [op, args = LaunchStack::capture(std::move(kernel_args)),
+                           targets = LaunchStack::capture(std::move(targets))] { run_kernel(op, args, targets); }));
   }
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));
 }
