@@ -5,9 +5,11 @@
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
     nox -s lint         ruff and clang-format (not part of `tests`)
+    nox -s docs         the integration guide (docs/): Sphinx build (warnings are errors) and its link test
+    nox -s bench        benchmark smoke run (tools/bench, --quick; asserts nothing about speed)
 
-Session graph (`requires=`): build <- core, packaging <- tests; runtime, runtime_asan and
-runtime_tsan need no build and are required by tests too. Nox runs a required session once per
+Session graph (`requires=`): build <- core, packaging, bench <- tests; runtime, runtime_asan,
+runtime_tsan and docs need no build and are required by tests too. Nox runs a required session once per
 invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
 `nox -r` reuses the session venvs (torch is not reinstalled; the wheel is). To rerun one session
@@ -36,6 +38,8 @@ BASE = ("setuptools>=70.1", "wheel")
 # torch.testing._internal.common_utils (TestCase, run_tests) imports expecttest and numpy.
 CORE_TEST_DEPS = ("expecttest", "numpy")
 LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
+# Pure-Python and torch-free (their dependency trees hold no torch); pinned like the lint tools.
+DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
 CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
 
 nox.options.default_venv_backend = "virtualenv"
@@ -133,11 +137,42 @@ def packaging(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env={"OPENREG_DIST": str(DIST)})
 
 
-@nox.session(python=PYTHON, requires=["core", "runtime", "runtime_asan", "runtime_tsan", "packaging"])
+@nox.session(python=PYTHON, requires=["core", "runtime", "runtime_asan", "runtime_tsan", "packaging", "docs", "bench"])
 def tests(session: nox.Session) -> None:
     """Everything: the test sessions it requires, then the cross-package scenarios in tests/scenarios."""
     _install_core(session, "numpy")  # as in the README's install: without numpy torch warns at import
     session.run("pytest", str(ROOT / "tests" / "scenarios"), *session.posargs)
+
+
+@nox.session(python=PYTHON, requires=["build"], default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmark smoke run against the built wheel: the CLI's tests, then `run.py --quick` (writes
+    bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
+    without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
+    _install_core(session, "numpy", "cmake", "ninja", "matplotlib")
+    bench = ROOT / "tools" / "bench"
+    session.run("pytest", str(bench / "test_bench_cli.py"))
+    session.run(
+        "python",
+        str(bench / "run.py"),
+        "--quick",
+        "--json",
+        str(ROOT / "bench-results" / "bench.json"),
+        *session.posargs,
+    )
+
+
+@nox.session(python=PYTHON, default=False)
+def docs(session: nox.Session) -> None:
+    """The integration guide in docs/: builds it with Sphinx (MyST Markdown, warnings are errors, no
+    network), then runs tests/docs, which checks that every path and `path::symbol` it names exists."""
+    session.install(*DOCS_TOOLS, "pytest")
+    docs_dir = ROOT / "docs"
+    # -E: read every page on every run, so that warnings of unchanged pages still fail the build.
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-E", "-b", "html", str(docs_dir), str(docs_dir / "_build" / "html")
+    )
+    session.run("pytest", str(ROOT / "tests" / "docs"), *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)
