@@ -443,7 +443,9 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     for_each_tensor(r, [&](const at::Tensor& t) {
       if (t.defined()) shapes.push_back(t.sizes().vec());
     });
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (device out, host result)
+  // (device output as it is now, host result): described at launch, because the host may
+  // resize or free the output before the copy runs.
+  std::vector<std::pair<KernelTensorArg, at::Tensor>> copies;
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& ret = schema.returns()[i];
     if (is_view_return(ret) || is_write_return(ret)) {
@@ -455,7 +457,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       if (state->moved[i]) {  // out= resized by the CPU kernel: give the device tensor its result
         const at::Tensor& host = results[i].toTensor();
         if (base.sizes() != host.sizes()) base.resize_(host.sizes());
-        copies.emplace_back(base, host);
+        copies.emplace_back(KernelTensorArg(base), host);
       }
       stack->push_back(base);
       continue;
@@ -466,13 +468,13 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       at::Tensor out = host.is_non_overlapping_and_dense()
                            ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
                            : at::empty(host.sizes(), host.options().device(device));
-      copies.emplace_back(out, host);
+      copies.emplace_back(KernelTensorArg(out), host);
       return out;
     }));
   }
   if (!copies.empty())
     OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [copies] {
-      for (const auto& [out, host] : copies) kernel_tensor(out).copy_(host);
+      for (const auto& [out, host] : copies) out.materialize().copy_(host);
     }));
   return shapes;
 }
