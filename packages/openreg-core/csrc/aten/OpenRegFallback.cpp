@@ -207,6 +207,10 @@ struct Geometry {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
+  bool conj = false, neg = false;
+  // For a return the schema calls a view: whether the meta result really
+  // shares its input's storage (resolve_conj, for one, only sometimes does).
+  bool aliases = true;
 };
 
 Geometry geometry_of(const at::Tensor& t) {
@@ -217,6 +221,8 @@ Geometry geometry_of(const at::Tensor& t) {
   g.sizes = t.sizes().vec();
   g.strides = t.strides().vec();
   g.offset = t.storage_offset();
+  g.conj = t.is_conj();
+  g.neg = t.is_neg();
   return g;
 }
 
@@ -235,10 +241,16 @@ struct MetaResult {
 
 // A view of `base` with the geometry (and dtype) `g`.
 at::Tensor view_like(const at::Tensor& base, const Geometry& g) {
-  if (g.dtype == base.scalar_type()) return base.as_strided(g.sizes, g.strides, g.offset);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
-                                                      base.key_set(), c10::scalarTypeToTypeMeta(g.dtype));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  at::Tensor out;
+  if (g.dtype == base.scalar_type()) {
+    out = base.as_strided(g.sizes, g.strides, g.offset);
+  } else {
+    out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(),
+                                                   c10::scalarTypeToTypeMeta(g.dtype));
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  }
+  out._set_conj(g.conj);
+  out._set_neg(g.neg);
   return out;
 }
 
@@ -274,7 +286,7 @@ void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
     return;
   }
   w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.device().index() + 1));
-  w.push_back(static_cast<int64_t>(t.scalar_type()));
+  w.push_back(static_cast<int64_t>(t.scalar_type()) | (int64_t{t.is_conj()} << 32) | (int64_t{t.is_neg()} << 33));
   w.push_back(t.dim());
   for (int64_t v : t.sizes()) w.push_back(v);
   for (int64_t v : t.strides()) w.push_back(v);
@@ -354,6 +366,7 @@ std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, co
   replace_devices(meta, c10::Device(c10::kMeta));
   for (c10::IValue& v : meta)  // meta kernels must not consume the real generator
     if (v.isGenerator()) v = c10::IValue();
+  const Stack meta_args = meta;
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
   } catch (const std::exception&) {
@@ -363,13 +376,25 @@ std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, co
     result->data_dependent = true;
     return result;
   }
-  for (const c10::IValue& r : meta) {
+  const auto& schema = op.schema();
+  for (size_t i = 0; i < meta.size(); ++i) {
+    const c10::IValue& r = meta[i];
+    const at::Tensor* input = nullptr;
+    if (is_view_return(schema.returns()[i])) {
+      const c10::IValue& a = meta_args[aliased_argument(schema, schema.returns()[i])];
+      if (a.isTensor()) input = &a.toTensor();
+    }
+    auto describe = [&](const at::Tensor& t) {
+      Geometry g = geometry_of(t);
+      if (input != nullptr && t.defined()) g.aliases = t.is_alias_of(*input);
+      return g;
+    };
     std::vector<Geometry> gs;
     if (r.isTensorList()) {
-      for (const at::Tensor& t : r.toTensorList()) gs.push_back(geometry_of(t));
+      for (const at::Tensor& t : r.toTensorList()) gs.push_back(describe(t));
       result->is_list.push_back(true);
     } else {
-      gs.push_back(geometry_of(r.isTensor() ? r.toTensor() : at::Tensor()));
+      gs.push_back(describe(r.isTensor() ? r.toTensor() : at::Tensor()));
       result->is_list.push_back(false);
     }
     result->returns.push_back(std::move(gs));
@@ -427,6 +452,9 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
           const at::Tensor want = kernel_tensor(originals[aliased_argument(schema, ret)].toTensor());
           const at::Tensor& got = kernel_args[i].toTensor();
           moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
+        } else if (is_view_return(ret) && kernel_args[i].isTensor()) {  // a "view" that is not one
+          const at::Tensor want = kernel_tensor(originals[aliased_argument(schema, ret)].toTensor());
+          moved = kernel_args[i].toTensor().storage().data() != want.storage().data();
         }
         state->moved.push_back(moved);
       }
@@ -450,8 +478,15 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     const auto& ret = schema.returns()[i];
     if (is_view_return(ret) || is_write_return(ret)) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
-      if (is_view_return(ret)) {
+      if (is_view_return(ret) && !state->moved[i]) {
         stack->push_back(view_like(base, results[i].toTensor()));
+        continue;
+      }
+      if (is_view_return(ret)) {  // a fresh result after all: copy it into a new device tensor
+        const at::Tensor& host = results[i].toTensor();
+        at::Tensor out = at::empty(host.sizes(), host.options().device(device));
+        copies.emplace_back(KernelTensorArg(out), host);
+        stack->push_back(out);
         continue;
       }
       if (state->moved[i]) {  // out= resized by the CPU kernel: give the device tensor its result
@@ -587,7 +622,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
     const auto& geometries = meta->returns[i];
-    if (is_view_return(ret)) {
+    bool aliases = true;
+    for (const Geometry& g : geometries) aliases &= g.aliases;
+    if (is_view_return(ret) && aliases) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
       if (!meta->is_list[i]) {
         outputs.push_back(view_like(base, geometries[0]));
@@ -623,9 +660,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     Stack kernel_args = args;
     seed_generators(schema, kernel_args, device->index());
     replace_devices(kernel_args, c10::Device(c10::kCPU));
-    Stack targets;
-    for (size_t i = 0; i < outputs.size(); ++i)
-      targets.push_back(is_view_return(schema.returns()[i]) ? c10::IValue() : outputs[i]);
+    Stack targets;  // where each result must land: not for true views
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      bool aliases = true;
+      for (const Geometry& g : meta->returns[i]) aliases &= g.aliases;
+      targets.push_back(is_view_return(schema.returns()[i]) && aliases ? c10::IValue() : outputs[i]);
+    }
     auto stream = getCurrentOpenRegStream(device->index());
     OPENREG_CHECK(
         ::openreg::launch(stream.handle(), schema.name().c_str(),

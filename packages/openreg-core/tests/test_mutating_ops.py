@@ -1,0 +1,108 @@
+"""Ops that mutate their arguments and return nothing, conjugate/negative views, quantized results,
+and training utilities that depend on them (GradScaler, fused and foreach optimizers)."""
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def make_pair(seed: int = 0):
+    torch.manual_seed(seed)
+    cpu = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    dev = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("openreg")
+    dev.load_state_dict({k: v.to("openreg") for k, v in cpu.state_dict().items()})
+    return cpu, dev
+
+
+class TestMutatingOps(TestCase):
+    def test_foreach_inplace(self):
+        xs = [torch.randn(3), torch.randn(5)]
+        ds = [x.to("openreg") for x in xs]
+        torch._foreach_add_(ds, 2.0)
+        torch._foreach_mul_(ds, ds)
+        for x, d in zip(xs, ds):
+            self.assertEqual(d.cpu(), (x + 2) ** 2)
+
+    def test_optimizers_match_cpu(self):
+        for kwargs in ({"fused": True}, {"foreach": True}, {"foreach": False}):
+            cpu, dev = make_pair()
+            opt_c = torch.optim.Adam(cpu.parameters(), lr=0.1, **kwargs)
+            opt_d = torch.optim.Adam(dev.parameters(), lr=0.1, **kwargs)
+            x = torch.randn(4, 6)
+            for _ in range(3):
+                for model, opt, inp in ((cpu, opt_c, x), (dev, opt_d, x.to("openreg"))):
+                    opt.zero_grad()
+                    model(inp).square().sum().backward()
+                    opt.step()
+            for p, d in zip(cpu.parameters(), dev.parameters()):
+                self.assertEqual(d.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5, msg=str(kwargs))
+
+    def test_grad_scaler_unscales_and_skips_inf(self):
+        cpu, dev = make_pair()
+        scaler = torch.amp.GradScaler("openreg", init_scale=1024.0)
+        opt = torch.optim.SGD(dev.parameters(), lr=0.1)
+        opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+        x = torch.randn(4, 6)
+        scaler.scale(dev(x.to("openreg")).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        cpu(x).sum().backward()
+        opt_c.step()
+        for p, d in zip(cpu.parameters(), dev.parameters()):
+            self.assertEqual(d.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5)
+        # An infinite gradient: the step is skipped and the scale halves.
+        before = [d.detach().cpu().clone() for d in dev.parameters()]
+        opt.zero_grad()
+        scaler.scale(dev(torch.full((4, 6), float("inf"), device="openreg")).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        self.assertEqual(scaler.get_scale(), 512.0)
+        for b, d in zip(before, dev.parameters()):
+            self.assertEqual(d.detach().cpu(), b)
+
+
+class TestConjugateAndNegativeViews(TestCase):
+    def test_conj_and_neg_views(self):
+        z = torch.randn(5, dtype=torch.complex64)
+        d = z.to("openreg")
+        self.assertTrue(d.conj().is_conj())
+        self.assertEqual(d.conj().cpu(), z.conj())
+        self.assertEqual(d.conj().clone().cpu(), z.conj())
+        self.assertEqual((d.conj() * 2).cpu(), z.conj() * 2)
+        self.assertEqual(z.conj().to("openreg").cpu(), z.conj())
+        self.assertEqual(torch.view_as_real(d.conj().resolve_conj()).cpu(), torch.view_as_real(z.conj().resolve_conj()))
+        self.assertEqual(d.conj().imag.neg().cpu(), -z.conj().imag)
+
+
+class TestQuantizedRejected(TestCase):
+    def test_quantized_results_raise(self):
+        x = torch.ones(3, device="openreg")
+        with self.assertRaisesRegex(RuntimeError, "(?i)quantized"):
+            torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+            torch.openreg.synchronize()
+        self.assertEqual((x + 1).cpu(), torch.full((3,), 2.0))
+
+
+class TestStreamPriorityProperty(TestCase):
+    def test_priority(self):
+        self.assertEqual(torch.openreg.Stream(priority=-1).priority, -1)
+        self.assertEqual(torch.openreg.Stream().priority, 0)
+        self.assertEqual(torch.openreg.default_stream().priority, 0)
+
+
+class TestPinnedDestination(TestCase):
+    def test_async_d2h_keeps_pinned_destination_from_reuse(self):
+        src = torch.randn(512, 512, device="openreg")
+        slow = src
+        for _ in range(6):
+            slow = slow @ slow / 512
+        dst = torch.empty(512, 512).pin_memory()
+        ptr = dst.data_ptr()
+        dst.copy_(src, non_blocking=True)
+        del dst
+        other = torch.empty(512, 512).pin_memory()  # the block is still in use by the queued copy
+        self.assertNotEqual(other.data_ptr(), ptr)
+        torch.openreg.synchronize()
+
+
+if __name__ == "__main__":
+    run_tests()
