@@ -11,7 +11,6 @@ Environment:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -24,6 +23,9 @@ from typing import Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 LIB_DIR = REPO / "packages" / "openreg-core" / "libopenreg"
+sys.path.insert(0, str(LIB_DIR))
+from build_programs import BuildError, build_program  # noqa: E402
+
 BUILD_DIR = REPO / "build" / "bench-runtime"
 TARGET = "openreg_runtime_bench"
 COPY_MIB = 64
@@ -47,52 +49,6 @@ class BenchError(RuntimeError):
     pass
 
 
-@contextlib.contextmanager
-def _lock(build: Path):
-    """Serialises concurrent builds into one directory."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock
-        yield
-        return
-    with open(build / ".build.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _run_build_step(cmd: List[str]) -> Optional[str]:
-    """Runs one build command; returns None on success, else a report of the failure."""
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode == 0:
-        return None
-    return f"$ {' '.join(cmd)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-
-
-def _configure_and_build(build: Path) -> Optional[str]:
-    configure = [
-        "cmake",
-        "-G",
-        "Ninja",
-        "-S",
-        str(LIB_DIR),
-        "-B",
-        str(build),
-        "-DCMAKE_BUILD_TYPE=Release",
-        "-DOPENREG_BUILD_RUNTIME_TESTS=ON",
-        "-DOPENREG_SANITIZER=",
-    ]
-    steps = [] if (build / "build.ninja").is_file() else [configure]  # reuse a configured build
-    steps.append(["ninja", "-C", str(build), TARGET])
-    for cmd in steps:
-        failure = _run_build_step(cmd)
-        if failure:
-            return failure
-    return None
-
-
 def executable(log: Callable[[str], None] = lambda s: None) -> Path:
     """Builds (incrementally) or locates openreg_runtime_bench."""
     prebuilt = os.environ.get("OPENREG_RUNTIME_BENCH_BIN")
@@ -108,20 +64,10 @@ def executable(log: Callable[[str], None] = lambda s: None) -> Path:
             log(f"warning: {' and '.join(missing)} not found; using {exe} as built, it may be out of date")
             return exe
         raise BenchError(f"{' and '.join(missing)} needed to build {TARGET} (pip install cmake ninja)")
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    with _lock(BUILD_DIR):
-        failure = _configure_and_build(BUILD_DIR)
-        if failure and (BUILD_DIR / "CMakeCache.txt").is_file():
-            # A build dir configured by another cmake/ninja (e.g. a deleted nox venv) can't
-            # regenerate itself: start once from scratch before calling it a build error.
-            log(f"building {TARGET} failed in the existing {BUILD_DIR}; reconfiguring from scratch")
-            shutil.rmtree(BUILD_DIR)
-            BUILD_DIR.mkdir(parents=True)
-            failure = _configure_and_build(BUILD_DIR)
-    if failure:
-        raise BenchError(f"building {TARGET} failed:\n{failure}")
-    if not exe.is_file():
-        raise BenchError(f"the build succeeded but {exe} is missing")
+    try:
+        exe = build_program(TARGET, BUILD_DIR)
+    except BuildError as e:
+        raise BenchError(str(e)) from None
     return exe
 
 

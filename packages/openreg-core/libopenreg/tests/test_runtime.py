@@ -13,10 +13,8 @@ own configuration (see CASE_ENV), and one case must die by SIGSEGV.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +23,9 @@ from pathlib import Path
 import pytest
 
 LIB_DIR = Path(__file__).resolve().parent.parent  # packages/openreg-core/libopenreg
+sys.path.insert(0, str(LIB_DIR))
+from build_programs import build_program  # noqa: E402
+
 SANITIZER = os.environ.get("OPENREG_SANITIZER", "").strip()
 SKIP_EXIT_CODE = 77  # a C++ case that lacks its environment skips with this code
 
@@ -64,54 +65,7 @@ def _test_binary() -> Path:
         if not path.is_file():
             raise RuntimeError(f"OPENREG_RUNTIME_TESTS_BIN={prebuilt} does not exist")
         return path
-    if SANITIZER not in ("", "address", "thread"):
-        raise RuntimeError(f"OPENREG_SANITIZER must be 'address' or 'thread', not {SANITIZER!r}")
-    for tool in ("cmake", "ninja"):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"{tool} is needed to build the libopenreg tests")
-    build = _build_dir()
-    build.mkdir(parents=True, exist_ok=True)
-    with _build_lock(build):
-        return _build(build)
-
-
-@contextlib.contextmanager
-def _build_lock(build: Path):
-    """Serialises concurrent builds into one directory (pytest-xdist workers, parallel sessions)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock
-        yield
-        return
-    with open(build / ".build.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _build(build: Path) -> Path:
-    configure = [
-        "cmake",
-        "-G",
-        "Ninja",
-        "-S",
-        str(LIB_DIR),
-        "-B",
-        str(build),
-        "-DCMAKE_BUILD_TYPE=Release",
-        "-DOPENREG_BUILD_RUNTIME_TESTS=ON",
-        f"-DOPENREG_SANITIZER={SANITIZER}",
-    ]
-    for cmd in (configure, ["ninja", "-C", str(build), "openreg_runtime_tests"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"building the libopenreg tests failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
-    exe = build / ("openreg_runtime_tests.exe" if sys.platform == "win32" else "openreg_runtime_tests")
-    if not exe.is_file():
-        raise RuntimeError(f"build succeeded but {exe} is missing")
-    return exe
+    return build_program("openreg_runtime_tests", _build_dir(), SANITIZER)
 
 
 @functools.lru_cache(maxsize=None)
