@@ -48,13 +48,22 @@ namespace {
 using torch::jit::Stack;
 
 // ---- statistics and strict mode ----
+// One counter per operator; each thread keeps its own map to the counters so
+// that counting costs a thread-local lookup and a relaxed atomic increment.
 std::mutex g_stats_mu;
-std::unordered_map<const c10::FunctionSchema*, int64_t> g_counts;
+std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<std::atomic<int64_t>>> g_counts;
 std::atomic<bool> g_strict{false};
 
 void count(const c10::OperatorHandle& op) {
-  std::lock_guard<std::mutex> lock(g_stats_mu);
-  g_counts[&op.schema()]++;
+  thread_local std::unordered_map<const c10::FunctionSchema*, std::atomic<int64_t>*> mine;
+  auto it = mine.find(&op.schema());
+  if (it == mine.end()) {
+    std::lock_guard<std::mutex> lock(g_stats_mu);
+    auto& counter = g_counts[&op.schema()];
+    if (!counter) counter = std::make_unique<std::atomic<int64_t>>(0);
+    it = mine.emplace(&op.schema(), counter.get()).first;
+  }
+  it->second->fetch_add(1, std::memory_order_relaxed);
 }
 
 // ---- mapping over the tensors inside IValues ----
@@ -84,10 +93,14 @@ c10::IValue map_tensors(const c10::IValue& v, F&& f) {
 
 template <typename F>
 void for_each_tensor(const c10::IValue& v, F&& f) {
-  map_tensors(v, [&](const at::Tensor& t) {
-    f(t);
-    return t;
-  });
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
 }
 
 // ---- 1. meta ----
@@ -403,8 +416,9 @@ std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, co
 }
 
 std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const Stack& args, bool tensor_returns_only) {
-  MetaKey key{&op.schema(), {}};
-  key.words.reserve(32);
+  thread_local MetaKey key;  // reused: building a key allocates nothing once warm
+  key.op = &op.schema();
+  key.words.clear();
   bool cacheable = true;
   for (const c10::IValue& v : args) cacheable = cacheable && key_value(v, key.words);
   if (cacheable) {
@@ -416,7 +430,7 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const 
   if (cacheable) {
     std::lock_guard<std::mutex> lock(g_meta_mu);
     if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
-    g_meta_cache.emplace(std::move(key), result);
+    g_meta_cache.emplace(key, result);
   }
   return result;
 }
@@ -694,14 +708,17 @@ void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
   std::vector<std::pair<std::string, int64_t>> out;
-  for (const auto& [schema, n] : g_counts)
+  for (const auto& [schema, counter] : g_counts) {
+    const int64_t n = counter->load(std::memory_order_relaxed);
+    if (n == 0) continue;
     out.emplace_back(schema->name() + (schema->overload_name().empty() ? "" : "." + schema->overload_name()), n);
+  }
   return out;
 }
 
 void reset_fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
-  g_counts.clear();
+  for (auto& [schema, counter] : g_counts) counter->store(0, std::memory_order_relaxed);  // threads keep pointers
 }
 
 void set_strict_mode(bool strict) { g_strict.store(strict); }
