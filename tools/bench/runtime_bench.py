@@ -51,12 +51,11 @@ class BenchError(RuntimeError):
 
 def executable(log: Callable[[str], None] = lambda s: None) -> Path:
     """Builds (incrementally) or locates openreg_runtime_bench."""
-    prebuilt = os.environ.get("OPENREG_RUNTIME_BENCH_BIN")
-    if prebuilt:
-        path = Path(prebuilt).resolve()
-        if not path.is_file():
-            raise BenchError(f"OPENREG_RUNTIME_BENCH_BIN={prebuilt} does not exist")
-        return path
+    if os.environ.get("OPENREG_RUNTIME_BENCH_BIN"):
+        try:
+            return build_program(TARGET, BUILD_DIR, prebuilt_env="OPENREG_RUNTIME_BENCH_BIN")
+        except BuildError as e:
+            raise BenchError(str(e)) from None
     exe = BUILD_DIR / (TARGET + (".exe" if sys.platform == "win32" else ""))
     missing = [tool for tool in ("cmake", "ninja") if shutil.which(tool) is None]
     if missing:

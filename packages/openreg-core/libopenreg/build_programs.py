@@ -6,6 +6,7 @@ tools/bench/runtime_bench.py; needs no torch.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -56,8 +57,17 @@ def _configure_and_build(build: Path, target: str, sanitizer: str) -> str | None
     return None
 
 
-def build_program(target: str, build: Path, sanitizer: str = "") -> Path:
-    """Builds `target` (openreg_runtime_tests or openreg_runtime_bench) into `build`; returns its path."""
+def build_program(target: str, build: Path, sanitizer: str = "", prebuilt_env: str | None = None) -> Path:
+    """Builds `target` (openreg_runtime_tests or openreg_runtime_bench) into `build`; returns its path.
+
+    If the environment variable named `prebuilt_env` is set, it names a prebuilt program to use instead.
+    """
+    prebuilt = os.environ.get(prebuilt_env) if prebuilt_env else None
+    if prebuilt:
+        path = Path(prebuilt).resolve()
+        if not path.is_file():
+            raise BuildError(f"{prebuilt_env}={prebuilt} does not exist")
+        return path
     if sanitizer not in ("", "address", "thread"):
         raise BuildError(f"the sanitizer must be 'address' or 'thread', not {sanitizer!r}")
     missing = [tool for tool in ("cmake", "ninja") if shutil.which(tool) is None]

@@ -59,13 +59,7 @@ def _build_dir() -> Path:
 @functools.lru_cache(maxsize=None)
 def _test_binary() -> Path:
     """Builds (incrementally) or locates the test program. Cached for the session."""
-    prebuilt = os.environ.get("OPENREG_RUNTIME_TESTS_BIN")
-    if prebuilt:
-        path = Path(prebuilt).resolve()
-        if not path.is_file():
-            raise RuntimeError(f"OPENREG_RUNTIME_TESTS_BIN={prebuilt} does not exist")
-        return path
-    return build_program("openreg_runtime_tests", _build_dir(), SANITIZER)
+    return build_program("openreg_runtime_tests", _build_dir(), SANITIZER, prebuilt_env="OPENREG_RUNTIME_TESTS_BIN")
 
 
 @functools.lru_cache(maxsize=None)
