@@ -410,8 +410,14 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   }
 
   DeviceCache& cache(c10::DeviceIndex device) {
+    if (device >= 0 && device < 64) {  // hot path: one acquire load once the cache exists
+      if (DeviceCache* c = ready_[device].load(std::memory_order_acquire)) return *c;
+    }
     check_device_index(device);
-    std::call_once(once_[device], [&] { caches_[device] = std::make_unique<DeviceCache>(device); });
+    std::call_once(once_[device], [&] {
+      caches_[device] = std::make_unique<DeviceCache>(device);
+      ready_[device].store(caches_[device].get(), std::memory_order_release);
+    });
     return *caches_[device];
   }
 
@@ -426,6 +432,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   static void raw_delete(void* ptr);
 
   std::unique_ptr<DeviceCache> caches_[64];
+  std::atomic<DeviceCache*> ready_[64] = {};
   std::once_flag once_[64];
 };
 
