@@ -13,7 +13,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 MiB = 1 << 20
 
-# torch.accelerator.Graph (device graph capture) is a class, not covered here: see the issue notes.
+# torch.accelerator.Graph, the one class, has its own test file: test_graphs.py.
 COVERED = {
     "current_accelerator",
     "current_device_idx",

@@ -61,6 +61,8 @@ RANDOM_OPS = {
 # Deterministic ops whose samples are random for some arguments.
 RANDOM_SAMPLES = {
     "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
+    # args[9] is dropout_p; dropout only applies in training mode
+    "nn.functional.multi_head_attention_forward": lambda s: s.kwargs.get("training", True) and s.args[9] > 0,
 }
 # Ops whose result depends on the storage layout behind a view (not only on values): a device copy
 # of a strided CPU tensor is laid out differently, so the non-contiguous variant compares nothing real.

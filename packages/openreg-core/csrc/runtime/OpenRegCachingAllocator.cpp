@@ -25,6 +25,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
@@ -54,6 +55,7 @@ struct Block {
   bool small;
   bool allocated = false;
   int pending_events = 0;
+  uint64_t graph = 0;     // allocated during the capture of this graph: kept until the graph is reset
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
   std::vector<c10::Stream> stream_uses;
@@ -129,6 +131,7 @@ class DeviceCache {
     update(stats_.active_bytes, small, static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, small, static_cast<int64_t>(requested));
     live_.emplace(block->ptr, block);
+    if (auto c = capturing_.find(stream); c != capturing_.end()) block->graph = c->second;
     return block;
   }
 
@@ -142,6 +145,10 @@ class DeviceCache {
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
+    if (block->graph != 0) {  // a captured graph may still read or write it when replayed
+      retained_[block->graph].push_back(block);
+      return;
+    }
     if (!block->stream_uses.empty()) {
       // Not reusable until the other streams' work queued so far is done.
       for (const c10::Stream& s : block->stream_uses) {
@@ -166,6 +173,31 @@ class DeviceCache {
     for (const auto& s : block->stream_uses)
       if (s == stream) return;
     block->stream_uses.push_back(stream);
+  }
+
+  // Graph capture: blocks allocated on `stream` while it captures belong to graph `id` and are not
+  // reused by anyone else until release_graph(id), because replays touch them.
+  void begin_capture(orStream_t stream, uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    capturing_[stream] = id;
+  }
+
+  void end_capture(orStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    capturing_.erase(stream);
+  }
+
+  void release_graph(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [ptr, block] : live_)
+      if (block->graph == id) block->graph = 0;  // still in use by tensors: ordinary from now on
+    auto it = retained_.find(id);
+    if (it == retained_.end()) return;
+    for (Block* block : it->second) {
+      block->graph = 0;
+      release_to_pool(block);
+    }
+    retained_.erase(it);
   }
 
   void empty_cache() {
@@ -363,6 +395,8 @@ class DeviceCache {
   std::set<Block*> segments_;  // first block of every segment
   std::deque<std::pair<orEvent_t, Block*>> pending_;
   ska::flat_hash_map<void*, Block*> live_;  // allocated blocks by address
+  std::unordered_map<orStream_t, uint64_t> capturing_;
+  std::unordered_map<uint64_t, std::vector<Block*>> retained_;  // freed blocks a graph may still use
   DeviceStats stats_;
 };
 
@@ -450,6 +484,11 @@ void OpenRegCachingAllocator::raw_delete(void* ptr) {
 c10::DeviceAllocator* get() { return &g_allocator; }
 void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream) { g_allocator.recordStream(data_ptr, stream); }
 void emptyCache() { g_allocator.emptyCache({0, 0}); }
+void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t graph) {
+  g_allocator.cache(device).begin_capture(stream, graph);
+}
+void endGraphCapture(c10::DeviceIndex device, orStream_t stream) { g_allocator.cache(device).end_capture(stream); }
+void releaseGraph(c10::DeviceIndex device, uint64_t graph) { g_allocator.cache(device).release_graph(graph); }
 c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) {
   return g_allocator.getDeviceStats(device);
 }

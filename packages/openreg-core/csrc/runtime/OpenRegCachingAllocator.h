@@ -14,6 +14,11 @@ c10::DeviceAllocator* get();
 
 void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream);
 void emptyCache();
+// Graph capture (OpenRegGraph.cpp): blocks allocated on `stream` during the capture are kept for
+// the graph until releaseGraph.
+void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t graph);
+void endGraphCapture(c10::DeviceIndex device, orStream_t stream);
+void releaseGraph(c10::DeviceIndex device, uint64_t graph);
 c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device);
 void resetPeakStats(c10::DeviceIndex device);
 void resetAccumulatedStats(c10::DeviceIndex device);

@@ -42,6 +42,8 @@ const char* orGetErrorName(orStatus status) {
       return "orErrorForkedProcess";
     case orErrorInitialization:
       return "orErrorInitialization";
+    case orErrorStreamCaptureUnsupported:
+      return "orErrorStreamCaptureUnsupported";
   }
   return "orErrorUnknown";
 }

@@ -129,6 +129,11 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
                                                    " copy, which does not match the requested kind");
   Stream* str = nullptr;
   if (orStatus st = resolve_stream(stream, &str)) return st;
+  const bool pageable = (!dd && d.type == orMemoryTypeUnregistered) || (!sd && s.type == orMemoryTypeUnregistered);
+  if ((sync || pageable) && str->capturing())
+    return fail(orErrorStreamCaptureUnsupported,
+                "a copy that must finish before the call returns (synchronous, or to/from pageable host memory) "
+                "cannot be captured into a graph; use pinned memory and an asynchronous copy");
   Counters& c = runtime().counters;
   switch (actual) {
     case orMemcpyHostToDevice:
@@ -151,7 +156,6 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   item.args = new CopyArgs{kernel_address(d, dst), kernel_address(s, src), count};
   item.deleter = delete_args<CopyArgs>;
   item.name = "openreg::memcpy";
-  const bool pageable = (!dd && d.type == orMemoryTypeUnregistered) || (!sd && s.type == orMemoryTypeUnregistered);
   uint64_t seq = str->enqueue(item);
   if (sync || pageable) str->completed.wait_for(seq);
   return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
@@ -165,6 +169,8 @@ orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool syn
   if (d.type != orMemoryTypeDevice) return fail(orErrorInvalidDevicePointer, "memset needs device memory");
   Stream* str = nullptr;
   if (orStatus st = resolve_stream(stream, &str)) return st;
+  if (sync && str->capturing())
+    return fail(orErrorStreamCaptureUnsupported, "a synchronous memset cannot be captured into a graph");
   WorkItem item;
   item.fn = set_kernel;
   item.args = new SetArgs{kernel_address(d, dev_ptr), value, count};

@@ -124,6 +124,11 @@ struct WorkItem {
   uint64_t seq = 0;
 };
 
+struct Graph {
+  int device = 0;
+  std::vector<WorkItem> items;  // owned: deleters run when the graph is destroyed
+};
+
 struct Stream {
   int device = 0;
   int priority = 0;
@@ -135,10 +140,16 @@ struct Stream {
   uint64_t submitted_locked = 0;
   bool sleeping = false;
   bool has_worker = false;
+  Graph* capture = nullptr;  // non-null while the stream records into a graph
   std::atomic<uint64_t> submitted{0};
   Progress completed;
 
-  uint64_t enqueue(const WorkItem& item);  // returns the item's sequence number
+  // Returns the item's sequence number; while capturing, records the item instead and returns 0.
+  uint64_t enqueue(const WorkItem& item);
+  bool capturing() {
+    std::lock_guard<std::mutex> lock(mu);
+    return capture != nullptr;
+  }
   void synchronize() { completed.wait_for(submitted.load(std::memory_order_acquire)); }
   bool idle() const { return completed.value() >= submitted.load(std::memory_order_acquire); }
 

@@ -62,6 +62,10 @@ void Progress::wait_for(uint64_t v) {
 
 uint64_t Stream::enqueue(const WorkItem& in) {
   std::unique_lock<std::mutex> lock(mu);
+  if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
+    capture->items.push_back(in);
+    return 0;
+  }
   if (!has_worker) {
     has_worker = true;
     std::thread([this] { worker_loop(); }).detach();
@@ -137,6 +141,29 @@ orStatus resolve_event(orEvent_t handle, Event** out) {
   if (e == nullptr) return fail(orErrorInvalidResourceHandle, "the event is unknown or was destroyed");
   *out = e;
   return orSuccess;
+}
+
+std::mutex& graphs_mu() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+
+std::set<Graph*>& live_graphs() {
+  static auto* graphs = new std::set<Graph*>();
+  return *graphs;
+}
+
+orStatus resolve_graph(orGraph_t handle, Graph** out) {
+  std::lock_guard<std::mutex> lock(graphs_mu());
+  auto* g = reinterpret_cast<Graph*>(handle);
+  if (live_graphs().count(g) == 0) return fail(orErrorInvalidResourceHandle, "the graph is unknown or was destroyed");
+  *out = g;
+  return orSuccess;
+}
+
+orStatus capture_error(const char* what) {
+  return fail(orErrorStreamCaptureUnsupported,
+              std::string("cannot ") + what + " while the stream is being captured into a graph");
 }
 
 namespace {
@@ -241,6 +268,7 @@ orStatus orStreamSynchronize(orStream_t stream) {
   if (orStatus st = check_runtime()) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
+  if (s->capturing()) return capture_error("synchronize a stream");
   s->synchronize();
   return take_device_error(runtime().devices[s->device]);
 }
@@ -328,6 +356,7 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   if (orStatus st = resolve_event(event, &e)) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
+  if (s->capturing()) return capture_error("record an event");
   e->device.store(s->device);
   WorkItem item;
   item.fn = record_kernel;
@@ -405,5 +434,92 @@ orStatus orKernelFail(const char* message) {
 }
 
 int orInKernel(void) { return t_in_kernel ? 1 : 0; }
+
+orStatus orStreamBeginCapture(orStream_t stream) {
+  if (orStatus st = check_runtime()) return st;
+  Stream* s = nullptr;
+  if (orStatus st = resolve_stream(stream, &s)) return st;
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->capture != nullptr) return fail(orErrorStreamCaptureUnsupported, "the stream is already capturing");
+  s->capture = new Graph();
+  s->capture->device = s->device;
+  return orSuccess;
+}
+
+orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph) {
+  if (graph == nullptr) return fail(orErrorInvalidValue, "graph is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Stream* s = nullptr;
+  if (orStatus st = resolve_stream(stream, &s)) return st;
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->capture == nullptr) return fail(orErrorInvalidValue, "the stream is not capturing");
+  Graph* g = s->capture;
+  s->capture = nullptr;
+  {
+    std::lock_guard<std::mutex> registry(graphs_mu());
+    live_graphs().insert(g);
+  }
+  *graph = reinterpret_cast<orGraph_t>(g);
+  return orSuccess;
+}
+
+orStatus orStreamIsCapturing(orStream_t stream, int* capturing) {
+  if (capturing == nullptr) return fail(orErrorInvalidValue, "capturing is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Stream* s = nullptr;
+  if (orStatus st = resolve_stream(stream, &s)) return st;
+  *capturing = s->capturing() ? 1 : 0;
+  return orSuccess;
+}
+
+orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
+  if (orStatus st = check_runtime()) return st;
+  Graph* g = nullptr;
+  if (orStatus st = resolve_graph(graph, &g)) return st;
+  Stream* s = nullptr;
+  if (orStatus st = resolve_stream(stream, &s)) return st;
+  if (s->device != g->device)
+    return fail(orErrorInvalidDevice, "graph captured on device " + std::to_string(g->device) +
+                                          " launched on a stream of device " + std::to_string(s->device));
+  for (const WorkItem& captured : g->items) {
+    WorkItem item = captured;
+    item.deleter = nullptr;  // the graph keeps owning the arguments
+    s->enqueue(item);
+  }
+  return orSuccess;
+}
+
+orStatus orGraphGetNodeCount(orGraph_t graph, size_t* count) {
+  if (count == nullptr) return fail(orErrorInvalidValue, "count is NULL");
+  Graph* g = nullptr;
+  if (orStatus st = resolve_graph(graph, &g)) return st;
+  *count = g->items.size();
+  return orSuccess;
+}
+
+orStatus orGraphGetNodeName(orGraph_t graph, size_t index, const char** name) {
+  if (name == nullptr) return fail(orErrorInvalidValue, "name is NULL");
+  Graph* g = nullptr;
+  if (orStatus st = resolve_graph(graph, &g)) return st;
+  if (index >= g->items.size()) return fail(orErrorInvalidValue, "node index out of range");
+  *name = g->items[index].name ? g->items[index].name : "<unnamed>";
+  return orSuccess;
+}
+
+orStatus orGraphDestroy(orGraph_t graph) {
+  if (orStatus st = check_runtime()) return st;
+  Graph* g = nullptr;
+  if (orStatus st = resolve_graph(graph, &g)) return st;
+  {
+    std::lock_guard<std::mutex> registry(graphs_mu());
+    live_graphs().erase(g);
+  }
+  // Launches of the graph may still be queued: they read its arguments.
+  synchronize_device(runtime().devices[g->device]);
+  for (WorkItem& item : g->items)
+    if (item.deleter) item.deleter(item.args);
+  delete g;
+  return orSuccess;
+}
 
 }  // extern "C"

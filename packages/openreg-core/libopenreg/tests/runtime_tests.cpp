@@ -876,6 +876,52 @@ TEST(stream_in_order_execution) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+TEST(graph_capture_and_replay) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  int* d = nullptr;
+  CHECK_OK(orMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
+  CHECK_OK(orMemset(d, 0, sizeof(int)));
+  std::atomic<int> runs{0};
+  CHECK_OK(orStreamBeginCapture(s));
+  int capturing = 0;
+  CHECK_OK(orStreamIsCapturing(s, &capturing));
+  CHECK_EQ(capturing, 1);
+  CHECK_OK(openreg::launch(s, "test::increment", [d, &runs] {
+    ++*openreg::kernel_pointer(d);
+    ++runs;
+  }));
+  // Nothing may wait for a capturing stream.
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("captured into a graph");
+  int host = 0;
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orMemcpyAsync(&host, d, sizeof(int), orMemcpyDeviceToHost, s));
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreate(&e));
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orEventRecord(e, s));
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g));
+  CHECK_EQ(runs.load(), 0);  // recorded, not run
+  size_t nodes = 0;
+  CHECK_OK(orGraphGetNodeCount(g, &nodes));
+  CHECK_EQ(nodes, size_t{1});
+  const char* name = nullptr;
+  CHECK_OK(orGraphGetNodeName(g, 0, &name));
+  CHECK(std::string(name) == "test::increment");
+  for (int i = 0; i < 5; ++i) CHECK_OK(orGraphLaunch(g, s));
+  CHECK_OK(orMemcpy(&host, d, sizeof(int), orMemcpyDeviceToHost));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orMemcpy(&host, d, sizeof(int), orMemcpyDeviceToHost));
+  CHECK_EQ(host, 5);
+  CHECK_EQ(runs.load(), 5);
+  CHECK_OK(orGraphDestroy(g));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orGraphLaunch(g, s));  // destroyed
+  CHECK_STATUS(orErrorInvalidValue, orStreamEndCapture(s, &g));     // not capturing
+  CHECK_OK(orEventDestroy(e));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(stream_priorities) {
   int least = 99, greatest = 99;
   CHECK_OK(orDeviceGetStreamPriorityRange(&least, &greatest));

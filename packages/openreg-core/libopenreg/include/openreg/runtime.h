@@ -52,17 +52,18 @@ extern "C" {
 
 typedef enum orStatus {
   orSuccess = 0,
-  orErrorNotReady = 1,               /* queried work has not completed yet */
-  orErrorInvalidValue = 2,           /* a bad argument */
-  orErrorInvalidDevice = 3,          /* device index out of range */
-  orErrorMemoryAllocation = 4,       /* out of device or host memory */
-  orErrorInvalidDevicePointer = 5,   /* not a live allocation of this runtime */
-  orErrorInvalidResourceHandle = 6,  /* unknown or destroyed stream/event */
-  orErrorInvalidMemcpyDirection = 7, /* pointers do not match the copy kind */
-  orErrorNotPermitted = 8,           /* e.g. kernel-only call made by the host */
-  orErrorLaunchFailure = 9,          /* a kernel failed (reported later) */
-  orErrorForkedProcess = 10,         /* used in a child forked after init */
-  orErrorInitialization = 11,        /* bad configuration or OS failure */
+  orErrorNotReady = 1,                  /* queried work has not completed yet */
+  orErrorInvalidValue = 2,              /* a bad argument */
+  orErrorInvalidDevice = 3,             /* device index out of range */
+  orErrorMemoryAllocation = 4,          /* out of device or host memory */
+  orErrorInvalidDevicePointer = 5,      /* not a live allocation of this runtime */
+  orErrorInvalidResourceHandle = 6,     /* unknown or destroyed stream/event */
+  orErrorInvalidMemcpyDirection = 7,    /* pointers do not match the copy kind */
+  orErrorNotPermitted = 8,              /* e.g. kernel-only call made by the host */
+  orErrorLaunchFailure = 9,             /* a kernel failed (reported later) */
+  orErrorForkedProcess = 10,            /* used in a child forked after init */
+  orErrorInitialization = 11,           /* bad configuration or OS failure */
+  orErrorStreamCaptureUnsupported = 12, /* not allowed while the stream is being captured */
 } orStatus;
 
 typedef enum orMemcpyKind {
@@ -109,6 +110,7 @@ typedef struct orRuntimeCounters {
 
 typedef struct orStream_st* orStream_t; /* NULL: current device's default stream */
 typedef struct orEvent_st* orEvent_t;
+typedef struct orGraph_st* orGraph_t; /* work captured from a stream, replayable */
 
 /* A kernel: runs on a stream's worker. Return orSuccess, or the result of
  * orKernelFail(). args belongs to the kernel; deleter (may be NULL) frees it
@@ -169,6 +171,21 @@ OPENREG_API orStatus orEventRecord(orEvent_t event, orStream_t stream);
 OPENREG_API orStatus orEventQuery(orEvent_t event); /* orSuccess if never recorded */
 OPENREG_API orStatus orEventSynchronize(orEvent_t event);
 OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+/* ---- graphs ----
+ * Between orStreamBeginCapture and orStreamEndCapture, work launched on the
+ * stream is recorded instead of run. orGraphLaunch enqueues the recorded work
+ * again, in order, on any stream of the same device; kernels see the same
+ * arguments each time. While a stream captures, calls that would wait for it
+ * (synchronize, blocking copies, event records) fail with
+ * orErrorStreamCaptureUnsupported. */
+OPENREG_API orStatus orStreamBeginCapture(orStream_t stream);
+OPENREG_API orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph);
+OPENREG_API orStatus orStreamIsCapturing(orStream_t stream, int* capturing);
+OPENREG_API orStatus orGraphLaunch(orGraph_t graph, orStream_t stream);
+OPENREG_API orStatus orGraphGetNodeCount(orGraph_t graph, size_t* count);
+OPENREG_API orStatus orGraphGetNodeName(orGraph_t graph, size_t index, const char** name);
+OPENREG_API orStatus orGraphDestroy(orGraph_t graph); /* waits for its launches to finish */
 
 /* ---- kernels ---- */
 /* name must stay valid until the kernel ran (a literal or an interned name). */

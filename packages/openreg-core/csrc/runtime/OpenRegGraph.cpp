@@ -1,0 +1,118 @@
+// Device graphs (torch.accelerator.Graph): capture the work launched on a
+// stream once, replay it many times without the host dispatching each op.
+//
+// The runtime records the work items launched on the capturing stream
+// (orStreamBeginCapture) and enqueues them again on replay (orGraphLaunch).
+// Kernels of the generic path capture tensor descriptors, not tensors, so a
+// replay reads and writes the same device memory as the capture did; the
+// caching allocator keeps every block allocated during the capture away from
+// other users until the graph is reset. As on CUDA, run the work once before
+// capturing it: the first call of an operator signature synchronises (meta
+// verification), and nothing may wait for a capturing stream.
+#include <ATen/core/GraphImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <fstream>
+
+#include "OpenRegCachingAllocator.h"
+#include "OpenRegException.h"
+#include "OpenRegFunctions.h"
+#include "OpenRegStream.h"
+
+namespace c10::openreg {
+
+std::atomic<uint64_t> g_next_pool{1};
+
+struct OpenRegGraphImpl final : public at::GraphImplInterface {
+  explicit OpenRegGraphImpl(const at::GraphImplArgs& args = {}) : keep_graph_(args.keep_graph) {}
+  ~OpenRegGraphImpl() override {
+    try {
+      reset();
+    } catch (...) {
+    }
+  }
+
+  void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode) override {
+    TORCH_CHECK(graph_ == nullptr && !capturing_,
+                "This openreg graph has already been captured; call reset() before capturing again.");
+    device_ = current_device();
+    stream_ = getCurrentOpenRegStream(device_).handle();
+    pool_ = pool.first != 0 ? static_cast<uint64_t>(pool.first) : g_next_pool.fetch_add(1);
+    allocator::beginGraphCapture(device_, stream_, pool_);
+    orStatus st = orStreamBeginCapture(stream_);
+    if (st != orSuccess) allocator::endGraphCapture(device_, stream_);
+    OPENREG_CHECK(st);
+    capturing_ = true;
+  }
+
+  void capture_end() override {
+    TORCH_CHECK(capturing_, "capture_end() called without capture_begin()");
+    TORCH_CHECK(getCurrentOpenRegStream(device_).handle() == stream_,
+                "capture_end() must be called on the stream capture_begin() was called on");
+    allocator::endGraphCapture(device_, stream_);
+    capturing_ = false;
+    OPENREG_CHECK(orStreamEndCapture(stream_, &graph_));
+  }
+
+  void instantiate() override {
+    TORCH_CHECK(graph_ != nullptr, "instantiate() needs a captured graph: call capture_begin() and capture_end()");
+  }
+
+  void replay() override {
+    TORCH_CHECK(graph_ != nullptr, "replay() needs a captured graph: call capture_begin() and capture_end()");
+    OPENREG_CHECK(orGraphLaunch(graph_, getCurrentOpenRegStream(device_).handle()));
+  }
+
+  void reset() override {
+    if (capturing_) {
+      allocator::endGraphCapture(device_, stream_);
+      orGraph_t abandoned = nullptr;
+      orStreamEndCapture(stream_, &abandoned);
+      if (abandoned) orGraphDestroy(abandoned);
+      capturing_ = false;
+    }
+    if (graph_ != nullptr) {
+      OPENREG_CHECK(orGraphDestroy(graph_));
+      graph_ = nullptr;
+      allocator::releaseGraph(device_, pool_);
+    }
+  }
+
+  at::MempoolId_t pool() const override { return {static_cast<at::CaptureId_t>(pool_), 0}; }
+
+  void enable_debug_mode() override { debug_ = true; }
+
+  void debug_dump(const std::string& path) override {
+    TORCH_CHECK(debug_, "debug_dump() needs enable_debug_mode() before the capture");
+    TORCH_CHECK(graph_ != nullptr, "debug_dump() needs a captured graph");
+    size_t n = 0;
+    OPENREG_CHECK(orGraphGetNodeCount(graph_, &n));
+    std::ofstream out(path);
+    TORCH_CHECK(out.good(), "cannot open ", path, " for writing");
+    out << "openreg graph on device " << static_cast<int>(device_) << ": " << n << " work items\n";
+    for (size_t i = 0; i < n; ++i) {
+      const char* name = nullptr;
+      OPENREG_CHECK(orGraphGetNodeName(graph_, i, &name));
+      out << i << " " << name << "\n";
+    }
+  }
+
+ private:
+  bool keep_graph_;
+  bool capturing_ = false;
+  bool debug_ = false;
+  c10::DeviceIndex device_ = 0;
+  orStream_t stream_ = nullptr;
+  orGraph_t graph_ = nullptr;
+  uint64_t pool_ = 0;
+};
+
+}  // namespace c10::openreg
+
+namespace at {
+// The registry is keyed by the device type's upper-case name, which is the
+// renamed backend's ("OPENREG") once torch_openreg has run, "PRIVATEUSEONE" before.
+C10_REGISTER_CLASS(GraphImplRegistry, OPENREG, c10::openreg::OpenRegGraphImpl)
+C10_REGISTER_CLASS(GraphImplRegistry, PRIVATEUSEONE, c10::openreg::OpenRegGraphImpl)
+}  // namespace at
