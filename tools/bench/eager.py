@@ -148,7 +148,7 @@ class Measure:
 
 
 MEASURES: List[Measure] = [
-    Measure("alloc-free", "alloc+free 1 MiB (cached)", alloc_free, 2000, 1.0),
+    Measure("alloc-free", "alloc+free 1 MiB (cached)", alloc_free, 20000, 1.0),
     Measure("add-tiny", "add 1-element, no sync between ops", tiny_add, 2000, 2.0),
     Measure("add-16m", "add 16M float32", large_add, 10, 1.10),
     Measure("add-16m-out", "add 16M float32 into out= (info)", large_add_out, 10, None),

@@ -17,6 +17,7 @@ constexpr int kMaxDevices = 64;
 constexpr c10::StreamId kExternalBase = c10::StreamId{1} << 32;
 
 struct DevicePools {
+  std::atomic<bool> ready{false};  // set once the pools exist: the hot path skips the checks below
   std::once_flag once;
   orStream_t default_stream = nullptr;
   std::array<orStream_t, 2 * kStreamPoolSize> pooled{};
@@ -26,6 +27,8 @@ struct DevicePools {
 DevicePools g_pools[kMaxDevices];
 
 DevicePools& pools(c10::DeviceIndex device) {
+  if (device >= 0 && device < kMaxDevices && g_pools[device].ready.load(std::memory_order_acquire))
+    return g_pools[device];
   check_device_index(device);
   DevicePools& p = g_pools[device];
   std::call_once(p.once, [&] {
@@ -36,6 +39,7 @@ DevicePools& pools(c10::DeviceIndex device) {
     for (int i = 0; i < 2 * kStreamPoolSize; ++i)
       OPENREG_CHECK(orStreamCreateWithPriority(&p.pooled[i], 0, i < kStreamPoolSize ? least : greatest));
     exchange_device(previous);
+    p.ready.store(true, std::memory_order_release);
   });
   return p;
 }
