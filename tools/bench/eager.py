@@ -28,21 +28,6 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.openreg.synchronize if device == "openreg" else (lambda: None)
 
 
-def _time(fn: Callable[[], None], sync: Callable[[], None], iters: int, reps: int) -> float:
-    """Median seconds per iteration of `fn` over `reps` repetitions (one device on its own)."""
-    for _ in range(max(1, iters // 10)):
-        fn()
-    sync()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
-
-
 def _one_rep(fn: Callable[[], None], sync: Callable[[], None], iters: int) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):

@@ -9,9 +9,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "../runtime/OpenRegException.h"
-#include "../runtime/OpenRegStream.h"
-#include "OpenRegKernelTensor.h"
+#include "OpenRegLaunch.h"
 
 namespace c10::openreg {
 
@@ -32,18 +30,15 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const
                         c10::IntArrayRef output_padding, int64_t groups) {
   c10::DeviceGuard guard(input.device());
   const at::Tensor b = bias.value_or(at::Tensor());
-  at::Tensor meta = at::convolution(meta_of(input), meta_of(weight), meta_of(b), stride, padding, dilation, transposed,
-                                    output_padding, groups);
-  at::Tensor out = alloc_like(meta, input.device());
-  std::vector<int64_t> st(stride.begin(), stride.end()), pa(padding.begin(), padding.end()),
-      di(dilation.begin(), dilation.end()), op(output_padding.begin(), output_padding.end());
-  OPENREG_CHECK(::openreg::launch(current_stream_handle(input.device().index()), "aten::convolution_overrideable",
-                                  [=, out = launch_tensor(out), input = launch_tensor(input),
-                                   weight = launch_tensor(weight), b = launch_tensor(b)] {
-                                    kernel_tensor(out).copy_(at::convolution(kernel_tensor(input),
-                                                                             kernel_tensor(weight), kernel_tensor(b),
-                                                                             st, pa, di, transposed, op, groups));
-                                  }));
+  at::Tensor out = alloc_like(at::convolution(meta_of(input), meta_of(weight), meta_of(b), stride, padding, dilation,
+                                              transposed, output_padding, groups),
+                              input.device());
+  launch_cpu_function(
+      "aten::convolution_overrideable", {input, weight, b}, {out},
+      [st = stride.vec(), pa = padding.vec(), di = dilation.vec(), transposed, op = output_padding.vec(),
+       groups](const std::vector<at::Tensor>& a) {
+        return std::vector<at::Tensor>{at::convolution(a[0], a[1], a[2], st, pa, di, transposed, op, groups)};
+      });
   return out;
 }
 
@@ -59,20 +54,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(const at::Tensor& g
                                dilation, transposed, output_padding, groups, output_mask);
   at::Tensor grad_input = alloc_like(gi, input.device()), grad_weight = alloc_like(gw, input.device()),
              grad_bias = alloc_like(gb, input.device());
-  std::vector<int64_t> st(stride.begin(), stride.end()), pa(padding.begin(), padding.end()),
-      di(dilation.begin(), dilation.end()), op(output_padding.begin(), output_padding.end());
-  OPENREG_CHECK(::openreg::launch(
-      current_stream_handle(input.device().index()), "aten::convolution_backward_overrideable",
-      [=, grad_output = launch_tensor(grad_output), input = launch_tensor(input), weight = launch_tensor(weight),
-       grad_input = launch_tensor(grad_input), grad_weight = launch_tensor(grad_weight),
-       grad_bias = launch_tensor(grad_bias)] {
+  launch_cpu_function(
+      "aten::convolution_backward_overrideable", {grad_output, input, weight}, {grad_input, grad_weight, grad_bias},
+      [bias_sizes, st = stride.vec(), pa = padding.vec(), di = dilation.vec(), transposed, op = output_padding.vec(),
+       groups, output_mask](const std::vector<at::Tensor>& a) {
         auto [ci, cw, cb] =
-            at::convolution_backward(kernel_tensor(grad_output), kernel_tensor(input), kernel_tensor(weight),
-                                     bias_sizes, st, pa, di, transposed, op, groups, output_mask);
-        if (grad_input.defined()) kernel_tensor(grad_input).copy_(ci);
-        if (grad_weight.defined()) kernel_tensor(grad_weight).copy_(cw);
-        if (grad_bias.defined()) kernel_tensor(grad_bias).copy_(cb);
-      }));
+            at::convolution_backward(a[0], a[1], a[2], bias_sizes, st, pa, di, transposed, op, groups, output_mask);
+        return std::vector<at::Tensor>{ci, cw, cb};
+      });
   return {grad_input, grad_weight, grad_bias};
 }
 

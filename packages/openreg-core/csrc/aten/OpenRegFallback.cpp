@@ -130,11 +130,6 @@ struct DeviceWarningGuard {
   c10::WarningUtils::WarningHandlerGuard guard_;
 };
 
-// Arguments as captured at launch: openreg tensors become non-owning aliases.
-void to_launch_stack(Stack& stack) {
-  for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); });
-}
-
 // A stack captured at launch: plain device tensors as KernelTensorArgs (their
 // slots hold None), device tensors inside lists as launch tensors.
 struct LaunchStack {

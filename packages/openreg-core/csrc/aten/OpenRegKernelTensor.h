@@ -28,24 +28,6 @@ inline at::Tensor launch_tensor(const at::Tensor& t) {
   return out;
 }
 
-// The storage is resizable with the CPU allocator: a CPU out= kernel that
-// reallocates its output writes to host memory, and the generic path then
-// copies the result into the device output (see land() in OpenRegFallback.cpp).
-inline at::Tensor kernel_tensor(const at::Tensor& t) {
-  if (!t.defined() || !t.is_privateuseone()) return t;
-  const auto& storage = t.storage();
-  void* base = ::openreg::kernel_pointer(storage.data());
-  if (base == nullptr) return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
-  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(), c10::DataPtr(base, c10::Device(c10::kCPU)),
-                     c10::GetCPUAllocator(), /*resizable=*/true);
-  auto out =
-      at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  out._set_conj(t.is_conj());
-  out._set_neg(t.is_neg());
-  return out;
-}
-
 // Host side, at launch: what a kernel needs to see one device tensor (its
 // geometry and memory), without owning the memory and without allocating:
 // cheaper than launch_tensor() for the common case of a plain tensor argument.
@@ -67,7 +49,10 @@ struct KernelTensorArg {
         conj(t.is_conj()),
         neg(t.is_neg()) {}
 
-  // Device side: the CPU tensor over the kernel view (as kernel_tensor()).
+  // Device side: the CPU tensor over the kernel view. Its storage is
+  // resizable with the CPU allocator: a CPU out= kernel that reallocates its
+  // output writes to host memory, and the generic path then copies the result
+  // into the device output (see land() in OpenRegFallback.cpp).
   at::Tensor materialize() const {
     void* base = ::openreg::kernel_pointer(storage);
     if (base == nullptr) return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(c10::kCPU));
@@ -81,5 +66,12 @@ struct KernelTensorArg {
     return out;
   }
 };
+
+// Device side: the CPU tensor over the kernel view of an openreg tensor
+// (other tensors are returned as they are).
+inline at::Tensor kernel_tensor(const at::Tensor& t) {
+  if (!t.defined() || !t.is_privateuseone()) return t;
+  return KernelTensorArg(t).materialize();
+}
 
 }  // namespace c10::openreg

@@ -123,7 +123,7 @@ void copy_device_to_device(const at::Tensor& dst, const at::Tensor& src) {
   } else {
     OPENREG_CHECK(::openreg::launch(
         dst_stream.handle(), "openreg::strided_copy",
-        [dst = launch_tensor(dst), src = launch_tensor(src)] { kernel_tensor(dst).copy_(kernel_tensor(src)); }));
+        [dst = KernelTensorArg(dst), src = KernelTensorArg(src)] { dst.materialize().copy_(src.materialize()); }));
   }
   if (src.device() != dst.device()) {
     c10::Event done(c10::DeviceType::PrivateUse1);
