@@ -2,13 +2,14 @@
 
     nox -s tests        everything: builds openreg-core once, then every test session
     nox -s core         core's PyTorch tests (packages/openreg-core/tests)
+    nox -s amp          openreg-amp's tests (packages/openreg-amp/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
     nox -s lint         ruff and clang-format (not part of `tests`)
     nox -s docs         the integration guide (docs/): Sphinx build (warnings are errors) and its link test
     nox -s bench        benchmark smoke run (tools/bench, --quick; asserts nothing about speed)
 
-Session graph (`requires=`): build <- core, packaging, bench <- tests; runtime, runtime_asan,
+Session graph (`requires=`): build <- core, amp, packaging, bench <- tests; runtime, runtime_asan,
 runtime_tsan and docs need no build and are required by tests too. Nox runs a required session once per
 invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
@@ -41,6 +42,8 @@ LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 # Pure-Python and torch-free (their dependency trees hold no torch); pinned like the lint tools.
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
 CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
+# Plugin packages built by `build` (folder -> distribution file prefix).
+PLUGINS = {"openreg-amp": "openreg_amp"}
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -61,36 +64,47 @@ def _one(pattern: str, session: nox.Session) -> Path:
     return found[0]
 
 
-def _install_core(session: nox.Session, *extra: str) -> None:
-    """Installs torch and the openreg-core wheel that the `build` session left in dist/."""
+def _install_core(session: nox.Session, *extra: str, plugins: tuple[str, ...] = ()) -> None:
+    """Installs torch and the wheels that the `build` session left in dist/: openreg-core and
+    the named plugins (distribution file prefixes, e.g. "openreg_amp")."""
     session.install(*BASE)
     session.install(TORCH, "pytest", *extra)
-    wheel = _one("openreg_core-*.whl", session)
+    wheels = [_one(f"{name}-*.whl", session) for name in ("openreg_core", *plugins)]
     # --force-reinstall: a rebuilt wheel keeps its version, and a reused venv must take it anyway.
-    session.install("--no-deps", "--force-reinstall", str(wheel))
+    session.install("--no-deps", "--force-reinstall", *map(str, wheels))
+
+
+def _sdist_then_wheel(session: nox.Session, package: Path, dist_name: str) -> None:
+    """Builds `package`'s sdist into dist/, then a wheel from that sdist (proving the sdist builds)."""
+    for old in [*DIST.glob(f"{dist_name}-*.tar.gz"), *DIST.glob(f"{dist_name}-*.whl")]:
+        old.unlink()
+    # The sdist is built from a copy of the package so that build/ and *.egg-info/ in the
+    # developer's tree can't leak into it, and the tree is left as it was.
+    staging = Path(session.create_tmp()) / f"{package.name}-src"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(
+        package, staging, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so", "*.o", "*.pyc")
+    )
+    session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(DIST), str(staging), env=_env())
+    sdist = _one(f"{dist_name}-*.tar.gz", session)
+    session.run(
+        "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", str(sdist), "-w", str(DIST), env=_env()
+    )
+    _one(f"{dist_name}-*.whl", session)
 
 
 @nox.session(python=PYTHON, default=False)
 def build(session: nox.Session) -> None:
-    """Builds the openreg-core sdist into dist/, then a wheel from that sdist (proving it builds)."""
+    """Builds every C++ package once per run: openreg-core, then the plugins against that core
+    (sdists into dist/, and a wheel from each sdist)."""
     session.install(*BASE)
     session.install(TORCH, "cmake", "ninja", "build")
     DIST.mkdir(exist_ok=True)
-    for old in [*DIST.glob("openreg_core-*.tar.gz"), *DIST.glob("openreg_core-*.whl")]:
-        old.unlink()
-    # The sdist is built from a copy of the package so that build/ and *.egg-info/ in the
-    # developer's tree can't leak into it, and the tree is left as it was.
-    staging = Path(session.create_tmp()) / "openreg-core-src"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(
-        CORE, staging, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so", "*.o", "*.pyc")
-    )
-    session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(DIST), str(staging), env=_env())
-    sdist = _one("openreg_core-*.tar.gz", session)
-    session.run(
-        "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", str(sdist), "-w", str(DIST), env=_env()
-    )
-    _one("openreg_core-*.whl", session)
+    _sdist_then_wheel(session, CORE, "openreg_core")
+    # Plugins compile against the installed core's headers and link its libraries.
+    session.install("--no-deps", "--force-reinstall", str(_one("openreg_core-*.whl", session)))
+    for name, dist_name in PLUGINS.items():
+        _sdist_then_wheel(session, ROOT / "packages" / name, dist_name)
 
 
 @nox.session(python=PYTHON, requires=["build"])
@@ -131,13 +145,23 @@ def runtime_tsan(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, requires=["build"])
+def amp(session: nox.Session) -> None:
+    """openreg-amp's tests (autocast policies, GradScaler kernels, plugin loading), against the
+    built core and amp wheels."""
+    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_amp",))
+    session.run("pytest", str(ROOT / "packages" / "openreg-amp" / "tests"), *session.posargs)
+
+
+@nox.session(python=PYTHON, requires=["build"])
 def packaging(session: nox.Session) -> None:
     """Checks what the wheel and the sdist in dist/ contain, and that the installed wheel imports."""
-    _install_core(session)
+    _install_core(session, plugins=tuple(PLUGINS.values()))
     session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env={"OPENREG_DIST": str(DIST)})
 
 
-@nox.session(python=PYTHON, requires=["core", "runtime", "runtime_asan", "runtime_tsan", "packaging", "docs", "bench"])
+@nox.session(
+    python=PYTHON, requires=["core", "amp", "runtime", "runtime_asan", "runtime_tsan", "packaging", "docs", "bench"]
+)
 def tests(session: nox.Session) -> None:
     """Everything: the test sessions it requires, then the cross-package scenarios in tests/scenarios."""
     _install_core(session, "numpy")  # as in the README's install: without numpy torch warns at import
@@ -149,7 +173,7 @@ def bench(session: nox.Session) -> None:
     """Benchmark smoke run against the built wheel: the CLI's tests, then `run.py --quick` (writes
     bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
-    _install_core(session, "numpy", "cmake", "ninja", "matplotlib")
+    _install_core(session, "numpy", "cmake", "ninja", "matplotlib", plugins=tuple(PLUGINS.values()))
     bench = ROOT / "tools" / "bench"
     session.run("pytest", str(bench / "test_bench_cli.py"))
     session.run(

@@ -201,3 +201,45 @@ def test_installed_wheel_imports(wheel: Path, tmp_path: Path):
         f"torch_openreg came from {location}, not from this environment ({sys.prefix})"
     )
     assert int(count) >= 1
+
+
+# --- plugins -----------------------------------------------------------------------------------
+
+AMP = ROOT / "packages" / "openreg-amp"
+
+
+def _zip_names(path: Path) -> list[str]:
+    with zipfile.ZipFile(path) as zf:
+        return [n for n in zf.namelist() if not n.endswith("/")]
+
+
+def test_amp_wheel(dist_dir: Path):
+    """openreg-amp ships its Python package and one extension, registers in core's plugin group,
+    and holds no sources or tests."""
+    wheel = _one(dist_dir, "openreg_amp-*.whl")
+    files = _zip_names(wheel)
+    assert "openreg_amp/__init__.py" in files
+    assert len(fnmatch.filter(files, "openreg_amp/_C*.so")) == 1, files
+    [entry_points] = fnmatch.filter(files, "openreg_amp-*.dist-info/entry_points.txt")
+    parser = configparser.ConfigParser()
+    with zipfile.ZipFile(wheel) as zf:
+        parser.read_string(zf.read(entry_points).decode())
+    assert dict(parser["torch_openreg.plugins"]) == {"amp": "openreg_amp:_load"}
+    assert not parser.has_section("torch.backends"), "only core may register in torch.backends"
+    bad = _leftovers(files, CXX_SUFFIXES | {".o", ".a", ".obj"})
+    assert not bad, f"the amp wheel holds sources or build leftovers: {bad}"
+    tops = {n.split("/", 1)[0] for n in files}
+    assert tops <= {"openreg_amp"} | set(fnmatch.filter(tops, "openreg_amp-*.dist-info")), sorted(tops)
+
+
+def test_amp_sdist(dist_dir: Path):
+    with tarfile.open(_one(dist_dir, "openreg_amp-*.tar.gz")) as tf:
+        names = [m.name.split("/", 1)[1] for m in tf.getmembers() if m.isfile() and "/" in m.name]
+    wanted = sorted(
+        p.relative_to(AMP).as_posix()
+        for p in AMP.rglob("*")
+        if p.is_file() and p.suffix in CXX_SUFFIXES | {".py"} and not {"build", "__pycache__"} & set(p.parts)
+    )
+    missing = sorted(set(wanted) - set(names))
+    assert not missing, f"sources of packages/openreg-amp missing from its sdist (see its MANIFEST.in): {missing}"
+    assert not _leftovers(names, {".so", ".o", ".a"}), names

@@ -1,7 +1,27 @@
-"""openreg-amp: autocast for openreg. Not implemented yet.
+"""openreg-amp: automatic mixed precision for the openreg device.
 
-Autocast policies for the openreg device (lower-precision, fp32 and promote lists),
-the dtypes it supports, and GradScaler kernels.
+Installed, it is loaded by openreg-core's plugin discovery (entry point ``amp`` in
+the ``torch_openreg.plugins`` group) right after ``import torch`` has set up the
+device; ``import openreg_amp`` also works and loads core first.
 
-This package is a placeholder: importing it registers nothing.
+Loading the C++ extension registers, for openreg:
+
+- the autocast policies on the ``AutocastPrivateUse1`` key: the same lists torch
+  2.13 uses for CUDA (lower precision, fp32, fp32 with a set or appended dtype,
+  promote) and the ban on ``binary_cross_entropy``; every other op falls through;
+- native kernels for GradScaler's ``_amp_foreach_non_finite_check_and_unscale_`` and
+  ``_amp_update_scale_``.
+
+``torch.autocast("openreg", dtype=torch.float16 or torch.bfloat16)`` and
+``torch.amp.GradScaler("openreg")`` then behave as they do on CUDA. See
+``docs/mechanisms/amp.md`` in the repository.
 """
+
+import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
+
+from . import _C  # noqa: F401  (static registrations run when the library loads)
+
+__version__ = "0.1.0"
+
+def _load() -> None:
+    """Entry point of core's plugin group: importing the package did the work."""

@@ -30,6 +30,30 @@ class TestRegistration(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "False privateuseone")
 
+    def test_importing_the_package_before_torch(self):
+        # torch's autoload then meets the package half-imported; both orders must work.
+        for first in ("import torch_openreg, torch", "import torch, torch_openreg"):
+            r = run_python(f"{first}; print(torch.ones(2, device='openreg').add(1).cpu().tolist())")
+            self.assertEqual(r.returncode, 0, f"{first}: {r.stderr}")
+            self.assertEqual(r.stdout.strip(), "[2.0, 2.0]")
+        r = run_python(
+            "import torch_openreg; print(torch_openreg.torch.ones(1, device='openreg').device)",
+            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "openreg:0")
+
+    def test_plugin_build_paths(self):
+        import os
+
+        import torch_openreg
+
+        (include,) = torch_openreg.include_paths()
+        self.assertTrue(os.path.isfile(os.path.join(include, "openreg", "runtime.h")))
+        self.assertTrue(os.path.isfile(os.path.join(include, "torch_openreg", "runtime", "OpenRegStream.h")))
+        (lib,) = torch_openreg.library_paths()
+        self.assertTrue(any(n.startswith("libtorch_openreg") for n in os.listdir(lib)), os.listdir(lib))
+
     def test_backend_name_and_module(self):
         self.assertEqual(torch._C._get_privateuse1_backend_name(), "openreg")
         self.assertIs(torch.openreg, torch.get_device_module("openreg"))

@@ -12,11 +12,37 @@ through the PrivateUse1 mechanism.
 4. loads the installed openreg plugins (see ``torch.openreg.plugins()``).
 """
 
-import torch
+import os
+from typing import List
 
-from . import _C  # noqa: F401  (registers the backend in C++)
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing the package does the work.
+
+    Defined before ``import torch``: when a user imports this package first, torch's
+    autoload finds it partly initialised and calls this; the import then carries on.
+    """
+
+
+import torch  # noqa: E402
+
+from . import _C  # noqa: E402, F401  (registers the backend in C++)
 
 __version__ = "0.1.0"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def include_paths() -> List[str]:
+    """Header folders for C++ plugins built against core: ``openreg/runtime.h`` (the device
+    runtime) and ``torch_openreg/...`` (the PyTorch layer: streams, kernel tensors, ...)."""
+    return [os.path.join(_PACKAGE_DIR, "include")]
+
+
+def library_paths() -> List[str]:
+    """Folders of core's shared libraries (``libopenreg``, ``libtorch_openreg``): link plugins
+    against these so that the process has one device runtime and one allocator."""
+    return [os.path.join(_PACKAGE_DIR, "lib")]
 
 
 def _register() -> None:
@@ -29,10 +55,6 @@ def _register() -> None:
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     openreg._plugins.load_plugins()
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: importing the package did the work."""
 
 
 _register()

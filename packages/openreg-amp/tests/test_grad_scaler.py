@@ -1,0 +1,179 @@
+"""GradScaler on openreg: the native kernels of GradScalerKernels.cpp and training loops."""
+
+import torch
+from torch.testing._internal.common_utils import TestCase
+
+UNSCALE = torch._amp_foreach_non_finite_check_and_unscale_
+UPDATE = torch._amp_update_scale_
+
+
+def _grads(device: str):
+    g = torch.Generator().manual_seed(0)
+    out = [
+        torch.randn(1000, generator=g),
+        torch.randn(64, 33, generator=g).to(torch.float16),
+        torch.randn(64, 33, generator=g).to(torch.bfloat16),
+        torch.randn(40, 30, generator=g).t(),  # non-contiguous
+        torch.randn(100_000, generator=g),  # split across threads
+    ]
+    return [t.to(device) for t in out]
+
+
+class TestNativeKernels(TestCase):
+    def _unscale(self, device, poison=None):
+        grads = _grads(device)
+        if poison is not None:
+            index, value = poison
+            grads[index][(7,) if grads[index].dim() == 1 else (1, 7)] = value
+        found = torch.zeros(1, device=device)
+        UNSCALE(grads, found, torch.full((1,), 0.25, device=device))
+        return grads, found
+
+    def test_unscale_matches_cpu(self):
+        for poison in (None, (0, float("inf")), (1, float("nan")), (3, -float("inf")), (4, float("nan"))):
+            got, found = self._unscale("openreg", poison)
+            want, want_found = self._unscale("cpu", poison)
+            self.assertEqual(found.cpu(), want_found, msg=f"poison={poison}")
+            self.assertEqual(found.item(), 0.0 if poison is None else 1.0)
+            for g, w in zip(got, want):
+                self.assertEqual(g.dtype, w.dtype)
+                self.assertEqual(g.stride(), w.stride())
+                torch.testing.assert_close(g.cpu(), w, equal_nan=True)
+
+    def test_found_inf_is_only_ever_set(self):
+        found = torch.ones(1, device="openreg")
+        UNSCALE([torch.ones(3, device="openreg")], found, torch.ones(1, device="openreg"))
+        self.assertEqual(found.item(), 1.0)
+
+    def test_update_scale_matches_cpu(self):
+        # growth every 3 clean steps, backoff on inf steps, growth capped at a finite value
+        steps = [0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0]
+        results = {}
+        for device in ("cpu", "openreg"):
+            scale = torch.full((1,), 2.0**16, device=device)
+            tracker = torch.zeros(1, dtype=torch.int32, device=device)
+            seen = []
+            for inf in steps:
+                found = torch.full((1,), float(inf), device=device)
+                out = UPDATE(scale, tracker, found, 2.0, 0.5, 3)
+                self.assertIs(out, scale)
+                seen.append((scale.item(), tracker.item()))
+            results[device] = seen
+        self.assertEqual(results["openreg"], results["cpu"])
+        self.assertEqual(results["openreg"][2], (2.0**17, 0))
+        self.assertEqual(results["openreg"][3], (2.0**16, 0))
+
+    def test_update_scale_never_grows_to_inf(self):
+        scale = torch.full((1,), torch.finfo(torch.float32).max, device="openreg")
+        tracker = torch.zeros(1, dtype=torch.int32, device="openreg")
+        UPDATE(scale, tracker, torch.zeros(1, device="openreg"), 2.0, 0.5, 1)
+        self.assertEqual(scale.item(), torch.finfo(torch.float32).max)
+        self.assertEqual(tracker.item(), 0)
+
+    def test_kernels_are_native_not_generic_path(self):
+        grads = _grads("openreg")
+        found, inv = torch.zeros(1, device="openreg"), torch.ones(1, device="openreg")
+        scale, tracker = torch.ones(1, device="openreg"), torch.zeros(1, dtype=torch.int32, device="openreg")
+        torch.openreg.reset_fallback_op_counts()
+        torch.openreg.set_strict_mode(True)  # an op without a native kernel would raise
+        try:
+            UNSCALE(grads, found, inv)
+            UPDATE(scale, tracker, found, 2.0, 0.5, 10)
+        finally:
+            torch.openreg.set_strict_mode(False)
+        self.assertEqual(torch.openreg.fallback_op_counts(), {})
+        self.assertEqual(tracker.item(), 1)
+
+    def test_kernels_run_on_the_current_stream_without_host_sync(self):
+        # Queue a slow kernel on a side stream, then unscale there: the host returns before the
+        # side stream reaches the unscale, and the default stream never sees the work.
+        side = torch.openreg.Stream()
+        found = torch.zeros(1, device="openreg")
+        grads = [torch.full((4,), 8.0, device="openreg")]
+        a = torch.randn(1024, 1024, device="openreg")
+        with torch.openreg.stream(side):
+            for _ in range(8):
+                a = a @ a.clamp(-1e-3, 1e-3)  # keeps the stream busy
+            UNSCALE(grads, found, torch.full((1,), 0.5, device="openreg"))
+            self.assertFalse(side.query())  # still running: the call did not wait
+        side.synchronize()
+        self.assertEqual(grads[0].cpu().tolist(), [4.0] * 4)
+
+    def test_bad_arguments(self):
+        dev = "openreg"
+        g = [torch.ones(2, device=dev)]
+        one = torch.ones(1, device=dev)
+        cases = [
+            (lambda: UNSCALE(g, torch.zeros(1, dtype=torch.float16, device=dev), one), "found_inf must be a float"),
+            (lambda: UNSCALE(g, torch.zeros(2, device=dev), one), "found_inf must be a 1-element tensor"),
+            (lambda: UNSCALE(g, torch.zeros(1, device=dev), torch.ones(2, device=dev)), "inv_scale must be a 1-element"),
+            (lambda: UNSCALE(g, torch.zeros(1, device=dev), torch.ones(1)), "inv_scale must be an openreg tensor"),
+            (lambda: UNSCALE([torch.ones(2, device="openreg:1")], torch.zeros(1, device=dev), one), "must be on openreg:0"),
+            (lambda: UNSCALE([torch.ones(2, dtype=torch.int64, device=dev)], torch.zeros(1, device=dev), one),
+             "floating point"),
+            (lambda: UPDATE(one.clone(), torch.zeros(1, device=dev), one, 2.0, 0.5, 1), "growth_tracker must be a int"),
+            (lambda: UPDATE(torch.ones(2, device=dev), torch.zeros(1, dtype=torch.int32, device=dev), one, 2.0, 0.5, 1),
+             "current_scale must be a 1-element"),
+        ]
+        for call, message in cases:
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+        found = torch.zeros(1, device=dev)
+        UNSCALE(g, found, torch.full((1,), 0.5, device=dev))  # still usable
+        self.assertEqual(g[0].cpu().tolist(), [0.5, 0.5])
+
+
+def _train(device: str, amp: bool, steps: int, inject_inf_at=(), seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**12, growth_interval=5, enabled=amp)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(256, 16, generator=g)
+    y = (x[:, :1] * 2 - x[:, 1:2]).to(device)
+    x = x.to(device)
+    losses, skipped, scales = [], [], []
+    for step in range(steps):
+        before = [p.detach().clone() for p in model.parameters()]
+        with torch.autocast(device, dtype=torch.float16, enabled=amp):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        if step in inject_inf_at:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(all(torch.equal(b, p) for b, p in zip(before, model.parameters())))
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, skipped, scales
+
+
+class TestTraining(TestCase):
+    def test_mixed_precision_reaches_fp32_loss(self):
+        fp32, _, _ = _train("openreg", amp=False, steps=60)
+        mixed, skipped, scales = _train("openreg", amp=True, steps=60)
+        self.assertLess(fp32[-1], 0.2 * fp32[0])  # it learns
+        # Stated tolerance: the fp16 loop ends within 5 % (relative) of the fp32 loop.
+        self.assertLess(abs(mixed[-1] - fp32[-1]), 0.05 * fp32[-1] + 1e-4, (mixed[-1], fp32[-1]))
+        # The scale grows every 5 clean steps until fp16 overflows; such a step is skipped and
+        # the scale halves: a few skips, each one a backoff.
+        skips = [i for i, s in enumerate(skipped) if s]
+        self.assertLessEqual(len(skips), 6, skips)
+        for i in skips:
+            self.assertEqual(scales[i], (scales[i - 1] if i else 2.0**12) / 2)
+
+    def test_same_as_cpu_grad_scaler(self):
+        got = _train("openreg", amp=True, steps=10, inject_inf_at=(3,))
+        want = _train("cpu", amp=True, steps=10, inject_inf_at=(3,))
+        self.assertEqual(got[1], want[1])  # the same steps skipped
+        self.assertEqual(got[2], want[2])  # the same scale schedule
+
+    def test_steps_with_inf_gradients_are_skipped(self):
+        losses, skipped, scales = _train("openreg", amp=True, steps=12, inject_inf_at=(2, 7))
+        self.assertEqual([i for i, s in enumerate(skipped) if s], [2, 7])
+        self.assertEqual(scales[1], 2.0**12)
+        self.assertEqual(scales[2], 2.0**11)  # backoff after the inf step
+        self.assertEqual(scales[6], 2.0**11)  # 4 clean steps since: not grown yet
+        self.assertEqual(scales[7], 2.0**10)  # the second inf step backs off again
+        self.assertLess(losses[-1], losses[0])
