@@ -23,5 +23,6 @@ from . import _C  # noqa: F401  (static registrations run when the library loads
 
 __version__ = "0.1.0"
 
+
 def _load() -> None:
     """Entry point of core's plugin group: importing the package did the work."""

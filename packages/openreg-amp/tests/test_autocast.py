@@ -134,10 +134,8 @@ class TestAutocastBehaviour(TestCase):
                 self.assertFalse(torch.is_autocast_enabled("openreg"))
                 self.assertEqual((self.a @ self.a).dtype, torch.float32)
         messages = [str(w.message) for w in caught]
-        self.assertTrue(
-            any("In openreg autocast, but the target dtype is not supported. Disabling autocast." in m for m in messages),
-            messages,
-        )
+        expected = "In openreg autocast, but the target dtype is not supported. Disabling autocast."
+        self.assertTrue(any(expected in m for m in messages), messages)
 
     def test_get_and_set_autocast_dtype(self):
         self.assertEqual(torch.get_autocast_dtype("openreg"), torch.float16)  # CUDA's default too

@@ -102,18 +102,24 @@ class TestNativeKernels(TestCase):
     def test_bad_arguments(self):
         dev = "openreg"
         g = [torch.ones(2, device=dev)]
-        one = torch.ones(1, device=dev)
+        one, zero = torch.ones(1, device=dev), torch.zeros(1, device=dev)
         cases = [
             (lambda: UNSCALE(g, torch.zeros(1, dtype=torch.float16, device=dev), one), "found_inf must be a float"),
             (lambda: UNSCALE(g, torch.zeros(2, device=dev), one), "found_inf must be a 1-element tensor"),
-            (lambda: UNSCALE(g, torch.zeros(1, device=dev), torch.ones(2, device=dev)), "inv_scale must be a 1-element"),
+            (lambda: UNSCALE(g, zero, torch.ones(2, device=dev)), "inv_scale must be a 1-element"),
             (lambda: UNSCALE(g, torch.zeros(1, device=dev), torch.ones(1)), "inv_scale must be an openreg tensor"),
-            (lambda: UNSCALE([torch.ones(2, device="openreg:1")], torch.zeros(1, device=dev), one), "must be on openreg:0"),
-            (lambda: UNSCALE([torch.ones(2, dtype=torch.int64, device=dev)], torch.zeros(1, device=dev), one),
-             "floating point"),
+            (lambda: UNSCALE([torch.ones(2, device="openreg:1")], zero, one), "must be on openreg:0"),
+            (
+                lambda: UNSCALE([torch.ones(2, dtype=torch.int64, device=dev)], torch.zeros(1, device=dev), one),
+                "floating point",
+            ),
             (lambda: UPDATE(one.clone(), torch.zeros(1, device=dev), one, 2.0, 0.5, 1), "growth_tracker must be a int"),
-            (lambda: UPDATE(torch.ones(2, device=dev), torch.zeros(1, dtype=torch.int32, device=dev), one, 2.0, 0.5, 1),
-             "current_scale must be a 1-element"),
+            (
+                lambda: UPDATE(
+                    torch.ones(2, device=dev), torch.zeros(1, dtype=torch.int32, device=dev), one, 2.0, 0.5, 1
+                ),
+                "current_scale must be a 1-element",
+            ),
         ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):
