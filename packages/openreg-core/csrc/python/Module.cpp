@@ -11,6 +11,7 @@
 #include "runtime/OpenRegGenerator.h"
 #include "runtime/OpenRegHostAllocator.h"
 #include "runtime/OpenRegStream.h"
+#include "tensor/OpenRegBackendMeta.h"
 
 namespace py = pybind11;
 using namespace c10::openreg;
@@ -178,4 +179,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_fallback_counts", [] { reset_fallback_counts(); });
   m.def("_set_strict_mode", [](bool s) { set_strict_mode(s); });
   m.def("_get_strict_mode", [] { return strict_mode(); });
+
+  // backend metadata on tensors
+  m.def("_set_backend_meta",
+        [](const at::Tensor& t, int64_t format, bool compressed) { set_backend_meta(t, format, compressed); });
+  m.def("_get_backend_meta", [](const at::Tensor& t) -> py::object {
+    const auto* meta = get_backend_meta(t);
+    if (meta == nullptr) return py::none();
+    return py::make_tuple(meta->format, meta->compressed);
+  });
+  m.def("_clear_backend_meta", [](const at::Tensor& t) { clear_backend_meta(t); });
 }

@@ -12,9 +12,11 @@ from typing import Any, Dict, List
 import torch
 
 from .. import _C
+from . import backend_meta as _backend_meta
 from . import ops  # noqa: F401  (registers openreg::scaled_square)
 from ._plugins import plugins
 from ._utils import _DeviceLike, _get_device_index
+from .backend_meta import BackendMeta, clear_backend_meta, get_backend_meta, set_backend_meta
 from .memory import (
     empty_cache,
     max_memory_allocated,
@@ -49,17 +51,20 @@ from .streams import (
 )
 
 __all__ = [
+    "BackendMeta",
     "Event",
     "Stream",
     "StreamContext",
     "current_device",
     "current_stream",
     "default_stream",
+    "clear_backend_meta",
     "device",
     "device_count",
     "device_of",
     "empty_cache",
     "get_amp_supported_dtype",
+    "get_backend_meta",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
@@ -83,6 +88,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
+    "set_backend_meta",
     "set_device",
     "set_rng_state",
     "set_rng_state_all",
@@ -90,6 +96,8 @@ __all__ = [
     "stream",
     "synchronize",
 ]
+
+_backend_meta._install_propagation()
 
 _initialized = False
 _in_bad_fork = False
