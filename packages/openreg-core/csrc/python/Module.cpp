@@ -189,4 +189,39 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(meta->format, meta->compressed);
   });
   m.def("_clear_backend_meta", [](const at::Tensor& t) { clear_backend_meta(t); });
+
+  // sharing device memory with other processes (runtime IPC handles)
+  m.def("_ipc_export", [](uintptr_t ptr) {
+    orIpcMemHandle_t handle;
+    OPENREG_CHECK(orIpcGetMemHandle(&handle, reinterpret_cast<void*>(ptr)));
+    orPointerAttributes attr;
+    OPENREG_CHECK(orPointerGetAttributes(&attr, reinterpret_cast<void*>(ptr)));
+    const auto offset = ptr - reinterpret_cast<uintptr_t>(attr.base);
+    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(handle.reserved), sizeof(handle.reserved)), offset,
+                          attr.size);
+  });
+  // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
+  // its storage closes the mapping when it dies.
+  m.def("_ipc_open", [](const py::bytes& data, int device, size_t offset, size_t nbytes) {
+    const std::string raw = data;
+    TORCH_CHECK(raw.size() == sizeof(orIpcMemHandle_t), "an openreg IPC handle has ", sizeof(orIpcMemHandle_t),
+                " bytes, got ", raw.size());
+    check_device_index(static_cast<c10::DeviceIndex>(device));
+    orIpcMemHandle_t handle;
+    std::memcpy(handle.reserved, raw.data(), raw.size());
+    void* base = nullptr;
+    OPENREG_CHECK(orIpcOpenMemHandle(&base, handle));
+    orPointerAttributes attr;
+    OPENREG_CHECK(orPointerGetAttributes(&attr, base));
+    if (attr.device != device || offset + nbytes > attr.size) {
+      orIpcCloseMemHandle(base);
+      TORCH_CHECK(false, "IPC handle does not match the tensor: allocation of ", attr.size,
+                  " bytes on openreg:", attr.device, ", asked for ", nbytes, " bytes at offset ", offset,
+                  " on openreg:", device);
+    }
+    return at::for_blob(static_cast<char*>(base) + offset, {static_cast<int64_t>(nbytes)})
+        .context(base, [](void* b) { orIpcCloseMemHandle(b); })
+        .options(at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::DeviceType::PrivateUse1, device)))
+        .make_tensor();
+  });
 }

@@ -226,8 +226,9 @@ orStatus orDeviceSynchronize(void) {
 }
 
 int orPointerGetDevice(const void* ptr) {
-  Device* dev = device_of(ptr);
-  return dev == nullptr ? -1 : dev->index;
+  if (Device* dev = device_of(ptr)) return dev->index;
+  ImportedRange imp;
+  return find_import(ptr, &imp) ? imp.device : -1;
 }
 
 orStatus orGetCounters(orRuntimeCounters* out) {

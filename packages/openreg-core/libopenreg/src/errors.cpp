@@ -44,6 +44,8 @@ const char* orGetErrorName(orStatus status) {
       return "orErrorInitialization";
     case orErrorStreamCaptureUnsupported:
       return "orErrorStreamCaptureUnsupported";
+    case orErrorNotSupported:
+      return "orErrorNotSupported";
   }
   return "orErrorUnknown";
 }

@@ -42,6 +42,7 @@ struct Location {
   Device* device = nullptr;
   uintptr_t base = 0;
   size_t size = 0;
+  char* kernel_base = nullptr;  // device memory: the allocation's start in the kernel view
 };
 
 // Classifies [ptr, ptr+count). Device ranges must lie inside one live allocation.
@@ -62,6 +63,22 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
     loc->device = dev;
     loc->base = reinterpret_cast<uintptr_t>(dev->arena.device_view) + it->first;
     loc->size = it->second;
+    loc->kernel_base = dev->arena.kernel_view + it->first;
+    return orSuccess;
+  }
+  ImportedRange imp;
+  if (find_import(ptr, &imp)) {  // another process's memory, opened from an IPC handle
+    if (p + count > reinterpret_cast<uintptr_t>(imp.base) + imp.size)
+      return fail(orErrorInvalidValue, "range of " + std::to_string(count) + " bytes at " + hex(ptr) +
+                                           " runs past the end of its allocation of " + std::to_string(imp.size) +
+                                           " bytes");
+    Device* dev = nullptr;
+    if (orStatus st = get_device(imp.device, &dev)) return st;
+    loc->type = orMemoryTypeDevice;
+    loc->device = dev;
+    loc->base = reinterpret_cast<uintptr_t>(imp.base);
+    loc->size = imp.size;
+    loc->kernel_base = imp.kernel_base;
     return orSuccess;
   }
   Runtime& rt = runtime();
@@ -77,7 +94,7 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
 
 char* kernel_address(const Location& loc, const void* ptr) {
   if (loc.type != orMemoryTypeDevice) return static_cast<char*>(const_cast<void*>(ptr));
-  return loc.device->arena.kernel_view + (static_cast<const char*>(ptr) - loc.device->arena.device_view);
+  return loc.kernel_base + (reinterpret_cast<uintptr_t>(ptr) - loc.base);
 }
 
 struct CopyArgs {
@@ -224,6 +241,10 @@ orStatus orFree(void* ptr) {
   if (ptr == nullptr) return orSuccess;
   if (orStatus st = check_runtime()) return st;
   Device* dev = device_of(ptr);
+  ImportedRange imported;
+  if (dev == nullptr && find_import(ptr, &imported))
+    return fail(orErrorInvalidDevicePointer,
+                "pointer " + hex(ptr) + " was opened from an IPC handle: release it with orIpcCloseMemHandle");
   if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " is not openreg device memory");
   // As cudaFree, wait for queued work that may still use the memory.
   {

@@ -30,6 +30,24 @@ void release_pages(const DualMapping& mapping, size_t offset, size_t length);
 // Bytes of [offset, offset+length) currently resident in RAM.
 size_t resident_bytes(const DualMapping& mapping, size_t offset, size_t length);
 
+// ---- sharing a dual mapping's pages with another process (IPC) ----
+// What another process of the same user needs to open the OS object behind a
+// mapping. Carries no name: the object is reached through the exporting
+// process, so it is private to that user and cannot be guessed or leaked.
+struct ShareToken {
+  int64_t pid = 0;             // the exporting process
+  uint64_t process_start = 0;  // its start time: tells a reused pid apart
+  int64_t object = -1;         // the object's handle inside that process
+  uint64_t object_id = 0;      // the object's identity (inode), checked after opening
+};
+bool export_mapping(const DualMapping& mapping, ShareToken* out, std::string* error);
+// Maps [offset, offset+length) of the token's object twice (device and kernel
+// views) into `out`; offset and length are multiples of page_size(). Fails with
+// a message naming the cause (exporter exited, other user, ...).
+bool import_mapping(const ShareToken& token, size_t offset, size_t length, DualMapping* out, std::string* error);
+void unmap(const DualMapping& mapping);  // an imported mapping (owns no object handle)
+int64_t current_pid();
+
 // Page-aligned, readable and writable host memory (the pinned-host pool).
 void* host_alloc(size_t size);
 void host_free(void* ptr, size_t size);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -126,5 +127,98 @@ uint64_t now_ns() {
 }
 
 void on_fork_child(void (*child)()) { pthread_atfork(nullptr, nullptr, child); }
+
+int64_t current_pid() { return static_cast<int64_t>(getpid()); }
+
+#if defined(__linux__)
+namespace {
+// Start time of a process (field 22 of /proc/<pid>/stat, in clock ticks since boot), or 0 if it is gone.
+uint64_t process_start_time(int64_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr) return 0;
+  unsigned long long start = 0;
+  // After ")": state is field 3, starttime field 22: skip 19 fields.
+  if (std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &start) !=
+      1)
+    return 0;
+  return start;
+}
+}  // namespace
+
+bool export_mapping(const DualMapping& m, ShareToken* out, std::string* error) {
+  struct stat st;
+  if (fstat(static_cast<int>(m.handle), &st) != 0) {
+    *error = std::string("cannot inspect device memory object: ") + std::strerror(errno);
+    return false;
+  }
+  out->pid = current_pid();
+  out->process_start = process_start_time(out->pid);
+  out->object = m.handle;
+  out->object_id = static_cast<uint64_t>(st.st_ino);
+  return true;
+}
+
+bool import_mapping(const ShareToken& t, size_t offset, size_t length, DualMapping* out, std::string* error) {
+  const std::string who = "the process that exported it (pid " + std::to_string(t.pid) + ")";
+  const uint64_t start = process_start_time(t.pid);
+  if (start == 0 || start != t.process_start) {
+    *error = who + " has exited; an IPC handle is valid only while its exporter lives";
+    return false;
+  }
+  // The exporter's descriptor, reopened through /proc: allowed for processes of the same user only.
+  const std::string path = "/proc/" + std::to_string(t.pid) + "/fd/" + std::to_string(t.object);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    *error = errno == EACCES || errno == EPERM
+                 ? "permission denied opening the memory of " + who + ": IPC handles work between processes of one user"
+             : errno == ENOENT ? who + " has exited or no longer holds the memory"
+                               : "cannot open the memory of " + who + ": " + std::strerror(errno);
+    return false;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != t.object_id) {
+    close(fd);
+    *error = "the IPC handle does not name device memory of " + who + " (stale or forged handle)";
+    return false;
+  }
+  void* dev = mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  void* kern = dev == MAP_FAILED
+                   ? MAP_FAILED
+                   : mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  close(fd);  // the mappings keep the object alive
+  if (kern == MAP_FAILED) {
+    if (dev != MAP_FAILED) munmap(dev, length);
+    *error = std::string("cannot map the shared device memory: ") + std::strerror(errno);
+    return false;
+  }
+  out->device_view = static_cast<char*>(dev);
+  out->kernel_view = static_cast<char*>(kern);
+  out->size = length;
+  out->handle = -1;
+  return true;
+}
+#else
+// Other POSIX systems have no /proc/<pid>/fd: a port passes the descriptor over a Unix
+// socket (SCM_RIGHTS) instead. Until then IPC reports that it is unavailable.
+bool export_mapping(const DualMapping&, ShareToken*, std::string* error) {
+  *error = "IPC handles are not implemented for this operating system (see platform_posix.cpp)";
+  return false;
+}
+bool import_mapping(const ShareToken&, size_t, size_t, DualMapping*, std::string* error) {
+  *error = "IPC handles are not implemented for this operating system (see platform_posix.cpp)";
+  return false;
+}
+#endif
+
+void unmap(const DualMapping& m) {
+  munmap(m.device_view, m.size);
+  munmap(m.kernel_view, m.size);
+}
 
 }  // namespace openreg::platform

@@ -197,6 +197,16 @@ struct Counters {
       frees{0};
 };
 
+// Device memory of another process, mapped here by orIpcOpenMemHandle.
+struct Import {
+  platform::DualMapping mapping;  // page-aligned cover of the allocation
+  char* base = nullptr;           // the allocation's start in the device view
+  size_t size = 0;
+  int device = 0;
+  int refs = 0;
+  std::string key;  // exporter and allocation: the same handle opens the same import
+};
+
 struct Runtime {
   int device_count = 0;
   size_t capacity = 0;
@@ -208,6 +218,9 @@ struct Runtime {
 
   std::mutex host_mu;
   std::map<uintptr_t, size_t> host_blocks;  // pinned base -> size
+
+  std::mutex imports_mu;
+  std::map<uintptr_t, Import> imports;  // device-view start of the mapping -> import
 };
 
 // The process-wide runtime; never destroyed so worker threads may outlive main().
@@ -234,5 +247,15 @@ orStatus synchronize_device(Device& dev);
 
 // Device whose arena contains `ptr`, or nullptr.
 Device* device_of(const void* ptr);
+
+// Imported (IPC) device memory containing `ptr`: fills the allocation's device
+// index, start, size and kernel-view start; false if `ptr` is not imported.
+struct ImportedRange {
+  int device = -1;
+  char* base = nullptr;
+  size_t size = 0;
+  char* kernel_base = nullptr;
+};
+bool find_import(const void* ptr, ImportedRange* out);
 
 }  // namespace openreg::rt

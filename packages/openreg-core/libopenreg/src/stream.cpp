@@ -421,10 +421,16 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
 orStatus orKernelPointer(const void* dev_ptr, void** kernel_ptr) {
   if (kernel_ptr == nullptr) return fail(orErrorInvalidValue, "kernel_ptr is NULL");
   if (!t_in_kernel) return fail(orErrorNotPermitted, "orKernelPointer is device-side: call it from a running kernel");
-  Device* dev = device_of(dev_ptr);
-  if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer is not openreg device memory");
-  *kernel_ptr = dev->arena.kernel_view + (static_cast<const char*>(dev_ptr) - dev->arena.device_view);
-  return orSuccess;
+  if (Device* dev = device_of(dev_ptr)) {  // one subtraction, one addition: the hot case
+    *kernel_ptr = dev->arena.kernel_view + (static_cast<const char*>(dev_ptr) - dev->arena.device_view);
+    return orSuccess;
+  }
+  ImportedRange imp;
+  if (find_import(dev_ptr, &imp)) {
+    *kernel_ptr = imp.kernel_base + (static_cast<const char*>(dev_ptr) - imp.base);
+    return orSuccess;
+  }
+  return fail(orErrorInvalidDevicePointer, "pointer is not openreg device memory");
 }
 
 orStatus orKernelFail(const char* message) {

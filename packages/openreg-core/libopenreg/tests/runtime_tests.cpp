@@ -1552,6 +1552,167 @@ TEST(fork_child_is_refused) {
 }
 
 // ===========================================================================
+// IPC: device memory shared between processes. The second process is forked
+// before this one starts its runtime, so it is a fresh process for openreg.
+
+namespace {
+
+bool read_all(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* buf, size_t n) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t r = write(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Forks a process that runs `body(read_fd, write_fd)` and exits with its result.
+pid_t fork_peer(int* to_peer, int* from_peer, const std::function<int(int, int)>& body) {
+  int down[2], up[2];
+  if (pipe(down) != 0 || pipe(up) != 0) return -1;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(down[1]);
+    close(up[0]);
+    std::_Exit(body(down[0], up[1]));
+  }
+  close(down[0]);
+  close(up[1]);
+  *to_peer = down[1];
+  *from_peer = up[0];
+  return pid;
+}
+
+int wait_exit_code(pid_t pid) {
+  int wstatus = 0;
+  if (waitpid(pid, &wstatus, 0) != pid || !WIFEXITED(wstatus)) return -1;
+  return WEXITSTATUS(wstatus);
+}
+
+}  // namespace
+
+TEST(ipc_share_memory_between_processes) {
+  constexpr size_t kBytes = 10000;
+  int to_peer = -1, from_peer = -1;
+  // The importer: opens the handle (twice), checks the exporter's bytes, then
+  // writes through a copy and through a kernel, and reports back.
+  const pid_t pid = fork_peer(&to_peer, &from_peer, [](int in, int out) -> int {
+    orIpcMemHandle_t h;
+    size_t offset = 0;
+    if (!read_all(in, &h, sizeof(h)) || !read_all(in, &offset, sizeof(offset))) return 10;
+    CHECK_OK(orSetDevice(1));
+    void* base = nullptr;
+    CHECK_OK(orIpcOpenMemHandle(&base, h));
+    void* again = nullptr;
+    CHECK_OK(orIpcOpenMemHandle(&again, h));
+    CHECK_EQ(again, base);  // the same mapping, counted twice
+    CHECK_EQ(orPointerGetDevice(base), 1);
+    orPointerAttributes attr{};
+    CHECK_OK(orPointerGetAttributes(&attr, static_cast<char*>(base) + 5));
+    CHECK_EQ(attr.base, base);
+    CHECK_EQ(attr.size, size_t{10240});  // the whole allocation (512-byte granularity)
+    std::vector<unsigned char> host(kBytes);
+    CHECK_OK(orMemcpy(host.data(), static_cast<char*>(base) + offset, kBytes, orMemcpyDeviceToHost));
+    for (size_t i = 0; i < kBytes; ++i)
+      if (host[i] != static_cast<unsigned char>(i * 7)) return 11;
+    CHECK_OK(orMemset(static_cast<char*>(base) + offset, 0x5a, 100));
+    auto* target = static_cast<unsigned char*>(base) + offset + 100;
+    CHECK_OK(openreg::launch(nullptr, "test::ipc_write", [target] { *openreg::kernel_pointer(target) = 0xee; }));
+    CHECK_OK(orDeviceSynchronize());
+    CHECK_STATUS(orErrorInvalidDevicePointer, orFree(base));
+    CHECK_MESSAGE_HAS("orIpcCloseMemHandle");
+    CHECK_OK(orIpcCloseMemHandle(base));
+    CHECK_OK(orIpcCloseMemHandle(base));
+    CHECK_STATUS(orErrorInvalidDevicePointer, orIpcCloseMemHandle(base));
+    const char done = 1;
+    return write_all(out, &done, 1) ? 0 : 12;
+  });
+  CHECK(pid > 0);
+  CHECK_OK(orSetDevice(1));
+  void* before = nullptr;
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&before, 4096));  // so the shared allocation does not start the arena
+  CHECK_OK(orMalloc(&d, kBytes + 100));
+  std::vector<unsigned char> host(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) host[i] = static_cast<unsigned char>(i * 7);
+  const size_t offset = 64;
+  CHECK_OK(orMemcpy(static_cast<char*>(d) + offset, host.data(), kBytes, orMemcpyHostToDevice));
+  orIpcMemHandle_t h;
+  CHECK_OK(orIpcGetMemHandle(&h, static_cast<char*>(d) + offset));  // an inner pointer names its allocation
+  CHECK(write_all(to_peer, &h, sizeof(h)));
+  CHECK(write_all(to_peer, &offset, sizeof(offset)));
+  char done = 0;
+  CHECK(read_all(from_peer, &done, 1));
+  CHECK_EQ(wait_exit_code(pid), 0);
+  // The peer's writes are in this process's memory: one memory, two processes.
+  CHECK_OK(orMemcpy(host.data(), static_cast<char*>(d) + offset, kBytes, orMemcpyDeviceToHost));
+  CHECK_EQ(static_cast<int>(host[0]), 0x5a);
+  CHECK_EQ(static_cast<int>(host[99]), 0x5a);
+  CHECK_EQ(static_cast<int>(host[100]), 0xee);
+  CHECK_EQ(static_cast<int>(host[101]), static_cast<int>(static_cast<unsigned char>(101 * 7)));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orFree(before));
+  close(to_peer);
+  close(from_peer);
+}
+
+TEST(ipc_bad_handles) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 4096));
+  orIpcMemHandle_t h;
+  CHECK_OK(orIpcGetMemHandle(&h, d));
+  void* p = nullptr;
+  CHECK_STATUS(orErrorInvalidValue, orIpcOpenMemHandle(&p, h));
+  CHECK_MESSAGE_HAS("made by this process");
+  orIpcMemHandle_t junk;
+  std::memset(&junk, 0x42, sizeof(junk));
+  CHECK_STATUS(orErrorInvalidValue, orIpcOpenMemHandle(&p, junk));
+  CHECK_MESSAGE_HAS("not an openreg IPC memory handle");
+  int on_stack = 0;
+  CHECK_STATUS(orErrorInvalidDevicePointer, orIpcGetMemHandle(&h, &on_stack));
+  CHECK_STATUS(orErrorInvalidValue, orIpcGetMemHandle(nullptr, d));
+  CHECK_STATUS(orErrorInvalidDevicePointer, orIpcCloseMemHandle(d));
+  CHECK_OK(orFree(d));
+}
+
+TEST(ipc_handle_of_an_exited_process) {
+  int to_peer = -1, from_peer = -1;
+  // The exporter sends a handle and exits: the handle must then fail clearly.
+  const pid_t pid = fork_peer(&to_peer, &from_peer, [](int, int out) -> int {
+    void* d = nullptr;
+    if (orMalloc(&d, 4096) != orSuccess) return 10;
+    orIpcMemHandle_t h;
+    if (orIpcGetMemHandle(&h, d) != orSuccess) return 11;
+    return write_all(out, &h, sizeof(h)) ? 0 : 12;
+  });
+  CHECK(pid > 0);
+  orIpcMemHandle_t h;
+  CHECK(read_all(from_peer, &h, sizeof(h)));
+  CHECK_EQ(wait_exit_code(pid), 0);
+  void* p = nullptr;
+  CHECK_STATUS(orErrorInvalidValue, orIpcOpenMemHandle(&p, h));
+  CHECK_MESSAGE_HAS("has exited");
+  CHECK(p == nullptr);
+  close(to_peer);
+  close(from_peer);
+}
+
+// ===========================================================================
 // Counters
 
 TEST(counters_are_exact) {

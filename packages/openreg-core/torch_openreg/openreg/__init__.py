@@ -13,10 +13,12 @@ import torch
 
 from .. import _C
 from . import backend_meta as _backend_meta
+from . import ipc as _ipc
 from . import ops  # noqa: F401  (registers openreg::scaled_square)
 from ._plugins import plugins
 from ._utils import _DeviceLike, _get_device_index
 from .backend_meta import BackendMeta, clear_backend_meta, get_backend_meta, set_backend_meta
+from .ipc import IpcHandle, get_ipc_handle, open_ipc_handle
 from .memory import (
     empty_cache,
     max_memory_allocated,
@@ -53,6 +55,7 @@ from .streams import (
 __all__ = [
     "BackendMeta",
     "Event",
+    "IpcHandle",
     "Stream",
     "StreamContext",
     "current_device",
@@ -68,6 +71,7 @@ __all__ = [
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_ipc_handle",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -79,6 +83,7 @@ __all__ = [
     "max_memory_allocated",
     "max_memory_reserved",
     "mem_get_info",
+    "open_ipc_handle",
     "memory_allocated",
     "memory_reserved",
     "memory_snapshot",
@@ -98,6 +103,7 @@ __all__ = [
 ]
 
 _backend_meta._install_propagation()
+_ipc._install_reducers()
 
 _initialized = False
 _in_bad_fork = False

@@ -64,6 +64,7 @@ typedef enum orStatus {
   orErrorForkedProcess = 10,            /* used in a child forked after init */
   orErrorInitialization = 11,           /* bad configuration or OS failure */
   orErrorStreamCaptureUnsupported = 12, /* not allowed while the stream is being captured */
+  orErrorNotSupported = 13,             /* not available on this platform */
 } orStatus;
 
 typedef enum orMemcpyKind {
@@ -108,6 +109,12 @@ typedef struct orRuntimeCounters {
   uint64_t deviceFrees;
 } orRuntimeCounters;
 
+/* An opaque handle to one device allocation, for another process (see orIpcGetMemHandle). */
+#define OR_IPC_HANDLE_SIZE 64
+typedef struct orIpcMemHandle {
+  unsigned char reserved[OR_IPC_HANDLE_SIZE];
+} orIpcMemHandle_t;
+
 typedef struct orStream_st* orStream_t; /* NULL: current device's default stream */
 typedef struct orEvent_st* orEvent_t;
 typedef struct orGraph_st* orGraph_t; /* work captured from a stream, replayable */
@@ -149,6 +156,21 @@ OPENREG_API int orPointerGetDevice(const void* ptr);
 OPENREG_API orStatus orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 /* Bytes of the current device's memory held in host RAM right now. */
 OPENREG_API orStatus orDeviceGetResidentBytes(size_t* bytes);
+
+/* ---- sharing device memory between processes ----
+ * orIpcGetMemHandle describes the allocation (from orMalloc) that contains
+ * dev_ptr; another process of the same user opens it with orIpcOpenMemHandle
+ * and gets the allocation's start, mapped into its own address space on the
+ * same device index: both processes then read and write the same memory. The
+ * handle names no shared object (nothing in /dev/shm, nothing to guess); it is
+ * valid while the exporting process lives and keeps the allocation. Opening it
+ * twice returns the same pointer (reference counted); a handle from a process
+ * that has exited fails with orErrorInvalidValue and says so. Opening a handle
+ * in the process that made it fails (use the pointer). orIpcCloseMemHandle
+ * waits for the device's queued work, like orFree, then unmaps. */
+OPENREG_API orStatus orIpcGetMemHandle(orIpcMemHandle_t* handle, void* dev_ptr);
+OPENREG_API orStatus orIpcOpenMemHandle(void** dev_ptr, orIpcMemHandle_t handle);
+OPENREG_API orStatus orIpcCloseMemHandle(void* dev_ptr);
 
 /* ---- streams ---- */
 OPENREG_API orStatus orDeviceGetStreamPriorityRange(int* least, int* greatest);

@@ -1,0 +1,115 @@
+"""Sharing openreg tensors between processes: runtime IPC handles (torch_openreg/openreg/ipc.py,
+libopenreg/src/ipc.cpp) and torch.multiprocessing queues with the spawn start method."""
+
+import os
+import pickle
+
+import torch
+import torch.multiprocessing as mp
+from conftest import run_python
+from torch.testing._internal.common_utils import TestCase
+
+
+def _consumer(queue, results):
+    """Runs in a spawned process: receives tensors, checks them, writes into the first one."""
+    t = queue.get(timeout=60)
+    results.put(("tensor", str(t.device), t.cpu().tolist(), t.stride()))
+    t.mul_(-1)  # a write through the shared memory
+    torch.openreg.synchronize()
+    p = queue.get(timeout=60)
+    results.put(("parameter", type(p).__name__, p.requires_grad, p.detach().cpu().tolist()))
+    s = queue.get(timeout=60)
+    results.put(("storage", type(s).__name__, str(s.device), s.nbytes()))
+    results.put(("done",))
+
+
+class TestIpcHandles(TestCase):
+    def test_live_sharing_with_another_process(self):
+        t = torch.arange(12.0, device="openreg:1").view(3, 4)[1:, ::2]  # offset and strides
+        h = torch.openreg.get_ipc_handle(t)
+        r = run_python(
+            f"""
+            import pickle, torch
+            h = pickle.loads(bytes.fromhex({pickle.dumps(h).hex()!r}))
+            t = torch.openreg.open_ipc_handle(h)
+            print(t.device, t.cpu().tolist(), t.stride(), t.storage_offset())
+            t.fill_(7.0)
+            torch.openreg.synchronize()
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "openreg:1 [[4.0, 6.0], [8.0, 10.0]] (4, 2) 4")
+        # The other process wrote the shared memory; the elements outside the view are untouched.
+        self.assertEqual(t.cpu().tolist(), [[7.0, 7.0], [7.0, 7.0]])
+        self.assertEqual(t.untyped_storage().nbytes(), 48)
+        whole = torch.empty(0, device="openreg:1").set_(t.untyped_storage())
+        self.assertEqual(whole.cpu().tolist(), [0, 1, 2, 3, 7, 5, 7, 7, 7, 9, 7, 11])
+
+    def test_handle_names_no_shared_memory_file(self):
+        before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        h = torch.openreg.get_ipc_handle(torch.ones(1000, device="openreg"))
+        after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        self.assertEqual(after - before, set())
+        self.assertEqual(len(h.handle), 64)
+
+    def test_handle_of_an_exited_process(self):
+        r = run_python(
+            """
+            import pickle, torch
+            print(pickle.dumps(torch.openreg.get_ipc_handle(torch.ones(4, device="openreg"))).hex())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        h = pickle.loads(bytes.fromhex(r.stdout.strip()))
+        with self.assertRaisesRegex(RuntimeError, r"cannot open openreg IPC handle: the process that exported it "):
+            torch.openreg.open_ipc_handle(h)
+        with self.assertRaisesRegex(RuntimeError, r"has exited"):
+            torch.openreg.open_ipc_handle(h)
+        self.assertEqual(torch.ones(2, device="openreg").sum().item(), 2.0)  # the device still works
+
+    def test_bad_input(self):
+        t = torch.ones(4, device="openreg")
+        h = torch.openreg.get_ipc_handle(t)
+        with self.assertRaisesRegex(RuntimeError, "this IPC handle was made by this process"):
+            torch.openreg.open_ipc_handle(h)
+        with self.assertRaisesRegex(RuntimeError, "not an openreg IPC memory handle"):
+            torch.openreg.open_ipc_handle(h._replace(handle=bytes(64)))
+        with self.assertRaisesRegex(RuntimeError, "an openreg IPC handle has 64 bytes, got 3"):
+            torch.openreg.open_ipc_handle(h._replace(handle=b"abc"))
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 7"):
+            torch.openreg.open_ipc_handle(h._replace(device=7))
+        with self.assertRaisesRegex(ValueError, "get_ipc_handle takes an openreg tensor, got one on cpu"):
+            torch.openreg.get_ipc_handle(torch.ones(2))
+        with self.assertRaisesRegex(ValueError, "has no device memory"):
+            torch.openreg.get_ipc_handle(torch.empty(0, device="openreg"))
+
+
+class TestMultiprocessing(TestCase):
+    def test_spawn_queue_shares_tensors_parameters_and_storages(self):
+        ctx = mp.get_context("spawn")
+        queue, results = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=_consumer, args=(queue, results))
+        proc.start()
+        try:
+            t = torch.arange(6.0, device="openreg:1").view(2, 3).t()  # transposed
+            queue.put(t)
+            self.assertEqual(results.get(timeout=120), ("tensor", "openreg:1", [[0, 3], [1, 4], [2, 5]], (1, 3)))
+            queue.put(torch.nn.Parameter(torch.full((2,), 3.0, device="openreg")))
+            self.assertEqual(results.get(timeout=60), ("parameter", "Parameter", True, [3.0, 3.0]))
+            queue.put(torch.zeros(5, device="openreg").untyped_storage())
+            self.assertEqual(results.get(timeout=60), ("storage", "UntypedStorage", "openreg:0", 20))
+            self.assertEqual(results.get(timeout=60), ("done",))
+        finally:
+            proc.join(timeout=60)
+        self.assertEqual(proc.exitcode, 0)
+        # The consumer's in-place write is visible here: shared, not copied.
+        self.assertEqual(t.cpu().tolist(), [[0, -3], [-1, -4], [-2, -5]])
+
+    def test_non_leaf_requiring_grad_is_refused_like_on_cpu(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        x = torch.ones(2, device="openreg", requires_grad=True) * 2
+        with self.assertRaisesRegex(RuntimeError, "Cowardly refusing to serialize non-leaf tensor"):
+            ForkingPickler.dumps(x)
+        # CPU tensors still take torch's own path (shared memory file descriptors).
+        self.assertIn(b"rebuild_storage_fd", ForkingPickler.dumps(torch.ones(2)).tobytes())

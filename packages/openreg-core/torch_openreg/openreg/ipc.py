@@ -1,0 +1,115 @@
+"""Sharing openreg tensors between processes (runtime IPC handles).
+
+``get_ipc_handle(t)`` describes where ``t`` lives (the runtime's handle of its
+allocation, plus the tensor's geometry); another process of the same user passes
+it to ``open_ipc_handle`` and gets a tensor over *the same device memory*: a write
+in either process is seen by the other. The handle names no shared-memory object
+(nothing in ``/dev/shm``, nothing to guess): the runtime reaches the memory through
+the exporting process, so it is valid while that process lives, and only for
+processes of the same user (``libopenreg/src/platform_posix.cpp``).
+
+As with CUDA tensors shared through ``torch.multiprocessing``, the producer must
+keep the tensor alive while consumers use it. The handle is taken after the
+producer's queued work on the tensor's device has finished, so consumers see its
+final values.
+
+``torch.multiprocessing`` (``spawn``) queues and process arguments carry openreg
+tensors and storages this way: :func:`_install_reducers` registers reducers with
+its ``ForkingPickler`` (torch 2.13 special-cases CUDA only and would try to share
+an openreg storage as CPU memory).
+"""
+
+from typing import NamedTuple, Tuple
+
+import torch
+
+from .. import _C
+
+
+class IpcHandle(NamedTuple):
+    """Everything another process needs to open a shared openreg tensor (picklable)."""
+
+    handle: bytes  # the runtime's orIpcMemHandle_t of the allocation
+    device: int
+    offset: int  # of the storage in the allocation, in bytes
+    nbytes: int  # of the storage
+    dtype: torch.dtype
+    size: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    storage_offset: int  # in elements
+
+
+def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
+    """A handle to ``tensor``'s device memory for another process (see the module doc)."""
+    if tensor.device.type != "openreg":
+        raise ValueError(f"get_ipc_handle takes an openreg tensor, got one on {tensor.device}")
+    storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:
+        raise ValueError("get_ipc_handle: the tensor has no device memory (an empty storage)")
+    torch.openreg.synchronize(tensor.device)  # consumers see the finished values
+    handle, offset, _ = _C._ipc_export(storage.data_ptr())
+    return IpcHandle(
+        handle,
+        tensor.device.index,
+        offset,
+        storage.nbytes(),
+        tensor.dtype,
+        tuple(tensor.size()),
+        tuple(tensor.stride()),
+        tensor.storage_offset(),
+    )
+
+
+def _open_storage(h: IpcHandle) -> torch.UntypedStorage:
+    return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes).untyped_storage()
+
+
+def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
+    """The tensor a handle from :func:`get_ipc_handle` describes, over the shared memory."""
+    out = torch.empty(0, dtype=h.dtype, device=torch.device("openreg", h.device))
+    return out.set_(_open_storage(h), h.storage_offset, h.size, h.stride)
+
+
+# ---- torch.multiprocessing ----
+
+
+def _rebuild_tensor(cls, h: IpcHandle, requires_grad: bool) -> torch.Tensor:
+    t = open_ipc_handle(h)
+    if cls is torch.nn.Parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    t.requires_grad_(requires_grad)
+    return t
+
+
+def _rebuild_storage(h: IpcHandle) -> torch.UntypedStorage:
+    return _open_storage(h)
+
+
+def _install_reducers() -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    if getattr(ForkingPickler, "_openreg_reducers", False):
+        return
+
+    def reduce_tensor(t):
+        if t.device.type != "openreg":
+            return reductions.reduce_tensor(t)
+        if t.requires_grad and not t.is_leaf:  # torch's rule for every device
+            raise RuntimeError(
+                "Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd does not "
+                "support crossing process boundaries.  If you just want to transfer the data, call detach() on "
+                "the tensor before serializing (e.g., putting it on the queue)."
+            )
+        return _rebuild_tensor, (type(t), get_ipc_handle(t.detach()), t.requires_grad)
+
+    def reduce_storage(s):
+        if s.device.type != "openreg":
+            return reductions.reduce_storage(s)
+        return _rebuild_storage, (get_ipc_handle(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)),)
+
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        ForkingPickler.register(cls, reduce_tensor)
+    ForkingPickler.register(torch.UntypedStorage, reduce_storage)
+    ForkingPickler._openreg_reducers = True
