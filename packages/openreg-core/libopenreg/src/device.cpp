@@ -116,6 +116,7 @@ orStatus get_device(int index, Device** out) {
       dev.free_blocks[0] = rt.capacity;
       uintptr_t handle = 0;
       Stream* s = rt.streams.acquire(&handle);
+      s->handle = handle;
       s->device = index;
       s->priority = 0;
       s->is_default = true;

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -129,6 +130,16 @@ uint64_t now_ns() {
 void on_fork_child(void (*child)()) { pthread_atfork(nullptr, nullptr, child); }
 
 int64_t current_pid() { return static_cast<int64_t>(getpid()); }
+
+uint64_t thread_id() {
+#if defined(__linux__)
+  return static_cast<uint64_t>(syscall(SYS_gettid));
+#else
+  uint64_t id = 0;
+  pthread_threadid_np(nullptr, &id);
+  return id;
+#endif
+}
 
 #if defined(__linux__)
 namespace {

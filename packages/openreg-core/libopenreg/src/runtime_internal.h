@@ -122,6 +122,10 @@ struct WorkItem {
   orKernelArgsDeleter deleter = nullptr;
   const char* name = nullptr;
   uint64_t seq = 0;
+  bool traced = false;       // tracing was on when it was enqueued
+  uint64_t correlation = 0;  // the enqueuing thread's correlation id then
+  uint64_t host_thread = 0;  // and its OS thread id,
+  uint64_t enqueue_ns = 0;   // and when it started enqueuing the item
 };
 
 struct Graph {
@@ -130,6 +134,7 @@ struct Graph {
 };
 
 struct Stream {
+  uintptr_t handle = 0;  // the orStream_t of this use of the slot
   int device = 0;
   int priority = 0;
   bool is_default = false;
@@ -244,6 +249,22 @@ void record_kernel_error(int device, const char* kernel, const char* message);
 // Returns and clears the device's pending kernel error (orSuccess if none).
 orStatus take_device_error(Device& dev);
 orStatus synchronize_device(Device& dev);
+
+// ---- activity tracing (tracing.cpp) ----
+extern std::atomic<bool> g_tracing;
+// Host side, at enqueue: marks the item for tracing (one relaxed load when off).
+inline void trace_prepare(WorkItem& item);
+// Device side: records a traced item that ran on `stream` from `start_ns` to `end_ns`.
+void trace_record(const Stream& stream, const WorkItem& item, uint64_t start_ns, uint64_t end_ns);
+uint64_t current_correlation();
+
+inline void trace_prepare(WorkItem& item) {
+  if (!g_tracing.load(std::memory_order_relaxed)) return;
+  item.traced = true;
+  item.correlation = current_correlation();
+  item.host_thread = platform::thread_id();
+  item.enqueue_ns = platform::now_ns();
+}
 
 // Device whose arena contains `ptr`, or nullptr.
 Device* device_of(const void* ptr);

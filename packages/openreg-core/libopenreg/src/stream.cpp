@@ -71,6 +71,7 @@ uint64_t Stream::enqueue(const WorkItem& in) {
     std::thread([this] { worker_loop(); }).detach();
   }
   WorkItem item = in;
+  trace_prepare(item);
   item.seq = ++submitted_locked;
   queue.push_back(item);
   submitted.store(item.seq, std::memory_order_release);
@@ -107,6 +108,7 @@ void Stream::worker_loop() {
     t_in_kernel = true;
     t_kernel_error.clear();
     orStatus st;
+    const uint64_t start_ns = item.traced ? platform::now_ns() : 0;
     try {
       st = item.fn(item.args);
     } catch (const std::exception& e) {
@@ -117,6 +119,7 @@ void Stream::worker_loop() {
       st = orErrorLaunchFailure;
     }
     t_in_kernel = false;
+    if (item.traced) trace_record(*this, item, start_ns, platform::now_ns());
     if (st != orSuccess)
       record_kernel_error(device, item.name, t_kernel_error.empty() ? orGetErrorName(st) : t_kernel_error.c_str());
     if (item.deleter) item.deleter(item.args);
@@ -218,6 +221,7 @@ orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int flags, int 
   uintptr_t handle = 0;
   Stream* s = runtime().streams.acquire(&handle);
   if (s == nullptr) return fail(orErrorMemoryAllocation, "too many streams");
+  s->handle = handle;
   s->device = dev->index;
   // As on CUDA, priorities outside the range are clamped to it.
   s->priority = priority > kLeastPriority      ? kLeastPriority

@@ -1713,6 +1713,70 @@ TEST(ipc_handle_of_an_exited_process) {
 }
 
 // ===========================================================================
+// Activity tracing (what the profiler reads)
+
+TEST(tracing_records_work_with_correlation) {
+  struct Seen {
+    std::string name;
+    int device;
+    orStream_t stream;
+    int is_default;
+    uint64_t correlation, start, end, enqueue;
+  };
+  auto flush = [] {
+    std::vector<Seen> seen;
+    CHECK_OK(orTracingFlush(
+        [](const orActivity* a, void* user) {
+          static_cast<std::vector<Seen>*>(user)->push_back({a->name, a->device, a->stream, a->is_default_stream,
+                                                            a->correlation, a->start_ns, a->end_ns, a->enqueue_ns});
+        },
+        &seen));
+    return seen;
+  };
+  CHECK_OK(orSetDevice(1));
+  orStream_t side = nullptr;
+  CHECK_OK(orStreamCreate(&side));
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 4096));
+  CHECK_OK(openreg::launch(nullptr, "test::untraced", [] {}));
+  CHECK_OK(orDeviceSynchronize());
+  const uint64_t t0 = orNowNs();
+  CHECK_OK(orTracingEnable(1));
+  CHECK_OK(orTracingPushCorrelationId(41));
+  CHECK_OK(orTracingPushCorrelationId(42));  // nested: the innermost counts
+  CHECK_OK(openreg::launch(side, "test::traced", [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }));
+  CHECK_OK(orTracingPopCorrelationId());
+  CHECK_OK(orMemsetAsync(d, 0, 4096, nullptr));
+  CHECK_OK(orTracingPopCorrelationId());
+  CHECK_OK(openreg::launch(nullptr, "test::no_correlation", [] {}));
+  CHECK_STATUS(orErrorInvalidValue, orTracingPopCorrelationId());
+  CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orTracingEnable(0));
+  CHECK_OK(openreg::launch(nullptr, "test::after", [] {}));
+  CHECK_OK(orDeviceSynchronize());
+  const uint64_t t1 = orNowNs();
+  std::vector<Seen> seen = flush();
+  CHECK_EQ(seen.size(), size_t{3});
+  std::sort(seen.begin(), seen.end(), [](const Seen& a, const Seen& b) { return a.name < b.name; });
+  CHECK_EQ(seen[0].name, std::string("openreg::memset"));
+  CHECK_EQ(seen[0].correlation, uint64_t{41});
+  CHECK_EQ(seen[0].is_default, 1);
+  CHECK_EQ(seen[1].name, std::string("test::no_correlation"));
+  CHECK_EQ(seen[1].correlation, uint64_t{0});
+  CHECK_EQ(seen[2].name, std::string("test::traced"));
+  CHECK_EQ(seen[2].correlation, uint64_t{42});
+  CHECK_EQ(seen[2].stream, side);
+  CHECK_EQ(seen[2].is_default, 0);
+  CHECK_EQ(seen[2].device, 1);
+  CHECK(seen[2].end - seen[2].start >= uint64_t{2000000});
+  for (const Seen& s : seen) CHECK(t0 <= s.enqueue && s.enqueue <= s.start && s.start <= s.end && s.end <= t1);
+  CHECK_EQ(flush().size(), size_t{0});  // flushed activities are forgotten
+  CHECK_STATUS(orErrorInvalidValue, orTracingFlush(nullptr, nullptr));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(side));
+}
+
+// ===========================================================================
 // Counters
 
 TEST(counters_are_exact) {

@@ -223,6 +223,30 @@ OPENREG_API int orInKernel(void);
 /* ---- observability ---- */
 OPENREG_API orStatus orGetCounters(orRuntimeCounters* counters);
 
+/* Activity tracing, what a profiler reads. While tracing is enabled, every
+ * work item enqueued (kernel, copy, memset, event record or wait) is timed on
+ * its stream and remembered with the correlation id that was current on the
+ * enqueuing host thread. orTracingFlush hands the activities to `fn` (in
+ * completion order per stream) and forgets them. Disabled, tracing costs one
+ * relaxed atomic load per enqueue. Times are orNowNs() values. */
+typedef struct orActivity {
+  const char* name; /* the kernel name; "openreg::memcpy", "openreg::memset", ... for runtime work */
+  int device;
+  orStream_t stream;
+  int is_default_stream;
+  uint64_t correlation; /* 0 when none was pushed */
+  uint64_t start_ns;    /* when the device started it */
+  uint64_t end_ns;      /* and finished it */
+  uint64_t host_thread; /* OS id of the host thread that enqueued it */
+  uint64_t enqueue_ns;  /* when that thread started enqueuing it */
+} orActivity;
+typedef void (*orActivityFn)(const orActivity* activity, void* user);
+OPENREG_API orStatus orTracingEnable(int enable);
+OPENREG_API orStatus orTracingPushCorrelationId(uint64_t id); /* per host thread, nested */
+OPENREG_API orStatus orTracingPopCorrelationId(void);
+OPENREG_API orStatus orTracingFlush(orActivityFn fn, void* user);
+OPENREG_API uint64_t orNowNs(void); /* the runtime's monotonic clock, in nanoseconds */
+
 #ifdef __cplusplus
 }
 #endif
