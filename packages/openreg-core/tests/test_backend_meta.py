@@ -24,6 +24,9 @@ class TestBackendMeta(TestCase):
         self.t = torch.arange(6.0, device="openreg")
         set_backend_meta(self.t, format=9, compressed=True)
 
+    def tearDown(self):
+        del self.t  # pytest keeps TestCase instances alive
+
     def test_set_get_replace_clear(self):
         self.assertIsNone(get_backend_meta(torch.ones(2, device="openreg")))
         self.assertEqual(get_backend_meta(self.t), BackendMeta(format=9, compressed=True))

@@ -25,6 +25,7 @@ class TestCachingAllocator(TestCase):
 
     def test_blocks_are_reused_and_cache_emptied(self):
         torch.openreg.empty_cache()
+        held = torch.openreg.memory_reserved()  # segments of tensors other tests still hold
         x = torch.empty(MiB, device="openreg")  # 4 MiB: large pool
         reserved = torch.openreg.memory_reserved()
         ptr = x.data_ptr()
@@ -34,7 +35,7 @@ class TestCachingAllocator(TestCase):
         self.assertEqual(y.data_ptr(), ptr)
         del y
         torch.openreg.empty_cache()
-        self.assertEqual(torch.openreg.memory_reserved(), 0)
+        self.assertEqual(torch.openreg.memory_reserved(), held)
 
     def test_stats_and_peaks(self):
         torch.openreg.empty_cache()

@@ -31,6 +31,9 @@ class TestKinetoProfiler(TestCase):
         _workload(self.a, self.side)  # first calls verify their meta kernels synchronously: not in the trace
         torch.openreg.synchronize()
 
+    def tearDown(self):
+        del self.a, self.side  # pytest keeps TestCase instances alive
+
     def _profile(self, activities):
         torch.add(self.a, 1)  # before the region: must not appear
         with profile(activities=activities) as prof:

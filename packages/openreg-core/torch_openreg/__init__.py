@@ -54,6 +54,9 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
+    from .openreg import _dlpack  # Tensor.__dlpack_device__/__dlpack__ fixes for the renamed backend
+
+    _dlpack.install()
     openreg._plugins.load_plugins()
 
 
