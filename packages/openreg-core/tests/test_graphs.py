@@ -85,6 +85,52 @@ class TestGraphs(TestCase):
         g.reset()
         del other, out
 
+    def test_adjacent_captured_blocks_freed_before_the_graph(self):
+        # Two blocks of one segment, both kept for the graph, released when it goes: neither may
+        # be merged into the other while it is still kept (that freed one block twice).
+        s = torch.openreg.Stream()
+        x = torch.ones(4, device="openreg")
+        warm_up(lambda: x * 2 + 1, s)
+        torch.openreg.empty_cache()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x * 2 + 1  # the temporary x * 2 and y are neighbours
+            g.capture_end()
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.full((4,), 3.0))
+        del y
+        allocated = torch.openreg.memory_allocated()
+        g.reset()
+        self.assertEqual(torch.openreg.memory_allocated(), allocated)
+        torch.openreg.empty_cache()
+        self.assertEqual([z.cpu().tolist() for z in (x * 2, x + 5)], [[2.0] * 4, [6.0] * 4])
+
+    def test_graph_alive_at_interpreter_exit(self):
+        from conftest import run_python
+
+        r = run_python(
+            """
+            import torch
+            s = torch.openreg.Stream()
+            x = torch.ones(4, device="openreg")
+            with torch.openreg.stream(s):
+                x * 2 + 1
+            s.synchronize()
+            g = torch.accelerator.Graph()
+            with torch.openreg.stream(s):
+                g.capture_begin()
+                y = x * 2 + 1
+                g.capture_end()
+            g.replay()
+            torch.openreg.synchronize()
+            print(y.cpu().tolist())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "[3.0, 3.0, 3.0, 3.0]")
+
     def test_debug_dump_and_errors(self):
         g = torch.accelerator.Graph()
         with self.assertRaisesRegex(RuntimeError, "needs a captured graph"):

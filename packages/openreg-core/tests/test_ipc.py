@@ -94,9 +94,12 @@ class TestMultiprocessing(TestCase):
             t = torch.arange(6.0, device="openreg:1").view(2, 3).t()  # transposed
             queue.put(t)
             self.assertEqual(results.get(timeout=120), ("tensor", "openreg:1", [[0, 3], [1, 4], [2, 5]], (1, 3)))
-            queue.put(torch.nn.Parameter(torch.full((2,), 3.0, device="openreg")))
+            # As with CUDA tensors, the producer keeps what it sent alive while the consumer uses it.
+            param = torch.nn.Parameter(torch.full((2,), 3.0, device="openreg"))
+            queue.put(param)
             self.assertEqual(results.get(timeout=60), ("parameter", "Parameter", True, [3.0, 3.0]))
-            queue.put(torch.zeros(5, device="openreg").untyped_storage())
+            storage = torch.zeros(5, device="openreg").untyped_storage()
+            queue.put(storage)
             self.assertEqual(results.get(timeout=60), ("storage", "UntypedStorage", "openreg:0", 20))
             self.assertEqual(results.get(timeout=60), ("done",))
         finally:

@@ -109,6 +109,21 @@ class TestKinetoProfiler(TestCase):
         self.assertFalse([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1])
         self.assertEqual({e.name for e in prof.events()} & {"openreg::memcpy"}, set())
 
+    def test_queued_work_stays_in_its_session(self):
+        # Work nobody waits for (another device than the current one) still lands in the trace
+        # of the session that launched it, not in the next one.
+        b = torch.randn(256, 256, device="openreg:1")
+        torch.mm(b, b)
+        torch.openreg.synchronize(1)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as first:
+            for _ in range(4):
+                torch.mm(b, b)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as second:
+            torch.add(self.a, 1)
+        device = torch.autograd.DeviceType.PrivateUse1
+        self.assertEqual([e.name for e in first.events() if e.device_type == device], ["aten::mm"] * 4)
+        self.assertEqual([e.name for e in second.events() if e.device_type == device], ["aten::add"])
+
     def test_twice_in_a_row(self):
         for _ in range(2):
             prof = self._profile([ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])

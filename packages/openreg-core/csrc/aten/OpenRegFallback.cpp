@@ -50,8 +50,9 @@ using torch::jit::Stack;
 // ---- statistics and strict mode ----
 // One counter per operator; each thread keeps its own map to the counters so
 // that counting costs a thread-local lookup and a relaxed atomic increment.
-std::mutex g_stats_mu;
-std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<std::atomic<int64_t>>> g_counts;
+// Never destroyed (as the meta cache below): ops may run during interpreter shutdown.
+std::mutex& g_stats_mu = *new std::mutex();
+auto& g_counts = *new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<std::atomic<int64_t>>>();
 std::atomic<bool> g_strict{false};
 
 void count(const c10::OperatorHandle& op) {
@@ -359,8 +360,8 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
 }
 
 constexpr size_t kMetaCacheCapacity = 16384;
-std::mutex g_meta_mu;
-std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash> g_meta_cache;
+std::mutex& g_meta_mu = *new std::mutex();
+auto& g_meta_cache = *new std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash>();
 
 std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, const Stack& args,
                                                bool tensor_returns_only) {

@@ -70,12 +70,14 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
   void start() override {
     // Kineto's times are nanoseconds since the system-clock epoch; the runtime's are steady.
     clock_offset_ = system_now_ns() - static_cast<int64_t>(orNowNs());
-    orTracingFlush([](const orActivity*, void*) {}, nullptr);  // drop what a previous session left
+    orTracingFlush([](const orActivity*, void*) {}, nullptr, nullptr);  // drop what a previous session left
     orTracingEnable(1);
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
   void stop() override {
+    // Also waits for work of the session still queued on any device (torch.profiler only
+    // synchronises the current one), so it lands in this trace, not the next.
     orTracingEnable(0);
     status_ = libkineto::TraceStatus::PROCESSING;
   }
@@ -83,7 +85,10 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
   void pushCorrelationId(uint64_t id) override { orTracingPushCorrelationId(id); }
   void popCorrelationId() override { orTracingPopCorrelationId(); }
 
-  std::vector<std::string> errors() override { return {}; }
+  std::vector<std::string> errors() override {
+    if (dropped_ == 0) return {};
+    return {"openreg: " + std::to_string(dropped_) + " device activities were not recorded (more than 2^20 per trace)"};
+  }
 
   void processTrace(libkineto::ActivityLogger& logger) override {
     processTrace(logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; }, 0, 0);
@@ -110,7 +115,7 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
                static_cast<int64_t>(a->start_ns), static_cast<int64_t>(a->end_ns), a->host_thread,
                static_cast<int64_t>(a->enqueue_ns)});
         },
-        &raw);
+        &raw, &dropped_);
     for (const Raw& r : raw) {
       if (is_bookkeeping(r.name)) continue;
       auto act = std::make_unique<libkineto::GenericTraceActivity>(*span_, type_of(r.name), r.name);
@@ -172,6 +177,7 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
   }
 
   int64_t clock_offset_ = 0;
+  uint64_t dropped_ = 0;
   std::unique_ptr<libkineto::TraceSpan> span_;
   std::vector<std::unique_ptr<libkineto::GenericTraceActivity>> activities_;
   std::map<std::pair<int, uintptr_t>, int32_t> stream_ids_;

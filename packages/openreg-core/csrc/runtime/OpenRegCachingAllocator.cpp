@@ -294,7 +294,11 @@ class DeviceCache {
     return block;
   }
 
-  static bool is_free(const Block* b) { return b != nullptr && !b->allocated && b->pending_events == 0; }
+  // Free for coalescing: not allocated, not waiting for events, and not kept for a graph
+  // (a retained block is in no pool and is released on its own by release_graph).
+  static bool is_free(const Block* b) {
+    return b != nullptr && !b->allocated && b->pending_events == 0 && b->graph == 0;
+  }
 
   void release_to_pool(Block* block) {
     Pool& pool = block->small ? small_pool_ : large_pool_;
@@ -470,7 +474,9 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   std::once_flag once_[64];
 };
 
-OpenRegCachingAllocator g_allocator;
+// Never destroyed: tensors and graphs may be freed during interpreter shutdown, after
+// static destructors would have run.
+OpenRegCachingAllocator& g_allocator = *new OpenRegCachingAllocator();
 
 void OpenRegCachingAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;

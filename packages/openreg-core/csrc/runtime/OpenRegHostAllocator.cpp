@@ -144,7 +144,8 @@ class HostCache final : public at::HostAllocator {
   at::HostStats stats_;
 };
 
-HostCache g_host;
+// Never destroyed: pinned tensors may be freed during interpreter shutdown.
+HostCache& g_host = *new HostCache();
 
 void HostCache::raw_delete(void* ptr) {
   if (ptr != nullptr) g_host.free(ptr);

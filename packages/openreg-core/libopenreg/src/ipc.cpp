@@ -63,8 +63,17 @@ orStatus orIpcGetMemHandle(orIpcMemHandle_t* handle, void* dev_ptr) {
   if (orStatus st = orPointerGetAttributes(&attr, dev_ptr)) return st;
   if (attr.type != orMemoryTypeDevice) return fail(orErrorInvalidDevicePointer, "pointer is not openreg device memory");
   Device* dev = device_of(attr.base);
-  if (dev == nullptr)
-    return fail(orErrorInvalidValue, "memory opened from another process's IPC handle cannot be exported again");
+  if (dev == nullptr) {  // opened from another process: hand on the handle it came with
+    Runtime& rt = runtime();
+    std::lock_guard<std::mutex> lock(rt.imports_mu);
+    for (const auto& [start, imp] : rt.imports) {
+      if (imp.base == attr.base) {
+        *handle = imp.handle;
+        return orSuccess;
+      }
+    }
+    return fail(orErrorInvalidDevicePointer, "the imported memory was closed concurrently");
+  }
   Payload p{};
   std::memcpy(p.magic, kMagic, sizeof(kMagic));
   p.device = dev->index;
@@ -92,14 +101,22 @@ orStatus orIpcOpenMemHandle(void** dev_ptr, orIpcMemHandle_t handle) {
 
   Runtime& rt = runtime();
   const std::string key = import_key(p);
-  std::lock_guard<std::mutex> lock(rt.imports_mu);
-  for (auto& [start, imp] : rt.imports) {
-    if (imp.key == key) {
-      ++imp.refs;
-      *dev_ptr = imp.base;
-      return orSuccess;
+  auto reuse = [&]() -> bool {  // the same handle opened before: count it again
+    for (auto& [start, imp] : rt.imports) {
+      if (imp.key == key) {
+        ++imp.refs;
+        *dev_ptr = imp.base;
+        return true;
+      }
     }
+    return false;
+  };
+  {
+    std::lock_guard<std::mutex> lock(rt.imports_mu);
+    if (reuse()) return orSuccess;
   }
+  // Map without the lock (it reads /proc and maps memory); a concurrent open of the same
+  // handle may win the race, and then this mapping is dropped.
   const size_t page = openreg::platform::page_size();
   const size_t first = p.offset / page * page;
   const size_t last = (p.offset + p.size + page - 1) / page * page;
@@ -112,6 +129,12 @@ orStatus orIpcOpenMemHandle(void** dev_ptr, orIpcMemHandle_t handle) {
   imp.device = p.device;
   imp.refs = 1;
   imp.key = key;
+  imp.handle = handle;
+  std::lock_guard<std::mutex> lock(rt.imports_mu);
+  if (reuse()) {
+    openreg::platform::unmap(imp.mapping);
+    return orSuccess;
+  }
   *dev_ptr = imp.base;
   rt.imports.emplace(reinterpret_cast<uintptr_t>(imp.mapping.device_view), std::move(imp));
   return orSuccess;

@@ -209,7 +209,8 @@ struct Import {
   size_t size = 0;
   int device = 0;
   int refs = 0;
-  std::string key;  // exporter and allocation: the same handle opens the same import
+  std::string key;          // exporter and allocation: the same handle opens the same import
+  orIpcMemHandle_t handle;  // as opened: exporting the memory again hands this on
 };
 
 struct Runtime {

@@ -39,10 +39,18 @@ std::vector<Record>& records() {
 
 uint64_t current_correlation() { return t_correlation.empty() ? 0 : t_correlation.back(); }
 
+// Bounds the memory tracing takes when nobody flushes: later activities are counted, not kept.
+constexpr size_t kMaxRecords = size_t{1} << 20;
+std::atomic<uint64_t> g_dropped{0};
+
 void trace_record(const Stream& s, const WorkItem& item, uint64_t start_ns, uint64_t end_ns) {
   Record r{item.name ? item.name : "", s.device,       s.handle, s.is_default, item.correlation, start_ns, end_ns,
            item.host_thread,           item.enqueue_ns};
   std::lock_guard<std::mutex> lock(records_mu());
+  if (records().size() >= kMaxRecords) {
+    g_dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   records().push_back(std::move(r));
 }
 
@@ -54,6 +62,20 @@ extern "C" {
 
 orStatus orTracingEnable(int enable) {
   g_tracing.store(enable != 0, std::memory_order_relaxed);
+  if (enable) return orSuccess;
+  // Turning tracing off completes the trace: wait until every stream has run the work
+  // traced so far. Kernel errors stay pending for the user's next synchronising call.
+  Runtime& rt = runtime();
+  for (int i = 0; i < rt.device_count; ++i) {
+    Device& dev = rt.devices[i];
+    if (!dev.ready.load(std::memory_order_acquire)) continue;
+    std::vector<Stream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(dev.streams_mu);
+      streams = dev.streams;
+    }
+    for (Stream* s : streams) s->synchronize();
+  }
   return orSuccess;
 }
 
@@ -68,12 +90,14 @@ orStatus orTracingPopCorrelationId(void) {
   return orSuccess;
 }
 
-orStatus orTracingFlush(orActivityFn fn, void* user) {
+orStatus orTracingFlush(orActivityFn fn, void* user, uint64_t* dropped) {
   if (fn == nullptr) return fail(orErrorInvalidValue, "fn is NULL");
   std::vector<Record> taken;
   {
     std::lock_guard<std::mutex> lock(records_mu());
     taken.swap(records());
+    const uint64_t lost = g_dropped.exchange(0);
+    if (dropped != nullptr) *dropped = lost;
   }
   for (const Record& r : taken) {
     orActivity a{r.name.c_str(),

@@ -1621,6 +1621,9 @@ TEST(ipc_share_memory_between_processes) {
     void* again = nullptr;
     CHECK_OK(orIpcOpenMemHandle(&again, h));
     CHECK_EQ(again, base);  // the same mapping, counted twice
+    orIpcMemHandle_t passed_on;
+    CHECK_OK(orIpcGetMemHandle(&passed_on, static_cast<char*>(base) + 5));  // to a third process
+    CHECK(std::memcmp(&passed_on, &h, sizeof(h)) == 0);
     CHECK_EQ(orPointerGetDevice(base), 1);
     orPointerAttributes attr{};
     CHECK_OK(orPointerGetAttributes(&attr, static_cast<char*>(base) + 5));
@@ -1725,12 +1728,14 @@ TEST(tracing_records_work_with_correlation) {
   };
   auto flush = [] {
     std::vector<Seen> seen;
+    uint64_t dropped = 99;
     CHECK_OK(orTracingFlush(
         [](const orActivity* a, void* user) {
           static_cast<std::vector<Seen>*>(user)->push_back({a->name, a->device, a->stream, a->is_default_stream,
                                                             a->correlation, a->start_ns, a->end_ns, a->enqueue_ns});
         },
-        &seen));
+        &seen, &dropped));
+    CHECK_EQ(dropped, uint64_t{0});
     return seen;
   };
   CHECK_OK(orSetDevice(1));
@@ -1771,9 +1776,25 @@ TEST(tracing_records_work_with_correlation) {
   CHECK(seen[2].end - seen[2].start >= uint64_t{2000000});
   for (const Seen& s : seen) CHECK(t0 <= s.enqueue && s.enqueue <= s.start && s.start <= s.end && s.end <= t1);
   CHECK_EQ(flush().size(), size_t{0});  // flushed activities are forgotten
-  CHECK_STATUS(orErrorInvalidValue, orTracingFlush(nullptr, nullptr));
+  CHECK_STATUS(orErrorInvalidValue, orTracingFlush(nullptr, nullptr, nullptr));
   CHECK_OK(orFree(d));
   CHECK_OK(orStreamDestroy(side));
+}
+
+TEST(tracing_disable_completes_the_trace) {
+  CHECK_OK(orTracingEnable(1));
+  CHECK_OK(openreg::launch(nullptr, "test::slow", [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }));
+  CHECK_OK(orTracingEnable(0));  // waits for the slow kernel: no synchronise call needed
+  size_t n = 0;
+  CHECK_OK(orTracingFlush([](const orActivity*, void* user) { ++*static_cast<size_t*>(user); }, &n, nullptr));
+  CHECK_EQ(n, size_t{1});
+  // A kernel error stays pending for the next synchronising call.
+  CHECK_OK(orTracingEnable(1));
+  CHECK_OK(openreg::launch(nullptr, "test::failing", [] { throw std::runtime_error("boom"); }));
+  CHECK_OK(orTracingEnable(0));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("boom");
+  CHECK_OK(orTracingFlush([](const orActivity*, void*) {}, nullptr, nullptr));
 }
 
 // ===========================================================================

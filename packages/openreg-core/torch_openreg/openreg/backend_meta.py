@@ -9,7 +9,7 @@ with the tensor:
 - ``torch.save``/``torch.load`` keep it through PyTorch's PrivateUse1 serialization
   hooks (also with ``weights_only=True``); loading onto the CPU drops it;
 - FakeTensors made from an openreg tensor carry it (torch 2.13 does not copy backend
-  metadata into FakeTensors: :func:`_install_fake_tensor_propagation` adds that),
+  metadata into FakeTensors: :func:`_install_propagation` adds that),
   and so do functional tensors (``FunctionalTensorWrapper`` copies it in C++).
 
 New tensors computed from one (``t + 1``, ``t.clone()``, ``t.to(...)``) start without it,

@@ -151,7 +151,8 @@ OPENREG_API orStatus orMemcpyAsync(void* dst, const void* src, size_t count, orM
 OPENREG_API orStatus orMemset(void* dev_ptr, int value, size_t count);
 OPENREG_API orStatus orMemsetAsync(void* dev_ptr, int value, size_t count, orStream_t stream);
 OPENREG_API orStatus orPointerGetAttributes(orPointerAttributes* attr, const void* ptr);
-/* The device whose memory contains ptr, or -1 (no lock, no validation of liveness). */
+/* The device whose memory contains ptr, or -1. No validation of liveness; no lock for the
+ * process's own device memory (memory opened from an IPC handle takes a lookup under a lock). */
 OPENREG_API int orPointerGetDevice(const void* ptr);
 OPENREG_API orStatus orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 /* Bytes of the current device's memory held in host RAM right now. */
@@ -166,8 +167,10 @@ OPENREG_API orStatus orDeviceGetResidentBytes(size_t* bytes);
  * valid while the exporting process lives and keeps the allocation. Opening it
  * twice returns the same pointer (reference counted); a handle from a process
  * that has exited fails with orErrorInvalidValue and says so. Opening a handle
- * in the process that made it fails (use the pointer). orIpcCloseMemHandle
- * waits for the device's queued work, like orFree, then unmaps. */
+ * in the process that made it fails (use the pointer). Memory opened from a
+ * handle can be exported again: the new handle is the one it was opened with,
+ * so the original exporter must still live. orIpcCloseMemHandle waits for the
+ * device's queued work, like orFree, then unmaps. */
 OPENREG_API orStatus orIpcGetMemHandle(orIpcMemHandle_t* handle, void* dev_ptr);
 OPENREG_API orStatus orIpcOpenMemHandle(void** dev_ptr, orIpcMemHandle_t handle);
 OPENREG_API orStatus orIpcCloseMemHandle(void* dev_ptr);
@@ -227,8 +230,12 @@ OPENREG_API orStatus orGetCounters(orRuntimeCounters* counters);
  * work item enqueued (kernel, copy, memset, event record or wait) is timed on
  * its stream and remembered with the correlation id that was current on the
  * enqueuing host thread. orTracingFlush hands the activities to `fn` (in
- * completion order per stream) and forgets them. Disabled, tracing costs one
- * relaxed atomic load per enqueue. Times are orNowNs() values. */
+ * completion order per stream) and forgets them; at most 2^20 are kept between
+ * flushes, and `dropped` (may be NULL) receives how many were not. Disabling
+ * tracing waits until every stream has run the work traced so far (without
+ * consuming kernel errors), so a flush after it returns the whole trace.
+ * Disabled, tracing costs one relaxed atomic load per enqueue. Times are
+ * orNowNs() values. */
 typedef struct orActivity {
   const char* name; /* the kernel name; "openreg::memcpy", "openreg::memset", ... for runtime work */
   int device;
@@ -244,7 +251,7 @@ typedef void (*orActivityFn)(const orActivity* activity, void* user);
 OPENREG_API orStatus orTracingEnable(int enable);
 OPENREG_API orStatus orTracingPushCorrelationId(uint64_t id); /* per host thread, nested */
 OPENREG_API orStatus orTracingPopCorrelationId(void);
-OPENREG_API orStatus orTracingFlush(orActivityFn fn, void* user);
+OPENREG_API orStatus orTracingFlush(orActivityFn fn, void* user, uint64_t* dropped);
 OPENREG_API uint64_t orNowNs(void); /* the runtime's monotonic clock, in nanoseconds */
 
 #ifdef __cplusplus
