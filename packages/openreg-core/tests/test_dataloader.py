@@ -109,7 +109,9 @@ class TestPinnedDataLoader(TestCase):
         # torch.openreg._lazy_init). Pinning memory alone does not set it: until then
         # torch.accelerator.empty_host_cache() does nothing. torch.openreg.empty_cache() always works.
         r = run_python(
-            """
+            f"""
+            import sys
+            sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
             import torch
             from test_dataloader import pointer_attributes
 
