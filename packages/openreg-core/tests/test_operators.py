@@ -148,16 +148,39 @@ class TestGenericPath(TestCase):
         self.assertEqual(after["memcpy_d2d"], before["memcpy_d2d"])
         self.assertGreaterEqual(after["kernels_launched"] - before["kernels_launched"], 4)
 
-    def test_fallback_counts_and_strict_mode(self):
+    def test_structured_ops_go_straight_to_the_generic_path(self):
+        # The functional and in-place overloads of a structured op reach the generic path directly
+        # (route_structured_ops), not through PyTorch's host-side meta + out= wrapper; the device
+        # kernel of a functional one runs the out= overload into its output.
+        a, b = torch.arange(4.0, device="openreg"), torch.full((4,), 2.0, device="openreg")
+        out = torch.empty(4, device="openreg")
         torch.openreg.reset_fallback_op_counts()
+        c = torch.add(a, b, alpha=3)
+        torch.add(a, b, out=out)
+        a.add_(b)
+        a.t_()  # an in-place view op: metadata only, never a kernel
+        self.assertEqual(
+            torch.openreg.fallback_op_counts(), {"aten::add.Tensor": 1, "aten::add.out": 1, "aten::add_.Tensor": 1}
+        )
+        self.assertEqual(c.cpu().tolist(), [6.0, 7.0, 8.0, 9.0])
+        self.assertEqual(out.cpu().tolist(), [2.0, 3.0, 4.0, 5.0])
+        self.assertEqual(a.cpu().tolist(), [2.0, 3.0, 4.0, 5.0])
+        # Output layout follows the meta kernel, as on the CPU (channels-last in, channels-last out).
+        x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        y = torch.mul(x.to("openreg"), 2)
+        self.assertEqual(y.stride(), (x * 2).stride())
+        self.assertEqual(y.cpu(), x * 2)
+
+    def test_fallback_counts_and_strict_mode(self):
         d = torch.ones(3, device="openreg")
+        torch.openreg.reset_fallback_op_counts()
         torch.sin(d)
         torch.sin(d)
         counts = torch.openreg.fallback_op_counts()
-        self.assertEqual(counts["aten::sin.out"], 2)
+        self.assertEqual(counts, {"aten::sin": 2})
         torch.openreg.set_strict_mode(True)
         try:
-            with self.assertRaisesRegex(RuntimeError, "strict mode: 'aten::cos.out' has no native openreg kernel"):
+            with self.assertRaisesRegex(RuntimeError, "strict mode: 'aten::cos' has no native openreg kernel"):
                 torch.cos(d)
             self.assertEqual(d.view(3, 1).shape, (3, 1))  # native ops still work
         finally:

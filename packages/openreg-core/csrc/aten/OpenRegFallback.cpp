@@ -10,10 +10,10 @@
 //     same memory (kernel_tensor) and runs the CPU implementation: in-place
 //     and out= ops write straight into device memory; a functional op's
 //     results are copied into the outputs on the device (one device-side
-//     copy). Functional ops are rare here: for structured ops PyTorch's own
-//     wrapper allocates the output and calls the out= op. (An op's out=
-//     overload is not a safe substitute for it: binary_cross_entropy.out,
-//     for one, expects its output at the unreduced shape.)
+//     copy), except for structured ops, whose out= overload runs into the
+//     outputs (see route_structured_ops). (For other ops an out= overload is
+//     not a safe substitute: binary_cross_entropy.out, for one, expects its
+//     output at the unreduced shape.)
 //     Inputs are never copied, and the host does not wait.
 //  4. Ops whose result the host must see (a Python bool or number) or whose
 //     output shape depends on data (no meta kernel, e.g. nonzero) wait for
@@ -29,6 +29,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -135,7 +136,7 @@ struct DeviceWarningGuard {
 // slots hold None), device tensors inside lists as launch tensors.
 struct LaunchStack {
   Stack values;
-  std::vector<std::pair<size_t, KernelTensorArg>> tensors;
+  c10::SmallVector<std::pair<size_t, KernelTensorArg>, 3> tensors;  // inline: no allocation for most ops
 
   static LaunchStack capture(Stack stack) {
     LaunchStack out;
@@ -157,6 +158,54 @@ struct LaunchStack {
 
   // Device side: the stack with every device tensor as a kernel tensor.
   Stack materialize() const;
+};
+
+// What one generic kernel launch carries to the device. The host thread that
+// made it also frees it: the stream's worker only hands it back (bury), and the
+// launching thread deletes what it finds at its next launch. A free on another
+// thread than the malloc contends for the allocating thread's malloc arena
+// (measured: a fifth of the host's time per tiny op went to that lock).
+struct Launch {
+  struct Graveyard {
+    std::atomic<Launch*> head{nullptr};
+  };
+
+  Launch* next = nullptr;
+  Graveyard* home;
+  c10::OperatorHandle op;
+  LaunchStack args, targets;
+
+  Launch(Graveyard* home, c10::OperatorHandle op, LaunchStack args, LaunchStack targets)
+      : home(home), op(std::move(op)), args(std::move(args)), targets(std::move(targets)) {}
+
+  static Graveyard& graveyard() {
+    thread_local Graveyard* mine = new Graveyard();  // outlives the thread: buried launches point at it
+    return *mine;
+  }
+
+  static Launch* make(const c10::OperatorHandle& op, LaunchStack args, LaunchStack targets) {
+    Graveyard& g = graveyard();
+    if (g.head.load(std::memory_order_relaxed) != nullptr) {
+      for (Launch* l = g.head.exchange(nullptr, std::memory_order_acquire); l != nullptr;) {
+        Launch* next = l->next;
+        delete l;
+        l = next;
+      }
+    }
+    return new Launch(&g, op, std::move(args), std::move(targets));
+  }
+
+  // Device side: the kernel.
+  static orStatus run(void* p);
+
+  // The runtime's deleter: after the kernel ran (on the worker), or when the launch was refused.
+  static void bury(void* p) {
+    auto* l = static_cast<Launch*>(p);
+    std::atomic<Launch*>& head = l->home->head;
+    l->next = head.load(std::memory_order_relaxed);
+    while (!head.compare_exchange_weak(l->next, l, std::memory_order_release, std::memory_order_relaxed)) {
+    }
+  }
 };
 
 // Arguments as the device sees them: openreg tensors become kernel tensors.
@@ -573,6 +622,18 @@ void run_kernel(const c10::OperatorHandle& op, const LaunchStack& launch_args, c
               " produced results whose shapes differ from its meta kernel's");
 }
 
+orStatus Launch::run(void* p) {
+  auto* l = static_cast<Launch*>(p);
+  try {
+    run_kernel(l->op, l->args, l->targets);
+    return orSuccess;
+  } catch (const std::exception& e) {
+    return orKernelFail(e.what());
+  } catch (...) {
+    return orKernelFail("unknown C++ exception");
+  }
+}
+
 // The device of an op call: every openreg tensor must be on the same one.
 c10::Device common_device(const c10::FunctionSchema& schema, const Stack& args) {
   std::optional<c10::Device> device;
@@ -590,6 +651,27 @@ c10::Device common_device(const c10::FunctionSchema& schema, const Stack& args) 
   if (!device->has_index())
     device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
   return *device;
+}
+
+// ---- structured ops, straight to the generic path ----
+// Without a kernel of its own, a structured op (add, mul, addmm, ...) runs on a
+// backend through its CompositeExplicitAutogradNonFunctional wrapper: the op's
+// meta function on the host (a whole TensorIterator for elementwise ops), an
+// empty output, then the out= overload, which reaches the generic path and its
+// meta cache anyway. route_structured_ops() registers the generic path itself
+// for the functional and in-place overloads of those ops: their metadata then
+// comes from the cache, and the device kernel of a functional one runs its out=
+// overload into the device outputs (no extra copy). The table maps each routed
+// functional overload to that out= overload.
+std::unordered_map<const c10::FunctionSchema*, c10::OperatorHandle>& out_overloads() {
+  static auto* table = new std::unordered_map<const c10::FunctionSchema*, c10::OperatorHandle>();
+  return *table;  // filled once, before any op is routed; read-only afterwards
+}
+
+const c10::OperatorHandle* out_overload(const c10::OperatorHandle& op) {
+  auto& table = out_overloads();
+  auto it = table.find(&op.schema());
+  return it == table.end() ? nullptr : &it->second;
 }
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
@@ -628,6 +710,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 
   // 2. Outputs on the device.
   Stack outputs;
+  outputs.reserve(schema.returns().size());
   bool needs_kernel = false;
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
@@ -667,20 +750,24 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 
   // 3. The kernel.
   if (needs_kernel) {
-    Stack kernel_args = args;
+    Stack kernel_args = std::move(args);  // the host needs them no more
     seed_generators(schema, kernel_args, device->index());
     replace_devices(kernel_args, c10::Device(c10::kCPU));
     Stack targets;  // where each result must land: not for true views
+    targets.reserve(outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
       bool aliases = true;
       for (const Geometry& g : meta->returns[i]) aliases &= g.aliases;
       targets.push_back(is_view_return(schema.returns()[i]) && aliases ? c10::IValue() : outputs[i]);
     }
+    // A routed structured op: the device runs its out= overload, writing the outputs in place.
+    const c10::OperatorHandle* out_op = out_overload(op);
+    if (out_op != nullptr)
+      for (const c10::IValue& o : outputs) kernel_args.push_back(o);
     auto stream = getCurrentOpenRegStream(device->index());
-    OPENREG_CHECK(
-        ::openreg::launch(stream.handle(), schema.name().c_str(),
-                          [op, args = LaunchStack::capture(std::move(kernel_args)),
-                           targets = LaunchStack::capture(std::move(targets))] { run_kernel(op, args, targets); }));
+    auto* launch = Launch::make(out_op != nullptr ? *out_op : op, LaunchStack::capture(std::move(kernel_args)),
+                                LaunchStack::capture(std::move(targets)));
+    OPENREG_CHECK(orLaunchKernel(stream.handle(), schema.name().c_str(), &Launch::run, launch, &Launch::bury));
   }
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));
 }
@@ -689,6 +776,68 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 
 void generic_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   fallback(op, keys, stack);
+}
+
+namespace {
+
+bool same_argument(const c10::Argument& a, const c10::Argument& b) {
+  return a.name() == b.name() && a.type()->str() == b.type()->str() && a.kwarg_only() == b.kwarg_only();
+}
+
+// The out= overload of a functional op: the same arguments, then one out tensor per return.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
+  const auto& f = op.schema();
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name != f.name() || name.overload_name == f.overload_name()) continue;
+    auto candidate = c10::Dispatcher::singleton().findOp(name);
+    if (!candidate) continue;
+    const auto& o = candidate->schema();
+    if (o.arguments().size() != f.arguments().size() + f.returns().size()) continue;
+    bool match = true;
+    for (size_t i = 0; match && i < f.arguments().size(); ++i)
+      match = same_argument(f.arguments()[i], o.arguments()[i]);
+    for (size_t i = f.arguments().size(); match && i < o.arguments().size(); ++i) {
+      const auto& a = o.arguments()[i];
+      match = a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite() && a.type()->str() == "Tensor";
+    }
+    if (match) return candidate;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+size_t route_structured_ops() {
+  static size_t routed = [] {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    static auto* lib =
+        new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    size_t n = 0;
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+        continue;                                       // not structured, or openreg has a kernel of its own
+      if (op->hasTag(at::Tag::inplace_view)) continue;  // transpose_, as_strided_, ...: metadata only
+      const auto& schema = op->schema();
+      bool in_place = schema.returns().size() == 1 && is_write_return(schema.returns()[0]);
+      bool tensor_returns = !schema.returns().empty();
+      for (const auto& r : schema.returns())
+        tensor_returns &= r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr;
+      if (!in_place) {
+        if (!tensor_returns) continue;
+        auto out = find_out_overload(*op);
+        if (!out || out->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+        out_overloads().emplace(&op->schema(), *out);
+      }
+      const std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
+      ++n;
+    }
+    return n;
+  }();
+  return routed;
 }
 
 void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {

@@ -80,6 +80,8 @@ py::list snapshot_list() {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  // After every static registration of libtorch_openreg (and before any op runs).
+  route_structured_ops();
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
   // devices
