@@ -164,13 +164,23 @@ orStatus take_device_error(Device& dev) {
   return fail(orErrorLaunchFailure, message);
 }
 
-orStatus synchronize_device(Device& dev) {
+void wait_for_streams(Device& dev) {
   std::vector<Stream*> streams;
   {
     std::lock_guard<std::mutex> lock(dev.streams_mu);
     streams = dev.streams;
   }
   for (Stream* s : streams) s->synchronize();
+}
+
+void wait_for_all_devices() {
+  Runtime& rt = runtime();
+  for (int i = 0; i < rt.device_count; ++i)
+    if (rt.devices[i].ready.load(std::memory_order_acquire)) wait_for_streams(rt.devices[i]);
+}
+
+orStatus synchronize_device(Device& dev) {
+  wait_for_streams(dev);
   return take_device_error(dev);
 }
 

@@ -150,17 +150,9 @@ orStatus orIpcCloseMemHandle(void* dev_ptr) {
       if (imp.base == dev_ptr) device = imp.device;
   }
   if (device < 0) return fail(orErrorInvalidDevicePointer, "pointer was not returned by orIpcOpenMemHandle");
-  // As orFree: queued work may still use the memory.
   Device* dev = nullptr;
   if (orStatus st = get_device(device, &dev)) return st;
-  {
-    std::vector<Stream*> streams;
-    {
-      std::lock_guard<std::mutex> lock(dev->streams_mu);
-      streams = dev->streams;
-    }
-    for (Stream* s : streams) s->synchronize();
-  }
+  wait_for_streams(*dev);  // as orFree: queued work may still use the memory
   std::lock_guard<std::mutex> lock(rt.imports_mu);
   for (auto it = rt.imports.begin(); it != rt.imports.end(); ++it) {
     if (it->second.base != dev_ptr) continue;

@@ -246,15 +246,7 @@ orStatus orFree(void* ptr) {
     return fail(orErrorInvalidDevicePointer,
                 "pointer " + hex(ptr) + " was opened from an IPC handle: release it with orIpcCloseMemHandle");
   if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " is not openreg device memory");
-  // As cudaFree, wait for queued work that may still use the memory.
-  {
-    std::vector<Stream*> streams;
-    {
-      std::lock_guard<std::mutex> lock(dev->streams_mu);
-      streams = dev->streams;
-    }
-    for (Stream* s : streams) s->synchronize();
-  }
+  wait_for_streams(*dev);  // as cudaFree: queued work may still use the memory
   std::lock_guard<std::mutex> lock(dev->mem_mu);
   size_t off = static_cast<char*>(ptr) - dev->arena.device_view;
   auto live = dev->live_blocks.find(off);
@@ -318,17 +310,7 @@ orStatus orFreeHost(void* ptr) {
     bytes = it->second;
     rt.host_blocks.erase(it);
   }
-  // Asynchronous copies may still read or write the buffer: wait for every device.
-  for (int i = 0; i < rt.device_count; ++i) {
-    Device& dev = rt.devices[i];
-    if (!dev.ready.load()) continue;
-    std::vector<Stream*> streams;
-    {
-      std::lock_guard<std::mutex> lock(dev.streams_mu);
-      streams = dev.streams;
-    }
-    for (Stream* s : streams) s->synchronize();
-  }
+  wait_for_all_devices();  // asynchronous copies may still read or write the buffer
   openreg::platform::host_free(ptr, bytes);
   return orSuccess;
 }

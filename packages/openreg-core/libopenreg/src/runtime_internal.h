@@ -250,6 +250,10 @@ void record_kernel_error(int device, const char* kernel, const char* message);
 // Returns and clears the device's pending kernel error (orSuccess if none).
 orStatus take_device_error(Device& dev);
 orStatus synchronize_device(Device& dev);
+// Waits until every stream of the device (or of every initialised device) has run the work
+// queued so far. Unlike synchronize_device, leaves pending kernel errors for the user.
+void wait_for_streams(Device& dev);
+void wait_for_all_devices();
 
 // ---- activity tracing (tracing.cpp) ----
 extern std::atomic<bool> g_tracing;

@@ -65,17 +65,7 @@ orStatus orTracingEnable(int enable) {
   if (enable) return orSuccess;
   // Turning tracing off completes the trace: wait until every stream has run the work
   // traced so far. Kernel errors stay pending for the user's next synchronising call.
-  Runtime& rt = runtime();
-  for (int i = 0; i < rt.device_count; ++i) {
-    Device& dev = rt.devices[i];
-    if (!dev.ready.load(std::memory_order_acquire)) continue;
-    std::vector<Stream*> streams;
-    {
-      std::lock_guard<std::mutex> lock(dev.streams_mu);
-      streams = dev.streams;
-    }
-    for (Stream* s : streams) s->synchronize();
-  }
+  wait_for_all_devices();
   return orSuccess;
 }
 
