@@ -784,14 +784,13 @@ bool same_argument(const c10::Argument& a, const c10::Argument& b) {
   return a.name() == b.name() && a.type()->str() == b.type()->str() && a.kwarg_only() == b.kwarg_only();
 }
 
-// The out= overload of a functional op: the same arguments, then one out tensor per return.
-std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
+// The out= overload of a functional op among the overloads of its name: the same arguments,
+// then one out tensor per return.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op,
+                                                     const std::vector<c10::OperatorHandle>& overloads) {
   const auto& f = op.schema();
-  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (name.name != f.name() || name.overload_name == f.overload_name()) continue;
-    auto candidate = c10::Dispatcher::singleton().findOp(name);
-    if (!candidate) continue;
-    const auto& o = candidate->schema();
+  for (const c10::OperatorHandle& candidate : overloads) {
+    const auto& o = candidate.schema();
     if (o.arguments().size() != f.arguments().size() + f.returns().size()) continue;
     bool match = true;
     for (size_t i = 0; match && i < f.arguments().size(); ++i)
@@ -812,28 +811,34 @@ size_t route_structured_ops() {
     auto& dispatcher = c10::Dispatcher::singleton();
     static auto* lib =
         new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    // The aten operators, grouped by name (the candidates for each one's out= overload).
+    std::unordered_map<std::string, std::vector<c10::OperatorHandle>> by_name;
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames())
+      if (name.name.rfind("aten::", 0) == 0)
+        if (auto op = dispatcher.findOp(name)) by_name[name.name].push_back(*op);
     size_t n = 0;
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
-        continue;                                       // not structured, or openreg has a kernel of its own
-      if (op->hasTag(at::Tag::inplace_view)) continue;  // transpose_, as_strided_, ...: metadata only
-      const auto& schema = op->schema();
-      bool in_place = schema.returns().size() == 1 && is_write_return(schema.returns()[0]);
-      bool tensor_returns = !schema.returns().empty();
-      for (const auto& r : schema.returns())
-        tensor_returns &= r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr;
-      if (!in_place) {
-        if (!tensor_returns) continue;
-        auto out = find_out_overload(*op);
-        if (!out || out->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
-        out_overloads().emplace(&op->schema(), *out);
+    for (const auto& [base, overloads] : by_name) {
+      for (const c10::OperatorHandle& op : overloads) {
+        if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+            op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+          continue;                                      // not structured, or openreg has a kernel of its own
+        if (op.hasTag(at::Tag::inplace_view)) continue;  // transpose_, as_strided_, ...: metadata only
+        const auto& schema = op.schema();
+        bool in_place = schema.returns().size() == 1 && is_write_return(schema.returns()[0]);
+        bool tensor_returns = !schema.returns().empty();
+        for (const auto& r : schema.returns())
+          tensor_returns &= r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr;
+        if (!in_place) {
+          if (!tensor_returns) continue;
+          auto out = find_out_overload(op, overloads);
+          if (!out || out->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+          out_overloads().emplace(&schema, *out);
+        }
+        const std::string qualified =
+            base.substr(6) + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+        lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
+        ++n;
       }
-      const std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
-      ++n;
     }
     return n;
   }();

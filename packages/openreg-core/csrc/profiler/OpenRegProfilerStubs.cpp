@@ -53,12 +53,7 @@ struct OpenRegProfilerStubs final : torch::profiler::impl::ProfilerStubs {
   }
 
   void synchronize() const override {
-    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
-      const c10::DeviceIndex previous = current_device();
-      set_device(d);
-      OPENREG_CHECK(orDeviceSynchronize());
-      set_device(previous);
-    }
+    onEachDevice([](int) { OPENREG_CHECK(orDeviceSynchronize()); });
   }
 };
 
