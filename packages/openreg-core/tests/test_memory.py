@@ -37,6 +37,46 @@ class TestCachingAllocator(TestCase):
         torch.openreg.empty_cache()
         self.assertEqual(torch.openreg.memory_reserved(), held)
 
+    def test_split_blocks_are_reused_and_merge_back(self):
+        # A fresh process: its pools hold no blocks of other tests, so addresses are predictable.
+        r = run_python(
+            """
+            import torch
+            KiB, MiB = 1024, 1 << 20
+
+            def blocks(base):
+                seg = next(s for s in torch.openreg.memory_snapshot() if s["address"] == base)
+                assert seg["total_size"] == 2 * MiB
+                return [(b["state"], b["size"] // KiB) for b in seg["blocks"]]
+
+            a = torch.empty(64 * KiB, device="openreg")  # 256 KiB split from a new 2 MiB segment
+            base = a.data_ptr()
+            del a
+            b = torch.empty(64 * KiB, device="openreg")  # the same size again: the same block
+            c = torch.empty(64 * KiB, device="openreg")  # split from the rest of the segment
+            print("b c", b.data_ptr() - base, c.data_ptr() - base)
+            print("live", blocks(base))
+            del b
+            print("b freed", blocks(base))
+            del c
+            print("both freed", blocks(base), torch.openreg.memory_stats()["active_bytes.all.current"])
+            reserved = torch.openreg.memory_reserved()
+            d = torch.empty(192 * KiB, device="openreg")  # 768 KiB: from the merged block
+            print("d", d.data_ptr() - base, torch.openreg.memory_reserved() == reserved, blocks(base))
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.splitlines(),
+            [
+                "b c 0 262144",
+                "live [('active_allocated', 256), ('active_allocated', 256), ('inactive', 1536)]",
+                "b freed [('inactive', 256), ('active_allocated', 256), ('inactive', 1536)]",
+                "both freed [('inactive', 2048)] 0",
+                "d 0 True [('active_allocated', 768), ('inactive', 1280)]",
+            ],
+        )
+
     def test_stats_and_peaks(self):
         torch.openreg.empty_cache()
         torch.openreg.reset_peak_memory_stats()

@@ -26,6 +26,7 @@
 #include <set>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
@@ -102,26 +103,12 @@ class DeviceCache {
     process_events();
     const size_t size = round_size(requested);
     const bool small = size <= kSmallSize;
-    Pool& pool = small ? small_pool_ : large_pool_;
-    Block key(device_, stream, size, nullptr, small);
     Block* block = nullptr;
-    auto it = pool.lower_bound(&key);
-    if (it != pool.end() && (*it)->stream == stream) {
-      block = *it;
-      pool.erase(it);
+    if (recent_ != nullptr && recent_->stream == stream && recent_->size == size) {
+      std::swap(block, recent_);
     } else {
-      block = new_segment(size, stream, small);
-    }
-    // Split off the tail when it is big enough to be useful on its own.
-    const size_t remaining = block->size - size;
-    if ((small && remaining >= kMinBlock) || (!small && remaining > kSmallSize)) {
-      auto* rest = new Block(device_, stream, remaining, block->ptr + size, small);
-      rest->prev = block;
-      rest->next = block->next;
-      if (rest->next) rest->next->prev = rest;
-      block->next = rest;
-      block->size = size;
-      pool.insert(rest);
+      settle();
+      block = best_fit(size, stream, small);
     }
     block->allocated = true;
     block->requested = requested;
@@ -131,7 +118,8 @@ class DeviceCache {
     update(stats_.active_bytes, small, static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, small, static_cast<int64_t>(requested));
     live_.emplace(block->ptr, block);
-    if (auto c = capturing_.find(stream); c != capturing_.end()) block->graph = c->second;
+    if (!capturing_.empty())
+      if (auto c = capturing_.find(stream); c != capturing_.end()) block->graph = c->second;
     return block;
   }
 
@@ -161,7 +149,9 @@ class DeviceCache {
       block->stream_uses.clear();
       return;
     }
-    release_to_pool(block);
+    deactivate(block);
+    Block* previous = std::exchange(recent_, block);  // first: `previous` must not merge with `block`
+    if (previous != nullptr) release_to_pool(previous);
   }
 
   void record_stream(void* ptr, const c10::Stream& stream) {
@@ -195,6 +185,7 @@ class DeviceCache {
     if (it == retained_.end()) return;
     for (Block* block : it->second) {
       block->graph = 0;
+      deactivate(block);
       release_to_pool(block);
     }
     retained_.erase(it);
@@ -202,6 +193,7 @@ class DeviceCache {
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
+    settle();
     for (auto& [event, block] : pending_) OPENREG_CHECK(orEventSynchronize(event));
     process_events();
     release_cached(small_pool_);
@@ -210,6 +202,7 @@ class DeviceCache {
 
   DeviceStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
+    settle();
     recount_inactive_split();
     return stats_;
   }
@@ -230,6 +223,7 @@ class DeviceCache {
 
   void snapshot(std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
     std::lock_guard<std::mutex> lock(mu_);
+    settle();
     for (Block* head : segments_) {
       c10::CachingDeviceAllocator::SegmentInfo seg;
       seg.device = device_;
@@ -289,38 +283,79 @@ class DeviceCache {
     stats_.num_device_alloc++;
     update(stats_.segment, small, +1);
     update(stats_.reserved_bytes, small, static_cast<int64_t>(bytes));
-    auto* block = new Block(device_, stream, bytes, static_cast<char*>(ptr), small);
+    Block* block = new_block(stream, bytes, static_cast<char*>(ptr), small);
     segments_.insert(block);
     return block;
   }
 
   // Free for coalescing: not allocated, not waiting for events, and not kept for a graph
   // (a retained block is in no pool and is released on its own by release_graph).
-  static bool is_free(const Block* b) {
-    return b != nullptr && !b->allocated && b->pending_events == 0 && b->graph == 0;
+  // The recent block is free but in no pool: it is merged when it is settled.
+  bool is_free(const Block* b) const {
+    return b != nullptr && !b->allocated && b->pending_events == 0 && b->graph == 0 && b != recent_;
+  }
+
+  // The smallest cached block of the stream that fits, or a new segment; split.
+  Block* best_fit(size_t size, orStream_t stream, bool small) {
+    Pool& pool = small ? small_pool_ : large_pool_;
+    Block key(device_, stream, size, nullptr, small);
+    Block* block = nullptr;
+    auto it = pool.lower_bound(&key);
+    if (it != pool.end() && (*it)->stream == stream) {
+      block = *it;
+      take(pool, it);
+    } else {
+      block = new_segment(size, stream, small);
+    }
+    // Split off the tail when it is big enough to be useful on its own.
+    const size_t remaining = block->size - size;
+    if ((small && remaining >= kMinBlock) || (!small && remaining > kSmallSize)) {
+      Block* rest = new_block(stream, remaining, block->ptr + size, small);
+      rest->prev = block;
+      rest->next = block->next;
+      if (rest->next) rest->next->prev = rest;
+      block->next = rest;
+      block->size = size;
+      put(pool, rest);
+    }
+    return block;
+  }
+
+  // The block freed last is not put back in its pool at once: a loop that frees a block
+  // and asks for the same size on the same stream again (the common case) gets it back
+  // without a split and a merge. Every other request, and everything that reads the
+  // pools (stats, snapshot, empty_cache), settles it first, so nothing else can tell.
+  void settle() {
+    if (recent_ == nullptr) return;
+    Block* block = recent_;
+    recent_ = nullptr;
+    release_to_pool(block);
+  }
+
+  void deactivate(Block* block) {
+    update(stats_.active, block->small, -1);
+    update(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
   }
 
   void release_to_pool(Block* block) {
     Pool& pool = block->small ? small_pool_ : large_pool_;
-    update(stats_.active, block->small, -1);
-    update(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
     // Coalesce with free neighbours; a segment's first block stays its head.
     if (Block* next = block->next; is_free(next)) {
-      pool.erase(next);
+      take(pool, pool.find(next));
       block->size += next->size;
       block->next = next->next;
       if (block->next) block->next->prev = block;
-      delete next;
+      recycle(next);
     }
     if (Block* prev = block->prev; is_free(prev)) {
-      pool.erase(prev);
+      take(pool, pool.find(prev));
       prev->size += block->size;
       prev->next = block->next;
       if (prev->next) prev->next->prev = prev;
-      delete block;
+      recycle(block);
       block = prev;
     }
-    pool.insert(block);
+    put(pool, block);
   }
 
   void process_events() {
@@ -330,7 +365,10 @@ class DeviceCache {
       if (st == orErrorNotReady) break;
       orEventDestroy(event);
       pending_.pop_front();
-      if (--block->pending_events == 0) release_to_pool(block);
+      if (--block->pending_events == 0) {
+        deactivate(block);
+        release_to_pool(block);
+      }
     }
   }
 
@@ -347,8 +385,41 @@ class DeviceCache {
       stats_.num_device_free++;
       update(stats_.segment, block->small, -1);
       update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
-      delete block;
+      recycle(block);
     }
+  }
+
+  // Block records and pool nodes are recycled: splitting a block and merging it back is
+  // the steady state of many loops, and should not cost mallocs and frees each time.
+  void take(Pool& pool, Pool::iterator it) {
+    auto node = pool.extract(it);
+    if (nodes_.size() < 256) nodes_.push_back(std::move(node));
+  }
+
+  void put(Pool& pool, Block* block) {
+    if (nodes_.empty()) {
+      pool.insert(block);
+      return;
+    }
+    Pool::node_type node = std::move(nodes_.back());
+    nodes_.pop_back();
+    node.value() = block;
+    pool.insert(std::move(node));
+  }
+
+  Block* new_block(orStream_t stream, size_t size, char* ptr, bool small) {
+    if (spare_.empty()) return new Block(device_, stream, size, ptr, small);
+    Block* b = spare_.back();
+    spare_.pop_back();
+    *b = Block(device_, stream, size, ptr, small);
+    return b;
+  }
+
+  void recycle(Block* b) {
+    if (spare_.size() < 256)
+      spare_.push_back(b);
+    else
+      delete b;
   }
 
   // Inactive split blocks: free blocks that are part of a larger segment.
@@ -396,7 +467,10 @@ class DeviceCache {
   c10::DeviceIndex device_;
   std::mutex mu_;
   Pool small_pool_, large_pool_;
-  std::set<Block*> segments_;  // first block of every segment
+  std::vector<Block*> spare_;           // recycled block records
+  std::vector<Pool::node_type> nodes_;  // recycled pool nodes
+  Block* recent_ = nullptr;             // freed last, not yet in its pool (see settle)
+  std::set<Block*> segments_;           // first block of every segment
   std::deque<std::pair<orEvent_t, Block*>> pending_;
   ska::flat_hash_map<void*, Block*> live_;  // allocated blocks by address
   std::unordered_map<orStream_t, uint64_t> capturing_;
