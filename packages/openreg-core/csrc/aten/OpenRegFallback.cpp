@@ -22,6 +22,7 @@
 // generator (see OpenRegGenerator.h).
 #include "OpenRegFallback.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -37,6 +38,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "../runtime/OpenRegCachingAllocator.h"
 #include "../runtime/OpenRegException.h"
 #include "../runtime/OpenRegGenerator.h"
 #include "../runtime/OpenRegStream.h"
@@ -56,17 +58,43 @@ std::mutex& g_stats_mu = *new std::mutex();
 auto& g_counts = *new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<std::atomic<int64_t>>>();
 std::atomic<bool> g_strict{false};
 
-void count(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, std::atomic<int64_t>*> mine;
-  auto it = mine.find(&op.schema());
-  if (it == mine.end()) {
+const c10::OperatorHandle* out_overload(const c10::OperatorHandle& op);
+
+// What the generic path needs to know of an operator's schema, worked out once
+// per thread and operator (the map is thread-local: no lock on the hot path).
+struct OpFacts {
+  std::atomic<int64_t>* calls;                  // the operator's counter in g_counts
+  bool tensor_returns_only = true;              // every return is a Tensor or a Tensor[]
+  bool mutates = false;                         // writes an argument, or returns nothing: always needs its kernel
+  const c10::OperatorHandle* out_op = nullptr;  // a routed structured op: the out= overload its kernel runs
+};
+
+const OpFacts& facts_of(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> mine;
+  const auto& schema = op.schema();
+  auto it = mine.find(&schema);
+  if (it != mine.end()) return it->second;
+  OpFacts f;
+  {
     std::lock_guard<std::mutex> lock(g_stats_mu);
-    auto& counter = g_counts[&op.schema()];
+    auto& counter = g_counts[&schema];
     if (!counter) counter = std::make_unique<std::atomic<int64_t>>(0);
-    it = mine.emplace(&op.schema(), counter.get()).first;
+    f.calls = counter.get();
   }
-  it->second->fetch_add(1, std::memory_order_relaxed);
+  for (const auto& r : schema.returns()) {
+    auto kind = r.type()->kind();
+    f.tensor_returns_only &=
+        kind == c10::TypeKind::TensorType ||
+        (kind == c10::TypeKind::ListType &&
+         r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
+  }
+  for (const auto& a : schema.arguments()) f.mutates |= a.alias_info() && a.alias_info()->isWrite();
+  f.mutates |= schema.returns().empty();
+  f.out_op = out_overload(op);
+  return mine.emplace(&schema, f).first->second;
 }
+
+void count(const c10::OperatorHandle& op) { facts_of(op).calls->fetch_add(1, std::memory_order_relaxed); }
 
 // ---- mapping over the tensors inside IValues ----
 template <typename F>
@@ -133,27 +161,40 @@ struct DeviceWarningGuard {
 };
 
 // A stack captured at launch: plain device tensors as KernelTensorArgs (their
-// slots hold None), device tensors inside lists as launch tensors.
+// slots hold None), device tensors inside lists as launch tensors. Launches are
+// recycled (see Launch), so capturing into one reuses its buffers.
 struct LaunchStack {
   Stack values;
   c10::SmallVector<std::pair<size_t, KernelTensorArg>, 3> tensors;  // inline: no allocation for most ops
 
-  static LaunchStack capture(Stack stack) {
-    LaunchStack out;
-    for (size_t i = 0; i < stack.size(); ++i) {
-      c10::IValue& v = stack[i];
-      if (v.isTensor()) {
-        const at::Tensor& t = v.toTensor();
-        if (t.defined() && t.is_privateuseone()) {
-          out.tensors.emplace_back(i, KernelTensorArg(t));
-          v = c10::IValue();
-        }
-      } else {
-        v = map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); });
-      }
+  // Takes the values in [first, last) (moved from).
+  void capture(c10::IValue* first, c10::IValue* last) {
+    values.reserve(values.size() + (last - first));
+    for (; first != last; ++first) {
+      if (first->isTensor() && !is_device_tensor(first->toTensor()))
+        values.push_back(std::move(*first));
+      else
+        add(*first);
     }
-    out.values = std::move(stack);
-    return out;
+  }
+
+  void add(const c10::IValue& v) {
+    if (v.isTensor() && is_device_tensor(v.toTensor()))
+      append(v.toTensor());
+    else
+      values.push_back(map_tensors(v, [](const at::Tensor& t) { return launch_tensor(t); }));
+  }
+
+  static bool is_device_tensor(const at::Tensor& t) { return t.defined() && t.is_privateuseone(); }
+
+  void append(const at::Tensor& t) {
+    tensors.emplace_back(std::piecewise_construct, std::forward_as_tuple(values.size()), std::forward_as_tuple(t));
+    values.emplace_back();
+  }
+
+  void clear() {
+    values.clear();
+    tensors.clear();
   }
 
   // Device side: the stack with every device tensor as a kernel tensor.
@@ -162,37 +203,54 @@ struct LaunchStack {
 
 // What one generic kernel launch carries to the device. The host thread that
 // made it also frees it: the stream's worker only hands it back (bury), and the
-// launching thread deletes what it finds at its next launch. A free on another
+// launching thread takes back what it finds at its next launch. A free on another
 // thread than the malloc contends for the allocating thread's malloc arena
-// (measured: a fifth of the host's time per tiny op went to that lock).
+// (measured: a fifth of the host's time per tiny op went to that lock). Taken-back
+// launches are reused, buffers and all: a launch costs no malloc once warm.
 struct Launch {
   struct Graveyard {
-    std::atomic<Launch*> head{nullptr};
+    std::atomic<Launch*> head{nullptr};  // buried by workers
+    std::vector<Launch*> spare;          // the owning thread's, ready for reuse
   };
 
   Launch* next = nullptr;
   Graveyard* home;
-  c10::OperatorHandle op;
+  std::optional<c10::OperatorHandle> op;
+  size_t outs = 0;  // a routed structured op: its last `outs` arguments are its outputs
   LaunchStack args, targets;
 
-  Launch(Graveyard* home, c10::OperatorHandle op, LaunchStack args, LaunchStack targets)
-      : home(home), op(std::move(op)), args(std::move(args)), targets(std::move(targets)) {}
+  explicit Launch(Graveyard* home) : home(home) {}
 
   static Graveyard& graveyard() {
     thread_local Graveyard* mine = new Graveyard();  // outlives the thread: buried launches point at it
     return *mine;
   }
 
-  static Launch* make(const c10::OperatorHandle& op, LaunchStack args, LaunchStack targets) {
+  static Launch* make(const c10::OperatorHandle& op) {
     Graveyard& g = graveyard();
     if (g.head.load(std::memory_order_relaxed) != nullptr) {
       for (Launch* l = g.head.exchange(nullptr, std::memory_order_acquire); l != nullptr;) {
         Launch* next = l->next;
-        delete l;
+        l->args.clear();  // drops the arguments here, on the thread that made them
+        l->targets.clear();
+        l->op.reset();
+        if (g.spare.size() < 64)
+          g.spare.push_back(l);
+        else
+          delete l;
         l = next;
       }
     }
-    return new Launch(&g, op, std::move(args), std::move(targets));
+    Launch* l = nullptr;
+    if (g.spare.empty()) {
+      l = new Launch(&g);
+    } else {
+      l = g.spare.back();
+      g.spare.pop_back();
+    }
+    l->op.emplace(op);
+    l->outs = 0;
+    return l;
   }
 
   // Device side: the kernel.
@@ -221,7 +279,7 @@ Stack LaunchStack::materialize() const {
 }
 
 // A generator argument: the per-launch generator from the device's generator.
-void seed_generators(const c10::FunctionSchema& schema, Stack& args, c10::DeviceIndex device) {
+void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::DeviceIndex device) {
   const auto& arguments = schema.arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {
     if (arguments[i].type()->kind() != c10::TypeKind::OptionalType ||
@@ -236,10 +294,12 @@ void seed_generators(const c10::FunctionSchema& schema, Stack& args, c10::Device
 }
 
 // Arguments that name a device (factories): meta for shape inference, cpu on the device.
-void replace_devices(Stack& args, c10::Device device) {
-  for (c10::IValue& v : args)
-    if (v.isDevice() && v.toDevice().is_privateuseone()) v = device;
+void replace_devices(c10::IValue* args, size_t n, c10::Device device) {
+  for (size_t i = 0; i < n; ++i)
+    if (args[i].isDevice() && args[i].toDevice().is_privateuseone()) args[i] = device;
 }
+
+void replace_devices(Stack& args, c10::Device device) { replace_devices(args.data(), args.size(), device); }
 
 bool is_view_return(const c10::Argument& ret) { return ret.alias_info() && !ret.alias_info()->isWrite(); }
 bool is_write_return(const c10::Argument& ret) { return ret.alias_info() && ret.alias_info()->isWrite(); }
@@ -314,10 +374,13 @@ at::Tensor view_like(const at::Tensor& base, const Geometry& g) {
 
 at::Tensor view_like(const at::Tensor& base, const at::Tensor& meta) { return view_like(base, geometry_of(meta)); }
 
-at::Tensor alloc_like(const Geometry& g, c10::Device device) {
+// A fresh device tensor (under the caller's device guard): straight from the
+// caching allocator, as openreg's empty_strided kernel would, without a dispatch.
+at::Tensor alloc_like(const Geometry& g) {
   if (!g.defined) return at::Tensor();
   check_not_quantized(g.dtype);
-  return at::empty_strided(g.sizes, g.strides, at::TensorOptions().dtype(g.dtype).device(device));
+  return at::detail::empty_strided_generic(g.sizes, g.strides, allocator::get(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), g.dtype);
 }
 
 // Meta results depend only on what meta tensors carry (dtype, sizes,
@@ -412,14 +475,14 @@ constexpr size_t kMetaCacheCapacity = 16384;
 std::mutex& g_meta_mu = *new std::mutex();
 auto& g_meta_cache = *new std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash>();
 
-std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, const Stack& args,
+std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                                bool tensor_returns_only) {
   auto result = std::make_shared<MetaResult>();
   if (!tensor_returns_only) {
     result->data_dependent = true;
     return result;
   }
-  Stack meta = args;
+  Stack meta(args.begin(), args.end());
   for (c10::IValue& v : meta) v = map_tensors(v, to_meta);
   replace_devices(meta, c10::Device(c10::kMeta));
   for (c10::IValue& v : meta)  // meta kernels must not consume the real generator
@@ -460,7 +523,8 @@ std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, co
   return result;
 }
 
-std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, const Stack& args, bool tensor_returns_only) {
+std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                           bool tensor_returns_only) {
   thread_local MetaKey key;  // reused: building a key allocates nothing once warm
   key.op = &op.schema();
   key.words.clear();
@@ -494,7 +558,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   };
   auto state = std::make_shared<State>();
   Stack kernel_args = args;
-  seed_generators(schema, kernel_args, device.index());
+  seed_generators(schema, kernel_args.data(), device.index());
   replace_devices(kernel_args, c10::Device(c10::kCPU));
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
@@ -607,25 +671,36 @@ bool land_all(const Stack& returns, const Stack& targets) {
   return true;
 }
 
-// Device side: runs one op. `args` holds the launch-time arguments,
+// Device side: runs one launch. `args` holds the launch-time arguments,
 // `targets` the device outputs per return (None for views). A functional op
 // allocates its results on the CPU side; they are copied into the outputs
 // (one device-side copy). In-place and out= ops write device memory
-// directly, unless their CPU kernel reallocated an output.
-void run_kernel(const c10::OperatorHandle& op, const LaunchStack& launch_args, const LaunchStack& launch_targets) {
+// directly, unless their CPU kernel reallocated an output. A routed structured
+// op runs its out= overload, whose outputs are its last arguments.
+void run_kernel(const Launch& l) {
   DeviceWarningGuard no_warnings;
-  Stack args = launch_args.materialize();
-  // Fresh views of the device outputs that the CPU kernel never sees.
-  const Stack targets = launch_targets.materialize();
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
-  TORCH_CHECK(land_all(args, targets), "the CPU kernel of ", op.schema().operator_name(),
+  const c10::OperatorHandle& op = *l.op;
+  Stack args = l.args.materialize();
+  bool landed = true;
+  if (l.outs > 0) {
+    c10::SmallVector<at::Tensor, 2> outs;
+    for (size_t i = args.size() - l.outs; i < args.size(); ++i) outs.push_back(args[i].toTensor());
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
+    landed = args.size() == outs.size();
+    for (size_t i = 0; landed && i < outs.size(); ++i) landed = land(args[i].toTensor(), outs[i]);
+  } else {
+    // Fresh views of the device outputs that the CPU kernel never sees.
+    const Stack targets = l.targets.materialize();
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
+    landed = land_all(args, targets);
+  }
+  TORCH_CHECK(landed, "the CPU kernel of ", op.schema().operator_name(),
               " produced results whose shapes differ from its meta kernel's");
 }
 
 orStatus Launch::run(void* p) {
-  auto* l = static_cast<Launch*>(p);
   try {
-    run_kernel(l->op, l->args, l->targets);
+    run_kernel(*static_cast<Launch*>(p));
     return orSuccess;
   } catch (const std::exception& e) {
     return orKernelFail(e.what());
@@ -635,7 +710,7 @@ orStatus Launch::run(void* p) {
 }
 
 // The device of an op call: every openreg tensor must be on the same one.
-c10::Device common_device(const c10::FunctionSchema& schema, const Stack& args) {
+c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   std::optional<c10::Device> device;
   for (const c10::IValue& v : args) {
     for_each_tensor(v, [&](const at::Tensor& t) {
@@ -674,36 +749,37 @@ const c10::OperatorHandle* out_overload(const c10::OperatorHandle& op) {
   return it == table.end() ? nullptr : &it->second;
 }
 
+// The last `n` values of `stack`, taken off it.
+Stack take_arguments(Stack* stack, size_t n) {
+  Stack args(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - n, stack->end());
+  return args;
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
               "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
-  count(op);
+  const OpFacts& facts = facts_of(op);
+  facts.calls->fetch_add(1, std::memory_order_relaxed);
+  // The arguments stay on the stack until the launch takes them.
   const size_t num_args = schema.arguments().size();
-  Stack args(std::make_move_iterator(stack->end() - num_args), std::make_move_iterator(stack->end()));
-  stack->erase(stack->end() - num_args, stack->end());
+  c10::IValue* const first = stack->data() + stack->size() - num_args;
+  const c10::ArrayRef<c10::IValue> args(first, num_args);
 
-  const std::optional<c10::Device> device = common_device(schema, args);
-  c10::DeviceGuard guard(*device);
-
-  bool tensor_returns_only = true;
-  for (const auto& r : schema.returns()) {
-    auto kind = r.type()->kind();
-    tensor_returns_only &= kind == c10::TypeKind::TensorType ||
-                           (kind == c10::TypeKind::ListType &&
-                            r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
-  }
+  const c10::Device device = common_device(schema, args);
+  c10::DeviceGuard guard(device);
 
   // 1. Output metadata from the meta kernels (cached).
-  const auto meta = meta_for(op, args, tensor_returns_only);
+  const auto meta = meta_for(op, args, facts.tensor_returns_only);
   using Check = MetaResult::Check;
   const Check check = meta->check.load(std::memory_order_relaxed);
   if (meta->data_dependent || check == Check::disagrees) {
-    run_synchronously(op, stack, std::move(args), *device);
+    run_synchronously(op, stack, take_arguments(stack, num_args), device);
     return;
   }
   if (check == Check::unverified) {
-    const bool agrees = run_synchronously(op, stack, std::move(args), *device) == shapes_of(*meta);
+    const bool agrees = run_synchronously(op, stack, take_arguments(stack, num_args), device) == shapes_of(*meta);
     meta->check.store(agrees ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
     return;
   }
@@ -711,13 +787,15 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   // 2. Outputs on the device.
   Stack outputs;
   outputs.reserve(schema.returns().size());
-  bool needs_kernel = false;
+  c10::SmallVector<bool, 4> true_view;  // per return: aliases its input, needs no kernel
+  bool needs_kernel = facts.mutates;    // foreach ops, fused optimizers, AMP's unscale: no returns to compute
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
     const auto& geometries = meta->returns[i];
     bool aliases = true;
     for (const Geometry& g : geometries) aliases &= g.aliases;
-    if (is_view_return(ret) && aliases) {
+    true_view.push_back(is_view_return(ret) && aliases);
+    if (true_view.back()) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
       if (!meta->is_list[i]) {
         outputs.push_back(view_like(base, geometries[0]));
@@ -734,41 +812,31 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     } else {
       needs_kernel = true;
       if (!meta->is_list[i]) {
-        outputs.push_back(alloc_like(geometries[0], *device));
+        outputs.push_back(alloc_like(geometries[0]));
       } else {
         c10::List<at::Tensor> fresh;
-        for (const Geometry& g : geometries) fresh.push_back(alloc_like(g, *device));
+        for (const Geometry& g : geometries) fresh.push_back(alloc_like(g));
         outputs.push_back(fresh);
       }
     }
   }
 
-  // Ops that return nothing (or only views) but mutate arguments (foreach
-  // ops, fused optimizers, AMP's unscale) still need their kernel.
-  for (const auto& a : schema.arguments()) needs_kernel |= a.alias_info() && a.alias_info()->isWrite();
-  needs_kernel |= schema.returns().empty();
-
-  // 3. The kernel.
+  // 3. The kernel: it takes the arguments (the host needs them no more).
   if (needs_kernel) {
-    Stack kernel_args = std::move(args);  // the host needs them no more
-    seed_generators(schema, kernel_args, device->index());
-    replace_devices(kernel_args, c10::Device(c10::kCPU));
-    Stack targets;  // where each result must land: not for true views
-    targets.reserve(outputs.size());
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      bool aliases = true;
-      for (const Geometry& g : meta->returns[i]) aliases &= g.aliases;
-      targets.push_back(is_view_return(schema.returns()[i]) && aliases ? c10::IValue() : outputs[i]);
+    seed_generators(schema, first, device.index());
+    replace_devices(first, num_args, c10::Device(c10::kCPU));
+    Launch* launch = Launch::make(facts.out_op != nullptr ? *facts.out_op : op);
+    launch->args.capture(first, first + num_args);
+    if (facts.out_op != nullptr) {  // a routed structured op: its out= overload writes the outputs in place
+      for (const c10::IValue& o : outputs) launch->args.append(o.toTensor());
+      launch->outs = outputs.size();
+    } else {  // where each result must land: not for true views
+      for (size_t i = 0; i < outputs.size(); ++i) launch->targets.add(true_view[i] ? c10::IValue() : outputs[i]);
     }
-    // A routed structured op: the device runs its out= overload, writing the outputs in place.
-    const c10::OperatorHandle* out_op = out_overload(op);
-    if (out_op != nullptr)
-      for (const c10::IValue& o : outputs) kernel_args.push_back(o);
-    auto stream = getCurrentOpenRegStream(device->index());
-    auto* launch = Launch::make(out_op != nullptr ? *out_op : op, LaunchStack::capture(std::move(kernel_args)),
-                                LaunchStack::capture(std::move(targets)));
-    OPENREG_CHECK(orLaunchKernel(stream.handle(), schema.name().c_str(), &Launch::run, launch, &Launch::bury));
+    OPENREG_CHECK(orLaunchKernel(current_stream_handle(device.index()), schema.name().c_str(), &Launch::run, launch,
+                                 &Launch::bury));
   }
+  stack->erase(stack->end() - num_args, stack->end());
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));
 }
 
@@ -846,9 +914,7 @@ size_t route_structured_ops() {
 }
 
 void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const size_t num_args = op.schema().arguments().size();
-  Stack args(std::make_move_iterator(stack->end() - num_args), std::make_move_iterator(stack->end()));
-  stack->erase(stack->end() - num_args, stack->end());
+  Stack args = take_arguments(stack, op.schema().arguments().size());
   count(op);
   const c10::Device device = common_device(op.schema(), args);
   c10::DeviceGuard guard(device);

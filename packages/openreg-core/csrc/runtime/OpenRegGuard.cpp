@@ -19,7 +19,11 @@ void OpenRegGuardImpl::setDevice(c10::Device d) const {
   set_device(d.index());
 }
 
-void OpenRegGuardImpl::uncheckedSetDevice(c10::Device d) const noexcept { orSetDevice(d.index()); }
+// Guards restore the device on exit, mostly to the one that is already current.
+void OpenRegGuardImpl::uncheckedSetDevice(c10::Device d) const noexcept {
+  int current = -1;
+  if (orGetDevice(&current) != orSuccess || current != d.index()) orSetDevice(d.index());
+}
 
 c10::Stream OpenRegGuardImpl::getStream(c10::Device d) const { return getCurrentOpenRegStream(d.index()).unwrap(); }
 
