@@ -139,15 +139,23 @@ struct Stream {
   int priority = 0;
   bool is_default = false;
 
-  std::mutex mu;  // guards queue, submitted_locked, sleeping, worker
+  // Launching threads' side, under mu. The worker takes mu only to go to sleep.
+  alignas(64) std::mutex mu;
   std::condition_variable work_cv;
-  std::deque<WorkItem> queue;
   uint64_t submitted_locked = 0;
-  bool sleeping = false;
+  uint64_t room_until = 0;  // items up to this sequence number fit in the ring
+  bool sleeping = false;    // the worker waits on work_cv
   bool has_worker = false;
   Graph* capture = nullptr;  // non-null while the stream records into a graph
-  std::atomic<uint64_t> submitted{0};
-  Progress completed;
+  // The queue: item `seq` sits in ring[seq % ring.size()] until the worker copies it out.
+  // Its slot is free again once item seq - ring.size() has completed.
+  struct alignas(64) Slot {
+    WorkItem item;
+  };
+  std::vector<Slot> ring;
+
+  alignas(64) std::atomic<uint64_t> submitted{0};  // published items: written by launching threads
+  alignas(64) Progress completed;                  // written by the worker
 
   // Returns the item's sequence number; while capturing, records the item instead and returns 0.
   uint64_t enqueue(const WorkItem& item);
@@ -159,6 +167,7 @@ struct Stream {
   bool idle() const { return completed.value() >= submitted.load(std::memory_order_acquire); }
 
  private:
+  void make_room(uint64_t seq);
   void worker_loop();
 };
 

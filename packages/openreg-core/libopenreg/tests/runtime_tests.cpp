@@ -876,6 +876,57 @@ TEST(stream_in_order_execution) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+// The queue holds 1024 items: a launch into a full queue waits until the worker frees a slot.
+TEST(stream_full_queue_waits_for_the_worker) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  const int n = 3000;
+  std::vector<int> seen;
+  std::atomic<int> launched{0};
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gate", [&] { gate.wait(); }));
+  std::thread host([&] {
+    for (int i = 0; i < n; ++i) {
+      CHECK_OK(openreg::launch(s, "test::append", [&seen, i] { seen.push_back(i); }));
+      launched.fetch_add(1);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int while_blocked = launched.load();
+  CHECK(while_blocked >= 1000);  // about one queue's worth (the gate holds one slot)
+  CHECK(while_blocked < 1100);
+  gate.release();
+  host.join();
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(seen.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(seen[i], i);
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// A kernel that fills its own stream's queue cannot wait for itself: the queue grows instead.
+TEST(stream_kernel_launches_into_its_own_full_stream) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  const int n = 3000;
+  std::vector<int> seen;
+  orStatus inner = orSuccess;
+  CHECK_OK(openreg::launch(s, "test::launcher", [&] {
+    for (int i = 0; i < n && inner == orSuccess; ++i)
+      inner = openreg::launch(s, "test::append", [&seen, i] { seen.push_back(i); });
+  }));
+  CHECK_OK(orStreamSynchronize(s));  // the launcher has queued everything when it completes
+  CHECK_EQ(inner, orSuccess);
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(seen.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(seen[i], i);
+  // The stream works as before afterwards.
+  int ran = 0;
+  CHECK_OK(openreg::launch(s, "test::after", [&ran] { ran = 1; }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(ran, 1);
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(graph_capture_and_replay) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
