@@ -156,8 +156,12 @@ def check_forward(op, name: str, tally: Tally) -> None:
                     continue
 
                 def run(device_sample=device_sample, expected=expected):
-                    d = device_sample()
-                    compare(op(d.input, *d.args, **d.kwargs), expected, random)
+                    # The first call of a signature runs synchronously (it checks the meta kernel
+                    # against the CPU kernel); the second, on a fresh copy of the same sample,
+                    # takes the asynchronous path. Both must give the CPU's result.
+                    for _ in range(2):
+                        d = device_sample()
+                        compare(op(d.input, *d.args, **d.kwargs), expected, random)
 
                 tally.run(f"{dtype} sample {i}{variant}", run)
             if op.supports_out and i < OUT_SAMPLES and not random:

@@ -683,11 +683,21 @@ void run_kernel(const Launch& l) {
   Stack args = l.args.materialize();
   bool landed = true;
   if (l.outs > 0) {
-    c10::SmallVector<at::Tensor, 2> outs;
-    for (size_t i = args.size() - l.outs; i < args.size(); ++i) outs.push_back(args[i].toTensor());
+    // The out= kernel writes its outputs in place unless it resizes or restrides one (it
+    // then writes host memory): compare with the outputs' memory and geometry as launched.
+    c10::SmallVector<const void*, 2> launched;
+    for (size_t i = args.size() - l.outs; i < args.size(); ++i) launched.push_back(args[i].toTensor().data_ptr());
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
-    landed = args.size() == outs.size();
-    for (size_t i = 0; landed && i < outs.size(); ++i) landed = land(args[i].toTensor(), outs[i]);
+    landed = args.size() == l.outs;
+    const size_t first_out = l.args.tensors.size() - l.outs;  // the outputs are the last kernel tensors
+    for (size_t i = 0; landed && i < l.outs; ++i) {
+      const at::Tensor& got = args[i].toTensor();
+      const KernelTensorArg& out = l.args.tensors[first_out + i].second;
+      if (got.data_ptr() == launched[i] && got.sizes() == c10::IntArrayRef(out.sizes) &&
+          got.strides() == c10::IntArrayRef(out.strides))
+        continue;
+      landed = land(got, out.materialize());
+    }
   } else {
     // Fresh views of the device outputs that the CPU kernel never sees.
     const Stack targets = l.targets.materialize();
