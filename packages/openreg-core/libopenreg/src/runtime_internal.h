@@ -167,7 +167,7 @@ struct Stream {
   bool idle() const { return completed.value() >= submitted.load(std::memory_order_acquire); }
 
  private:
-  void make_room(uint64_t seq);
+  void grow_ring();
   void worker_loop();
 };
 

@@ -2,15 +2,15 @@
 //
 // Each stream owns one worker thread, started at the first launch, that runs
 // the stream's work items in order. The queue is a ring of kQueueDepth slots:
-// a launch takes the stream's mutex (launching threads only), writes its item
+// a launch takes the stream's mutex (the worker only takes it to sleep), writes its item
 // into the next slot and publishes it by advancing the `submitted` counter;
 // the worker copies items out in order without taking the mutex, so a launch
 // and the item's start share no lock and touch few cache lines. The worker is
 // only woken through the condition variable when it went to sleep, because an
 // idle worker first spins for OPENREG_SPIN_US microseconds (default 50)
 // watching `submitted`. That spin is what makes launch-to-completion latency
-// a few microseconds. A launch into a full ring waits for the worker, as a
-// launch into a full CUDA queue does; a kernel that launches into its own
+// a few microseconds. A launch into a full ring waits for the worker, mutex
+// released, as a launch into a full CUDA queue does; a kernel that launches into its own
 // full stream grows the ring instead (waiting for itself would never end).
 //
 // Everything a stream does is a work item: kernels, copies, memsets, event
@@ -70,18 +70,32 @@ void Progress::wait_for(uint64_t v) {
 
 uint64_t Stream::enqueue(const WorkItem& in) {
   std::unique_lock<std::mutex> lock(mu);
-  if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
-    capture->items.push_back(in);
-    return 0;
-  }
-  if (!has_worker) {
-    has_worker = true;
-    ring.resize(kQueueDepth);
-    room_until = submitted_locked + ring.size();
-    std::thread([this] { worker_loop(); }).detach();
+  for (;;) {
+    if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
+      capture->items.push_back(in);
+      return 0;
+    }
+    if (!has_worker) {
+      has_worker = true;
+      ring.resize(kQueueDepth);
+      room_until = submitted_locked + ring.size();
+      std::thread([this] { worker_loop(); }).detach();
+    }
+    if (submitted_locked < room_until) break;
+    room_until = completed.value() + ring.size();
+    if (submitted_locked < room_until) break;
+    if (t_worker_of == this) {
+      grow_ring();
+      break;
+    }
+    // The ring is full: wait for the worker to free the next slot, without holding mu (the
+    // worker takes it to go to sleep, and may have decided to just before this launch).
+    const uint64_t slot_free_at = submitted_locked + 1 - ring.size();
+    lock.unlock();
+    completed.wait_for(slot_free_at);
+    lock.lock();
   }
   const uint64_t seq = submitted_locked + 1;
-  if (seq > room_until) make_room(seq);
   WorkItem& item = ring[seq % ring.size()].item;
   item = in;
   item.seq = seq;
@@ -94,20 +108,13 @@ uint64_t Stream::enqueue(const WorkItem& in) {
   return seq;
 }
 
-// Under mu, with the ring full up to room_until.
-void Stream::make_room(uint64_t seq) {
-  room_until = completed.value() + ring.size();
-  if (seq <= room_until) return;
-  if (t_worker_of == this) {
-    // A kernel launching into its own stream: the worker is this thread, so nothing reads
-    // the ring meanwhile. Double it, keeping every queued item at its new slot.
-    std::vector<Slot> bigger(ring.size() * 2);
-    for (uint64_t s = completed.value() + 1; s <= submitted_locked; ++s)
-      bigger[s % bigger.size()] = ring[s % ring.size()];
-    ring.swap(bigger);
-  } else {
-    completed.wait_for(seq - ring.size());  // the worker never needs mu while items are queued
-  }
+// A kernel launching into its own full stream, under mu: the worker is this thread, so
+// nothing reads the ring meanwhile. Doubles it, keeping every queued item at its new slot.
+void Stream::grow_ring() {
+  std::vector<Slot> bigger(ring.size() * 2);
+  for (uint64_t s = completed.value() + 1; s <= submitted_locked; ++s)
+    bigger[s % bigger.size()] = ring[s % ring.size()];
+  ring.swap(bigger);
   room_until = completed.value() + ring.size();
 }
 
