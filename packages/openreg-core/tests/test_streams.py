@@ -3,6 +3,7 @@
 import threading
 
 import torch
+from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 
@@ -122,6 +123,45 @@ class TestEvents(TestCase):
         # y was produced on s2: the default stream, which copies it to the host, must wait for it.
         torch.openreg.current_stream().wait_stream(s2)
         self.assertEqual(y.cpu(), torch.full((128,), 6.0))
+
+    def test_record_into_full_queue_does_not_hold_the_gil(self):
+        # A device kernel may be Python (the generic path runs a custom op's Python CPU kernel on the
+        # stream's worker, which then takes the GIL). torch.Event.record holds the GIL while it
+        # launches: if the queue is full, waiting for the worker with the GIL held never ends.
+        r = run_python(
+            """
+            import time
+            import torch
+
+            delay = [0.0]
+
+            @torch.library.custom_op("regress::py_sin", mutates_args=(), device_types="cpu")
+            def py_sin(x: torch.Tensor) -> torch.Tensor:
+                if delay[0]:
+                    time.sleep(delay[0])  # the worker is busy while the host fills the queue
+                    delay[0] = 0.0
+                return x.sin()
+
+            @py_sin.register_fake
+            def _(x):
+                return torch.empty_like(x)
+
+            x = torch.randn(8, device="openreg")
+            py_sin(x), py_sin(x)  # the first call of a signature is synchronous
+            torch.openreg.synchronize()
+            event = torch.Event(device="openreg")
+            delay[0] = 0.5
+            for _ in range(1500):  # more than the queue holds
+                y = py_sin(x)
+                event.record()  # two records a launch: some record finds the queue full while
+                event.record()  # the item it waits for is a Python kernel
+            torch.openreg.synchronize()
+            print(torch.allclose(y.cpu(), x.cpu().sin()))
+            """,
+            timeout=60,
+        )  # a hang raises subprocess.TimeoutExpired
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "True")
 
     def test_cross_device_copy_is_ordered(self):
         with torch.openreg.device(0):

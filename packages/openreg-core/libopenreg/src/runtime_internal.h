@@ -143,16 +143,18 @@ struct Stream {
   alignas(64) std::mutex mu;
   std::condition_variable work_cv;
   uint64_t submitted_locked = 0;
-  uint64_t room_until = 0;  // items up to this sequence number fit in the ring
+  uint64_t room_until = 0;  // items up to this sequence number fit in the ring (a cached bound)
   bool sleeping = false;    // the worker waits on work_cv
   bool has_worker = false;
   Graph* capture = nullptr;  // non-null while the stream records into a graph
-  // The queue: item `seq` sits in ring[seq % ring.size()] until the worker copies it out.
-  // Its slot is free again once item seq - ring.size() has completed.
+  // The queue: item `seq` sits in ring[seq % ring.size()] until the worker copies it out;
+  // that slot is free again once item seq - ring.size() has completed. Items that find
+  // their slot still taken wait in `overflow` (under mu) instead.
   struct alignas(64) Slot {
     WorkItem item;
   };
   std::vector<Slot> ring;
+  std::deque<WorkItem> overflow;
 
   alignas(64) std::atomic<uint64_t> submitted{0};  // published items: written by launching threads
   alignas(64) Progress completed;                  // written by the worker
@@ -167,7 +169,6 @@ struct Stream {
   bool idle() const { return completed.value() >= submitted.load(std::memory_order_acquire); }
 
  private:
-  void grow_ring();
   void worker_loop();
 };
 

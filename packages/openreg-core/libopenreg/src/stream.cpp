@@ -2,16 +2,18 @@
 //
 // Each stream owns one worker thread, started at the first launch, that runs
 // the stream's work items in order. The queue is a ring of kQueueDepth slots:
-// a launch takes the stream's mutex (the worker only takes it to sleep), writes its item
-// into the next slot and publishes it by advancing the `submitted` counter;
-// the worker copies items out in order without taking the mutex, so a launch
-// and the item's start share no lock and touch few cache lines. The worker is
-// only woken through the condition variable when it went to sleep, because an
-// idle worker first spins for OPENREG_SPIN_US microseconds (default 50)
-// watching `submitted`. That spin is what makes launch-to-completion latency
-// a few microseconds. A launch into a full ring waits for the worker, mutex
-// released, as a launch into a full CUDA queue does; a kernel that launches into its own
-// full stream grows the ring instead (waiting for itself would never end).
+// a launch takes the stream's mutex (the worker only takes it to sleep),
+// writes its item into the next slot and publishes it by advancing the
+// `submitted` counter; the worker copies items out in order without the
+// mutex, so a launch and the item's start share no lock and touch few cache
+// lines. When the ring is full (more than kQueueDepth items queued), items go
+// to an overflow deque, which the worker reads under the mutex: a launch never
+// waits for the device. (It must not: the worker may need a lock the
+// launching thread holds, e.g. the GIL for a custom op's Python kernel.)
+// The worker is only woken through the condition variable when it went to
+// sleep, because an idle worker first spins for OPENREG_SPIN_US microseconds
+// (default 50) watching `submitted`. That spin is what makes
+// launch-to-completion latency a few microseconds.
 //
 // Everything a stream does is a work item: kernels, copies, memsets, event
 // records and waits. A destroyed stream keeps its parked worker for reuse.
@@ -23,7 +25,6 @@ namespace openreg::rt {
 
 namespace {
 thread_local bool t_in_kernel = false;
-thread_local Stream* t_worker_of = nullptr;  // the stream whose worker this thread is
 constexpr size_t kQueueDepth = 1024;
 thread_local std::string t_kernel_error;
 constexpr int kLeastPriority = 0;
@@ -70,36 +71,28 @@ void Progress::wait_for(uint64_t v) {
 
 uint64_t Stream::enqueue(const WorkItem& in) {
   std::unique_lock<std::mutex> lock(mu);
-  for (;;) {
-    if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
-      capture->items.push_back(in);
-      return 0;
-    }
-    if (!has_worker) {
-      has_worker = true;
-      ring.resize(kQueueDepth);
-      room_until = submitted_locked + ring.size();
-      std::thread([this] { worker_loop(); }).detach();
-    }
-    if (submitted_locked < room_until) break;
-    room_until = completed.value() + ring.size();
-    if (submitted_locked < room_until) break;
-    if (t_worker_of == this) {
-      grow_ring();
-      break;
-    }
-    // The ring is full: wait for the worker to free the next slot, without holding mu (the
-    // worker takes it to go to sleep, and may have decided to just before this launch).
-    const uint64_t slot_free_at = submitted_locked + 1 - ring.size();
-    lock.unlock();
-    completed.wait_for(slot_free_at);
-    lock.lock();
+  if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
+    capture->items.push_back(in);
+    return 0;
+  }
+  if (!has_worker) {
+    has_worker = true;
+    ring.resize(kQueueDepth);
+    room_until = submitted_locked + ring.size();
+    std::thread([this] { worker_loop(); }).detach();
   }
   const uint64_t seq = submitted_locked + 1;
-  WorkItem& item = ring[seq % ring.size()].item;
-  item = in;
-  item.seq = seq;
-  trace_prepare(item);
+  if (seq > room_until) room_until = completed.value() + ring.size();
+  WorkItem* item = nullptr;
+  if (seq <= room_until) {
+    item = &ring[seq % ring.size()].item;
+  } else {  // the ring is full: never wait for the worker (it may need a lock this thread holds)
+    overflow.emplace_back();
+    item = &overflow.back();
+  }
+  *item = in;
+  item->seq = seq;
+  trace_prepare(*item);
   submitted_locked = seq;
   submitted.store(seq, std::memory_order_release);
   const bool wake = sleeping;
@@ -108,19 +101,8 @@ uint64_t Stream::enqueue(const WorkItem& in) {
   return seq;
 }
 
-// A kernel launching into its own full stream, under mu: the worker is this thread, so
-// nothing reads the ring meanwhile. Doubles it, keeping every queued item at its new slot.
-void Stream::grow_ring() {
-  std::vector<Slot> bigger(ring.size() * 2);
-  for (uint64_t s = completed.value() + 1; s <= submitted_locked; ++s)
-    bigger[s % bigger.size()] = ring[s % ring.size()];
-  ring.swap(bigger);
-  room_until = completed.value() + ring.size();
-}
-
 void Stream::worker_loop() {
   const uint64_t spin = spin_ns();
-  t_worker_of = this;
   uint64_t next = completed.value() + 1;
   for (;;) {
     if (submitted.load(std::memory_order_acquire) < next) {
@@ -137,9 +119,16 @@ void Stream::worker_loop() {
         }
       }
     }
-    // The slot stays ours until this item completes, but copying it out keeps the
-    // launching thread's next writes to nearby slots off the line we read.
-    const WorkItem item = ring[next % ring.size()].item;
+    // Item `next` is in its ring slot, or in the overflow when the ring was full. No launch
+    // writes the slot before this item completes, so reading it needs no lock.
+    WorkItem item;
+    if (const WorkItem& slot = ring[next % ring.size()].item; slot.seq == next) {
+      item = slot;
+    } else {
+      std::lock_guard<std::mutex> lock(mu);
+      item = overflow.front();
+      overflow.pop_front();
+    }
     ++next;
     // Device code sees the stream's device as current, as on a real device.
     current_device_index() = device;
