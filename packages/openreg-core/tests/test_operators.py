@@ -48,6 +48,25 @@ class TestNativeOps(TestCase):
 
 
 class TestGenericPath(TestCase):
+    def test_outputs_the_call_does_not_ask_for(self):
+        # native_batch_norm_backward leaves the outputs its mask does not ask for undefined (None
+        # in Python). The second call of a signature takes the asynchronous path.
+        torch.manual_seed(0)
+        x, g, w = torch.randn(4, 3, 5), torch.randn(4, 3, 5), torch.randn(3)
+        mean, invstd = x.mean((0, 2)), (x.var((0, 2), unbiased=False) + 1e-5).rsqrt()
+        args = (g, x, w, None, None, mean, invstd, True, 1e-5)
+        for mask in ([True, False, False], [False, True, True]):
+            expected = torch.ops.aten.native_batch_norm_backward(*args, mask)
+            for call in range(2):
+                got = torch.ops.aten.native_batch_norm_backward(
+                    *[a.openreg() if isinstance(a, torch.Tensor) else a for a in args], mask
+                )
+                for i, (r, e) in enumerate(zip(got, expected)):
+                    if e is None:
+                        self.assertIsNone(r, f"call {call}, output {i}")
+                    else:
+                        self.assertEqual(r.cpu(), e, msg=f"call {call}, output {i}")
+
     def test_elementwise_reductions_linalg(self):
         a, da = pair(5, 7)
         b, db = pair(5, 7)

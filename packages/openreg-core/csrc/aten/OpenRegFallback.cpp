@@ -650,6 +650,7 @@ std::vector<std::vector<int64_t>> shapes_of(const MetaResult& meta) {
 // kernel may reallocate its output): then the result is copied over, on
 // the device. Returns false if the shapes disagree.
 bool land(const at::Tensor& got, const at::Tensor& want) {
+  if (!want.defined()) return true;  // an output the call did not ask for (output_mask): nothing to land
   if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides()) return true;
   if (got.sizes() != want.sizes()) return false;
   want.copy_(got);
@@ -835,9 +836,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   if (needs_kernel) {
     seed_generators(schema, first, device.index());
     replace_devices(first, num_args, c10::Device(c10::kCPU));
-    Launch* launch = Launch::make(facts.out_op != nullptr ? *facts.out_op : op);
+    bool routed = facts.out_op != nullptr;  // a structured op: its out= overload writes the outputs in place
+    for (const c10::IValue& o : outputs) routed &= o.isTensor() && o.toTensor().defined();
+    Launch* launch = Launch::make(routed ? *facts.out_op : op);
     launch->args.capture(first, first + num_args);
-    if (facts.out_op != nullptr) {  // a routed structured op: its out= overload writes the outputs in place
+    if (routed) {
       for (const c10::IValue& o : outputs) launch->args.append(o.toTensor());
       launch->outs = outputs.size();
     } else {  // where each result must land: not for true views
