@@ -174,6 +174,9 @@ struct Stream {
 
 // ---- events ----
 struct Event {
+  // Held by orEventRecord from taking a generation until its record is queued, and by
+  // orStreamWaitEvent to read the generation: a wait never lands before its record.
+  std::mutex record_mu;
   std::atomic<bool> timing{true};
   std::atomic<int> device{-1};
   std::atomic<uint64_t> recorded{0};  // generation of the last orEventRecord

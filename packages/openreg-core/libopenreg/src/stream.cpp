@@ -338,7 +338,11 @@ orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flag
   if (orStatus st = resolve_stream(stream, &s)) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
-  const uint64_t generation = e->recorded.load(std::memory_order_acquire);
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(e->record_mu);  // that generation's record is queued
+    generation = e->recorded.load(std::memory_order_acquire);
+  }
   if (e->completed.value() >= generation) return orSuccess;  // nothing to wait for
   WorkItem item;
   item.fn = wait_kernel;
@@ -391,10 +395,11 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   e->device.store(s->device);
   WorkItem item;
   item.fn = record_kernel;
-  item.args = new RecordArgs{e, e->recorded.fetch_add(1) + 1};
   item.deleter = delete_record_args;
   item.name = "openreg::record_event";
-  s->enqueue(item);
+  std::lock_guard<std::mutex> lock(e->record_mu);  // until queued: see Event::record_mu
+  item.args = new RecordArgs{e, e->recorded.fetch_add(1) + 1};
+  s->enqueue(item);  // never blocks
   return orSuccess;
 }
 

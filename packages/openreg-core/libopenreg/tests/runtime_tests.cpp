@@ -1090,6 +1090,32 @@ TEST(stream_default_stream_handles) {
   CHECK_STATUS(orErrorInvalidValue, orDeviceGetDefaultStream(0, nullptr));
 }
 
+// One thread records an event on a stream while another makes the same stream wait for it: the
+// wait must never land in the queue before the record whose generation it waits for.
+TEST(stream_wait_for_an_event_recorded_concurrently_on_it) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&e, orEventDisableTiming));
+  const int n = static_cast<int>(20000 * test_scale());
+  std::atomic<bool> go{false};
+  std::thread recorder([&] {
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < n; ++i) CHECK_OK(orEventRecord(e, s));
+  });
+  std::thread waiter([&] {
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < n; ++i) CHECK_OK(orStreamWaitEvent(s, e, 0));
+  });
+  go.store(true);
+  recorder.join();
+  waiter.join();
+  CHECK_OK(orStreamSynchronize(s));  // hangs (test timeout) if a wait was queued before its record
+  CHECK_OK(orEventQuery(e));
+  CHECK_OK(orEventDestroy(e));
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(stream_wait_event_orders_across_streams) {
   orStream_t a = nullptr, b = nullptr;
   CHECK_OK(orStreamCreate(&a));
