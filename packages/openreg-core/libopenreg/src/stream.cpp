@@ -25,8 +25,8 @@ namespace openreg::rt {
 
 namespace {
 thread_local bool t_in_kernel = false;
-constexpr size_t kQueueDepth = 1024;
 thread_local std::string t_kernel_error;
+constexpr size_t kQueueDepth = 1024;  // ring slots per stream; more items wait in its overflow
 constexpr int kLeastPriority = 0;
 constexpr int kGreatestPriority = -1;
 

@@ -203,6 +203,20 @@ double test_scale() {
 #endif
 }
 
+// Kernels that appended 0, 1, ..., n-1 ran exactly once each, in launch order.
+void check_ran_in_order(const std::vector<int>& seen, int n) {
+  CHECK_EQ(seen.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(seen[i], i);
+}
+
+// The stream still runs new work to completion.
+void check_stream_still_runs(orStream_t s) {
+  int ran = 0;
+  CHECK_OK(openreg::launch(s, "test::after", [&ran] { ran = 1; }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(ran, 1);
+}
+
 void sleep_kernel_ms(orStream_t stream, int ms) {
   CHECK_OK(
       openreg::launch(stream, "test::sleep", [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }));
@@ -859,8 +873,7 @@ TEST(stream_in_order_execution) {
     if (i == n / 2) gate.release();  // half queued while blocked, half while running
   }
   CHECK_OK(orStreamSynchronize(s));
-  CHECK_EQ(seen.size(), static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) CHECK_EQ(seen[i], i);
+  check_ran_in_order(seen, n);
   // Copies and kernels interleave in order too.
   int* d = nullptr;
   CHECK_OK(orMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
@@ -893,13 +906,8 @@ TEST(stream_queue_beyond_the_ring_keeps_order) {
   // Launches while the worker drains the overflow land behind it.
   for (int i = n; i < n + 500; ++i) CHECK_OK(openreg::launch(s, "test::append", [&seen, i] { seen.push_back(i); }));
   CHECK_OK(orStreamSynchronize(s));
-  CHECK_EQ(seen.size(), static_cast<size_t>(n + 500));
-  for (int i = 0; i < n + 500; ++i) CHECK_EQ(seen[i], i);
-  // The ring is used again once the worker has caught up.
-  int ran = 0;
-  CHECK_OK(openreg::launch(s, "test::after", [&ran] { ran = 1; }));
-  CHECK_OK(orStreamSynchronize(s));
-  CHECK_EQ(ran, 1);
+  check_ran_in_order(seen, n + 500);
+  check_stream_still_runs(s);  // the ring is used again once the worker has caught up
   CHECK_OK(orStreamDestroy(s));
 }
 
@@ -917,13 +925,8 @@ TEST(stream_kernel_launches_into_its_own_full_stream) {
   CHECK_OK(orStreamSynchronize(s));  // the launcher has queued everything when it completes
   CHECK_EQ(inner, orSuccess);
   CHECK_OK(orStreamSynchronize(s));
-  CHECK_EQ(seen.size(), static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) CHECK_EQ(seen[i], i);
-  // The stream works as before afterwards.
-  int ran = 0;
-  CHECK_OK(openreg::launch(s, "test::after", [&ran] { ran = 1; }));
-  CHECK_OK(orStreamSynchronize(s));
-  CHECK_EQ(ran, 1);
+  check_ran_in_order(seen, n);
+  check_stream_still_runs(s);
   CHECK_OK(orStreamDestroy(s));
 }
 
