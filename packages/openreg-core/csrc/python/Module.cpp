@@ -132,6 +132,7 @@ PYBIND11_MODULE(_C, m) {
     out["bytes_d2d"] = c.bytesDeviceToDevice;
     out["device_mallocs"] = c.deviceMallocs;
     out["device_frees"] = c.deviceFrees;
+    out["wait_wakeups"] = c.waitWakeups;
     return out;
   });
 

@@ -254,6 +254,7 @@ orStatus orGetCounters(orRuntimeCounters* out) {
   out->bytesDeviceToDevice = c.bytes_d2d.load();
   out->deviceMallocs = c.mallocs.load();
   out->deviceFrees = c.frees.load();
+  out->waitWakeups = c.wait_wakeups.load();
   return orSuccess;
 }
 

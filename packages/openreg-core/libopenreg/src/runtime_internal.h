@@ -45,9 +45,13 @@ class Progress {
 
  private:
   std::atomic<uint64_t> value_{0};
-  std::atomic<int> sleepers_{0};
+  // The lowest value a sleeping waiter waits for (none: UINT64_MAX). advance_to wakes sleepers only
+  // when it reaches it, so a host waiting for the end of a long queue is woken once, not after
+  // every item (each wake-up took a core from the kernels still running).
+  std::atomic<uint64_t> wake_at_{UINT64_MAX};
   std::mutex mu_;
   std::condition_variable cv_;
+  std::vector<uint64_t> targets_;  // under mu_: the value each sleeper waits for
 };
 
 // ---- handle tables ----
@@ -212,7 +216,7 @@ struct Device {
 
 struct Counters {
   std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, mallocs{0},
-      frees{0};
+      frees{0}, wait_wakeups{0};
 };
 
 // Device memory of another process, mapped here by orIpcOpenMemHandle.

@@ -17,6 +17,7 @@
 //
 // Everything a stream does is a work item: kernels, copies, memsets, event
 // records and waits. A destroyed stream keeps its parked worker for reuse.
+#include <algorithm>
 #include <cstdlib>
 
 #include "runtime_internal.h"
@@ -46,7 +47,9 @@ void Progress::advance_to(uint64_t v) {
   uint64_t cur = value_.load(std::memory_order_relaxed);
   while (cur < v && !value_.compare_exchange_weak(cur, v, std::memory_order_seq_cst)) {
   }
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+  // Pairs with wait_for's store of wake_at_ and load of value_ (all seq_cst): either this load
+  // sees the sleeper's target, or the sleeper sees the new value and does not sleep.
+  if (v >= wake_at_.load(std::memory_order_seq_cst)) {
     std::lock_guard<std::mutex> lock(mu_);
     cv_.notify_all();
   }
@@ -61,12 +64,17 @@ void Progress::wait_for(uint64_t v) {
       platform::cpu_relax();
     }
   } while (platform::now_ns() < deadline);
-  sleepers_.fetch_add(1, std::memory_order_seq_cst);
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return value_.load(std::memory_order_seq_cst) >= v; });
+  std::unique_lock<std::mutex> lock(mu_);
+  targets_.push_back(v);
+  wake_at_.store(std::min(wake_at_.load(std::memory_order_relaxed), v), std::memory_order_seq_cst);
+  while (value_.load(std::memory_order_seq_cst) < v) {
+    cv_.wait(lock);
+    runtime().counters.wait_wakeups.fetch_add(1, std::memory_order_relaxed);
   }
-  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+  targets_.erase(std::find(targets_.begin(), targets_.end(), v));
+  uint64_t lowest = UINT64_MAX;
+  for (uint64_t t : targets_) lowest = std::min(lowest, t);
+  wake_at_.store(lowest, std::memory_order_seq_cst);
 }
 
 uint64_t Stream::enqueue(const WorkItem& in) {

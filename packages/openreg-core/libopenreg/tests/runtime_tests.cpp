@@ -975,6 +975,38 @@ TEST(graph_capture_and_replay) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+// A host asleep in a synchronize is woken when the work it waits for is done, not after every
+// item before it: each wake-up takes a core from the kernels still running.
+TEST(stream_synchronize_is_woken_once) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gate", [&gate] { gate.wait(); }));
+  const int n = 200;
+  std::vector<int> seen;
+  for (int i = 0; i < n; ++i) {
+    CHECK_OK(openreg::launch(s, "test::append", [&seen, i] {
+      std::this_thread::sleep_for(100us);  // long enough for a woken host to be back asleep
+      seen.push_back(i);
+    }));
+  }
+  orRuntimeCounters before{}, after{};
+  CHECK_OK(orGetCounters(&before));
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(50ms);  // the synchronize below is asleep by then (spin: 50 us)
+    gate.release();
+  });
+  CHECK_OK(orStreamSynchronize(s));
+  opener.join();
+  CHECK_OK(orGetCounters(&after));
+  check_ran_in_order(seen, n);
+  // One wake-up at the end of the queue, a couple more if the condition variable wakes spuriously;
+  // a host woken per item would count about n.
+  CHECK(after.waitWakeups - before.waitWakeups >= 1);
+  CHECK(after.waitWakeups - before.waitWakeups <= 3);
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(stream_priorities) {
   int least = 99, greatest = 99;
   CHECK_OK(orDeviceGetStreamPriorityRange(&least, &greatest));

@@ -107,6 +107,8 @@ typedef struct orRuntimeCounters {
   uint64_t bytesDeviceToDevice;
   uint64_t deviceMallocs;
   uint64_t deviceFrees;
+  uint64_t waitWakeups; /* times a thread asleep in a wait for the device (a synchronize, an event, a
+                           blocking copy) was woken; a wait for the end of a queue is woken once */
 } orRuntimeCounters;
 
 /* An opaque handle to one device allocation, for another process (see orIpcGetMemHandle). */
