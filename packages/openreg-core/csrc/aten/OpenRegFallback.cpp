@@ -212,6 +212,7 @@ struct Launch {
     std::atomic<Launch*> head{nullptr};  // buried by workers
     std::vector<Launch*> spare;          // the owning thread's, ready for reuse
   };
+  static constexpr size_t kSpares = 128;  // spare launches kept per thread
 
   Launch* next = nullptr;
   Graveyard* home;
@@ -228,19 +229,10 @@ struct Launch {
 
   static Launch* make(const c10::OperatorHandle& op) {
     Graveyard& g = graveyard();
-    if (g.head.load(std::memory_order_relaxed) != nullptr) {
-      for (Launch* l = g.head.exchange(nullptr, std::memory_order_acquire); l != nullptr;) {
-        Launch* next = l->next;
-        l->args.clear();  // drops the arguments here, on the thread that made them
-        l->targets.clear();
-        l->op.reset();
-        if (g.spare.size() < 64)
-          g.spare.push_back(l);
-        else
-          delete l;
-        l = next;
-      }
-    }
+    // The buried list is taken back only when no spare is left, not at every launch: its head
+    // is written by the worker after every kernel, and reading it (and the launches on it) cost
+    // the host a cache-line transfer from the worker's core at every launch.
+    if (g.spare.empty()) take_back(g);
     Launch* l = nullptr;
     if (g.spare.empty()) {
       l = new Launch(&g);
@@ -251,6 +243,20 @@ struct Launch {
     l->op.emplace(op);
     l->outs = 0;
     return l;
+  }
+
+  static void take_back(Graveyard& g) {
+    for (Launch* l = g.head.exchange(nullptr, std::memory_order_acquire); l != nullptr;) {
+      Launch* next = l->next;
+      l->args.clear();  // drops the arguments here, on the thread that made them
+      l->targets.clear();
+      l->op.reset();
+      if (g.spare.size() < kSpares)
+        g.spare.push_back(l);
+      else
+        delete l;
+      l = next;
+    }
   }
 
   // Device side: the kernel.

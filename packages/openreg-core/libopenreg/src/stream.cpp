@@ -112,6 +112,10 @@ uint64_t Stream::enqueue(const WorkItem& in) {
 void Stream::worker_loop() {
   const uint64_t spin = spin_ns();
   uint64_t next = completed.value() + 1;
+  // The ring is sized before the worker starts and never after. Reading its bounds from `ring`
+  // at every item would read the cache line that launches write `submitted_locked` to.
+  Slot* const slots = ring.data();
+  const uint64_t depth = ring.size();
   for (;;) {
     if (submitted.load(std::memory_order_acquire) < next) {
       const uint64_t deadline = platform::now_ns() + spin;
@@ -130,7 +134,7 @@ void Stream::worker_loop() {
     // Item `next` is in its ring slot, or in the overflow when the ring was full. No launch
     // writes the slot before this item completes, so reading it needs no lock.
     WorkItem item;
-    if (const WorkItem& slot = ring[next % ring.size()].item; slot.seq == next) {
+    if (const WorkItem& slot = slots[next % depth].item; slot.seq == next) {
       item = slot;
     } else {
       std::lock_guard<std::mutex> lock(mu);
