@@ -1,10 +1,20 @@
-"""Eager-mode benchmarks: openreg against the CPU, measured in the same process.
+"""Eager-mode benchmarks: openreg against the CPU, each device in a process of its own.
 
 Each measure runs the same Python function with device="cpu" and device="openreg", with
 warm-up, several repetitions and medians; openreg timings include the device synchronisation
 that makes the result observable. The repetitions of the two devices are interleaved
 (cpu, openreg, openreg, cpu, ...) so that a change in background load during the run affects
 both sides alike. ratio = openreg / cpu.
+
+Each device runs in its own Python process (`DeviceProcess`, this file with --serve DEVICE), as a
+CPU user's program and an openreg user's program would. In one process the two devices slow each
+other down: both run their kernels' parallel regions on OpenMP thread pools, one per thread that
+starts a region (the CPU's on the main thread, openreg's on its stream worker), and once a
+process has more pool threads than CPUs libgomp lets idle pool threads spin only briefly, so a
+parallel region often waits for a thread to wake up: an add of 64K-element tensors took 15 to 19
+us instead of 3.4 to 4.9 us on the 2-core VM, on both devices (docs/benchmarks.md). Each process
+runs the measures in the same order, so state that carries over from one measure to the next
+(glibc's malloc thresholds) does so on both sides.
 
     python tools/bench/eager.py [--quick]     prints one dict per measure
     python tools/bench/run.py                 the full report (this module plus the runtime bench)
@@ -13,7 +23,10 @@ both sides alike. ratio = openreg / cpu.
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +35,10 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 DEVICES = ("cpu", "openreg")
+# Pause before each repetition. After its last parallel region an OpenMP pool thread spins before it
+# sleeps (libgomp: 7.7 ms on the 2-core VM); without the pause the device that just ran would take
+# a core from the one whose repetition starts.
+SETTLE_S = 0.03
 
 
 def _sync(device: str) -> Callable[[], None]:
@@ -34,31 +51,6 @@ def _one_rep(fn: Callable[[], None], sync: Callable[[], None], iters: int) -> fl
         fn()
     sync()
     return (time.perf_counter() - t0) / iters
-
-
-def time_pair(fns: Dict[str, Callable[[], None]], iters: int, reps: int) -> Dict[str, List[float]]:
-    """Seconds per iteration of each device's `fn`, `reps` samples each, repetitions interleaved.
-
-    Each device is warmed up (iters // 10 calls, at least one, then a synchronize) before any
-    sample is taken. The garbage collector is off while timing, as in timeit.
-    """
-    for device, fn in fns.items():
-        for _ in range(max(1, iters // 10)):
-            fn()
-        _sync(device)()
-    samples: Dict[str, List[float]] = {device: [] for device in fns}
-    order = list(fns)
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for rep in range(reps):
-            for device in order if rep % 2 == 0 else reversed(order):
-                samples[device].append(_one_rep(fns[device], _sync(device), iters))
-    finally:
-        if was_enabled:
-            gc.enable()
-    return samples
 
 
 # ---- the workloads: factory(device) -> a function doing one iteration ----
@@ -133,6 +125,7 @@ class Measure:
     goal: Optional[float]  # openreg/cpu must be <= goal; None: no goal yet
     # openreg may not support this yet: an exception on the openreg side is reported, not raised.
     may_be_unsupported: bool = False
+    reps: int = 7  # repetitions per device (full run; --quick: 3)
 
 
 MEASURES: List[Measure] = [
@@ -141,7 +134,8 @@ MEASURES: List[Measure] = [
     Measure("add-16m", "add 16M float32", large_add, 10, 1.10),
     Measure("add-16m-out", "add 16M float32 into out= (info)", large_add_out, 10, None),
     Measure("matmul", "matmul 2048x2048 float32", matmul, 3, 1.05),
-    Measure("mlp-step", "MLP step 3x1024, batch 64, fwd+bwd+SGD", mlp_step, 10, 1.0),
+    # A repetition of the MLP steps varies by up to 10 % on the 2-core VM: more of them steady the median.
+    Measure("mlp-step", "MLP step 3x1024, batch 64, fwd+bwd+SGD", mlp_step, 10, 1.0, reps=15),
     Measure(
         "mlp-step-bf16",
         "MLP step under bf16 autocast (openreg-amp)",
@@ -149,6 +143,7 @@ MEASURES: List[Measure] = [
         10,
         None,
         may_be_unsupported=True,
+        reps=15,
     ),
 ]
 
@@ -161,22 +156,148 @@ class Unsupported(Exception):
         self.cause = cause
 
 
-def run_measure(m: Measure, quick: bool = False) -> Dict:
-    """Times one measure on both devices; raises Unsupported, or any error of the workload."""
+class DeviceError(Exception):
+    """A workload raised in a device process; `type_name` is the original exception's type."""
+
+    def __init__(self, type_name: str, message: str):
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+
+
+# ---- one process per device ----
+
+
+def serve(device: str, proto) -> None:
+    """The device process: answers one JSON request per line of stdin on `proto`.
+
+    {"op": "setup", "id", "warmup"}: builds the measure's function (dropping the previous one)
+    and warms it up; {"op": "rep", "iters"}: one timed repetition, {"s": seconds per iteration}.
+    An exception becomes {"error": type name, "message"}: the process stays usable.
+    """
+    by_id = {m.id: m for m in MEASURES}
+    sync = _sync(device)
+    fn = None
+
+    def reply(obj) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    reply({"ready": device, "torch_num_threads": torch.get_num_threads()})
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["op"] == "setup":
+                fn = None
+                gc.collect()
+                fn = by_id[req["id"]].factory(device)
+                for _ in range(req["warmup"]):
+                    fn()
+                sync()
+                reply({"ok": True})
+            elif req["op"] == "rep":
+                if fn is None:
+                    raise RuntimeError("no measure is set up")
+                gc.collect()
+                gc.disable()  # as in timeit
+                try:
+                    reply({"s": _one_rep(fn, sync, req["iters"])})
+                finally:
+                    gc.enable()
+            else:
+                raise ValueError(f"unknown request {req!r}")
+        except Exception as e:
+            fn = None
+            reply({"error": type(e).__name__, "message": str(e)})
+
+
+class DeviceProcess:
+    """A device's benchmark process (`serve`), started with this interpreter."""
+
+    def __init__(self, device: str, threads: Optional[int] = None):
+        self.device = device
+        cmd = [sys.executable, os.path.abspath(__file__), "--serve", device]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        # stderr is shared with this process (warnings, tracebacks); stdout carries the protocol.
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.info = self._read()
+
+    def _read(self) -> Dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise RuntimeError(f"the {self.device} benchmark process exited with code {code} (its stderr is above)")
+        return json.loads(line)
+
+    def call(self, **req) -> Dict:
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # _read reports the exit code
+        out = self._read()
+        if "error" in out:
+            raise DeviceError(out["error"], out["message"])
+        return out
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Processes:
+    """One DeviceProcess per device, restarted when one has died (a crash fails only its measure)."""
+
+    def __init__(self, threads: Optional[int] = None):
+        self.threads = threads
+        self.procs: Dict[str, DeviceProcess] = {}
+
+    def __getitem__(self, device: str) -> DeviceProcess:
+        p = self.procs.get(device)
+        if p is None or not p.alive():
+            p = self.procs[device] = DeviceProcess(device, self.threads)
+        return p
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.close()
+        self.procs.clear()
+
+    def __enter__(self) -> "Processes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_measure(m: Measure, procs: Processes, quick: bool = False) -> Dict:
+    """Times one measure on both devices; raises Unsupported, DeviceError or RuntimeError.
+
+    Each device is warmed up (iters // 10 calls, at least one, then a synchronize) before any
+    sample is taken; then `reps` repetitions of `iters` calls per device, interleaved.
+    """
     iters = max(1, m.iters // 4) if quick else m.iters
-    reps = 3 if quick else 7
-    fns = {}
+    reps = 3 if quick else m.reps
     for device in DEVICES:
         try:
-            fns[device] = m.factory(device)
-            if device == "openreg" and m.may_be_unsupported:
-                fns[device]()  # surface "not supported" here, not in the middle of the timing
-                torch.openreg.synchronize()
-        except Exception as e:
+            procs[device].call(op="setup", id=m.id, warmup=max(1, iters // 10))
+        except DeviceError as e:
             if device == "openreg" and m.may_be_unsupported:
                 raise Unsupported(e) from e
             raise
-    samples = time_pair(fns, iters, reps)
+    samples: Dict[str, List[float]] = {device: [] for device in DEVICES}
+    for rep in range(reps):
+        for device in DEVICES if rep % 2 == 0 else reversed(DEVICES):
+            time.sleep(SETTLE_S)
+            samples[device].append(procs[device].call(op="rep", iters=iters)["s"])
     cpu_s, openreg_s = statistics.median(samples["cpu"]), statistics.median(samples["openreg"])
     return {
         "id": m.id,
@@ -195,15 +316,34 @@ def run_measure(m: Measure, quick: bool = False) -> Dict:
 def run(quick: bool = False) -> List[Dict]:
     """Runs every eager measure; returns rows with times, ratio and goal (unsupported ones skipped)."""
     rows = []
-    for m in MEASURES:
-        try:
-            rows.append(run_measure(m, quick))
-        except Unsupported as e:
-            print(f"{m.name}: not supported yet ({type(e.cause).__name__})", file=sys.stderr)
+    with Processes() as procs:
+        for m in MEASURES:
+            try:
+                rows.append(run_measure(m, procs, quick))
+            except Unsupported as e:
+                print(f"{m.name}: not supported yet ({e.cause})", file=sys.stderr)
     return rows
 
 
+def _serve_main(argv: List[str]) -> None:
+    device = argv[argv.index("--serve") + 1]
+    if "--threads" in argv:
+        torch.set_num_threads(int(argv[argv.index("--threads") + 1]))
+    torch.device(device)  # fails early for an unknown device
+    if device == "openreg" and not hasattr(torch, "openreg"):
+        raise RuntimeError("torch.openreg is missing: openreg-core was not loaded by `import torch`")
+    # The protocol gets its own copy of stdout; fd 1 then points at stderr, so that anything else
+    # printed (by Python or C++) cannot corrupt it.
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(device, proto)
+
+
 if __name__ == "__main__":
-    for row in run(quick="--quick" in sys.argv[1:]):
-        row.pop("samples_s")
-        print(row)
+    if "--serve" in sys.argv:
+        _serve_main(sys.argv)
+    else:
+        for row in run(quick="--quick" in sys.argv[1:]):
+            row.pop("samples_s")
+            print(row)

@@ -8,7 +8,8 @@ lower is better; bandwidths: higher is better); the launch latency has an absolu
 
 * runtime: libopenreg/tests/runtime_bench.cpp, built with CMake + Ninja into build/bench-runtime
   (see runtime_bench.py); run 3 times (once with --quick), medians across runs.
-* eager: eager.py, openreg and CPU in this process, warm-up, interleaved repetitions, medians.
+* eager: eager.py, openreg and CPU each in a process of its own, warm-up, interleaved repetitions,
+  medians.
 
 --quick is a smoke run for CI (well under a minute): fewer iterations and repetitions; nothing is
 asserted about speed. The exit code is 0 whether or not the goals are met (this is a report);
@@ -204,7 +205,7 @@ def _error_row(group: str, id_: str, measure: str, status: str, exc: BaseExcepti
         "goal_spec": None,
         "met": None,
         "status": status,
-        "error_type": type(exc).__name__,
+        "error_type": getattr(exc, "type_name", type(exc).__name__),  # eager.DeviceError: the original type
         "error": str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__,
     }
 
@@ -227,14 +228,9 @@ def run_runtime(ids: List[str], quick: bool) -> List[Dict]:
     return out
 
 
-def run_eager(ids: List[str], quick: bool, threads: Optional[int]) -> List[Dict]:
+def run_eager(ids: List[str], quick: bool, threads: Optional[int], env: Dict) -> List[Dict]:
     try:
         import eager
-        import torch
-
-        torch.device("openreg")
-        if not hasattr(torch, "openreg"):
-            raise RuntimeError("torch.openreg is missing: openreg-core was not loaded by `import torch`")
     except Exception as e:
         # e.g. a broken openreg-core install: torch's backend autoload raises at `import torch`.
         cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
@@ -243,44 +239,47 @@ def run_eager(ids: List[str], quick: bool, threads: Optional[int]) -> List[Dict]
         return [_error_row("eager", i, i, "error", cause) for i in ids]
     if [m.id for m in eager.MEASURES] != list(EAGER_IDS):
         raise RuntimeError("run.EAGER_IDS is out of date with eager.MEASURES")
-    if threads:
-        torch.set_num_threads(threads)
     measures = [m for m in eager.MEASURES if m.id in ids]
     out = []
-    for n, m in enumerate(measures, 1):
-        log(f"[eager {n}/{len(measures)}] {m.name} ...", end="")
-        t0 = time.perf_counter()
-        try:
-            r = eager.run_measure(m, quick)
-        except eager.Unsupported as e:
-            row = _error_row("eager", m.id, m.name, "not supported yet", e.cause)
-            log(f" not supported yet ({type(e.cause).__name__})")
-        except Exception as e:
-            row = _error_row("eager", m.id, m.name, "error", e)
-            log(f" ERROR {type(e).__name__}: {e}")
-            traceback.print_exc(file=sys.stderr)
-        else:
-            row = {
-                "id": m.id,
-                "group": "eager",
-                "measure": m.name,
-                "openreg": r["openreg_s"] * 1e6,
-                "cpu": r["cpu_s"] * 1e6,
-                "unit": "us",
-                "ratio": r["ratio"],
-                "goal_spec": None if m.goal is None else {"on": "ratio", "op": "<=", "value": m.goal},
-                "met": r["met"],
-                "status": "ok",
-                "details": {
-                    "iters": r["iters"],
-                    "reps": r["reps"],
-                    "samples_us": {d: [s * 1e6 for s in v] for d, v in r["samples_s"].items()},
-                },
-            }
-            log(f" ratio {r['ratio']:.3g} ({time.perf_counter() - t0:.1f} s)")
-        if m.goal is not None and row["status"] != "ok":
-            row["goal_spec"] = {"on": "ratio", "op": "<=", "value": m.goal}
-        out.append(row)
+    with eager.Processes(threads) as procs:
+        for n, m in enumerate(measures, 1):
+            log(f"[eager {n}/{len(measures)}] {m.name} ...", end="")
+            t0 = time.perf_counter()
+            try:
+                r = eager.run_measure(m, procs, quick)
+            except eager.Unsupported as e:
+                row = _error_row("eager", m.id, m.name, "not supported yet", e.cause)
+                log(f" not supported yet ({e.cause})")
+            except Exception as e:
+                row = _error_row("eager", m.id, m.name, "error", e)
+                log(f" ERROR {type(e).__name__}: {e}")
+                if not isinstance(e, eager.DeviceError):
+                    traceback.print_exc(file=sys.stderr)
+            else:
+                row = {
+                    "id": m.id,
+                    "group": "eager",
+                    "measure": m.name,
+                    "openreg": r["openreg_s"] * 1e6,
+                    "cpu": r["cpu_s"] * 1e6,
+                    "unit": "us",
+                    "ratio": r["ratio"],
+                    "goal_spec": None if m.goal is None else {"on": "ratio", "op": "<=", "value": m.goal},
+                    "met": r["met"],
+                    "status": "ok",
+                    "details": {
+                        "iters": r["iters"],
+                        "reps": r["reps"],
+                        "samples_us": {d: [s * 1e6 for s in v] for d, v in r["samples_s"].items()},
+                    },
+                }
+                log(f" ratio {r['ratio']:.3g} ({time.perf_counter() - t0:.1f} s)")
+            if m.goal is not None and row["status"] != "ok":
+                row["goal_spec"] = {"on": "ratio", "op": "<=", "value": m.goal}
+            out.append(row)
+        started = [p for p in procs.procs.values()]
+        if started:
+            env["torch_num_threads"] = {p.device: p.info.get("torch_num_threads") for p in started}
     return out
 
 
@@ -376,10 +375,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if runtime_ids:
         rows += run_runtime(runtime_ids, args.quick)
     if eager_ids:
-        rows += run_eager(eager_ids, args.quick, args.threads)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            env["torch_num_threads"] = torch.get_num_threads()
+        rows += run_eager(eager_ids, args.quick, args.threads, env)
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
     for r in rows:
         r["goal"] = goal_text(r["goal_spec"], r["unit"], r["group"])

@@ -86,3 +86,28 @@ def test_runtime_output_parsing():
         runtime_bench.parse_output(json.dumps(bad))
     with pytest.raises(runtime_bench.BenchError, match="no JSON"):
         runtime_bench.parse_output("usage: ...")
+
+
+def test_device_processes_report_errors_and_stay_usable():
+    """Each device runs in a process of its own (eager.DeviceProcess): an exception in a workload comes
+    back as a DeviceError naming its type, and the process goes on serving."""
+    sys.path.insert(0, str(RUN.parent))
+    import eager
+
+    with eager.Processes() as procs:
+        cpu = procs["cpu"]
+        assert cpu.info["ready"] == "cpu" and cpu.info["torch_num_threads"] >= 1
+        with pytest.raises(eager.DeviceError, match="KeyError") as err:
+            cpu.call(op="setup", id="no-such-measure", warmup=1)
+        assert err.value.type_name == "KeyError"
+        with pytest.raises(eager.DeviceError, match="RuntimeError: no measure is set up"):
+            cpu.call(op="rep", iters=1)  # the failed setup left none
+        assert cpu.call(op="setup", id=CHEAP, warmup=1) == {"ok": True}
+        assert cpu.call(op="rep", iters=3)["s"] > 0
+        assert procs["cpu"] is cpu  # still the same process
+        cpu.proc.kill()
+        cpu.proc.wait()
+        with pytest.raises(RuntimeError, match="the cpu benchmark process exited with code"):
+            cpu.call(op="rep", iters=1)
+        assert procs["cpu"] is not cpu  # a dead process is replaced
+        assert procs["cpu"].call(op="setup", id=CHEAP, warmup=1) == {"ok": True}
