@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,6 +39,7 @@ DEVICES = ("cpu", "openreg")
 # sleeps (libgomp: 7.7 ms on the 2-core VM); without the pause the device that just ran would take
 # a core from the one whose repetition starts.
 SETTLE_S = 0.03
+ROUNDS = 3  # rounds of fresh device processes in a full run (see run); --quick: 1
 
 
 def _sync(device: str) -> Callable[[], None]:
@@ -125,7 +126,7 @@ class Measure:
     goal: Optional[float]  # openreg/cpu must be <= goal; None: no goal yet
     # openreg may not support this yet: an exception on the openreg side is reported, not raised.
     may_be_unsupported: bool = False
-    reps: int = 7  # repetitions per device (full run; --quick: 3)
+    reps: int = 5  # repetitions per device and round (full run; --quick: 3)
 
 
 MEASURES: List[Measure] = [
@@ -135,7 +136,7 @@ MEASURES: List[Measure] = [
     Measure("add-16m-out", "add 16M float32 into out= (info)", large_add_out, 10, None),
     Measure("matmul", "matmul 2048x2048 float32", matmul, 3, 1.05),
     # A repetition of the MLP steps varies by up to 10 % on the 2-core VM: more of them steady the median.
-    Measure("mlp-step", "MLP step 3x1024, batch 64, fwd+bwd+SGD", mlp_step, 10, 1.0, reps=15),
+    Measure("mlp-step", "MLP step 3x1024, batch 64, fwd+bwd+SGD", mlp_step, 10, 1.0, reps=9),
     Measure(
         "mlp-step-bf16",
         "MLP step under bf16 autocast (openreg-amp)",
@@ -143,7 +144,7 @@ MEASURES: List[Measure] = [
         10,
         None,
         may_be_unsupported=True,
-        reps=15,
+        reps=9,
     ),
 ]
 
@@ -278,11 +279,12 @@ class Processes:
         self.close()
 
 
-def run_measure(m: Measure, procs: Processes, quick: bool = False) -> Dict:
-    """Times one measure on both devices; raises Unsupported, DeviceError or RuntimeError.
+def time_round(m: Measure, procs: Processes, quick: bool = False) -> Dict[str, List[float]]:
+    """One round of a measure: seconds per iteration, `reps` samples per device.
 
     Each device is warmed up (iters // 10 calls, at least one, then a synchronize) before any
-    sample is taken; then `reps` repetitions of `iters` calls per device, interleaved.
+    sample is taken; then `reps` repetitions of `iters` calls per device, interleaved. Raises
+    Unsupported, DeviceError or RuntimeError (a device process died).
     """
     iters = max(1, m.iters // 4) if quick else m.iters
     reps = 3 if quick else m.reps
@@ -298,6 +300,11 @@ def run_measure(m: Measure, procs: Processes, quick: bool = False) -> Dict:
         for device in DEVICES if rep % 2 == 0 else reversed(DEVICES):
             time.sleep(SETTLE_S)
             samples[device].append(procs[device].call(op="rep", iters=iters)["s"])
+    return samples
+
+
+def summarize(m: Measure, samples: Dict[str, List[float]], quick: bool, rounds: int) -> Dict:
+    """A measure's result from all its samples: medians per device and their ratio."""
     cpu_s, openreg_s = statistics.median(samples["cpu"]), statistics.median(samples["openreg"])
     return {
         "id": m.id,
@@ -307,22 +314,51 @@ def run_measure(m: Measure, procs: Processes, quick: bool = False) -> Dict:
         "ratio": openreg_s / cpu_s,
         "goal": m.goal,
         "met": None if m.goal is None else openreg_s / cpu_s <= m.goal,
-        "iters": iters,
-        "reps": reps,
+        "iters": max(1, m.iters // 4) if quick else m.iters,
+        "reps": len(samples["cpu"]),
+        "rounds": rounds,
         "samples_s": samples,
     }
 
 
-def run(quick: bool = False) -> List[Dict]:
-    """Runs every eager measure; returns rows with times, ratio and goal (unsupported ones skipped)."""
-    rows = []
-    with Processes() as procs:
-        for m in MEASURES:
-            try:
-                rows.append(run_measure(m, procs, quick))
-            except Unsupported as e:
-                print(f"{m.name}: not supported yet ({e.cause})", file=sys.stderr)
-    return rows
+def run(
+    measures: Optional[List[Measure]] = None,
+    quick: bool = False,
+    rounds: Optional[int] = None,
+    threads: Optional[int] = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> Tuple[List[Tuple[Measure, object]], Dict]:
+    """Times the measures in `rounds` rounds, each with fresh device processes.
+
+    A process's memory layout (and so its cache behaviour) is luck that stays with it: one
+    openreg process ran the MLP step at 6.7 ms per step, the next at 7.2 ms, steadily. Rounds
+    of fresh processes average that luck out; each measure's medians are over all its rounds.
+    Returns, per measure, its summary or the exception that stopped it, and facts about the
+    device processes (torch threads per device).
+    """
+    measures = list(MEASURES if measures is None else measures)
+    rounds = 1 if quick else (rounds or ROUNDS)
+    samples = {m.id: {device: [] for device in DEVICES} for m in measures}
+    failures: Dict[str, BaseException] = {}
+    info: Dict = {}
+    for r in range(rounds):
+        with Processes(threads) as procs:
+            for m in measures:
+                if m.id in failures:
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    got = time_round(m, procs, quick)
+                except Exception as e:
+                    failures[m.id] = e
+                    log(f"[eager round {r + 1}/{rounds}] {m.name}: {type(e).__name__}: {e}")
+                    continue
+                for device in DEVICES:
+                    samples[m.id][device] += got[device]
+                ratio = statistics.median(got["openreg"]) / statistics.median(got["cpu"])
+                log(f"[eager round {r + 1}/{rounds}] {m.name}: ratio {ratio:.3g} ({time.perf_counter() - t0:.1f} s)")
+            info["torch_num_threads"] = {p.device: p.info.get("torch_num_threads") for p in procs.procs.values()}
+    return [(m, failures.get(m.id) or summarize(m, samples[m.id], quick, rounds)) for m in measures], info
 
 
 def _serve_main(argv: List[str]) -> None:
@@ -344,6 +380,10 @@ if __name__ == "__main__":
     if "--serve" in sys.argv:
         _serve_main(sys.argv)
     else:
-        for row in run(quick="--quick" in sys.argv[1:]):
-            row.pop("samples_s")
-            print(row)
+        results, _ = run(quick="--quick" in sys.argv[1:], log=lambda msg: print(msg, file=sys.stderr))
+        for m, result in results:
+            if isinstance(result, BaseException):
+                print(f"{m.name}: {type(result).__name__}: {result}")
+            else:
+                result.pop("samples_s")
+                print(result)

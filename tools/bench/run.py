@@ -1,6 +1,6 @@
 """One benchmark command for openreg: the runtime (C++) and eager (PyTorch) measures, one table.
 
-    python tools/bench/run.py [--quick] [--json PATH] [--plot PATH] [--only NAME ...] [--threads N]
+    python tools/bench/run.py [--quick] [--json PATH] [--plot PATH] [--only NAME ...] [--threads N] [--rounds N]
     python tools/bench/run.py --list
 
 Columns: measure, openreg, CPU (reference), ratio, goal, met. ratio = openreg / CPU (times:
@@ -9,7 +9,7 @@ lower is better; bandwidths: higher is better); the launch latency has an absolu
 * runtime: libopenreg/tests/runtime_bench.cpp, built with CMake + Ninja into build/bench-runtime
   (see runtime_bench.py); run 3 times (once with --quick), medians across runs.
 * eager: eager.py, openreg and CPU each in a process of its own, warm-up, interleaved repetitions,
-  medians.
+  three rounds of fresh processes (one with --quick), medians over all repetitions.
 
 --quick is a smoke run for CI (well under a minute): fewer iterations and repetitions; nothing is
 asserted about speed. The exit code is 0 whether or not the goals are met (this is a report);
@@ -228,7 +228,7 @@ def run_runtime(ids: List[str], quick: bool) -> List[Dict]:
     return out
 
 
-def run_eager(ids: List[str], quick: bool, threads: Optional[int], env: Dict) -> List[Dict]:
+def run_eager(ids: List[str], quick: bool, rounds: Optional[int], threads: Optional[int], env: Dict) -> List[Dict]:
     try:
         import eager
     except Exception as e:
@@ -240,46 +240,38 @@ def run_eager(ids: List[str], quick: bool, threads: Optional[int], env: Dict) ->
     if [m.id for m in eager.MEASURES] != list(EAGER_IDS):
         raise RuntimeError("run.EAGER_IDS is out of date with eager.MEASURES")
     measures = [m for m in eager.MEASURES if m.id in ids]
+    results, info = eager.run(measures, quick=quick, rounds=rounds, threads=threads, log=log)
+    env.update(info)
     out = []
-    with eager.Processes(threads) as procs:
-        for n, m in enumerate(measures, 1):
-            log(f"[eager {n}/{len(measures)}] {m.name} ...", end="")
-            t0 = time.perf_counter()
-            try:
-                r = eager.run_measure(m, procs, quick)
-            except eager.Unsupported as e:
-                row = _error_row("eager", m.id, m.name, "not supported yet", e.cause)
-                log(f" not supported yet ({e.cause})")
-            except Exception as e:
-                row = _error_row("eager", m.id, m.name, "error", e)
-                log(f" ERROR {type(e).__name__}: {e}")
-                if not isinstance(e, eager.DeviceError):
-                    traceback.print_exc(file=sys.stderr)
-            else:
-                row = {
-                    "id": m.id,
-                    "group": "eager",
-                    "measure": m.name,
-                    "openreg": r["openreg_s"] * 1e6,
-                    "cpu": r["cpu_s"] * 1e6,
-                    "unit": "us",
-                    "ratio": r["ratio"],
-                    "goal_spec": None if m.goal is None else {"on": "ratio", "op": "<=", "value": m.goal},
-                    "met": r["met"],
-                    "status": "ok",
-                    "details": {
-                        "iters": r["iters"],
-                        "reps": r["reps"],
-                        "samples_us": {d: [s * 1e6 for s in v] for d, v in r["samples_s"].items()},
-                    },
-                }
-                log(f" ratio {r['ratio']:.3g} ({time.perf_counter() - t0:.1f} s)")
-            if m.goal is not None and row["status"] != "ok":
-                row["goal_spec"] = {"on": "ratio", "op": "<=", "value": m.goal}
-            out.append(row)
-        started = [p for p in procs.procs.values()]
-        if started:
-            env["torch_num_threads"] = {p.device: p.info.get("torch_num_threads") for p in started}
+    for m, r in results:
+        if isinstance(r, eager.Unsupported):
+            row = _error_row("eager", m.id, m.name, "not supported yet", r.cause)
+        elif isinstance(r, BaseException):
+            row = _error_row("eager", m.id, m.name, "error", r)
+            if not isinstance(r, eager.DeviceError):
+                traceback.print_exception(type(r), r, r.__traceback__, file=sys.stderr)
+        else:
+            row = {
+                "id": m.id,
+                "group": "eager",
+                "measure": m.name,
+                "openreg": r["openreg_s"] * 1e6,
+                "cpu": r["cpu_s"] * 1e6,
+                "unit": "us",
+                "ratio": r["ratio"],
+                "goal_spec": None if m.goal is None else {"on": "ratio", "op": "<=", "value": m.goal},
+                "met": r["met"],
+                "status": "ok",
+                "details": {
+                    "iters": r["iters"],
+                    "reps": r["reps"],
+                    "rounds": r["rounds"],
+                    "samples_us": {d: [s * 1e6 for s in v] for d, v in r["samples_s"].items()},
+                },
+            }
+        if m.goal is not None and row["status"] != "ok":
+            row["goal_spec"] = {"on": "ratio", "op": "<=", "value": m.goal}
+        out.append(row)
     return out
 
 
@@ -350,6 +342,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--only", nargs="+", metavar="NAME", help=f"measures or groups to run: {', '.join([*GROUPS, *ALL_IDS])}"
     )
     parser.add_argument("--threads", type=int, metavar="N", help="torch.set_num_threads(N) for the eager measures")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help="eager measures: rounds of fresh device processes (default 3; --quick: 1)",
+    )
     parser.add_argument("--list", action="store_true", help="list the measure names and exit")
     args = parser.parse_args(argv)
 
@@ -375,7 +373,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if runtime_ids:
         rows += run_runtime(runtime_ids, args.quick)
     if eager_ids:
-        rows += run_eager(eager_ids, args.quick, args.threads, env)
+        rows += run_eager(eager_ids, args.quick, args.rounds, args.threads, env)
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
     for r in rows:
         r["goal"] = goal_text(r["goal_spec"], r["unit"], r["group"])

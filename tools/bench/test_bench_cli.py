@@ -43,6 +43,7 @@ def test_quick_json_structure(tmp_path: Path):
         assert isinstance(row[key], float) and row[key] > 0, (key, row[key])
     assert isinstance(row["goal"], str) and row["goal"]
     assert isinstance(row["met"], bool)
+    assert row["details"]["rounds"] == 1 and row["details"]["reps"] == 3  # --quick: one round of 3 repetitions
     # The table on stdout has the documented columns and the row.
     header = proc.stdout.splitlines()[0].split()
     assert header[:2] == ["measure", "openreg"] and header[-3:] == ["ratio", "goal", "met"]
