@@ -60,6 +60,22 @@ class TestStreams(TestCase):
         self.assertTrue(s.query())
         self.assertTrue(torch.isfinite(a).all().item())
 
+    def test_synchronize_wakes_the_host_once(self):
+        """A host asleep in synchronize() is woken when the queue it waits for is done, not after every
+        kernel in it: each wake-up would take a core from the kernels still running."""
+        s = torch.openreg.Stream()
+        with torch.openreg.stream(s):
+            a = torch.randn(256, 256, device="openreg")
+            a = a @ a / 256  # a signature's first call is synchronous; the ones below are queued
+            for _ in range(200):
+                a = a @ a / 256  # a fraction of a millisecond each: the host outwaits its 50 us spin
+        before = torch.openreg._runtime_counters()["wait_wakeups"]
+        s.synchronize()
+        woken = torch.openreg._runtime_counters()["wait_wakeups"] - before
+        self.assertTrue(s.query())
+        self.assertGreaterEqual(woken, 1)  # the host did go to sleep
+        self.assertLessEqual(woken, 3)  # once, plus the odd spurious wake-up; not about 400
+
     def test_wait_stream_orders_work(self):
         s1, s2 = torch.openreg.Stream(), torch.openreg.Stream()
         a = torch.zeros(256, 256, device="openreg")
