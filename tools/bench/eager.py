@@ -279,6 +279,11 @@ class Processes:
         self.close()
 
 
+def _iters(m: Measure, quick: bool) -> int:
+    """Calls per repetition: a quarter with --quick."""
+    return max(1, m.iters // 4) if quick else m.iters
+
+
 def time_round(m: Measure, procs: Processes, quick: bool = False) -> Dict[str, List[float]]:
     """One round of a measure: seconds per iteration, `reps` samples per device.
 
@@ -286,7 +291,7 @@ def time_round(m: Measure, procs: Processes, quick: bool = False) -> Dict[str, L
     sample is taken; then `reps` repetitions of `iters` calls per device, interleaved. Raises
     Unsupported, DeviceError or RuntimeError (a device process died).
     """
-    iters = max(1, m.iters // 4) if quick else m.iters
+    iters = _iters(m, quick)
     reps = 3 if quick else m.reps
     for device in DEVICES:
         try:
@@ -314,7 +319,7 @@ def summarize(m: Measure, samples: Dict[str, List[float]], quick: bool, rounds: 
         "ratio": openreg_s / cpu_s,
         "goal": m.goal,
         "met": None if m.goal is None else openreg_s / cpu_s <= m.goal,
-        "iters": max(1, m.iters // 4) if quick else m.iters,
+        "iters": _iters(m, quick),
         "reps": len(samples["cpu"]),
         "rounds": rounds,
         "samples_s": samples,
