@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "runtime_internal.h"
 
@@ -16,6 +17,8 @@ namespace {
 constexpr size_t kDefaultCapacity = size_t{8} << 30;  // 8 GiB per device
 constexpr int kDefaultDeviceCount = 2;
 constexpr int kMaxDeviceCount = 64;
+constexpr long kDefaultSpinUs = 50;
+constexpr long kMaxSpinUs = 1000000;  // a second
 
 // Parses "123", "512M", "4G", "64K" (binary units). Returns false when malformed.
 bool parse_bytes(const char* text, size_t* out) {
@@ -47,7 +50,7 @@ bool parse_bytes(const char* text, size_t* out) {
   }
   if (*end == 'i' || *end == 'B') ++end;
   if (*end == 'B') ++end;
-  if (*end != '\0' || v == 0) return false;
+  if (*end != '\0' || v == 0 || v > (std::numeric_limits<size_t>::max() >> shift)) return false;
   *out = static_cast<size_t>(v) << shift;
   return true;
 }
@@ -73,6 +76,17 @@ Runtime* create_runtime() {
       rt->config_error = "OPENREG_DEVICE_MEMORY='" + std::string(env) + "' is not a size such as 512M or 8G";
     else
       rt->capacity = (bytes + platform::page_size() - 1) / platform::page_size() * platform::page_size();
+  }
+  rt->spin_ns = kDefaultSpinUs * 1000;
+  if (const char* env = std::getenv("OPENREG_SPIN_US")) {
+    char* end = nullptr;
+    errno = 0;
+    long us = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || errno != 0 || us < 0 || us > kMaxSpinUs)
+      rt->config_error = "OPENREG_SPIN_US='" + std::string(env) + "' is not a whole number of microseconds from 0 to " +
+                         std::to_string(kMaxSpinUs);
+    else
+      rt->spin_ns = static_cast<uint64_t>(us) * 1000;
   }
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;

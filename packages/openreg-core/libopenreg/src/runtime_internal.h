@@ -233,6 +233,7 @@ struct Import {
 struct Runtime {
   int device_count = 0;
   size_t capacity = 0;
+  uint64_t spin_ns = 0;  // how long a waiting thread spins before it sleeps (OPENREG_SPIN_US)
   std::string config_error;
   std::unique_ptr<Device[]> devices;
   HandleTable<Stream> streams;

@@ -22,6 +22,10 @@
 
 #include "runtime_internal.h"
 
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#endif
+
 namespace openreg::rt {
 
 namespace {
@@ -31,17 +35,9 @@ constexpr size_t kQueueDepth = 1024;  // ring slots per stream; more items wait 
 constexpr int kLeastPriority = 0;
 constexpr int kGreatestPriority = -1;
 
-uint64_t read_spin_ns() {
-  const char* env = std::getenv("OPENREG_SPIN_US");
-  long us = env ? std::strtol(env, nullptr, 10) : 50;
-  return static_cast<uint64_t>(us < 0 ? 0 : us) * 1000;
-}
 }  // namespace
 
-uint64_t spin_ns() {
-  static const uint64_t ns = read_spin_ns();
-  return ns;
-}
+uint64_t spin_ns() { return runtime().spin_ns; }
 
 void Progress::advance_to(uint64_t v) {
   uint64_t cur = value_.load(std::memory_order_relaxed);
@@ -153,6 +149,12 @@ void Stream::worker_loop() {
     } catch (const std::exception& e) {
       t_kernel_error = e.what();
       st = orErrorLaunchFailure;
+#if defined(__GLIBCXX__)
+    } catch (abi::__forced_unwind&) {
+      // The thread is being ended (pthread_exit: Python ends a thread that asks for the GIL
+      // while the interpreter shuts down). Swallowing this would abort the process.
+      throw;
+#endif
     } catch (...) {
       t_kernel_error = "unknown exception";
       st = orErrorLaunchFailure;
@@ -441,6 +443,10 @@ orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
     return fail(orErrorInvalidResourceHandle, "elapsed time needs both events created with timing enabled");
   if (a->device.load() < 0 || b->device.load() < 0)
     return fail(orErrorInvalidResourceHandle, "both events must be recorded before elapsed time is measured");
+  if (a->device.load() != b->device.load())
+    return fail(orErrorInvalidResourceHandle,
+                "the events were recorded on two devices (" + std::to_string(a->device.load()) + " and " +
+                    std::to_string(b->device.load()) + "): only events of one device can be timed against each other");
   if (a->completed.value() < a->recorded.load() || b->completed.value() < b->recorded.load())
     return fail(orErrorNotReady, "an event has not completed yet; synchronize it first");
   *ms = static_cast<float>(static_cast<double>(static_cast<int64_t>(b->time_ns.load() - a->time_ns.load())) / 1e6);

@@ -1288,7 +1288,16 @@ TEST(event_elapsed_time) {
   CHECK_MESSAGE_HAS("timing");
   CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, quiet, end));
   CHECK_STATUS(orErrorInvalidValue, orEventElapsedTime(nullptr, start, end));
-  for (auto e : {start, end, unrecorded, quiet}) CHECK_OK(orEventDestroy(e));
+  // Events of two devices.
+  orEvent_t elsewhere = nullptr;
+  CHECK_OK(orEventCreate(&elsewhere));
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(orEventRecord(elsewhere, nullptr));
+  CHECK_OK(orSetDevice(0));
+  CHECK_OK(orEventSynchronize(elsewhere));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventElapsedTime(&ms, start, elsewhere));
+  CHECK_MESSAGE_HAS("two devices");
+  for (auto e : {start, end, unrecorded, quiet, elsewhere}) CHECK_OK(orEventDestroy(e));
   CHECK_OK(orStreamDestroy(s));
 }
 
@@ -1465,19 +1474,26 @@ TEST(stream_wakeups_without_spinning) {
   CHECK_OK(orStreamDestroy(b));
 }
 
-// A malformed configuration is reported by every call, naming the variable.
-TEST(config_invalid_environment) {
-  const char* env = std::getenv("OPENREG_DEVICE_MEMORY");
-  if (!env || std::string(env) != "12X") skip_now("needs OPENREG_DEVICE_MEMORY=12X (test_runtime.py sets it)");
+// A malformed configuration is reported by every call, naming the variable. Each case runs
+// with one malformed variable (test_runtime.py::CASE_ENV).
+void check_config_rejected(const std::string& var, const std::string& value) {
+  const char* env = std::getenv(var.c_str());
+  if (!env || env != value) skip_now("needs " + var + "=" + value + " (test_runtime.py sets it)");
   int count = 0;
   CHECK_STATUS(orErrorInitialization, orGetDeviceCount(&count));
-  CHECK_MESSAGE_HAS("OPENREG_DEVICE_MEMORY='12X'");
+  CHECK_MESSAGE_HAS(var + "='" + value + "'");
   void* p = nullptr;
   CHECK_STATUS(orErrorInitialization, orMalloc(&p, 16));
   orStream_t s = nullptr;
   CHECK_STATUS(orErrorInitialization, orStreamCreate(&s));
   CHECK_STATUS(orErrorInitialization, orDeviceSynchronize());
 }
+
+TEST(config_invalid_environment) { check_config_rejected("OPENREG_DEVICE_MEMORY", "12X"); }
+// 2^34 GiB does not fit in 64 bits: it used to wrap around to 0 bytes.
+TEST(config_device_memory_overflow) { check_config_rejected("OPENREG_DEVICE_MEMORY", "17179869184G"); }
+// It used to be read as 0 (no spinning).
+TEST(config_invalid_spin) { check_config_rejected("OPENREG_SPIN_US", "abc"); }
 
 // ===========================================================================
 // Thread safety stress: host threads x streams, kernels with per-stream

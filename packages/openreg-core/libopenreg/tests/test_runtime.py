@@ -35,6 +35,8 @@ CASE_ENV: dict[str, dict[str, str]] = {
     "device_count_from_env": {"OPENREG_DEVICE_COUNT": "3"},
     "stream_wakeups_without_spinning": {"OPENREG_SPIN_US": "0"},
     "config_invalid_environment": {"OPENREG_DEVICE_MEMORY": "12X"},
+    "config_device_memory_overflow": {"OPENREG_DEVICE_MEMORY": "17179869184G"},
+    "config_invalid_spin": {"OPENREG_SPIN_US": "abc"},
 }
 
 # Cases that pass only by dying with a signal.
