@@ -90,6 +90,26 @@ class TestDeviceModule(TestCase):
         r = run_python("import torch; print(torch.openreg.device_count())", env={"OPENREG_DEVICE_COUNT": "3"})
         self.assertEqual(r.stdout.strip(), "3", r.stderr)
 
+    def test_malformed_environment_is_named(self):
+        # The error used to say "check OPENREG_DEVICE_COUNT" whatever the variable at fault.
+        for var, value, says in (
+            ("OPENREG_DEVICE_MEMORY", "lots", "is not a size such as 512M or 8G"),
+            ("OPENREG_DEVICE_MEMORY", "17179869184G", "is not a size such as 512M or 8G"),  # wrapped to 0
+            ("OPENREG_SPIN_US", "abc", "is not a whole number of microseconds"),  # was read as 0
+            ("OPENREG_DEVICE_COUNT", "0", "is not a whole number from 1 to 64"),
+        ):
+            r = run_python(
+                """
+                import torch
+                try:
+                    torch.ones(1, device="openreg")
+                except RuntimeError as e:
+                    print(e)
+                """,
+                env={var: value},
+            )
+            self.assertIn(f"No openreg device is available: orErrorInitialization: {var}='{value}' {says}", r.stdout)
+
     def test_device_context(self):
         with torch.openreg.device(1):
             self.assertEqual(torch.openreg.current_device(), 1)

@@ -46,6 +46,57 @@ class TestNativeOps(TestCase):
         f = torch.empty(0, device="openreg").set_(d)
         self.assertEqual(f.data_ptr(), d.data_ptr())
 
+    def test_set_and_resize_reject_what_the_cpu_rejects(self):
+        # A negative offset used to be accepted, and a later copy wrote into the tensor allocated before.
+        for device in ("cpu", "openreg"):
+            base = torch.arange(8.0, device=device)
+            t = torch.empty(0, device=device)
+            with self.assertRaisesRegex(RuntimeError, "Tensor: invalid storage offset -1"):
+                t.set_(base.untyped_storage(), -1, (2,), (1,))
+            with self.assertRaisesRegex(RuntimeError, r"unequal size length \(1\) and stride length \(2\)"):
+                t.set_(base.untyped_storage(), 0, (2,), (1, 1))
+            with self.assertRaises(RuntimeError):  # the CPU: "numel: integer multiplication overflow"
+                torch.empty(2, device=device).resize_(-1)
+        for call in (
+            lambda: torch.empty(2, device="openreg").resize_(-1),
+            lambda: torch.empty(0, device="openreg").set_(base.untyped_storage(), 0, (-1,), (1,)),
+        ):
+            with self.assertRaisesRegex(RuntimeError, "Trying to create tensor with negative dimension -1"):
+                call()
+        cpu_storage = torch.arange(4.0).untyped_storage()
+        different = 'tensor on device "openreg:0" to a storage on different device "cpu"'
+        with self.assertRaisesRegex(RuntimeError, different):
+            torch.empty(0, device="openreg").set_(cpu_storage, 0, (2,), (1,))
+        self.assertEqual(base.cpu(), torch.arange(8.0))
+
+    def test_copy_into_conjugated_and_negated_views(self):
+        # Host to device into a view with the conj or neg bit went into endless recursion (a crash).
+        src = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j])
+        for make in (lambda t: t.conj(), lambda t: t.conj().imag, lambda t: torch._neg_view(t.real)):
+            expected = torch.zeros(3, dtype=torch.complex64)
+            actual = expected.to("openreg")
+            view_src = make(src.clone())
+            make(expected).copy_(view_src)
+            make(actual).copy_(view_src)  # host to device
+            self.assertEqual(actual.cpu(), expected)
+            actual.zero_()
+            make(actual).copy_(view_src.to("openreg"))  # device to device
+            self.assertEqual(actual.cpu(), expected)
+        w = torch.zeros(3, dtype=torch.complex64, device="openreg").conj()
+        w[:] = src
+        self.assertEqual(w.cpu(), src)
+
+    def test_copy_overlap_errors_match_cpu_at_the_call(self):
+        for device in ("cpu", "openreg"):
+            a = torch.arange(6.0, device=device)
+            with self.assertRaisesRegex(RuntimeError, "some elements of the input tensor and the written-to tensor"):
+                a[1:].copy_(a[:-1])
+            with self.assertRaisesRegex(RuntimeError, "more than one element of the written-to tensor"):
+                torch.zeros(1, device=device).expand(4).copy_(torch.arange(4.0))
+            a.copy_(a)  # the same memory: nothing to do
+            a[:3].copy_(a[3:])  # disjoint parts of one storage
+            self.assertEqual(a.cpu(), torch.tensor([3.0, 4.0, 5.0, 3.0, 4.0, 5.0]))
+
 
 class TestGenericPath(TestCase):
     def test_outputs_the_call_does_not_ask_for(self):
@@ -148,6 +199,105 @@ class TestGenericPath(TestCase):
         ):
             a + b
         self.assertEqual((a + a).cpu().tolist(), [2.0] * 3)
+
+    def test_host_tensors_are_rejected_as_on_cuda(self):
+        # A CPU tensor among openreg ones used to be read by the device kernel from host memory.
+        a = torch.ones(2, device="openreg")
+        host = torch.ones(2)
+        message = r"Expected all tensors to be on the same device, but found at least two devices, openreg:0 and cpu!"
+        for call in (
+            lambda: a + host,
+            lambda: torch.cat([a, host]),
+            lambda: torch.sin(a, out=torch.empty(2)),
+            lambda: host.add_(a),
+        ):
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+        self.assertEqual(host.tolist(), [1.0, 1.0])
+        self.assertEqual((a + torch.tensor(2.0)).cpu().tolist(), [3.0, 3.0])  # a CPU scalar is fine, as on CUDA
+        with self.assertRaisesRegex(RuntimeError, "Expected a 'cpu' device type for generator but found 'openreg'"):
+            torch.randn(3, generator=torch.Generator(device="openreg"))
+
+    def test_host_index_tensors_are_moved_to_the_device(self):
+        # Advanced indexing accepts index tensors on the CPU (ATen moves them, on CUDA too).
+        cpu = torch.arange(12.0).reshape(3, 4)
+        d = cpu.to("openreg")
+        i, mask = torch.tensor([2, 0]), torch.tensor([True, False, True])
+        for index in ((i,), (slice(None), i), (i, i), (mask,)):
+            self.assertEqual(d[index].cpu(), cpu[index])
+        before = torch.openreg._runtime_counters()["memcpy_h2d"]
+        d[i] = 7.0
+        cpu[i] = 7.0
+        self.assertEqual(d.cpu(), cpu)
+        self.assertGreater(torch.openreg._runtime_counters()["memcpy_h2d"], before)  # the indices were copied
+        with self.assertRaisesRegex(RuntimeError, "found at least two devices, openreg:0 and cpu"):
+            d.index_put_((i,), torch.ones(2, 4))  # values are not indices
+
+    def test_overlapping_input_and_output_raise_as_on_cpu(self):
+        # Each kernel tensor used to have a CPU storage of its own, so the CPU kernels' aliasing
+        # checks passed and the kernels read what they had overwritten. The second call of each
+        # signature would take the asynchronous path: the error still belongs to the call.
+        def shifted_add(t):
+            t[1:] += t[:-1]
+
+        def index_select_into_input(t):
+            torch.index_select(t, 0, torch.tensor([2, 1, 0], device=t.device), out=t)
+
+        def mul_into_shifted_view(t):
+            torch.mul(t[:-1], 2, out=t[1:])
+
+        def cat_into_input(t):
+            torch.cat([t[:3], t[:3]], out=t)
+
+        def addcmul_shifted(t):
+            t[1:].addcmul_(t[:-1], t[:-1])
+
+        overlap = "unsupported operation: some elements of the input tensor and the written-to tensor"
+        for op in (shifted_add, index_select_into_input, mul_into_shifted_view, cat_into_input, addcmul_shifted):
+            with self.assertRaisesRegex(RuntimeError, overlap):
+                op(torch.arange(6.0))  # the CPU's verdict
+            for call in range(2):
+                d = torch.arange(6.0, device="openreg")
+                with self.assertRaisesRegex(RuntimeError, overlap):
+                    op(d)
+                self.assertEqual(d.cpu(), torch.arange(6.0), msg=op.__name__)  # left as it was
+        # Overlaps the CPU allows give the CPU's results, on both paths.
+        for call in range(2):
+            cpu, d = torch.arange(6.0), torch.arange(6.0, device="openreg")
+            cpu.add_(cpu)
+            d.add_(d)
+            torch.add(cpu[:3], 1, out=cpu[3:])
+            torch.add(d[:3], 1, out=d[3:])
+            self.assertEqual(d.cpu(), cpu)
+
+    def test_threads_that_end_give_back_their_launch_records(self):
+        # Each thread that launches generic kernels keeps records for reuse; a thread that ended
+        # used to keep them forever (about 30 KB per thread).
+        import threading
+        import time
+
+        import torch_openreg
+
+        x = torch.ones(16, device="openreg")
+        (x * 2).cpu()
+        baseline = torch_openreg._C._generic_launches_alive()
+
+        def work():
+            for _ in range(300):
+                x * 2 + 1
+            torch.openreg.synchronize()
+
+        for _ in range(10):
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+        # join() returns when the Python thread is done; its C++ thread-locals go a little later.
+        deadline = time.monotonic() + 30
+        while torch_openreg._C._generic_launches_alive() != baseline and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(torch_openreg._C._generic_launches_alive(), baseline)
+        work()  # the main thread keeps its own
+        self.assertGreater(torch_openreg._C._generic_launches_alive(), baseline)
 
     def test_shape_error_matches_cpu(self):
         with self.assertRaisesRegex(RuntimeError, "must match the size"):
@@ -260,6 +410,24 @@ class TestRandom(TestCase):
         x = torch.nn.functional.dropout(torch.ones(1000, device="openreg"), 0.5)
         frac = (x == 0).float().mean().item()
         self.assertTrue(0.4 < frac < 0.6, frac)
+
+    def test_generator_pickles_and_deep_copies(self):
+        # torch.Generator.__reduce__ asks a non-CPU generator for its offset: openreg's is always 0.
+        import copy
+        import pickle
+
+        g = torch.Generator(device="openreg")
+        g.manual_seed(7)
+        torch.randn(3, device="openreg", generator=g)
+        copies = [copy.deepcopy(g), pickle.loads(pickle.dumps(g))]
+        expected = torch.randn(4, device="openreg", generator=g).cpu()
+        for c in copies:
+            self.assertEqual(c.device, torch.device("openreg", 0))
+            self.assertEqual(torch.randn(4, device="openreg", generator=c).cpu(), expected)
+        self.assertEqual(g.get_offset(), 0)
+        g.set_offset(0)
+        with self.assertRaisesRegex(RuntimeError, "openreg generators have no offset .*: got 5"):
+            g.set_offset(5)
 
 
 class TestAddressSpace(TestCase):

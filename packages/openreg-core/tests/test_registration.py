@@ -1,6 +1,7 @@
 """Each operator registration form openreg shows, one test class per form (see csrc/aten/)."""
 
 import torch
+from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 
@@ -109,6 +110,31 @@ class TestCustomOps(TestCase):
         out.sum().backward()
         self.assertEqual(d.grad.cpu(), 6.0 * x)
         torch.library.opcheck(torch.ops.openreg.scaled_square.default, (torch.randn(4, device="openreg"), 2.0))
+
+    def test_python_kernel_queued_at_exit_runs_before_the_interpreter_ends(self):
+        # A Python kernel runs on the stream's worker and needs the interpreter. Queued when the
+        # program ended, it used to crash the process (SIGSEGV, or abort on a swallowed thread exit).
+        r = run_python(
+            """
+            import time, torch
+
+            @torch.library.custom_op("exit_test::slow_double", mutates_args=(), device_types="cpu")
+            def slow_double(x: torch.Tensor) -> torch.Tensor:
+                time.sleep(0.2)
+                print("kernel ran", flush=True)
+                return x * 2
+
+            @slow_double.register_fake
+            def _(x):
+                return torch.empty_like(x)
+
+            x = torch.ones(3, device="openreg")
+            slow_double(x).cpu()  # a signature's first call runs synchronously
+            y = slow_double(x)  # queued; the program ends without waiting for it
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("kernel ran"), 2, r.stdout + r.stderr)
 
     def test_python_custom_op_compiles(self):
         f = torch.compile(lambda t: torch.ops.openreg.scaled_square(t, 2.0) + 1, backend="aot_eager", fullgraph=True)

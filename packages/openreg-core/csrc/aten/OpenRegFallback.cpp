@@ -30,6 +30,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -66,6 +67,7 @@ struct OpFacts {
   std::atomic<int64_t>* calls;                  // the operator's counter in g_counts
   bool tensor_returns_only = true;              // every return is a Tensor or a Tensor[]
   bool mutates = false;                         // writes an argument, or returns nothing: always needs its kernel
+  bool writes_argument = false;                 // in-place or out=: some argument is written
   const c10::OperatorHandle* out_op = nullptr;  // a routed structured op: the out= overload its kernel runs
 };
 
@@ -88,8 +90,8 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
         (kind == c10::TypeKind::ListType &&
          r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
   }
-  for (const auto& a : schema.arguments()) f.mutates |= a.alias_info() && a.alias_info()->isWrite();
-  f.mutates |= schema.returns().empty();
+  for (const auto& a : schema.arguments()) f.writes_argument |= a.alias_info() && a.alias_info()->isWrite();
+  f.mutates = f.writes_argument || schema.returns().empty();
   f.out_op = out_overload(op);
   return mine.emplace(&schema, f).first->second;
 }
@@ -220,11 +222,35 @@ struct Launch {
   size_t outs = 0;  // a routed structured op: its last `outs` arguments are its outputs
   LaunchStack args, targets;
 
-  explicit Launch(Graveyard* home) : home(home) {}
+  explicit Launch(Graveyard* home) : home(home) { alive().fetch_add(1, std::memory_order_relaxed); }
+  ~Launch() { alive().fetch_sub(1, std::memory_order_relaxed); }
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+
+  static std::atomic<int64_t>& alive() {  // launches are recycled: this changes rarely
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
 
   static Graveyard& graveyard() {
-    thread_local Graveyard* mine = new Graveyard();  // outlives the thread: buried launches point at it
+    thread_local Graveyard* mine = adopt(new Graveyard());  // outlives the thread: buried launches point at it
     return *mine;
+  }
+
+  // At its thread's exit a graveyard gives up the launches it kept (a program that starts many
+  // short-lived threads would otherwise keep every one's). The graveyard itself stays: launches
+  // still queued then are buried into it later.
+  static Graveyard* adopt(Graveyard* g) {
+    struct Release {
+      Graveyard* g;
+      ~Release() {
+        take_back(*g);
+        for (Launch* l : g->spare) delete l;
+        g->spare.clear();
+      }
+    };
+    thread_local Release release{g};
+    return g;
   }
 
   static Launch* make(const c10::OperatorHandle& op) {
@@ -273,14 +299,15 @@ struct Launch {
 };
 
 // Arguments as the device sees them: openreg tensors become kernel tensors.
-void to_kernel_stack(Stack& stack) {
-  for (c10::IValue& v : stack) v = map_tensors(v, [](const at::Tensor& t) { return kernel_tensor(t); });
+void to_kernel_stack(Stack& stack, KernelStorages& storages) {
+  for (c10::IValue& v : stack) v = map_tensors(v, [&](const at::Tensor& t) { return kernel_tensor(t, &storages); });
 }
 
 Stack LaunchStack::materialize() const {
+  KernelStorages storages;
   Stack stack = values;
-  to_kernel_stack(stack);
-  for (const auto& [i, arg] : tensors) stack[i] = arg.materialize();
+  to_kernel_stack(stack, storages);
+  for (const auto& [i, arg] : tensors) stack[i] = arg.materialize(&storages);
   return stack;
 }
 
@@ -571,7 +598,8 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     DeviceWarningGuard no_warnings;
     try {
       const Stack originals = kernel_args;  // the device tensors, before the op
-      to_kernel_stack(kernel_args);
+      KernelStorages storages;
+      to_kernel_stack(kernel_args, storages);
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
       const auto& schema = op.schema();
       for (size_t i = 0; i < kernel_args.size(); ++i) {
@@ -588,7 +616,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
         state->moved.push_back(moved);
       }
       state->results = std::move(kernel_args);
-    } catch (...) {
+    } catch (const std::exception&) {  // anything else is the worker's to report (and may be a thread exit)
       state->error = std::current_exception();
     }
   }));
@@ -721,28 +749,58 @@ orStatus Launch::run(void* p) {
     return orSuccess;
   } catch (const std::exception& e) {
     return orKernelFail(e.what());
-  } catch (...) {
-    return orKernelFail("unknown C++ exception");
-  }
+  }  // anything else reaches the stream's worker, which reports it (or lets a thread exit unwind)
 }
 
-// The device of an op call: every openreg tensor must be on the same one.
+// Advanced indexing takes index tensors from any device and moves them to the
+// indexed tensor's (ATen's AdvancedIndex does, on CUDA too): `indices` arguments.
+bool is_index_list(const c10::Argument& a) {
+  return a.name() == "indices" && a.type()->kind() == c10::TypeKind::ListType;
+}
+
+// The device of an op call: every openreg tensor must be on the same one, and any
+// other tensor may only be a CPU scalar (0-dim), as on CUDA. A call that reached
+// openreg only through its generator (torch.randn(3, generator=openreg_generator))
+// is a CPU call with the wrong generator.
 c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  std::optional<c10::Device> device;
-  for (const c10::IValue& v : args) {
+  std::optional<c10::Device> device, other;
+  bool openreg_generator = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
     for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!t.defined() || !t.is_privateuseone()) return;
+      if (!t.defined()) return;
+      if (!t.is_privateuseone()) {
+        if (!other && (!t.is_cpu() || t.dim() > 0) && !is_index_list(schema.arguments()[i])) other = t.device();
+        return;
+      }
       if (!device) device = t.device();
       TORCH_CHECK(*device == t.device(),
                   "Expected all tensors to be on the same device, but found at least two devices, ", *device, " and ",
                   t.device(), "! (in ", schema.operator_name(), ")");
     });
     if (v.isDevice() && v.toDevice().is_privateuseone() && !device) device = v.toDevice();
+    if (v.isGenerator() && v.toGenerator().device().is_privateuseone()) openreg_generator = true;
   }
+  TORCH_CHECK(device || !openreg_generator, "Expected a 'cpu' device type for generator but found 'openreg' (in ",
+              schema.operator_name(), ")");
+  TORCH_CHECK(!device || !other, "Expected all tensors to be on the same device, but found at least two devices, ",
+              *device, " and ", *other, "! (in ", schema.operator_name(), ")");
   if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
   if (!device->has_index())
     device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
   return *device;
+}
+
+// Copies the host tensors of `indices` arguments to `device` (see is_index_list).
+void move_indices_to(const c10::FunctionSchema& schema, c10::IValue* args, size_t n, c10::Device device) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!args[i].isList() || !is_index_list(schema.arguments()[i])) continue;
+    bool on_host = false;
+    for_each_tensor(args[i], [&](const at::Tensor& t) { on_host |= t.defined() && !t.is_privateuseone(); });
+    if (on_host)
+      args[i] = map_tensors(
+          args[i], [&](const at::Tensor& t) { return !t.defined() || t.is_privateuseone() ? t : t.to(device); });
+  }
 }
 
 // ---- structured ops, straight to the generic path ----
@@ -773,6 +831,33 @@ Stack take_arguments(Stack* stack, size_t n) {
   return args;
 }
 
+// Whether an argument the op writes (in place, or out=) shares device memory with
+// another tensor argument. The CPU kernel then decides whether the overlap is
+// allowed (a.add_(a) is, a[1:].add_(a[:-1]) is not), and its error belongs to the
+// call, as on the CPU and CUDA: such calls run synchronously.
+bool written_memory_is_shared(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  c10::SmallVector<const void*, 4> written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* alias = schema.arguments()[i].alias_info();
+    if (alias && alias->isWrite())
+      for_each_tensor(args[i], [&](const at::Tensor& t) {
+        if (t.defined() && t.has_storage() && t.storage().data() != nullptr) written.push_back(t.storage().data());
+      });
+  }
+  if (written.empty()) return false;
+  std::sort(written.begin(), written.end());
+  bool shared = false;
+  for (size_t i = 0; i < args.size() && !shared; ++i) {
+    const auto* alias = schema.arguments()[i].alias_info();
+    if (alias && alias->isWrite()) continue;
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      shared = shared || (t.defined() && t.has_storage() &&
+                          std::binary_search(written.begin(), written.end(), t.storage().data()));
+    });
+  }
+  return shared;
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
@@ -786,12 +871,14 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
 
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
+  move_indices_to(schema, first, num_args, device);
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);
   using Check = MetaResult::Check;
   const Check check = meta->check.load(std::memory_order_relaxed);
-  if (meta->data_dependent || check == Check::disagrees) {
+  if (meta->data_dependent || check == Check::disagrees ||
+      (facts.writes_argument && written_memory_is_shared(schema, args))) {
     run_synchronously(op, stack, take_arguments(stack, num_args), device);
     return;
   }
@@ -937,6 +1024,7 @@ void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   count(op);
   const c10::Device device = common_device(op.schema(), args);
   c10::DeviceGuard guard(device);
+  move_indices_to(op.schema(), args.data(), args.size(), device);
   run_synchronously(op, stack, std::move(args), device);
 }
 
@@ -955,6 +1043,8 @@ void reset_fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
   for (auto& [schema, counter] : g_counts) counter->store(0, std::memory_order_relaxed);  // threads keep pointers
 }
+
+int64_t generic_launches_alive() { return Launch::alive().load(); }
 
 void set_strict_mode(bool strict) { g_strict.store(strict); }
 bool strict_mode() { return g_strict.load(); }

@@ -22,6 +22,8 @@ size_t route_structured_ops();
 // How many times each operator ("name.overload") went through the generic path.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void reset_fallback_counts();
+// Launch records of the generic path that exist (queued, or kept by a thread for reuse).
+int64_t generic_launches_alive();
 // In strict mode an operator without a native openreg kernel raises.
 void set_strict_mode(bool strict);
 bool strict_mode();

@@ -28,6 +28,26 @@ inline at::Tensor launch_tensor(const at::Tensor& t) {
   return out;
 }
 
+// Device side: the CPU storages of one launch's kernel tensors, one per device
+// storage, so that tensors sharing device memory share a CPU storage too. The
+// CPU kernels' own aliasing checks (an in-place or out= op whose input overlaps
+// its output raises) compare storages: with a storage per tensor they would
+// pass, and the kernel would read what it had already overwritten.
+class KernelStorages {
+ public:
+  c10::Storage get(const void* device_storage, void* base, size_t nbytes) {
+    for (const auto& [key, storage] : seen_)
+      if (key == device_storage) return storage;
+    c10::Storage alias(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
+                       c10::GetCPUAllocator(), /*resizable=*/true);
+    seen_.emplace_back(device_storage, alias);
+    return alias;
+  }
+
+ private:
+  c10::SmallVector<std::pair<const void*, c10::Storage>, 4> seen_;
+};
+
 // Host side, at launch: what a kernel needs to see one device tensor (its
 // geometry and memory), without owning the memory and without allocating:
 // cheaper than launch_tensor() for the common case of a plain tensor argument.
@@ -52,12 +72,16 @@ struct KernelTensorArg {
   // Device side: the CPU tensor over the kernel view. Its storage is
   // resizable with the CPU allocator: a CPU out= kernel that reallocates its
   // output writes to host memory, and the generic path then copies the result
-  // into the device output (see land() in OpenRegFallback.cpp).
-  at::Tensor materialize() const {
+  // into the device output (see land() in OpenRegFallback.cpp). With `storages`,
+  // tensors of one launch that share device memory share their CPU storage.
+  at::Tensor materialize(KernelStorages* storages = nullptr) const {
     void* base = ::openreg::kernel_pointer(storage);
     if (base == nullptr) return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(c10::kCPU));
-    c10::Storage alias(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
-                       c10::GetCPUAllocator(), /*resizable=*/true);
+    c10::Storage alias = storages != nullptr
+                             ? storages->get(storage, base, nbytes)
+                             : c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                                            c10::DataPtr(base, c10::Device(c10::kCPU)), c10::GetCPUAllocator(),
+                                            /*resizable=*/true);
     auto out =
         at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
     out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
@@ -69,9 +93,9 @@ struct KernelTensorArg {
 
 // Device side: the CPU tensor over the kernel view of an openreg tensor
 // (other tensors are returned as they are).
-inline at::Tensor kernel_tensor(const at::Tensor& t) {
+inline at::Tensor kernel_tensor(const at::Tensor& t, KernelStorages* storages = nullptr) {
   if (!t.defined() || !t.is_privateuseone()) return t;
-  return KernelTensorArg(t).materialize();
+  return KernelTensorArg(t).materialize(storages);
 }
 
 }  // namespace c10::openreg

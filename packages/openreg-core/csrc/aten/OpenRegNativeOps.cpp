@@ -3,6 +3,7 @@
 // copies across devices, reading a scalar). Registered with
 // TORCH_LIBRARY_IMPL(aten, PrivateUse1, ...).
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
@@ -63,6 +64,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
+  at::detail::check_size_nonnegative(C10_AS_INTARRAYREF_SLOW(size));
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_sizes_contiguous(C10_AS_INTARRAYREF_SLOW(size));
   if (memory_format.has_value()) {
@@ -75,10 +77,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                         c10::SymIntArrayRef stride) {
-  TORCH_CHECK(source.device() == self.device(), "Expected a storage on ", self.device(), " but got one on ",
-              source.device());
+  // The CPU's checks (same device, offset >= 0, sizes and strides of one length), then its storage swap.
+  at::detail::check_size_nonnegative(C10_AS_INTARRAYREF_SLOW(size));
+  at::native::checkSetStorage(self, std::move(source), offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
+                              C10_AS_INTARRAYREF_SLOW(stride));
   auto* impl = self.unsafeGetTensorImpl();
-  if (!self.storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
   impl->set_storage_offset(offset.expect_int());
   impl->set_sizes_and_strides(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
   ensure_storage(self);
@@ -137,7 +140,8 @@ void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_
   auto stream = getCurrentOpenRegStream(dst.device().index());
   if (!is_contiguous_same(dst, src)) {
     at::Tensor host = src.to(dst.dtype()).resolve_conj().resolve_neg().contiguous();
-    if (dst.is_contiguous()) return copy_host_to_device(dst, host, non_blocking);
+    // Straight in only if dst is plain too: a conjugated or negated view goes through the device.
+    if (is_contiguous_same(dst, host)) return copy_host_to_device(dst, host, non_blocking);
     at::Tensor staging = at::empty(dst.sizes(), dst.options());
     copy_host_to_device(staging, host, false);
     return copy_device_to_device(dst, staging);
@@ -171,10 +175,21 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
     host_allocator::record_stream(dst.storage().data_ptr().get_context(), stream);
 }
 
+bool is_same_data(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_alias_of(b) && a.storage_offset() == b.storage_offset() && a.sizes().equals(b.sizes()) &&
+         a.strides().equals(b.strides()) && a.scalar_type() == b.scalar_type() && a.is_conj() == b.is_conj() &&
+         a.is_neg() == b.is_neg();
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand_as(dst);
+  // copy_ reaches _copy_from before the overlap checks the CPU's copy runs: run them here, at
+  // the call (they compare addresses only, so they work on device tensors from the host).
+  at::assert_no_internal_overlap(dst);
+  if (is_same_data(dst, src)) return dst;
+  at::assert_no_partial_overlap(dst, src);
   if (src.is_privateuseone() && dst.is_privateuseone())
     copy_device_to_device(dst, src);
   else if (dst.is_privateuseone())

@@ -86,6 +86,7 @@ PYBIND11_MODULE(_C, m) {
 
   // devices
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
+  m.def("_device_count_error", [] { return device_count_error(); });
   m.def("_get_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("_exchange_device", [](int d) {
@@ -180,6 +181,7 @@ PYBIND11_MODULE(_C, m) {
   // the generic operator path
   m.def("_fallback_counts", [] { return fallback_counts(); });
   m.def("_reset_fallback_counts", [] { reset_fallback_counts(); });
+  m.def("_generic_launches_alive", [] { return generic_launches_alive(); });
   m.def("_set_strict_mode", [](bool s) { set_strict_mode(s); });
   m.def("_get_strict_mode", [] { return strict_mode(); });
 

@@ -6,14 +6,29 @@
 
 namespace c10::openreg {
 
-c10::DeviceIndex device_count() noexcept {
-  // Fixed for the life of the process (OPENREG_DEVICE_COUNT is read once).
-  static const c10::DeviceIndex count = [] {
+namespace {
+struct DeviceCount {
+  c10::DeviceIndex n = 0;
+  std::string error;  // why there is no device, when the runtime refused
+};
+
+const DeviceCount& counted() {
+  // Fixed for the life of the process (the environment is read once).
+  static const DeviceCount count = [] {
+    DeviceCount c;
     int n = 0;
-    return orGetDeviceCount(&n) == orSuccess ? static_cast<c10::DeviceIndex>(n) : c10::DeviceIndex(0);
+    if (orGetDeviceCount(&n) == orSuccess)
+      c.n = static_cast<c10::DeviceIndex>(n);
+    else
+      c.error = orGetLastErrorMessage();
+    return c;
   }();
   return count;
 }
+}  // namespace
+
+c10::DeviceIndex device_count() noexcept { return counted().n; }
+const std::string& device_count_error() { return counted().error; }
 
 void check_device_index(c10::DeviceIndex device) {
   const auto count = device_count();

@@ -4,9 +4,13 @@
 
 #include <c10/core/Device.h>
 
+#include <string>
+
 namespace c10::openreg {
 
 c10::DeviceIndex device_count() noexcept;  // 0 if the runtime is unusable
+// Why device_count() is 0: the runtime's message (a malformed OPENREG_* variable), or "".
+const std::string& device_count_error();
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex device);
 c10::DeviceIndex exchange_device(c10::DeviceIndex device);

@@ -20,12 +20,14 @@ void OpenRegGeneratorImpl::set_current_seed(uint64_t seed) { cpu_.set_current_se
 uint64_t OpenRegGeneratorImpl::current_seed() const { return cpu_.current_seed(); }
 uint64_t OpenRegGeneratorImpl::seed() { return cpu_.seed(); }
 
-void OpenRegGeneratorImpl::set_offset(uint64_t) {
-  TORCH_CHECK(false, "openreg generators have no offset (they are Mersenne Twister based, not Philox)");
+// A Mersenne Twister generator's position is all in its state: its offset is always 0.
+// torch.Generator.__reduce__ (pickle, deepcopy) reads the offset of every non-CPU generator
+// and sets it back, so 0 must read and write.
+void OpenRegGeneratorImpl::set_offset(uint64_t offset) {
+  TORCH_CHECK(offset == 0, "openreg generators have no offset (they are Mersenne Twister based, not Philox): got ",
+              offset);
 }
-uint64_t OpenRegGeneratorImpl::get_offset() const {
-  TORCH_CHECK(false, "openreg generators have no offset (they are Mersenne Twister based, not Philox)");
-}
+uint64_t OpenRegGeneratorImpl::get_offset() const { return 0; }
 
 void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
   cpu_.set_state(

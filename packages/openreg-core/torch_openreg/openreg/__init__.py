@@ -5,8 +5,10 @@ Devices, lazy initialisation and fork safety live here; streams and events in
 plugin discovery in ``_plugins.py``.
 """
 
+import atexit
 import os
 import threading
+import warnings
 from typing import Any, Dict, List
 
 import torch
@@ -121,6 +123,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _finish_queued_work_at_exit() -> None:
+    # Kernels written in Python (custom ops) run on the streams' workers and need the
+    # interpreter, which is about to shut down: wait for the queued work first.
+    if not is_initialized():
+        return
+    for index in range(device_count()):
+        try:
+            _C._synchronize(index)
+        except Exception as e:  # nobody synchronised after it failed: say so, the program is ending
+            warnings.warn(f"openreg:{index}: work queued before exit failed: {e}", RuntimeWarning, stacklevel=1)
+
+
+atexit.register(_finish_queued_work_at_exit)
+
+
 def is_available() -> bool:
     """True when at least one openreg device can be used."""
     return device_count() > 0
@@ -151,7 +168,8 @@ def _lazy_init() -> None:
                 "multiprocessing, you must use the 'spawn' start method"
             )
         if _C._device_count() <= 0:
-            raise RuntimeError("No openreg device is available (check OPENREG_DEVICE_COUNT)")
+            reason = _C._device_count_error() or "check OPENREG_DEVICE_COUNT"
+            raise RuntimeError(f"No openreg device is available: {reason}")
         _initialized = True
 
 
