@@ -23,6 +23,7 @@
 #include "OpenRegFallback.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -831,31 +832,41 @@ Stack take_arguments(Stack* stack, size_t n) {
   return args;
 }
 
-// Whether an argument the op writes (in place, or out=) shares device memory with
-// another tensor argument. The CPU kernel then decides whether the overlap is
-// allowed (a.add_(a) is, a[1:].add_(a[:-1]) is not), and its error belongs to the
-// call, as on the CPU and CUDA: such calls run synchronously.
-bool written_memory_is_shared(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  c10::SmallVector<const void*, 4> written;
+// Whether an argument the op writes (in place, or out=) partly overlaps another
+// tensor argument (a[1:] += a[:-1]). Whether that is allowed is the CPU kernel's
+// decision, and its error belongs to the call, as on the CPU and CUDA: such calls
+// run synchronously. Exactly the same memory and geometry (x.mul_(x),
+// torch.add(x, y, out=x)) stays asynchronous: elementwise kernels allow it, and a
+// kernel that does not (index_select into its own input) fails on the device, which
+// the next synchronising call reports.
+bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  c10::SmallVector<std::pair<const void*, c10::TensorImpl*>, 4> written;  // by storage address
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* alias = schema.arguments()[i].alias_info();
     if (alias && alias->isWrite())
       for_each_tensor(args[i], [&](const at::Tensor& t) {
-        if (t.defined() && t.has_storage() && t.storage().data() != nullptr) written.push_back(t.storage().data());
+        if (t.defined() && t.has_storage() && t.storage().data() != nullptr)
+          written.emplace_back(t.storage().data(), t.unsafeGetTensorImpl());
       });
   }
   if (written.empty()) return false;
   std::sort(written.begin(), written.end());
-  bool shared = false;
-  for (size_t i = 0; i < args.size() && !shared; ++i) {
+  bool overlaps = false;
+  for (size_t i = 0; i < args.size() && !overlaps; ++i) {
     const auto* alias = schema.arguments()[i].alias_info();
     if (alias && alias->isWrite()) continue;
     for_each_tensor(args[i], [&](const at::Tensor& t) {
-      shared = shared || (t.defined() && t.has_storage() &&
-                          std::binary_search(written.begin(), written.end(), t.storage().data()));
+      if (overlaps || !t.defined() || !t.has_storage()) return;
+      const auto same_storage =
+          std::equal_range(written.begin(), written.end(), std::make_pair(t.storage().data(), nullptr),
+                           [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto it = same_storage.first; it != same_storage.second && !overlaps; ++it) {
+        const auto status = at::get_overlap_status(it->second, t.unsafeGetTensorImpl());
+        overlaps = status == at::MemOverlapStatus::Partial || status == at::MemOverlapStatus::TooHard;
+      }
     });
   }
-  return shared;
+  return overlaps;
 }
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
@@ -878,7 +889,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   using Check = MetaResult::Check;
   const Check check = meta->check.load(std::memory_order_relaxed);
   if (meta->data_dependent || check == Check::disagrees ||
-      (facts.writes_argument && written_memory_is_shared(schema, args))) {
+      (facts.writes_argument && written_memory_overlaps(schema, args))) {
     run_synchronously(op, stack, take_arguments(stack, num_args), device);
     return;
   }
