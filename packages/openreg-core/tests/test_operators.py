@@ -287,23 +287,24 @@ class TestGenericPath(TestCase):
         x = torch.ones(16, device="openreg")
         (x * 2).cpu()
         baseline = torch_openreg._C._generic_launches_alive()
+        while_alive = []
 
         def work():
             for _ in range(300):
                 x * 2 + 1
             torch.openreg.synchronize()
+            while_alive.append(torch_openreg._C._generic_launches_alive())
 
         for _ in range(10):
             t = threading.Thread(target=work)
             t.start()
             t.join()
+        self.assertTrue(all(n > baseline for n in while_alive), (baseline, while_alive))  # kept for reuse
         # join() returns when the Python thread is done; its C++ thread-locals go a little later.
         deadline = time.monotonic() + 30
         while torch_openreg._C._generic_launches_alive() != baseline and time.monotonic() < deadline:
             time.sleep(0.01)
         self.assertEqual(torch_openreg._C._generic_launches_alive(), baseline)
-        work()  # the main thread keeps its own
-        self.assertGreater(torch_openreg._C._generic_launches_alive(), baseline)
 
     def test_shape_error_matches_cpu(self):
         with self.assertRaisesRegex(RuntimeError, "must match the size"):
