@@ -131,6 +131,140 @@ class TestGraphs(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "[3.0, 3.0, 3.0, 3.0]")
 
+    def test_capture_on_the_default_stream_is_refused(self):
+        # Every thread's current stream is the default one unless set: capturing there swallowed
+        # other threads' work into the graph, which then never ran.
+        import threading
+
+        x = torch.ones(4, device="openreg")
+        (x + 1).cpu()
+        g = torch.accelerator.Graph()
+        with self.assertRaisesRegex(RuntimeError, "cannot be captured on a device's default stream"):
+            g.capture_begin()
+        result = {}
+        t = threading.Thread(target=lambda: result.update(y=(x + 1).cpu()))
+        t.start()
+        t.join()
+        self.assertEqual(result["y"], torch.full((4,), 2.0))
+        s = torch.openreg.Stream()
+        warm_up(lambda: x * 3, s)
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x * 3
+            g.capture_end()
+        g.replay()  # on the default stream: fine
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.full((4,), 3.0))
+        g.reset()
+
+    def test_synchronizing_the_device_during_a_capture_is_refused(self):
+        x = torch.ones(4, device="openreg")
+        s = torch.openreg.Stream()
+        warm_up(lambda: x * 2, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x * 2
+            with self.assertRaisesRegex(RuntimeError, "cannot synchronize a device while one of its streams is being"):
+                torch.openreg.synchronize()
+            g.capture_end()
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.full((4,), 2.0))
+        g.reset()
+
+    def test_tensor_used_by_another_stream_freed_during_capture(self):
+        # Its events cannot be recorded while a stream captures: the free threw inside the
+        # tensor's deleter and the process aborted. They are recorded when the capture ends.
+        s, other = torch.openreg.Stream(), torch.openreg.Stream()
+        x = torch.ones(1000, device="openreg")
+        warm_up(lambda: torch.ones(1000, device="openreg") * 2, s)
+        x.record_stream(other)
+        ptr = x.data_ptr()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x * 2
+            del x
+            g.capture_end()
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.full((1000,), 2.0))
+        g.reset()
+        torch.openreg.synchronize()
+        z = torch.empty(1000, device="openreg")  # the freed block is reusable after its events
+        self.assertEqual(z.data_ptr(), ptr)
+
+    def test_graphs_sharing_a_pool_keep_it_until_the_last_is_reset(self):
+        # Resetting one graph released every block of the shared pool, so the other graph's
+        # replay wrote into memory that had been handed out again.
+        n = 1 << 16
+        s = torch.openreg.Stream()
+        x = torch.ones(n, device="openreg")
+        warm_up(lambda: (x + 1, x * 2), s)
+        g1 = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g1.capture_begin()
+            a = x + 1
+            g1.capture_end()
+        g2 = torch.accelerator.Graph(pool=g1.pool())
+        with torch.openreg.stream(s):
+            g2.capture_begin()
+            b = x * 2
+            g2.capture_end()
+        b_ptr = b.data_ptr()
+        g1.reset()
+        del a, b
+        with torch.openreg.stream(s):
+            c = torch.full((n,), 7.0, device="openreg")
+            self.assertNotEqual(c.data_ptr(), b_ptr)
+            g2.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(c.cpu(), torch.full((n,), 7.0))
+        g2.reset()
+
+    def test_replay_captured_into_another_graph_outlives_the_first(self):
+        # g2 replays g1's work: deleting g1 freed the arguments g2's copy of that work reads.
+        s = torch.openreg.Stream()
+        x = torch.arange(1000.0, device="openreg")
+        warm_up(lambda: x.sin(), s)
+        with torch.openreg.stream(s):
+            g1 = torch.accelerator.Graph()
+            g1.capture_begin()
+            z = x.sin()
+            g1.capture_end()
+            g2 = torch.accelerator.Graph()
+            g2.capture_begin()
+            g1.replay()
+            g2.capture_end()
+            del g1
+            junk = [torch.randn(1000, device="openreg").cos() for _ in range(20)]  # reuse freed memory
+            x.mul_(2)
+            g2.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(z.cpu(), (torch.arange(1000.0) * 2).sin())
+        del junk
+        g2.reset()
+
+    def test_memory_kept_for_a_graph_is_active_in_the_snapshot(self):
+        s = torch.openreg.Stream()
+        x = torch.ones(3 << 18, device="openreg")  # 3 MiB
+        warm_up(lambda: x + 1, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            w = x + 1
+            g.capture_end()
+        del w  # freed, kept for the graph's replays
+        active = sum(
+            b["size"]
+            for seg in torch.openreg.memory_snapshot()
+            for b in seg["blocks"]
+            if b["state"] != "inactive" and seg["device"] == 0
+        )
+        self.assertEqual(active, torch.openreg.memory_stats(0)["active_bytes.all.current"])
+        g.reset()
+
     def test_debug_dump_and_errors(self):
         g = torch.accelerator.Graph()
         with self.assertRaisesRegex(RuntimeError, "needs a captured graph"):

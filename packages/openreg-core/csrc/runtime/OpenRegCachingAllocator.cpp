@@ -138,20 +138,32 @@ class DeviceCache {
       return;
     }
     if (!block->stream_uses.empty()) {
-      // Not reusable until the other streams' work queued so far is done.
-      for (const c10::Stream& s : block->stream_uses) {
-        orEvent_t event = nullptr;
-        OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
-        OPENREG_CHECK(orEventRecord(event, OpenRegStream(s).handle()));
-        pending_.emplace_back(event, block);
-        block->pending_events++;
+      // Not reusable until the other streams' work queued so far is done. While a graph is being
+      // captured an event cannot be recorded on the capturing stream (nor, as on CUDA, should one
+      // be): the events wait until no capture is under way.
+      if (capturing_.empty()) {
+        insert_events(block);
+      } else {
+        needs_events_.push_back(block);
+        block->pending_events++;  // holds the block (no reuse, no coalescing) until its events exist
       }
-      block->stream_uses.clear();
       return;
     }
     deactivate(block);
     Block* previous = std::exchange(recent_, block);  // first: `previous` must not merge with `block`
     if (previous != nullptr) release_to_pool(previous);
+  }
+
+  // Device side of a free: events on every stream that used the block (record_stream).
+  void insert_events(Block* block) {
+    for (const c10::Stream& s : block->stream_uses) {
+      orEvent_t event = nullptr;
+      OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
+      OPENREG_CHECK(orEventRecord(event, OpenRegStream(s).handle()));
+      pending_.emplace_back(event, block);
+      block->pending_events++;
+    }
+    block->stream_uses.clear();
   }
 
   void record_stream(void* ptr, const c10::Stream& stream) {
@@ -167,24 +179,39 @@ class DeviceCache {
 
   // Graph capture: blocks allocated on `stream` while it captures belong to graph `id` and are not
   // reused by anyone else until release_graph(id), because replays touch them.
+  // Graphs may share a pool (torch.accelerator.Graph(pool=other.pool())): each capture that
+  // begins holds the pool, and its blocks are released when the last of them is reset.
   void begin_capture(orStream_t stream, uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     capturing_[stream] = id;
+    ++pool_users_[id];
   }
 
   void end_capture(orStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     capturing_.erase(stream);
+    if (capturing_.empty()) {
+      for (Block* block : needs_events_) {
+        block->pending_events--;
+        insert_events(block);
+      }
+      needs_events_.clear();
+    }
   }
 
   void release_graph(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto users = pool_users_.find(id); users != pool_users_.end() && --users->second > 0) return;
+    pool_users_.erase(id);
     for (auto& [ptr, block] : live_)
       if (block->graph == id) block->graph = 0;  // still in use by tensors: ordinary from now on
     auto it = retained_.find(id);
     if (it == retained_.end()) return;
     for (Block* block : it->second) {
       block->graph = 0;
+      // The caller destroyed the graph first, which waited for the device: the streams that
+      // used the block (record_stream) are done with it.
+      block->stream_uses.clear();
       deactivate(block);
       release_to_pool(block);
     }
@@ -235,7 +262,7 @@ class DeviceCache {
         info.size = b->size;
         info.requested_size = b->allocated ? b->requested : 0;
         info.allocated = b->allocated;
-        info.active = b->allocated || b->pending_events > 0;
+        info.active = b->allocated || b->pending_events > 0 || b->graph != 0;  // freed, kept for a graph
         seg.total_size += b->size;
         if (info.allocated) {
           seg.allocated_size += b->size;
@@ -475,6 +502,8 @@ class DeviceCache {
   ska::flat_hash_map<void*, Block*> live_;  // allocated blocks by address
   std::unordered_map<orStream_t, uint64_t> capturing_;
   std::unordered_map<uint64_t, std::vector<Block*>> retained_;  // freed blocks a graph may still use
+  std::unordered_map<uint64_t, int> pool_users_;                // graph pool -> captures begun on it and not yet reset
+  std::vector<Block*> needs_events_;                            // freed during a capture, used by other streams
   DeviceStats stats_;
 };
 

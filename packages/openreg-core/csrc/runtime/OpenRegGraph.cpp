@@ -41,7 +41,10 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     pool_ = pool.first != 0 ? static_cast<uint64_t>(pool.first) : g_next_pool.fetch_add(1);
     allocator::beginGraphCapture(device_, stream_, pool_);
     orStatus st = orStreamBeginCapture(stream_);
-    if (st != orSuccess) allocator::endGraphCapture(device_, stream_);
+    if (st != orSuccess) {
+      allocator::endGraphCapture(device_, stream_);
+      allocator::releaseGraph(device_, pool_);
+    }
     OPENREG_CHECK(st);
     capturing_ = true;
   }
@@ -50,9 +53,12 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     TORCH_CHECK(capturing_, "capture_end() called without capture_begin()");
     TORCH_CHECK(getCurrentOpenRegStream(device_).handle() == stream_,
                 "capture_end() must be called on the stream capture_begin() was called on");
-    allocator::endGraphCapture(device_, stream_);
     capturing_ = false;
-    OPENREG_CHECK(orStreamEndCapture(stream_, &graph_));
+    // The stream stops capturing first: the allocator then records the events that frees during
+    // the capture put off (a capturing stream cannot record one).
+    const orStatus st = orStreamEndCapture(stream_, &graph_);
+    allocator::endGraphCapture(device_, stream_);
+    OPENREG_CHECK(st);
   }
 
   void instantiate() override {
@@ -65,12 +71,13 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   }
 
   void reset() override {
-    if (capturing_) {
-      allocator::endGraphCapture(device_, stream_);
+    if (capturing_) {  // an abandoned capture: its blocks go back as a finished graph's do
       orGraph_t abandoned = nullptr;
       orStreamEndCapture(stream_, &abandoned);
+      allocator::endGraphCapture(device_, stream_);
       if (abandoned) orGraphDestroy(abandoned);
       capturing_ = false;
+      allocator::releaseGraph(device_, pool_);
     }
     if (graph_ != nullptr) {
       OPENREG_CHECK(orGraphDestroy(graph_));

@@ -247,6 +247,16 @@ orStatus orDeviceSynchronize(void) {
   if (orStatus st = check_runtime()) return st;
   Device* dev = nullptr;
   if (orStatus st = current_device(&dev)) return st;
+  // As cudaDeviceSynchronize: waiting for a stream that records into a graph cannot be done.
+  std::vector<Stream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(dev->streams_mu);
+    streams = dev->streams;  // streams are never freed (see wait_for_streams)
+  }
+  for (Stream* s : streams)
+    if (s->capturing())
+      return fail(orErrorStreamCaptureUnsupported,
+                  "cannot synchronize a device while one of its streams is being captured into a graph");
   return synchronize_device(*dev);
 }
 

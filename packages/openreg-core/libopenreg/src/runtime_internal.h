@@ -134,8 +134,15 @@ struct WorkItem {
 
 struct Graph {
   int device = 0;
-  std::vector<WorkItem> items;  // owned: deleters run when the graph is destroyed
+  std::vector<WorkItem> items;  // owned: deleters run when the last reference goes
+  // Graphs replayed while this one was captured: their items are in `items` without deleters
+  // (the child keeps owning its arguments), so each child stays until this graph goes.
+  std::vector<Graph*> children;
+  std::atomic<int> refs{1};  // the handle's, plus one per graph that captured a replay of this one
 };
+
+// Drops a reference; the last one runs the items' deleters (the device must be idle for them).
+void release_graph(Graph* g);
 
 struct Stream {
   uintptr_t handle = 0;  // the orStream_t of this use of the slot

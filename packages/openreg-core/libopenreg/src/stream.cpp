@@ -205,6 +205,14 @@ orStatus resolve_graph(orGraph_t handle, Graph** out) {
   return orSuccess;
 }
 
+void release_graph(Graph* g) {
+  if (g->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  for (WorkItem& item : g->items)
+    if (item.deleter) item.deleter(item.args);
+  for (Graph* child : g->children) release_graph(child);
+  delete g;
+}
+
 orStatus capture_error(const char* what) {
   return fail(orErrorStreamCaptureUnsupported,
               std::string("cannot ") + what + " while the stream is being captured into a graph");
@@ -499,6 +507,10 @@ orStatus orStreamBeginCapture(orStream_t stream) {
   if (orStatus st = check_runtime()) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
+  if (s->is_default)  // as CUDA's legacy default stream: other threads' work would be captured too
+    return fail(orErrorStreamCaptureUnsupported,
+                "a graph cannot be captured on a device's default stream; capture on a stream of your own "
+                "(a captured graph may be replayed on the default stream)");
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->capture != nullptr) return fail(orErrorStreamCaptureUnsupported, "the stream is already capturing");
   s->capture = new Graph();
@@ -541,6 +553,15 @@ orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
   if (s->device != g->device)
     return fail(orErrorInvalidDevice, "graph captured on device " + std::to_string(g->device) +
                                           " launched on a stream of device " + std::to_string(s->device));
+  {
+    // Replayed into another graph's capture: that graph will replay these items, so it keeps
+    // this one (and the arguments it owns) until it goes itself.
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->capture != nullptr) {
+      g->refs.fetch_add(1, std::memory_order_relaxed);
+      s->capture->children.push_back(g);
+    }
+  }
   for (const WorkItem& captured : g->items) {
     WorkItem item = captured;
     item.deleter = nullptr;  // the graph keeps owning the arguments
@@ -576,9 +597,7 @@ orStatus orGraphDestroy(orGraph_t graph) {
   }
   // Launches of the graph may still be queued: they read its arguments.
   synchronize_device(runtime().devices[g->device]);
-  for (WorkItem& item : g->items)
-    if (item.deleter) item.deleter(item.args);
-  delete g;
+  release_graph(g);
   return orSuccess;
 }
 

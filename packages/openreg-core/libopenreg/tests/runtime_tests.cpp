@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -972,6 +973,53 @@ TEST(graph_capture_and_replay) {
   CHECK_STATUS(orErrorInvalidValue, orStreamEndCapture(s, &g));     // not capturing
   CHECK_OK(orEventDestroy(e));
   CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// A graph replayed while another one captures is copied into it without its arguments: the
+// second keeps the first alive, so destroying the first leaves the second's replays valid.
+TEST(graph_replayed_into_a_capture_outlives_its_handle) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  int* d = nullptr;
+  CHECK_OK(orMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
+  CHECK_OK(orMemset(d, 0, sizeof(int)));
+  auto token = std::make_shared<int>(0);  // owned by the kernel's arguments too
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(openreg::launch(s, "test::increment", [d, token] { ++*openreg::kernel_pointer(d); }));
+  orGraph_t inner = nullptr, outer = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &inner));
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(orGraphLaunch(inner, s));
+  CHECK_OK(orStreamEndCapture(s, &outer));
+  CHECK_OK(orGraphDestroy(inner));
+  CHECK_EQ(static_cast<int>(token.use_count()), 2);  // the arguments live on for the outer graph
+  CHECK_OK(orGraphLaunch(outer, s));
+  CHECK_OK(orGraphLaunch(outer, s));
+  CHECK_OK(orStreamSynchronize(s));
+  int host = 0;
+  CHECK_OK(orMemcpy(&host, d, sizeof(int), orMemcpyDeviceToHost));
+  CHECK_EQ(host, 2);
+  CHECK_OK(orGraphDestroy(outer));
+  CHECK_EQ(static_cast<int>(token.use_count()), 1);
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// As CUDA: no capture on the default stream (other threads' work would land in the graph), and
+// no device-wide synchronize while a stream of the device captures.
+TEST(graph_capture_refusals) {
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamBeginCapture(nullptr));
+  CHECK_MESSAGE_HAS("default stream");
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("cannot synchronize a device");
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g));
+  CHECK_OK(orGraphDestroy(g));
+  CHECK_OK(orDeviceSynchronize());
   CHECK_OK(orStreamDestroy(s));
 }
 
