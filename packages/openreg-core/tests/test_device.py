@@ -110,6 +110,18 @@ class TestDeviceModule(TestCase):
             )
             self.assertIn(f"No openreg device is available: orErrorInitialization: {var}='{value}' {says}", r.stdout)
 
+    def test_negative_index_leaves_the_device_alone(self):
+        # As torch.cuda: a CPU tensor's get_device() is -1, and code passes it on.
+        torch.openreg.set_device(1)
+        torch.openreg.set_device(-1)
+        self.assertEqual(torch.openreg.current_device(), 1)
+        with torch.openreg.device(torch.ones(1).get_device()):
+            self.assertEqual(torch.openreg.current_device(), 1)
+        self.assertEqual(torch.openreg.current_device(), 1)
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5"):
+            torch.openreg.set_device(5)
+        self.assertTrue(torch.openreg.is_bf16_supported())
+
     def test_device_context(self):
         with torch.openreg.device(1):
             self.assertEqual(torch.openreg.current_device(), 1)
@@ -122,7 +134,7 @@ class TestDeviceModule(TestCase):
         with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5: there are 2 openreg devices"):
             torch.openreg.set_device(5)
         with self.assertRaisesRegex(ValueError, "Invalid openreg device index -1"):
-            torch.openreg.set_device(-1)
+            torch.openreg.get_device_properties(-1)  # (set_device(-1) does nothing, as in torch.cuda)
         with self.assertRaisesRegex(RuntimeError, "index 2"):
             torch.ones(1, device="openreg:2")
         self.assertEqual(torch.openreg.current_device(), 0)

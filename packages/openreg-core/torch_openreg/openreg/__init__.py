@@ -79,6 +79,7 @@ __all__ = [
     "init",
     "initial_seed",
     "is_available",
+    "is_bf16_supported",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
@@ -185,7 +186,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Set the current openreg device of this thread."""
+    """Set the current openreg device of this thread (a negative index does nothing, as in torch.cuda)."""
+    if isinstance(device, int) and device < 0:
+        return
     index = _get_device_index(device)
     _C._set_device(index)
 
@@ -194,7 +197,8 @@ class device:
     """Context manager that changes the current openreg device."""
 
     def __init__(self, device: Any):
-        self.idx = -1 if device is None else _get_device_index(device)
+        # None or a negative index (a CPU tensor's get_device()) leaves the device alone, as in torch.cuda.
+        self.idx = -1 if device is None or (isinstance(device, int) and device < 0) else _get_device_index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -247,6 +251,11 @@ def get_device_capability(device: _DeviceLike = None) -> tuple:
     """(major, minor) capability of an openreg device."""
     p = get_device_properties(device)
     return (p.major, p.minor)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether bfloat16 works on openreg: always (the device runs the CPU's kernels)."""
+    return True
 
 
 def get_amp_supported_dtype() -> List[torch.dtype]:
