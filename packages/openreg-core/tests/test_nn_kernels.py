@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def to_openreg(module: torch.nn.Module, like: torch.nn.Module) -> torch.nn.Module:
@@ -43,6 +44,18 @@ class TestRecurrent(TestCase):
         self.assertEqual(dy.batch_sizes, y.batch_sizes)
 
 
+class OpsSeen(TorchDispatchMode):
+    """The ATen operators a call reaches below autograd (which attention kernel ran)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 @instantiate_parametrized_tests
 class TestAttention(TestCase):
     """csrc/aten/OpenRegAttention.cpp: the OVERRIDEABLE fused attention backend, forward and backward."""
@@ -62,8 +75,10 @@ class TestAttention(TestCase):
         dev_in = [t.to("openreg").requires_grad_() for t in (q, k, v)]
         dev_kwargs = {n: (a.to("openreg") if isinstance(a, torch.Tensor) else a) for n, a in kwargs.items()}
         out = F.scaled_dot_product_attention(*cpu_in, **kwargs)
-        with sdpa_kernel(SDPBackend.OVERRIDEABLE):  # raises if openreg did not pick its fused kernel
+        with OpsSeen() as seen:
             dout = F.scaled_dot_product_attention(*dev_in, **dev_kwargs)
+        self.assertIn("aten._scaled_dot_product_fused_attention_overrideable.default", seen.ops)
+        self.assertNotIn("aten.softmax.int", seen.ops)  # not the MATH decomposition
         self.assertEqual(dout.cpu(), out, atol=1e-5, rtol=1e-5)
         grad = torch.randn_like(out)
         out.backward(grad)
@@ -80,6 +95,49 @@ class TestAttention(TestCase):
             q.to("openreg"), k.to("openreg"), v.to("openreg"), attn_mask=dmask
         ).sum().backward()
         self.assertEqual(dmask.grad.cpu(), mask.grad, atol=1e-4, rtol=1e-4)
+
+    def test_rows_masked_out_entirely_are_zero(self):
+        # exp(S - logsumexp(S)) is NaN where logsumexp is -inf; MATH's _safe_softmax gives 0.
+        q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+        mask = torch.ones(3, 5, dtype=torch.bool)
+        mask[1] = False
+        cpu_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        dev_in = [t.to("openreg").requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*cpu_in, attn_mask=mask)
+        dout = F.scaled_dot_product_attention(*dev_in, attn_mask=mask.to("openreg"))
+        self.assertEqual(dout.cpu(), out, atol=1e-5, rtol=1e-5)
+        self.assertEqual(out[:, :, 1], torch.zeros(1, 2, 4))
+        out.sum().backward()
+        dout.sum().backward()
+        for c, d in zip(cpu_in, dev_in):
+            self.assertEqual(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
+
+    def test_fused_kernel_gradcheck_float64(self):
+        # float64 is computed in float64 (16-bit types in float32), so gradcheck holds; an
+        # undefined incoming gradient (gradcheck tries one) gives none back.
+        q, k, v = (torch.randn(1, 2, 3, 4, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3))
+        mask = torch.randn(3, 3, dtype=torch.float64, device="openreg", requires_grad=True)
+        self.assertTrue(
+            torch.autograd.gradcheck(
+                lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, mask)
+            )
+        )
+        self.assertTrue(
+            torch.autograd.gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v))
+        )
+
+    def test_sdpa_kernel_restrictions_apply(self):
+        # scaled_dot_product_attention asks _fused_sdp_choice_stub, not the operator: without the
+        # stub PyTorch ran MATH for every call and ignored sdpa_kernel.
+        q = torch.randn(1, 1, 4, 8, device="openreg")
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            with self.assertRaisesRegex(
+                RuntimeError, "No available kernel for scaled_dot_product_attention on openreg"
+            ):
+                F.scaled_dot_product_attention(q, q, q)
+        with sdpa_kernel(SDPBackend.MATH), OpsSeen() as seen:
+            F.scaled_dot_product_attention(q, q, q)
+        self.assertNotIn("aten._scaled_dot_product_fused_attention_overrideable.default", seen.ops)
 
     def test_backend_choice(self):
         q = torch.randn(1, 1, 4, 8, device="openreg")

@@ -1,7 +1,9 @@
 // Scaled dot-product attention through the "overrideable" fused backend.
 //
 // torch.nn.functional.scaled_dot_product_attention asks the backend which
-// implementation to use (_fused_sdp_choice). openreg answers OVERRIDEABLE
+// implementation to use through the _fused_sdp_choice_stub DispatchStub (the
+// aten::_fused_sdp_choice operator answers direct calls; without the stub,
+// PyTorch picks MATH for every call). openreg answers OVERRIDEABLE
 // when it can (no dropout, no grouped-query attention) and MATH otherwise,
 // and implements _scaled_dot_product_fused_attention_overrideable and its
 // backward as device kernels:
@@ -13,6 +15,8 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/logsumexp.h>
@@ -57,6 +61,16 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
   return s;
 }
 
+// P = exp(S - logsumexp(S)). A row that the masks leave no position for (logsumexp -inf) is
+// all zeros, as the MATH backend's _safe_softmax makes it, not NaN.
+// The softmax runs in float32 for 16-bit inputs and in the input's type otherwise (float64 stays
+// float64, so gradcheck works).
+at::ScalarType accumulate_type(const at::Tensor& q) { return at::promote_types(q.scalar_type(), at::kFloat); }
+
+at::Tensor probabilities(const at::Tensor& s, const at::Tensor& lse) {
+  return at::exp(s - lse).masked_fill(lse == -std::numeric_limits<double>::infinity(), 0.0);
+}
+
 double scale_of(const at::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
 }
@@ -70,14 +84,14 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   auto sizes = query.sizes().vec();
   sizes.back() = value.size(-1);
   at::Tensor out = at::empty(sizes, query.options());
-  at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(accumulate_type(query)));
   const double s = scale_of(query, scale);
   launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable",
                       {query, key, value, attn_bias.value_or(at::Tensor())}, {out, lse},
                       [is_causal, s](const std::vector<at::Tensor>& a) {
-                        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(at::kFloat);
+                        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(accumulate_type(a[0]));
                         at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
-                        at::Tensor p = at::exp(sc - l).to(a[0].scalar_type());
+                        at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
                         return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
                       });
   auto empty = at::empty({0}, query.options().dtype(at::kLong));
@@ -97,6 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
     const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
     bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  if (!grad_out.defined()) return {};  // no gradient flows in: none flows out (autograd reads them as zeros)
   c10::DeviceGuard guard(query.device());
   auto maybe = [&](bool wanted, const at::Tensor& like) {
     return wanted && like.defined() ? at::empty(like.sizes(), like.options()) : at::Tensor();
@@ -104,19 +119,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   at::Tensor gq = maybe(grad_input_mask[0], query), gk = maybe(grad_input_mask[1], key),
              gv = maybe(grad_input_mask[2], value), gb = maybe(grad_input_mask[3], attn_bias);
   const double s = scale_of(query, scale);
-  launch_cpu_function(
-      "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-      {grad_out, query, key, value, attn_bias, out, logsumexp}, {gq, gk, gv, gb},
-      [is_causal, s](const std::vector<at::Tensor>& a) {
-        const at::Tensor &dout = a[0], &q = a[1], &k = a[2], &v = a[3], &bias = a[4], &o = a[5];
-        at::Tensor p =
-            at::exp(scores(q, k, bias, is_causal, s).to(at::kFloat) - a[6].unsqueeze(-1)).to(q.scalar_type());
-        at::Tensor dp = at::matmul(dout, v.transpose(-2, -1));
-        at::Tensor ds = p * (dp - (dout * o).sum(-1, /*keepdim=*/true));
-        return std::vector<at::Tensor>{at::matmul(ds, k) * s, at::matmul(ds.transpose(-2, -1), q) * s,
-                                       at::matmul(p.transpose(-2, -1), dout),
-                                       bias.defined() ? at::sum_to(ds, bias.sizes()) : at::Tensor()};
-      });
+  launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable_backward",
+                      {grad_out, query, key, value, attn_bias, out, logsumexp}, {gq, gk, gv, gb},
+                      [is_causal, s](const std::vector<at::Tensor>& a) {
+                        const at::Tensor &dout = a[0], &q = a[1], &k = a[2], &v = a[3], &bias = a[4], &o = a[5];
+                        at::Tensor p =
+                            probabilities(scores(q, k, bias, is_causal, s).to(accumulate_type(q)), a[6].unsqueeze(-1))
+                                .to(q.scalar_type());
+                        at::Tensor dp = at::matmul(dout, v.transpose(-2, -1));
+                        at::Tensor ds = p * (dp - (dout * o).sum(-1, /*keepdim=*/true));
+                        return std::vector<at::Tensor>{at::matmul(ds, k) * s, at::matmul(ds.transpose(-2, -1), q) * s,
+                                                       at::matmul(p.transpose(-2, -1), dout),
+                                                       bias.defined() ? at::sum_to(ds, bias.sizes()) : at::Tensor()};
+                      });
   return {gq, gk, gv, gb};
 }
 
@@ -129,3 +144,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace c10::openreg
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &c10::openreg::sdp_choice)
+}  // namespace at::native

@@ -12,19 +12,30 @@
 
 namespace c10::openreg {
 
-// Launches `fn` on the current stream of `outputs[0]`'s device. On the device
+// Launches `fn` on the current stream of the outputs' device. On the device
 // `fn` receives kernel tensors for `inputs` (undefined ones stay undefined)
 // and returns CPU results, which land in `outputs` (device tensors of the
-// same shapes; undefined outputs are skipped). Costs one device-side copy of
-// the results; for kernels that write their outputs in place use
-// ::openreg::launch with KernelTensorArg directly.
+// same shapes; undefined outputs are skipped, and with none defined nothing
+// runs). Every defined input must be on the outputs' device, checked here, at
+// the call: a kernel cannot read another device's memory or the host's. Costs
+// one device-side copy of the results; for kernels that write their outputs in
+// place use ::openreg::launch with KernelTensorArg directly.
 template <typename F>
 void launch_cpu_function(const char* name, const std::vector<at::Tensor>& inputs,
                          const std::vector<at::Tensor>& outputs, F fn) {
+  const at::Tensor* first = nullptr;
+  for (const auto& t : outputs)
+    if (t.defined() && first == nullptr) first = &t;
+  if (first == nullptr) return;
+  const c10::Device device = first->device();
+  for (const auto& t : inputs)
+    TORCH_CHECK(!t.defined() || t.device() == device,
+                "Expected all tensors to be on the same device, but found at least two devices, ", device, " and ",
+                t.device(), "! (in ", name, ")");
   std::vector<std::optional<KernelTensorArg>> in, out;
   for (const auto& t : inputs) in.emplace_back(t.defined() ? std::optional<KernelTensorArg>(t) : std::nullopt);
   for (const auto& t : outputs) out.emplace_back(t.defined() ? std::optional<KernelTensorArg>(t) : std::nullopt);
-  OPENREG_CHECK(::openreg::launch(current_stream_handle(outputs.at(0).device().index()), name,
+  OPENREG_CHECK(::openreg::launch(current_stream_handle(device.index()), name,
                                   [in = std::move(in), out = std::move(out), fn = std::move(fn)] {
                                     std::vector<at::Tensor> args;
                                     for (const auto& a : in) args.push_back(a ? a->materialize() : at::Tensor());
