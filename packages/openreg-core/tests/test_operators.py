@@ -1,6 +1,7 @@
 """The native operator set and the generic zero-copy path, compared with the CPU."""
 
 import torch
+import torch.nn.functional as F
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -175,6 +176,23 @@ class TestGenericPath(TestCase):
         self.assertEqual(dx.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
         self.assertEqual(dconv.weight.grad.cpu(), conv.weight.grad, atol=1e-4, rtol=1e-4)
         self.assertEqual(dconv.bias.grad.cpu(), conv.bias.grad, atol=1e-4, rtol=1e-4)
+
+    def test_convolution_layout_and_devices(self):
+        # Channels-last in gives channels-last out, as on the CPU (the output used to be contiguous).
+        x, w = torch.randn(1, 2, 4, 5), torch.randn(3, 2, 3, 3)
+        cl = torch.channels_last
+        for xi, wi in ((x.to(memory_format=cl), w), (x, w.to(memory_format=cl)), (x, w)):
+            expected = F.conv2d(xi, wi)
+            out = F.conv2d(xi.to("openreg"), wi.to("openreg"))
+            self.assertEqual(out.stride(), expected.stride())
+            self.assertEqual(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+        # A weight elsewhere is refused at the call (it was computed from openreg:1 silently, or
+        # failed later in the kernel for a CPU weight).
+        dx = x.to("openreg")
+        for weight in (w.to("openreg:1"), w):
+            with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device.*openreg:0 and"):
+                F.conv2d(dx, weight)
+        self.assertEqual(F.conv2d(dx, w.to("openreg")).cpu(), F.conv2d(x, w), atol=1e-5, rtol=1e-5)
 
     def test_fft(self):
         a, da = pair(16)

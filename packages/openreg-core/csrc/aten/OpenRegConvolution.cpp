@@ -30,9 +30,14 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const
                         c10::IntArrayRef output_padding, int64_t groups) {
   c10::DeviceGuard guard(input.device());
   const at::Tensor b = bias.value_or(at::Tensor());
-  at::Tensor out = alloc_like(at::convolution(meta_of(input), meta_of(weight), meta_of(b), stride, padding, dilation,
-                                              transposed, output_padding, groups),
-                              input.device());
+  at::Tensor geometry = at::convolution(meta_of(input), meta_of(weight), meta_of(b), stride, padding, dilation,
+                                        transposed, output_padding, groups);
+  // The meta kernel answers contiguous; the CPU's 2-d convolutions give channels-last when the
+  // input or the weight is (the kernel's result would land either way, in the wrong layout).
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  if (input.dim() == 4 && (input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl))
+    geometry = geometry.contiguous(cl);
+  at::Tensor out = alloc_like(geometry, input.device());
   launch_cpu_function(
       "aten::convolution_overrideable", {input, weight, b}, {out},
       [st = stride.vec(), pa = padding.vec(), di = dilation.vec(), transposed, op = output_padding.vec(),
