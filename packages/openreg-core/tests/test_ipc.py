@@ -108,6 +108,21 @@ class TestMultiprocessing(TestCase):
         # The consumer's in-place write is visible here: shared, not copied.
         self.assertEqual(t.cpu().tolist(), [[0, -3], [-1, -4], [-2, -5]])
 
+    def test_empty_tensors_and_storages_travel(self):
+        # They have no memory to share: get_ipc_handle refuses them, and the reducer raised in the
+        # queue's feeder thread, so the whole message was lost and the consumer waited forever.
+        from multiprocessing.reduction import ForkingPickler
+
+        for t in (
+            torch.empty(0, device="openreg"),
+            torch.empty(3, 0, dtype=torch.int64, device="openreg:1"),
+            torch.nn.Parameter(torch.empty(0, device="openreg")),
+        ):
+            back = pickle.loads(ForkingPickler.dumps(t))
+            self.assertEqual((type(back), back.shape, back.dtype, back.device), (type(t), t.shape, t.dtype, t.device))
+        s = pickle.loads(ForkingPickler.dumps(torch.empty(0, device="openreg:1").untyped_storage()))
+        self.assertEqual((s.nbytes(), s.device), (0, torch.device("openreg:1")))
+
     def test_non_leaf_requiring_grad_is_refused_like_on_cpu(self):
         from multiprocessing.reduction import ForkingPickler
 

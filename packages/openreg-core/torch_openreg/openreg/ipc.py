@@ -85,6 +85,17 @@ def _rebuild_storage(h: IpcHandle) -> torch.UntypedStorage:
     return _open_storage(h)
 
 
+def _rebuild_empty_tensor(cls, dtype, size, stride, device: int, requires_grad: bool) -> torch.Tensor:
+    t = torch.empty_strided(size, stride, dtype=dtype, device=torch.device("openreg", device))
+    if cls is torch.nn.Parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad)
+
+
+def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
+    return torch.UntypedStorage(0, device=torch.device("openreg", device))
+
+
 def _install_reducers() -> None:
     from multiprocessing.reduction import ForkingPickler
 
@@ -102,11 +113,22 @@ def _install_reducers() -> None:
                 "support crossing process boundaries.  If you just want to transfer the data, call detach() on "
                 "the tensor before serializing (e.g., putting it on the queue)."
             )
+        if t.untyped_storage().nbytes() == 0:  # no memory to share: rebuilt empty, as torch does for CUDA
+            return _rebuild_empty_tensor, (
+                type(t),
+                t.dtype,
+                tuple(t.size()),
+                t.stride(),
+                t.device.index,
+                t.requires_grad,
+            )
         return _rebuild_tensor, (type(t), get_ipc_handle(t.detach()), t.requires_grad)
 
     def reduce_storage(s):
         if s.device.type != "openreg":
             return reductions.reduce_storage(s)
+        if s.nbytes() == 0:
+            return _rebuild_empty_storage, (s.device.index,)
         return _rebuild_storage, (get_ipc_handle(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)),)
 
     for cls in (torch.Tensor, torch.nn.Parameter):
