@@ -90,6 +90,24 @@ class TestKinetoProfiler(TestCase):
         self.assertEqual(starts, finishes)
         self.assertEqual(starts, {e["args"]["External id"] for e in device})
 
+    def test_an_op_queuing_two_items_starts_one_flow(self):
+        # A strided device-to-host copy queues a densifying kernel and a memcpy under one operator:
+        # each item started a flow with the operator's id ("duplicate flow start" from Kineto).
+        x = torch.randn(64, 32, device="openreg")
+        x.t().cpu()
+        torch.openreg.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            x.t().cpu()
+        events = self._trace(prof)["traceEvents"]
+        device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES]
+        self.assertEqual(len(device), 2)
+        self.assertEqual(len({e["args"]["External id"] for e in device}), 1)  # one operator
+        flows = [e for e in events if e.get("cat") == "ac2g"]
+        starts = [e["id"] for e in flows if e["ph"] == "s"]
+        self.assertEqual(len(starts), len(set(starts)))
+        self.assertEqual(set(starts), {e["args"]["External id"] for e in device})
+        self.assertEqual(len([e for e in flows if e["ph"] == "f"]), 2)  # both items end the flow
+
     def test_trace_is_well_formed_for_perfetto(self):
         # Perfetto's JSON importer needs: a traceEvents list; complete events with numeric ts/dur
         # and pid/tid; flow start and finish events that pair up by id.

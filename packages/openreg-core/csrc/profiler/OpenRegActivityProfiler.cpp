@@ -28,6 +28,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -116,6 +117,9 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
                static_cast<int64_t>(a->enqueue_ns)});
         },
         &raw, &dropped_);
+    // An operator may queue several work items (a copy, then a kernel): its correlation id starts
+    // one flow, at its first launch, which every item ends (Kineto warns about a second start).
+    std::unordered_set<uint64_t> flow_started;
     for (const Raw& r : raw) {
       if (is_bookkeeping(r.name)) continue;
       auto act = std::make_unique<libkineto::GenericTraceActivity>(*span_, type_of(r.name), r.name);
@@ -140,7 +144,8 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
           a->flow.id = static_cast<uint32_t>(r.correlation);
           a->flow.type = libkineto::kLinkAsyncCpuGpu;
         }
-        launch->flow.start = true;
+        if (!flow_started.insert(r.correlation).second) launch->flow = {};  // no second start
+        launch->flow.start = launch->flow.id != 0;
         act->flow.start = false;
         logger.handleGenericActivity(*launch);
         activities_.push_back(std::move(launch));
