@@ -70,6 +70,40 @@ class TestNativeOps(TestCase):
             torch.empty(0, device="openreg").set_(cpu_storage, 0, (2,), (1,))
         self.assertEqual(base.cpu(), torch.arange(8.0))
 
+    def test_set_without_strides_and_on_another_device(self):
+        # set_(storage, offset, size) means contiguous (it failed on the missing strides), and set_()
+        # of a tensor on openreg:1 gives it an empty storage there (it took the current device's).
+        s = torch.arange(12.0, device="openreg").untyped_storage()
+        t = torch.tensor([], device="openreg").set_(s, 2, (2, 3))
+        expected = torch.tensor([]).set_(torch.arange(12.0).untyped_storage(), 2, (2, 3))
+        self.assertEqual((t.stride(), t.cpu()), (expected.stride(), expected))
+        other = torch.ones(3, device="openreg:1")
+        other.set_()
+        self.assertEqual((other.device, other.shape), (torch.device("openreg:1"), (0,)))
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_module_to_keeps_its_parameters(self):
+        # Module.to() keeps the Parameter objects when a parameter may take the new tensor's data
+        # (torch._has_compatible_shallow_copy_type). PyTorch's answer knows only its own backends:
+        # Module.to("openreg") made new Parameters, and an optimizer built before it kept updating
+        # the old CPU ones, silently.
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 3)
+        weight = model.weight
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = weight.detach().clone()
+        model.to("openreg")
+        self.assertIs(model.weight, weight)
+        self.assertEqual(weight.device, torch.device("openreg:0"))
+        model(torch.ones(2, 3, device="openreg")).sum().backward()
+        opt.step()
+        self.assertEqual(weight.detach().cpu(), before - 0.1 * 2)  # d(sum)/dW = 2 for every entry
+        self.assertIs(model.to("openreg:1").cpu().weight, weight)
+        p = torch.nn.Parameter(torch.ones(2))
+        p.data = torch.zeros(2, device="openreg")  # raised "incompatible tensor type" before
+        self.assertEqual(p.device, torch.device("openreg:0"))
+        self.assertFalse(torch._has_compatible_shallow_copy_type(p, torch.ones(2).to_sparse()))
+
     def test_copy_into_conjugated_and_negated_views(self):
         # Host to device into a view with the conj or neg bit went into endless recursion (a crash).
         src = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j])

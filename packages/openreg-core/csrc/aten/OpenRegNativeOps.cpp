@@ -77,13 +77,19 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                         c10::SymIntArrayRef stride) {
+  c10::DeviceGuard guard(self.device());
+  const c10::IntArrayRef sizes = C10_AS_INTARRAYREF_SLOW(size);
+  // No strides (set_(storage, offset, size)) means contiguous, as on the CPU.
+  const c10::IntArrayRef strides = stride.empty() ? c10::IntArrayRef() : C10_AS_INTARRAYREF_SLOW(stride);
   // The CPU's checks (same device, offset >= 0, sizes and strides of one length), then its storage swap.
-  at::detail::check_size_nonnegative(C10_AS_INTARRAYREF_SLOW(size));
-  at::native::checkSetStorage(self, std::move(source), offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
-                              C10_AS_INTARRAYREF_SLOW(stride));
+  at::detail::check_size_nonnegative(sizes);
+  at::native::checkSetStorage(self, std::move(source), offset.expect_int(), sizes, strides);
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_storage_offset(offset.expect_int());
-  impl->set_sizes_and_strides(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+  if (strides.empty())
+    impl->set_sizes_contiguous(sizes);
+  else
+    impl->set_sizes_and_strides(sizes, strides);
   ensure_storage(self);
   return self;
 }
@@ -99,6 +105,7 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
+  c10::DeviceGuard guard(self.device());  // the new storage belongs to self's device, not the current one
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, allocator::get(), /*resizable=*/true);
   return set_storage(self, std::move(storage), 0, {c10::SymInt(0)}, {c10::SymInt(1)});
 }
@@ -206,6 +213,19 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// Whether `self` may take `from`'s data in place (param.data = t, and Module.to(), which keeps
+// the parameter objects when it may). PyTorch's answer knows only its own dense backends, so an
+// openreg tensor and a CPU one were "incompatible": Module.to("openreg") then made new Parameters,
+// and an optimizer built before it went on updating the old CPU ones. Dense strided tensors of
+// openreg and of the CPU are compatible, as CUDA's are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested() && (t.is_cpu() || t.is_privateuseone());
+  };
+  return dense(self) && dense(from);
+}
+
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   copy_device_to_host(host, self.reshape({}), false);
@@ -233,6 +253,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("record_stream", record_stream);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }
 
 }  // namespace c10::openreg
