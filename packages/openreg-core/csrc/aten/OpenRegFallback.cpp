@@ -775,17 +775,14 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
         return;
       }
       if (!device) device = t.device();
-      TORCH_CHECK(*device == t.device(),
-                  "Expected all tensors to be on the same device, but found at least two devices, ", *device, " and ",
-                  t.device(), "! (in ", schema.operator_name(), ")");
+      check_same_device(*device, t.device(), schema.operator_name());
     });
     if (v.isDevice() && v.toDevice().is_privateuseone() && !device) device = v.toDevice();
     if (v.isGenerator() && v.toGenerator().device().is_privateuseone()) openreg_generator = true;
   }
   TORCH_CHECK(device || !openreg_generator, "Expected a 'cpu' device type for generator but found 'openreg' (in ",
               schema.operator_name(), ")");
-  TORCH_CHECK(!device || !other, "Expected all tensors to be on the same device, but found at least two devices, ",
-              *device, " and ", *other, "! (in ", schema.operator_name(), ")");
+  if (device && other) check_same_device(*device, *other, schema.operator_name());
   if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
   if (!device->has_index())
     device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());

@@ -29,9 +29,7 @@ void launch_cpu_function(const char* name, const std::vector<at::Tensor>& inputs
   if (first == nullptr) return;
   const c10::Device device = first->device();
   for (const auto& t : inputs)
-    TORCH_CHECK(!t.defined() || t.device() == device,
-                "Expected all tensors to be on the same device, but found at least two devices, ", device, " and ",
-                t.device(), "! (in ", name, ")");
+    if (t.defined()) check_same_device(device, t.device(), name);
   std::vector<std::optional<KernelTensorArg>> in, out;
   for (const auto& t : inputs) in.emplace_back(t.defined() ? std::optional<KernelTensorArg>(t) : std::nullopt);
   for (const auto& t : outputs) out.emplace_back(t.defined() ? std::optional<KernelTensorArg>(t) : std::nullopt);

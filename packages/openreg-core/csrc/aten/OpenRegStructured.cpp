@@ -56,9 +56,8 @@ struct StructuredMmOut final : at::meta::structured_mm {
 };
 
 void launch_mm(const at::Tensor& out, const at::Tensor& self, const at::Tensor& mat2) {
-  TORCH_CHECK(self.device() == mat2.device() && out.device() == self.device(),
-              "Expected all tensors to be on the same device, but found at least two devices, ", self.device(), " and ",
-              self.device() == mat2.device() ? out.device() : mat2.device(), "!");
+  check_same_device(self.device(), mat2.device(), "aten::mm");
+  check_same_device(self.device(), out.device(), "aten::mm");
   OPENREG_CHECK(::openreg::launch(current_stream_handle(out.device().index()), "aten::mm",
                                   [out = KernelTensorArg(out), a = KernelTensorArg(self), b = KernelTensorArg(mat2)] {
                                     at::Tensor o = out.materialize();

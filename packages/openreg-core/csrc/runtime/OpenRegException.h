@@ -1,6 +1,7 @@
 // Turning runtime statuses into PyTorch errors.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
 #include "openreg/runtime.h"
@@ -16,3 +17,14 @@
       TORCH_CHECK(false, orGetLastErrorMessage());                                                         \
     }                                                                                                      \
   } while (0)
+
+namespace c10::openreg {
+
+// The error CPU and CUDA give when an operator's tensors are on two devices; `op` names the operator.
+template <typename Op>
+void check_same_device(const c10::Device& a, const c10::Device& b, const Op& op) {
+  TORCH_CHECK(a == b, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
+              "! (in ", op, ")");
+}
+
+}  // namespace c10::openreg
