@@ -61,12 +61,12 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
   return s;
 }
 
-// P = exp(S - logsumexp(S)). A row that the masks leave no position for (logsumexp -inf) is
-// all zeros, as the MATH backend's _safe_softmax makes it, not NaN.
 // The softmax runs in float32 for 16-bit inputs and in the input's type otherwise (float64 stays
 // float64, so gradcheck works).
 at::ScalarType accumulate_type(const at::Tensor& q) { return at::promote_types(q.scalar_type(), at::kFloat); }
 
+// P = exp(S - logsumexp(S)). A row that the masks leave no position for (logsumexp -inf) is
+// all zeros, as the MATH backend's _safe_softmax makes it, not NaN.
 at::Tensor probabilities(const at::Tensor& s, const at::Tensor& lse) {
   return at::exp(s - lse).masked_fill(lse == -std::numeric_limits<double>::infinity(), 0.0);
 }

@@ -35,13 +35,17 @@ inline at::Tensor launch_tensor(const at::Tensor& t) {
 // pass, and the kernel would read what it had already overwritten.
 class KernelStorages {
  public:
+  // A CPU storage over `nbytes` of kernel-view memory at `base`, which it does not own. It is
+  // resizable with the CPU allocator (see KernelTensorArg::materialize).
+  static c10::Storage alias(void* base, size_t nbytes) {
+    return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
+                        c10::GetCPUAllocator(), /*resizable=*/true);
+  }
+
   c10::Storage get(const void* device_storage, void* base, size_t nbytes) {
     for (const auto& [key, storage] : seen_)
       if (key == device_storage) return storage;
-    c10::Storage alias(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
-                       c10::GetCPUAllocator(), /*resizable=*/true);
-    seen_.emplace_back(device_storage, alias);
-    return alias;
+    return seen_.emplace_back(device_storage, alias(base, nbytes)).second;
   }
 
  private:
@@ -77,11 +81,8 @@ struct KernelTensorArg {
   at::Tensor materialize(KernelStorages* storages = nullptr) const {
     void* base = ::openreg::kernel_pointer(storage);
     if (base == nullptr) return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(c10::kCPU));
-    c10::Storage alias = storages != nullptr
-                             ? storages->get(storage, base, nbytes)
-                             : c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                                            c10::DataPtr(base, c10::Device(c10::kCPU)), c10::GetCPUAllocator(),
-                                            /*resizable=*/true);
+    c10::Storage alias =
+        storages != nullptr ? storages->get(storage, base, nbytes) : KernelStorages::alias(base, nbytes);
     auto out =
         at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
     out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);

@@ -144,8 +144,9 @@ class OpenRegSession final : public libkineto::IActivityProfilerSession {
           a->flow.id = static_cast<uint32_t>(r.correlation);
           a->flow.type = libkineto::kLinkAsyncCpuGpu;
         }
-        if (!flow_started.insert(r.correlation).second) launch->flow = {};  // no second start
-        launch->flow.start = launch->flow.id != 0;
+        const bool first = flow_started.insert(r.correlation).second;
+        if (!first) launch->flow = {};  // no second start: this launch draws no arrow
+        launch->flow.start = first;
         act->flow.start = false;
         logger.handleGenericActivity(*launch);
         activities_.push_back(std::move(launch));
