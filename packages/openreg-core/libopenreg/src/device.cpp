@@ -20,6 +20,16 @@ constexpr int kMaxDeviceCount = 64;
 constexpr long kDefaultSpinUs = 50;
 constexpr long kMaxSpinUs = 1000000;  // a second
 
+// Parses a whole number from `lo` to `hi`. Returns false when malformed or out of range.
+bool parse_whole(const char* text, long lo, long hi, long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || errno != 0 || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
 // Parses "123", "512M", "4G", "64K" (binary units). Returns false when malformed.
 bool parse_bytes(const char* text, size_t* out) {
   char* end = nullptr;
@@ -62,9 +72,8 @@ Runtime* create_runtime() {
   rt->device_count = kDefaultDeviceCount;
   rt->capacity = kDefaultCapacity;
   if (const char* env = std::getenv("OPENREG_DEVICE_COUNT")) {
-    char* end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (end == env || *end != '\0' || n < 1 || n > kMaxDeviceCount)
+    long n = 0;
+    if (!parse_whole(env, 1, kMaxDeviceCount, &n))
       rt->config_error = "OPENREG_DEVICE_COUNT='" + std::string(env) + "' is not a whole number from 1 to " +
                          std::to_string(kMaxDeviceCount);
     else
@@ -79,10 +88,8 @@ Runtime* create_runtime() {
   }
   rt->spin_ns = kDefaultSpinUs * 1000;
   if (const char* env = std::getenv("OPENREG_SPIN_US")) {
-    char* end = nullptr;
-    errno = 0;
-    long us = std::strtol(env, &end, 10);
-    if (end == env || *end != '\0' || errno != 0 || us < 0 || us > kMaxSpinUs)
+    long us = 0;
+    if (!parse_whole(env, 0, kMaxSpinUs, &us))
       rt->config_error = "OPENREG_SPIN_US='" + std::string(env) + "' is not a whole number of microseconds from 0 to " +
                          std::to_string(kMaxSpinUs);
     else
@@ -178,13 +185,17 @@ orStatus take_device_error(Device& dev) {
   return fail(orErrorLaunchFailure, message);
 }
 
+namespace {
+// A snapshot of the device's streams. Stream objects are never freed (their slots are recycled),
+// so the pointers stay valid after the lock is released.
+std::vector<Stream*> streams_of(Device& dev) {
+  std::lock_guard<std::mutex> lock(dev.streams_mu);
+  return dev.streams;
+}
+}  // namespace
+
 void wait_for_streams(Device& dev) {
-  std::vector<Stream*> streams;
-  {
-    std::lock_guard<std::mutex> lock(dev.streams_mu);
-    streams = dev.streams;
-  }
-  for (Stream* s : streams) s->synchronize();
+  for (Stream* s : streams_of(dev)) s->synchronize();
 }
 
 void wait_for_all_devices() {
@@ -248,12 +259,7 @@ orStatus orDeviceSynchronize(void) {
   Device* dev = nullptr;
   if (orStatus st = current_device(&dev)) return st;
   // As cudaDeviceSynchronize: waiting for a stream that records into a graph cannot be done.
-  std::vector<Stream*> streams;
-  {
-    std::lock_guard<std::mutex> lock(dev->streams_mu);
-    streams = dev->streams;  // streams are never freed (see wait_for_streams)
-  }
-  for (Stream* s : streams)
+  for (Stream* s : streams_of(*dev))
     if (s->capturing())
       return fail(orErrorStreamCaptureUnsupported,
                   "cannot synchronize a device while one of its streams is being captured into a graph");
