@@ -73,12 +73,15 @@ def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
 # ---- torch.multiprocessing ----
 
 
-def _rebuild_tensor(cls, h: IpcHandle, requires_grad: bool) -> torch.Tensor:
-    t = open_ipc_handle(h)
+def _as_sent(cls, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """`t` as the sender's type (a Parameter stays a Parameter) and `requires_grad`."""
     if cls is torch.nn.Parameter:
         return torch.nn.Parameter(t, requires_grad=requires_grad)
-    t.requires_grad_(requires_grad)
-    return t
+    return t.requires_grad_(requires_grad)
+
+
+def _rebuild_tensor(cls, h: IpcHandle, requires_grad: bool) -> torch.Tensor:
+    return _as_sent(cls, open_ipc_handle(h), requires_grad)
 
 
 def _rebuild_storage(h: IpcHandle) -> torch.UntypedStorage:
@@ -87,9 +90,7 @@ def _rebuild_storage(h: IpcHandle) -> torch.UntypedStorage:
 
 def _rebuild_empty_tensor(cls, dtype, size, stride, device: int, requires_grad: bool) -> torch.Tensor:
     t = torch.empty_strided(size, stride, dtype=dtype, device=torch.device("openreg", device))
-    if cls is torch.nn.Parameter:
-        return torch.nn.Parameter(t, requires_grad=requires_grad)
-    return t.requires_grad_(requires_grad)
+    return _as_sent(cls, t, requires_grad)
 
 
 def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
