@@ -94,6 +94,22 @@ PYBIND11_MODULE(_C, m) {
     return static_cast<int>(exchange_device(static_cast<c10::DeviceIndex>(d)));
   });
   m.def("_check_device_index", [](int d) { check_device_index(static_cast<c10::DeviceIndex>(d)); });
+  // A one-element backward per device, queued behind what autograd's device threads still hold of
+  // earlier passes (see torch_openreg/openreg/__init__.py::_finish_queued_work_at_exit). Built in
+  // C++, without the GIL, so that none of its tensors has a Python object for a device thread to
+  // release in turn.
+  m.def("_settle_autograd_device_threads", [](int count) {
+    py::gil_scoped_release no_gil;
+    c10::InferenceMode no_inference(false);
+    at::AutoGradMode grad(true);
+    for (int d = 0; d < count; ++d) {
+      at::Tensor leaf =
+          at::zeros({}, at::TensorOptions().device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d)))
+              .requires_grad_(true);
+      at::Tensor out = leaf * 2;
+      torch::autograd::backward({out}, {at::ones_like(out)});
+    }
+  });
   m.def("_synchronize", [](int d) {
     py::gil_scoped_release no_gil;
     const auto previous = exchange_device(static_cast<c10::DeviceIndex>(d));

@@ -124,31 +124,22 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _release_autograd_device_threads(count: int) -> None:
-    # torch's autograd engine runs an openreg backward pass on its device thread for the device
-    # index. That thread lets go of a finished pass only after it has woken the caller, and in
-    # torch 2.13 letting go needs the GIL (the pass keeps a Python object, the contextvars context
-    # torch.autograd stashes in its thread-local state). If the program ends first, the thread asks
-    # for the GIL while the interpreter finalizes; Python ends it with a forced unwind through a
-    # noexcept destructor and the process aborts ("terminate called without an active exception",
-    # pytorch#38228). A tiny backward on each device is queued behind that release, so when it
-    # returns the thread holds nothing from the user's passes. It goes to the engine directly:
-    # torch.autograd's entry would stash a Python object again.
-    engine = torch.autograd.Variable._execution_engine
-    with torch.enable_grad(), torch.inference_mode(False):
-        for index in range(count):
-            leaf = torch.zeros((), device=torch.device("openreg", index), requires_grad=True)
-            out = leaf * 1
-            engine.run_backward((out,), (torch.ones_like(out),), False, False, (leaf,), False, False)
-
-
 def _finish_queued_work_at_exit() -> None:
     # Kernels written in Python (custom ops) run on the streams' workers and need the
     # interpreter, which is about to shut down: wait for the queued work first.
+    #
+    # Before that, autograd's device threads. torch's engine runs an openreg backward pass on its
+    # device thread for the device index, which lets go of a finished pass only after waking the
+    # caller; in torch 2.13 letting go needs the GIL (the pass keeps Python objects: the
+    # contextvars context torch.autograd stashes, result tensors). If the program ends first, the
+    # thread asks for the GIL while the interpreter finalizes, Python ends it with a forced unwind
+    # through a noexcept destructor, and the process aborts ("terminate called without an active
+    # exception", pytorch#38228). A backward queued on each device thread behind that release
+    # returns only once the thread holds nothing of the user's passes.
     if not is_initialized():
         return
     try:
-        _release_autograd_device_threads(device_count())
+        _C._settle_autograd_device_threads(device_count())
     except Exception as e:  # a broken device: the synchronize below reports its error
         warnings.warn(f"openreg: could not settle autograd's device threads at exit: {e}", RuntimeWarning, stacklevel=1)
     for index in range(device_count()):
