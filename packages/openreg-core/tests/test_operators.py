@@ -1,9 +1,26 @@
 """The native operator set and the generic zero-copy path, compared with the CPU."""
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
+
+# A kernel that keeps its stream busy until `release` is set (at most 10 s): a call made meanwhile
+# that returns before it was set did not wait for the device.
+release = threading.Event()
+
+
+@torch.library.custom_op("openreg_test::hold", mutates_args=(), device_types="cpu")
+def hold(x: torch.Tensor) -> torch.Tensor:
+    release.wait(10)
+    return x.clone()
+
+
+@hold.register_fake
+def _(x):
+    return torch.empty_like(x)
 
 
 def pair(*shape, dtype=torch.float32):
@@ -46,6 +63,16 @@ class TestNativeOps(TestCase):
         self.assertEqual(e.cpu(), torch.arange(4.0).reshape(2, 2))
         f = torch.empty(0, device="openreg").set_(d)
         self.assertEqual(f.data_ptr(), d.data_ptr())
+
+    def test_resize_to_the_same_shape_keeps_strides(self):
+        # resize_ used to make every tensor contiguous, so a transposed tensor's values moved.
+        cpu = torch.arange(6.0).reshape(2, 3).t()
+        d = torch.arange(6.0, device="openreg").reshape(2, 3).t()
+        d.resize_(3, 2)
+        cpu.resize_(3, 2)
+        self.assertEqual((d.stride(), d.cpu()), (cpu.stride(), cpu))
+        d.resize_as_(torch.empty(3, 2))
+        self.assertEqual((d.stride(), d.cpu()), (cpu.stride(), cpu))
 
     def test_set_and_resize_reject_what_the_cpu_rejects(self):
         # A negative offset used to be accepted, and a later copy wrote into the tensor allocated before.
@@ -267,6 +294,11 @@ class TestGenericPath(TestCase):
                 call()
         self.assertEqual(host.tolist(), [1.0, 1.0])
         self.assertEqual((a + torch.tensor(2.0)).cpu().tolist(), [3.0, 3.0])  # a CPU scalar is fine, as on CUDA
+        host_scalar = torch.tensor(1.0)  # ... to read: the device must not write host memory
+        for call in (lambda: host_scalar.add_(a[0]), lambda: torch.add(a[0], a[0], out=host_scalar)):
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+        self.assertEqual(host_scalar.item(), 1.0)
         with self.assertRaisesRegex(RuntimeError, "Expected a 'cpu' device type for generator but found 'openreg'"):
             torch.randn(3, generator=torch.Generator(device="openreg"))
 
@@ -362,6 +394,70 @@ class TestGenericPath(TestCase):
         with self.assertRaisesRegex(RuntimeError, "must match the size"):
             torch.ones(3, device="openreg") + torch.ones(4, device="openreg")
 
+    def test_python_scalars_promote_as_scalars(self):
+        # A Python number and a 0-dim tensor promote differently; the meta cache took them for the
+        # same signature, so whichever came first decided the dtype of both.
+        for dtype, value in ((torch.int32, 2), (torch.int8, 100), (torch.float16, 1e5)):
+            cpu = torch.ones(3, dtype=dtype)
+            d = cpu.to("openreg")
+            for other in (torch.tensor(value), value):
+                self.assertEqual((d + other).cpu(), cpu + other, exact_dtype=True)
+
+    def test_new_sizes_offsets_and_scalar_values_do_not_make_the_host_wait(self):
+        # A call's first run is synchronous (the meta kernel is checked against the CPU kernel).
+        # The check used to be per exact signature, so every new scalar value (a learning rate),
+        # slice offset or size made the host wait for the device again.
+        x = torch.arange(8.0, device="openreg")
+        cpu = x.cpu()
+        release.set()
+        hold(x)
+        calls = (
+            lambda t, k: t.add(t, alpha=0.5 + k),
+            lambda t, k: t.clamp(min=0.1 + k),
+            lambda t, k: t[1 + k : 5 + k].sum(),
+            lambda t, k: t[: 3 + k].mul(2.5 + k),
+        )
+        for call in calls:
+            call(x, 0)
+        torch.openreg.synchronize()
+        release.clear()
+        stream = torch.openreg.current_stream()
+        hold(x)  # the device is busy until released
+        results = [call(x, 1) for call in calls]
+        busy = not stream.query()
+        release.set()
+        self.assertTrue(busy, "a call waited for the device")
+        for call, got in zip(calls, results):
+            self.assertEqual(got.cpu(), call(cpu, 1))
+
+    def test_ops_with_a_decomposition_run_the_cpu_kernel(self):
+        # A CompositeExplicitAutograd kernel outranks the generic path: layer norm, group norm and
+        # addr ran their decompositions, whose rounding differs from the CPU kernels'.
+        x = torch.tensor([[-3.7196], [123.456]])
+        y = torch.randn(4, 768)
+        v, w = torch.randn(3), torch.randn(5)
+        cases = (
+            (lambda t: F.layer_norm(t, (1,)), x),
+            (lambda t: F.layer_norm(t, (768,)), y),
+            (lambda t: F.group_norm(t.reshape(4, 4, 192), 2), y),
+            (lambda t: torch.addr(torch.zeros(3, 5, device=t.device), t, t.new_ones(5)), v),
+            (lambda t: torch.stack([t, t]), w),
+        )
+        for f, t in cases:
+            self.assertEqual(f(t.to("openreg")).cpu(), f(t), atol=0, rtol=0)
+
+    def test_resized_out_has_the_same_layout_on_every_call(self):
+        # The first call of a signature used to return the CPU kernel's layout, later ones the meta
+        # kernel's. Both now follow the meta kernel (contiguous here; the CPU gives channels-last).
+        x = torch.randn(2, 3, 4, 5, device="openreg").to(memory_format=torch.channels_last)
+        strides = []
+        for _ in range(2):
+            out = torch.empty(0, device="openreg")
+            torch.sin(x, out=out)
+            strides.append(out.stride())
+            self.assertEqual(out.cpu(), x.cpu().sin())
+        self.assertEqual(strides[0], strides[1])
+
     def test_no_host_device_copies(self):
         a = torch.randn(64, 64, device="openreg")
         b = torch.randn(64, 64, device="openreg")
@@ -411,6 +507,8 @@ class TestGenericPath(TestCase):
             with self.assertRaisesRegex(RuntimeError, "strict mode: 'aten::cos' has no native openreg kernel"):
                 torch.cos(d)
             self.assertEqual(d.view(3, 1).shape, (3, 1))  # native ops still work
+            with self.assertRaisesRegex(RuntimeError, "strict mode: 'aten::nonzero' has no native openreg kernel"):
+                d.nonzero()  # data-dependent ops take the synchronous generic path
         finally:
             torch.openreg.set_strict_mode(False)
         self.assertFalse(torch.openreg.is_strict_mode())
@@ -469,6 +567,32 @@ class TestRandom(TestCase):
         x = torch.nn.functional.dropout(torch.ones(1000, device="openreg"), 0.5)
         frac = (x == 0).float().mean().item()
         self.assertTrue(0.4 < frac < 0.6, frac)
+
+    def test_dropout_draws_from_the_openreg_generator(self):
+        # native_dropout has no generator argument: its CPU kernel drew from the CPU's generator, so
+        # torch.openreg.manual_seed did not reproduce dropout, and the host's random calls raced with it.
+        x = torch.ones(1000, device="openreg")
+        cpu_state = torch.get_rng_state()
+        torch.openreg.manual_seed(5)
+        a = F.dropout(x, 0.5).cpu()
+        torch.openreg.manual_seed(5)
+        b = F.dropout(x, 0.5).cpu()
+        self.assertEqual(a, b)
+        self.assertEqual(torch.get_rng_state(), cpu_state)
+        self.assertEqual(set(a.unique().tolist()), {0.0, 2.0})
+        out, mask = torch.native_dropout(x, 0.25, True)
+        self.assertEqual(mask.dtype, torch.bool)
+        self.assertEqual(out.cpu(), mask.cpu() / 0.75)
+        cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        for p, train in ((0.5, False), (1.0, True), (0.0, True)):  # the CPU's special cases
+            got, want = torch.native_dropout(cl.to("openreg"), p, train), torch.native_dropout(cl, p, train)
+            for g, w in zip(got, want):
+                self.assertEqual((g.cpu(), g.stride()), (w, w.stride()))
+        got, want = (
+            torch.native_dropout(torch.empty(0, 3, device="openreg"), 0.5, True),
+            torch.native_dropout(torch.empty(0, 3), 0.5, True),
+        )
+        self.assertEqual([(g.shape, g.dtype) for g in got], [(w.shape, w.dtype) for w in want])
 
     def test_generator_pickles_and_deep_copies(self):
         # torch.Generator.__reduce__ asks a non-CPU generator for its offset: openreg's is always 0.

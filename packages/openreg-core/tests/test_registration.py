@@ -28,6 +28,15 @@ class TestDispatchStub(TestCase):
         z = torch.randn(4, dtype=torch.complex64)
         self.assertEqual(torch.abs(z.to("openreg")).cpu(), z.abs())
 
+    def test_unsupported_dtype_raises_at_the_call(self):
+        # The CPU kernel's dtype check used to run on the device: torch.abs(bool) returned, and the
+        # error surfaced at some later, unrelated synchronising call.
+        for op in (torch.abs, torch.ops.openreg.custom_abs):
+            with self.assertRaisesRegex(RuntimeError, "\"abs_cpu\" not implemented for 'Bool'"):
+                op(torch.ones(2, dtype=torch.bool, device="openreg"))
+            torch.openreg.synchronize()  # nothing left to report
+        self.assertEqual(torch.abs(torch.tensor([-3], dtype=torch.uint8, device="openreg")).cpu().tolist(), [253])
+
 
 class TestStructuredKernel(TestCase):
     """OpenRegStructured.cpp: mm via at::meta::structured_mm and an openreg implementation."""
@@ -102,6 +111,12 @@ class TestCustomOps(TestCase):
             fake = torch.ops.openreg.custom_abs(torch.empty(2, 5, device="openreg"))
         self.assertEqual((fake.shape, fake.device), (torch.Size([2, 5]), torch.device("openreg:0")))
 
+    def test_python_custom_op_fake_kernel_promotes_as_the_op(self):
+        # x * x * 2.0 is float for an integer x; the fake kernel said int64.
+        x = torch.arange(4, device="openreg")
+        self.assertEqual(torch.ops.openreg.scaled_square(x, 2.0).dtype, torch.float32)
+        torch.library.opcheck(torch.ops.openreg.scaled_square.default, (x, 2.0))
+
     def test_python_custom_op_fake_and_autograd(self):
         x = torch.randn(5)
         d = x.to("openreg").requires_grad_(True)
@@ -163,6 +178,21 @@ class TestAutogradFunction(TestCase):
         x = torch.randn(3, device="openreg", requires_grad=True)
         y = torch.ops.openreg.custom_autograd_fn_aliasing(x)
         self.assertEqual(y.data_ptr(), x.data_ptr())  # a view of the input's memory
+        self.assertTrue(y._is_view())
+        self.assertIs(y._base, x)
+
+    def test_aliasing_result_shares_the_version_counter(self):
+        # The result used to alias its input without autograd knowing: an in-place change of the
+        # input after the result was saved for backward went unnoticed and the gradient was wrong.
+        a = torch.randn(3, device="openreg", requires_grad=True)
+        b = a * 1
+        y = torch.ops.openreg.custom_autograd_fn_aliasing(b)
+        z = y.sin()  # saves y
+        version = y._version
+        b.add_(1)
+        self.assertEqual(y._version, version + 1)
+        with self.assertRaisesRegex(RuntimeError, "is a view and its base .* has been modified inplace"):
+            z.sum().backward()
         self.check(torch.ops.openreg.custom_autograd_fn_aliasing, compiled=False)
         self.check(torch.ops.openreg.custom_autograd_fn_aliasing, compiled=True)
 

@@ -30,10 +30,10 @@ struct ReturnsSelf : public torch::autograd::Function<ReturnsSelf> {
 };
 
 struct Aliasing : public torch::autograd::Function<Aliasing> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& input) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return aliasing_forward(input);
-  }
+  // No AutoDispatchBelowADInplaceOrView here: the ADInplaceOrView kernel is what makes the
+  // result a view autograd knows of (sharing its input's version counter), so that an
+  // in-place change of either one is caught instead of silently corrupting the gradient.
+  static at::Tensor forward(AutogradContext*, const at::Tensor& input) { return aliasing_forward(input); }
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0].mul(0.5)}; }
 };
 

@@ -13,13 +13,14 @@
 
 #include "../runtime/OpenRegException.h"
 #include "../runtime/OpenRegStream.h"
-#include "OpenRegKernelTensor.h"
+#include "OpenRegLaunch.h"
 
 namespace c10::openreg {
 
 namespace {
 
 at::Tensor custom_abs_openreg(const at::Tensor& input) {
+  check_abs_dtype(input.scalar_type());
   at::Tensor out = at::empty_like(input);
   OPENREG_CHECK(::openreg::launch(current_stream_handle(input.device().index()), "openreg::custom_abs",
                                   [out = KernelTensorArg(out), in = KernelTensorArg(input)] {
@@ -37,7 +38,7 @@ at::Tensor custom_abs_meta(const at::Tensor& input) { return at::empty_like(inpu
 
 TORCH_LIBRARY(openreg, m) {
   m.def("custom_abs(Tensor input) -> Tensor");
-  m.def("custom_autograd_fn_returns_self(Tensor input) -> Tensor");
+  m.def("custom_autograd_fn_returns_self(Tensor(a) input) -> Tensor(a)");
   m.def("custom_autograd_fn_aliasing(Tensor(a) input) -> Tensor(a)");
 }
 

@@ -17,13 +17,14 @@
 
 #include "../runtime/OpenRegException.h"
 #include "../runtime/OpenRegStream.h"
-#include "OpenRegKernelTensor.h"
+#include "OpenRegLaunch.h"
 
 namespace c10::openreg {
 
 namespace {
 
 void abs_kernel(at::TensorIteratorBase& iter) {
+  check_abs_dtype(iter.dtype());
   const at::Tensor& out = iter.output();
   OPENREG_CHECK(::openreg::launch(current_stream_handle(out.device().index()), "openreg::abs_stub",
                                   [out = KernelTensorArg(out), in = KernelTensorArg(iter.input())] {

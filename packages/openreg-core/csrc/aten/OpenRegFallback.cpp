@@ -381,12 +381,15 @@ Geometry geometry_of(const at::Tensor& t) {
 // The meta kernel's verdict for one call: per return, one tensor or a list.
 struct MetaResult {
   bool data_dependent = false;  // no usable meta kernel: run synchronously
-  // The first call of a signature runs synchronously and compares the CPU
-  // kernel's result shapes with the meta kernel's. Where they disagree (some
-  // meta kernels describe CUDA's auxiliary outputs, e.g. embedding_bag's), the
-  // signature stays synchronous, with outputs shaped as the CPU made them.
+  // The first call of a coarse signature (see coarse_value) runs synchronously
+  // and compares the CPU kernel's result shapes with the meta kernel's. Where
+  // they disagree (some meta kernels describe CUDA's auxiliary outputs, e.g.
+  // embedding_bag's), calls of that signature stay synchronous, with outputs
+  // shaped as the CPU made them. The verdict is shared by every exact signature
+  // of the coarse one: a new shape, offset or scalar value reruns the meta
+  // kernel on the host but does not make the host wait again.
   enum class Check { unverified, agrees, disagrees };
-  mutable std::atomic<Check> check{Check::unverified};
+  std::shared_ptr<std::atomic<Check>> check = std::make_shared<std::atomic<Check>>(Check::unverified);
   std::vector<bool> is_list;
   std::vector<std::vector<Geometry>> returns;
 };
@@ -435,13 +438,20 @@ struct MetaKeyHash {
   }
 };
 
+// A wrapped number (a Python scalar turned into a 0-dim tensor) takes part in
+// type promotion as a scalar: a + 2 keeps int32 where a + torch.tensor(2) does not.
+int64_t dtype_word(const at::Tensor& t) {
+  return static_cast<int64_t>(t.scalar_type()) | (int64_t{t.is_conj()} << 32) | (int64_t{t.is_neg()} << 33) |
+         (int64_t{t.unsafeGetTensorImpl()->is_wrapped_number()} << 34);
+}
+
 void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
   if (!t.defined()) {
     w.push_back(-1);
     return;
   }
   w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.device().index() + 1));
-  w.push_back(static_cast<int64_t>(t.scalar_type()) | (int64_t{t.is_conj()} << 32) | (int64_t{t.is_neg()} << 33));
+  w.push_back(dtype_word(t));
   w.push_back(t.dim());
   for (int64_t v : t.sizes()) w.push_back(v);
   for (int64_t v : t.strides()) w.push_back(v);
@@ -505,12 +515,61 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
   return true;
 }
 
+// The coarse signature of a call: what the meta kernel and the CPU kernel could
+// disagree on (the operator, dtypes, ranks, empty tensors, which optional
+// arguments are given, flags and strings) without the sizes, strides, offsets
+// and scalar values that change from call to call (a learning rate, a slice).
+void coarse_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
+  if (!t.defined()) {
+    w.push_back(-1);
+    return;
+  }
+  w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.dim() << 1) | int64_t{t.numel() == 0});
+  w.push_back(dtype_word(t));
+}
+
+void coarse_value(const c10::IValue& v, std::vector<int64_t>& w) {
+  if (v.isTensor()) {
+    w.push_back(1);
+    coarse_tensor(v.toTensor(), w);
+  } else if (v.isNone()) {
+    w.push_back(2);
+  } else if (v.isInt() || v.isDouble() || v.isComplexDouble()) {
+    w.push_back(v.isInt() ? 3 : v.isDouble() ? 4 : 12);  // the kind promotes; the value does not matter here
+  } else if (v.isBool()) {
+    w.push_back(5);
+    w.push_back(v.toBool());
+  } else if (v.isIntList() || v.isDoubleList()) {
+    w.push_back(6);
+    w.push_back(static_cast<int64_t>(v.toListRef().size()));
+  } else if (v.isTensorList()) {
+    w.push_back(7);
+    auto l = v.toTensorList();
+    w.push_back(static_cast<int64_t>(l.size()));
+    for (const at::Tensor& t : l) coarse_tensor(t, w);
+  } else if (v.isList()) {
+    w.push_back(8);
+    auto l = v.toList();
+    w.push_back(static_cast<int64_t>(l.size()));
+    for (const c10::IValue& e : l) coarse_value(e, w);
+  } else if (v.isDevice()) {
+    w.push_back(9);
+    w.push_back(static_cast<int64_t>(v.toDevice().type()));
+  } else if (v.isString()) {
+    w.push_back(10);
+    w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else {
+    w.push_back(11);  // a generator (key_value refuses anything else)
+  }
+}
+
 constexpr size_t kMetaCacheCapacity = 16384;
 std::mutex& g_meta_mu = *new std::mutex();
 auto& g_meta_cache = *new std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash>();
+auto& g_checks = *new std::unordered_map<MetaKey, std::shared_ptr<std::atomic<MetaResult::Check>>, MetaKeyHash>();
 
-std::shared_ptr<const MetaResult> compute_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                                               bool tensor_returns_only) {
+std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                         bool tensor_returns_only) {
   auto result = std::make_shared<MetaResult>();
   if (!tensor_returns_only) {
     result->data_dependent = true;
@@ -571,19 +630,38 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
   }
   auto result = compute_meta(op, args, tensor_returns_only);
   if (cacheable) {
+    MetaKey coarse{key.op, {}};
+    for (const c10::IValue& v : args) coarse_value(v, coarse.words);
     std::lock_guard<std::mutex> lock(g_meta_mu);
-    if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
+    if (g_meta_cache.size() >= kMetaCacheCapacity) {
+      g_meta_cache.clear();
+      g_checks.clear();
+    }
+    auto& check = g_checks[std::move(coarse)];
+    if (!check) check = result->check;
+    result->check = check;
     g_meta_cache.emplace(key, result);
   }
   return result;
 }
 
+// An out= tensor the op resizes: restrided as the kernel laid the result out
+// (ATen's structured kernels do so, e.g. channels-last for a channels-last input).
+void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  out.resize_(sizes);
+  if (out.strides() != strides && out.is_non_overlapping_and_dense() &&
+      at::detail::computeStorageNbytes(sizes, strides, out.itemsize(), 0) == out.numel() * out.itemsize())
+    out.as_strided_(sizes, strides, out.storage_offset());
+}
+
 // ---- 4. the synchronous path ----
 // Runs the op on the device and waits. Tensor results that alias an input
-// become views; fresh ones are copied into new device tensors by a kernel.
+// become views; fresh ones are copied into new device tensors by a kernel,
+// laid out as `meta` says where it has a result of the same shape (so that a
+// call has the same strides whether it ran here or on the asynchronous path).
 // Returns the sizes of the tensors it returned, in order.
 std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args,
-                                                    c10::Device device) {
+                                                    c10::Device device, const MetaResult* meta = nullptr) {
   const auto& schema = op.schema();
   struct State {
     Stack results;
@@ -632,6 +710,12 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   // (device output as it is now, host result): described at launch, because the host may
   // resize or free the output before the copy runs.
   std::vector<std::pair<KernelTensorArg, at::Tensor>> copies;
+  // The meta kernel's geometry for tensor j of return i, if it describes `host`.
+  auto meta_geometry = [&](size_t i, size_t j, const at::Tensor& host) -> const Geometry* {
+    if (meta == nullptr || meta->data_dependent || j >= meta->returns[i].size()) return nullptr;
+    const Geometry& g = meta->returns[i][j];
+    return g.defined && g.dtype == host.scalar_type() && host.sizes() == c10::IntArrayRef(g.sizes) ? &g : nullptr;
+  };
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& ret = schema.returns()[i];
     if (is_view_return(ret) || is_write_return(ret)) {
@@ -649,18 +733,26 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       }
       if (state->moved[i]) {  // out= resized by the CPU kernel: give the device tensor its result
         const at::Tensor& host = results[i].toTensor();
-        if (base.sizes() != host.sizes()) base.resize_(host.sizes());
+        if (base.sizes() != host.sizes()) {
+          const Geometry* g = meta_geometry(i, 0, host);
+          resize_output_like(base, host.sizes(), g != nullptr ? c10::IntArrayRef(g->strides) : host.strides());
+        }
         copies.emplace_back(KernelTensorArg(base), host);
       }
       stack->push_back(base);
       continue;
     }
+    size_t j = 0;  // which tensor of return i
     stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
+      const size_t index = j++;
       if (!host.defined()) return host;
       check_not_quantized(host.scalar_type());
-      at::Tensor out = host.is_non_overlapping_and_dense()
-                           ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
-                           : at::empty(host.sizes(), host.options().device(device));
+      at::Tensor out;
+      if (const Geometry* g = meta_geometry(i, index, host)) out = alloc_like(*g);
+      if (!out.defined() || !out.is_non_overlapping_and_dense())
+        out = host.is_non_overlapping_and_dense()
+                  ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
+                  : at::empty(host.sizes(), host.options().device(device));
       copies.emplace_back(KernelTensorArg(out), host);
       return out;
     }));
@@ -759,8 +851,10 @@ bool is_index_list(const c10::Argument& a) {
   return a.name() == "indices" && a.type()->kind() == c10::TypeKind::ListType;
 }
 
+bool is_written(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+
 // The device of an op call: every openreg tensor must be on the same one, and any
-// other tensor may only be a CPU scalar (0-dim), as on CUDA. A call that reached
+// other tensor may only be a CPU scalar (0-dim) that the op reads, as on CUDA. A call that reached
 // openreg only through its generator (torch.randn(3, generator=openreg_generator))
 // is a CPU call with the wrong generator.
 c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
@@ -768,10 +862,12 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
   bool openreg_generator = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
+    const bool written = is_written(schema.arguments()[i]);
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (!t.is_privateuseone()) {
-        if (!other && (!t.is_cpu() || t.dim() > 0) && !is_index_list(schema.arguments()[i])) other = t.device();
+        if (!other && (!t.is_cpu() || t.dim() > 0 || written) && !is_index_list(schema.arguments()[i]))
+          other = t.device();
         return;
       }
       if (!device) device = t.device();
@@ -866,10 +962,14 @@ bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c1
   return overlaps;
 }
 
-void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
-  const auto& schema = op.schema();
+void check_not_strict(const c10::FunctionSchema& schema) {
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
               "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
+}
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  const auto& schema = op.schema();
+  check_not_strict(schema);
   const OpFacts& facts = facts_of(op);
   facts.calls->fetch_add(1, std::memory_order_relaxed);
   // The arguments stay on the stack until the launch takes them.
@@ -884,15 +984,16 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);
   using Check = MetaResult::Check;
-  const Check check = meta->check.load(std::memory_order_relaxed);
+  const Check check = meta->check->load(std::memory_order_relaxed);
   if (meta->data_dependent || check == Check::disagrees ||
       (facts.writes_argument && written_memory_overlaps(schema, args))) {
     run_synchronously(op, stack, take_arguments(stack, num_args), device);
     return;
   }
   if (check == Check::unverified) {
-    const bool agrees = run_synchronously(op, stack, take_arguments(stack, num_args), device) == shapes_of(*meta);
-    meta->check.store(agrees ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
+    const bool agrees =
+        run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get()) == shapes_of(*meta);
+    meta->check->store(agrees ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
     return;
   }
 
@@ -919,7 +1020,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     } else if (is_write_return(ret)) {
       needs_kernel = true;
       const at::Tensor& target = args[aliased_argument(schema, ret)].toTensor();
-      if (target.sizes() != c10::IntArrayRef(geometries[0].sizes)) target.resize_(geometries[0].sizes);  // out= resized
+      if (target.sizes() != c10::IntArrayRef(geometries[0].sizes))  // out= resized: as the meta kernel laid it out
+        resize_output_like(target, geometries[0].sizes, geometries[0].strides);
       outputs.push_back(target);
     } else {
       needs_kernel = true;
@@ -1001,6 +1103,19 @@ size_t route_structured_ops() {
     size_t n = 0;
     for (const auto& [base, overloads] : by_name) {
       for (const c10::OperatorHandle& op : overloads) {
+        const std::string qualified =
+            base.substr(6) + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
+        // A CompositeExplicitAutograd kernel outranks the backend fallback, so for the few ops that
+        // also have a CPU kernel (native_layer_norm, native_group_norm, addr, ...) openreg would
+        // run the decomposition, whose rounding differs from the CPU kernel's (layer norm over one
+        // element: 1e-4 instead of 0). Registered for openreg, the generic path runs the CPU kernel.
+        if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+            op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+            !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+          lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
+          ++n;
+          continue;
+        }
         if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
             op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
           continue;                                      // not structured, or openreg has a kernel of its own
@@ -1016,8 +1131,6 @@ size_t route_structured_ops() {
           if (!out || out->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
           out_overloads().emplace(&schema, *out);
         }
-        const std::string qualified =
-            base.substr(6) + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
         lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
         ++n;
       }
@@ -1028,6 +1141,7 @@ size_t route_structured_ops() {
 }
 
 void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  check_not_strict(op.schema());
   Stack args = take_arguments(stack, op.schema().arguments().size());
   count(op);
   const c10::Device device = common_device(op.schema(), args);

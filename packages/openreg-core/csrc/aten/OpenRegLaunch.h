@@ -12,6 +12,13 @@
 
 namespace c10::openreg {
 
+// The dtypes the CPU's abs kernel is not compiled for, refused at the call with the CPU's
+// message: found in the kernel, the error would surface at some later synchronising call.
+inline void check_abs_dtype(c10::ScalarType dtype) {
+  TORCH_CHECK(dtype != c10::ScalarType::Bool && !c10::isBarebonesUnsignedType(dtype),
+              "\"abs_cpu\" not implemented for '", dtype, "'");
+}
+
 // Launches `fn` on the current stream of the outputs' device. On the device
 // `fn` receives kernel tensors for `inputs` (undefined ones stay undefined)
 // and returns CPU results, which land in `outputs` (device tensors of the

@@ -66,7 +66,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   at::detail::check_size_nonnegative(C10_AS_INTARRAYREF_SLOW(size));
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(C10_AS_INTARRAYREF_SLOW(size));
+  // To its own sizes: strides stay as they are (a transposed tensor stays transposed), as on the CPU.
+  if (self.sizes() != C10_AS_INTARRAYREF_SLOW(size)) impl->set_sizes_contiguous(C10_AS_INTARRAYREF_SLOW(size));
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format", *memory_format);
     impl->empty_tensor_restride(*memory_format);

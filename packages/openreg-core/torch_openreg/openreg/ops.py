@@ -19,7 +19,8 @@ def scaled_square(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 @scaled_square.register_fake
 def _(x: torch.Tensor, scale: float) -> torch.Tensor:
-    return torch.empty_like(x)
+    # The real op promotes as x * x * scale does: an integer x gives a float result.
+    return torch.empty_like(x, dtype=torch.result_type(x, scale))
 
 
 def _setup_context(ctx, inputs, output) -> None:
