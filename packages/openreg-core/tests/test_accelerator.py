@@ -110,7 +110,8 @@ class TestBadInput(TestCase):
 
 
 class TestDeviceGeneric(TestCase):
-    """Instantiated for openreg as TestDeviceGenericOPENREG by PyTorch's device-type machinery."""
+    """Instantiated for openreg as TestDeviceGenericPRIVATEUSE1 by PyTorch's device-type machinery
+    (the class is named after the dispatch key, PrivateUse1, not after the device name)."""
 
     def test_matches_cpu(self, device):
         self.assertEqual(torch.device(device).type, "openreg")
