@@ -381,7 +381,7 @@ Geometry geometry_of(const at::Tensor& t) {
 // The meta kernel's verdict for one call: per return, one tensor or a list.
 struct MetaResult {
   bool data_dependent = false;  // no usable meta kernel: run synchronously
-  // The first call of a coarse signature (see coarse_value) runs synchronously
+  // The first call of a coarse signature (see Key) runs synchronously
   // and compares the CPU kernel's result shapes with the meta kernel's. Where
   // they disagree (some meta kernels describe CUDA's auxiliary outputs, e.g.
   // embedding_bag's), calls of that signature stay synchronous, with outputs
@@ -445,9 +445,22 @@ int64_t dtype_word(const at::Tensor& t) {
          (int64_t{t.unsafeGetTensorImpl()->is_wrapped_number()} << 34);
 }
 
-void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
+// Two keys are built from a call's arguments. The exact key is what meta can see:
+// a meta result is cached under it. The coarse key is what the meta kernel and the
+// CPU kernel could disagree on (the operator, dtypes, ranks, empty tensors, which
+// optional arguments are given, flags and strings) without the sizes, strides,
+// offsets and numbers that change from call to call (a learning rate, a slice):
+// the first-call verification is shared under it.
+enum class Key { exact, coarse };
+
+void key_tensor(const at::Tensor& t, std::vector<int64_t>& w, Key kind) {
   if (!t.defined()) {
     w.push_back(-1);
+    return;
+  }
+  if (kind == Key::coarse) {
+    w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.dim() << 1) | int64_t{t.numel() == 0});
+    w.push_back(dtype_word(t));
     return;
   }
   w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.device().index() + 1));
@@ -459,22 +472,31 @@ void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
   w.push_back(static_cast<int64_t>(t.storage().nbytes()));
 }
 
-// Appends what meta can see of `v`; false when it cannot be keyed.
-bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
+// Appends `v` to a key; false when it cannot be keyed (symbolic or custom values).
+bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::exact) {
+  const bool exact = kind == Key::exact;
+  auto number = [&](int64_t tag, const void* bits, size_t words) {
+    w.push_back(tag);  // the kind of a number promotes; its value matters to the exact key only
+    for (size_t i = 0; exact && i < words; ++i) {
+      int64_t word;
+      std::memcpy(&word, static_cast<const char*>(bits) + i * sizeof(word), sizeof(word));
+      w.push_back(word);
+    }
+  };
   if (v.isTensor()) {
     w.push_back(1);
-    key_tensor(v.toTensor(), w);
+    key_tensor(v.toTensor(), w, kind);
   } else if (v.isNone()) {
     w.push_back(2);
   } else if (v.isInt()) {
-    w.push_back(3);
-    w.push_back(v.toInt());
+    const int64_t i = v.toInt();
+    number(3, &i, 1);
   } else if (v.isDouble()) {
-    w.push_back(4);
-    double d = v.toDouble();
-    int64_t bits;
-    std::memcpy(&bits, &d, sizeof(bits));
-    w.push_back(bits);
+    const double d = v.toDouble();
+    number(4, &d, 1);
+  } else if (v.isComplexDouble()) {
+    const c10::complex<double> c = v.toComplexDouble();
+    number(12, &c, 2);
   } else if (v.isBool()) {
     w.push_back(5);
     w.push_back(v.toBool());
@@ -482,85 +504,31 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
     w.push_back(6);
     auto l = v.toIntList();
     w.push_back(static_cast<int64_t>(l.size()));
-    for (int64_t x : l) w.push_back(x);
+    if (exact)
+      for (int64_t x : l) w.push_back(x);
   } else if (v.isTensorList()) {
     w.push_back(7);
     auto l = v.toTensorList();
     w.push_back(static_cast<int64_t>(l.size()));
-    for (const at::Tensor& t : l) key_tensor(t, w);
+    for (const at::Tensor& t : l) key_tensor(t, w, kind);
   } else if (v.isList()) {
     w.push_back(8);
     auto l = v.toList();
     w.push_back(static_cast<int64_t>(l.size()));
     for (const c10::IValue& e : l)
-      if (!key_value(e, w)) return false;
+      if (!key_value(e, w, kind)) return false;
   } else if (v.isDevice()) {
     w.push_back(9);
-    w.push_back((static_cast<int64_t>(v.toDevice().type()) << 16) | (v.toDevice().index() + 1));
+    w.push_back((static_cast<int64_t>(v.toDevice().type()) << 16) | (exact ? v.toDevice().index() + 1 : 0));
   } else if (v.isString()) {
     w.push_back(10);
     w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
   } else if (v.isGenerator()) {
     w.push_back(11);
-  } else if (v.isComplexDouble()) {
-    w.push_back(12);
-    c10::complex<double> c = v.toComplexDouble();
-    int64_t bits[2];
-    std::memcpy(bits, &c, sizeof(bits));
-    w.push_back(bits[0]);
-    w.push_back(bits[1]);
   } else {
-    return false;  // symbolic or custom values: not cached
+    return false;
   }
   return true;
-}
-
-// The coarse signature of a call: what the meta kernel and the CPU kernel could
-// disagree on (the operator, dtypes, ranks, empty tensors, which optional
-// arguments are given, flags and strings) without the sizes, strides, offsets
-// and scalar values that change from call to call (a learning rate, a slice).
-void coarse_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
-  if (!t.defined()) {
-    w.push_back(-1);
-    return;
-  }
-  w.push_back((static_cast<int64_t>(t.device().type()) << 16) | (t.dim() << 1) | int64_t{t.numel() == 0});
-  w.push_back(dtype_word(t));
-}
-
-void coarse_value(const c10::IValue& v, std::vector<int64_t>& w) {
-  if (v.isTensor()) {
-    w.push_back(1);
-    coarse_tensor(v.toTensor(), w);
-  } else if (v.isNone()) {
-    w.push_back(2);
-  } else if (v.isInt() || v.isDouble() || v.isComplexDouble()) {
-    w.push_back(v.isInt() ? 3 : v.isDouble() ? 4 : 12);  // the kind promotes; the value does not matter here
-  } else if (v.isBool()) {
-    w.push_back(5);
-    w.push_back(v.toBool());
-  } else if (v.isIntList() || v.isDoubleList()) {
-    w.push_back(6);
-    w.push_back(static_cast<int64_t>(v.toListRef().size()));
-  } else if (v.isTensorList()) {
-    w.push_back(7);
-    auto l = v.toTensorList();
-    w.push_back(static_cast<int64_t>(l.size()));
-    for (const at::Tensor& t : l) coarse_tensor(t, w);
-  } else if (v.isList()) {
-    w.push_back(8);
-    auto l = v.toList();
-    w.push_back(static_cast<int64_t>(l.size()));
-    for (const c10::IValue& e : l) coarse_value(e, w);
-  } else if (v.isDevice()) {
-    w.push_back(9);
-    w.push_back(static_cast<int64_t>(v.toDevice().type()));
-  } else if (v.isString()) {
-    w.push_back(10);
-    w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
-  } else {
-    w.push_back(11);  // a generator (key_value refuses anything else)
-  }
 }
 
 constexpr size_t kMetaCacheCapacity = 16384;
@@ -631,7 +599,7 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
   auto result = compute_meta(op, args, tensor_returns_only);
   if (cacheable) {
     MetaKey coarse{key.op, {}};
-    for (const c10::IValue& v : args) coarse_value(v, coarse.words);
+    for (const c10::IValue& v : args) key_value(v, coarse.words, Key::coarse);
     std::lock_guard<std::mutex> lock(g_meta_mu);
     if (g_meta_cache.size() >= kMetaCacheCapacity) {
       g_meta_cache.clear();
