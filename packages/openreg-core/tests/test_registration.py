@@ -151,6 +151,43 @@ class TestCustomOps(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.count("kernel ran"), 2, r.stdout + r.stderr)
 
+    def test_host_waits_let_queued_python_kernels_run(self):
+        # A Python kernel queued on the stream needs the GIL. A host wait made with the GIL held
+        # (torch's storage copy behind torch.save) never ended, nor did memory_stats() in one thread
+        # while empty_cache() in another waited for the device under the allocator's lock.
+        r = run_python(
+            """
+            import io, threading, time, torch
+
+            @torch.library.custom_op("gil_test::slow", mutates_args=(), device_types="cpu")
+            def slow(x: torch.Tensor, delay: float) -> torch.Tensor:
+                time.sleep(delay)
+                return x * 2 + 1
+
+            @slow.register_fake
+            def _(x, delay):
+                return torch.empty_like(x)
+
+            x = torch.arange(4.0, device="openreg")
+            slow(x, 0.0)  # a signature's first call runs synchronously
+            y = slow(x, 0.2)  # queued
+            print(torch.empty(0).set_(y.untyped_storage().cpu()).tolist())
+            torch.save(slow(x, 0.2), io.BytesIO())
+            big = torch.empty(3_000_000, device="openreg")
+            del big  # a cached segment for empty_cache to release
+            y = slow(x, 0.5)
+            t = threading.Thread(target=torch.openreg.empty_cache)
+            t.start()
+            time.sleep(0.1)  # empty_cache waits for the stream, holding the allocator's lock
+            torch.openreg.memory_stats()
+            t.join()
+            print(y.cpu().tolist())
+            """,
+            timeout=60,
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split("\n")[:2], ["[1.0, 3.0, 5.0, 7.0]", "[1.0, 3.0, 5.0, 7.0]"], r.stdout)
+
     def test_python_custom_op_compiles(self):
         f = torch.compile(lambda t: torch.ops.openreg.scaled_square(t, 2.0) + 1, backend="aot_eager", fullgraph=True)
         x = torch.randn(6)

@@ -22,8 +22,13 @@ py::tuple pack(const OpenRegStream& s) {
   return py::make_tuple(s.id(), s.device_index(), static_cast<int>(c10::DeviceType::PrivateUse1));
 }
 
+// Readers of the allocator release the GIL before they take its lock: a thread holding that lock
+// may be waiting for the device, whose queued Python kernels need the GIL.
 py::dict stats_dict(c10::DeviceIndex device) {
-  const auto stats = allocator::getDeviceStats(device);
+  const auto stats = [&] {
+    py::gil_scoped_release no_gil;
+    return allocator::getDeviceStats(device);
+  }();
   py::dict out;
   const char* pools[] = {"all", "small_pool", "large_pool"};
   auto add = [&](const char* name, const c10::CachingAllocator::StatArray& a) {
@@ -52,8 +57,12 @@ py::dict stats_dict(c10::DeviceIndex device) {
 }
 
 py::list snapshot_list() {
+  const auto snapshot = [] {
+    py::gil_scoped_release no_gil;
+    return allocator::snapshot();
+  }();
   py::list segments;
-  for (const auto& seg : allocator::snapshot()) {
+  for (const auto& seg : snapshot) {
     py::dict d;
     d["device"] = static_cast<int>(seg.device);
     d["address"] = seg.address;
@@ -77,11 +86,23 @@ py::list snapshot_list() {
   return segments;
 }
 
+// A host thread that sleeps waiting for the device lets go of the GIL: kernels written in Python
+// (torch.library custom ops on the generic path) take it on the stream's worker, and a wait made
+// with the GIL held (torch's storage copy, behind torch.save) would otherwise never end.
+void* release_gil_while_waiting() {
+  return Py_IsInitialized() && PyGILState_Check() ? static_cast<void*>(PyEval_SaveThread()) : nullptr;
+}
+
+void take_gil_back(void* state) {
+  if (state != nullptr) PyEval_RestoreThread(static_cast<PyThreadState*>(state));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   // After every static registration of libtorch_openreg (and before any op runs).
   route_structured_ops();
+  OPENREG_CHECK(orSetBlockingWaitHooks(&release_gil_while_waiting, &take_gil_back));
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
   // devices
@@ -157,8 +178,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(d)); });
   m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(d)); });
   m.def("_set_current_stream", [](int64_t id, int d, int) {
-    setCurrentOpenRegStream(
-        OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)));
+    const OpenRegStream stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id));
+    int device = 0;  // an unknown or destroyed stream is refused here, not by every later op on the thread
+    OPENREG_CHECK(orStreamGetDevice(stream.handle(), &device));
+    setCurrentOpenRegStream(stream);
   });
   m.def("_stream_priority", [](int64_t id, int d) {
     return OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).priority();
@@ -184,9 +207,13 @@ PYBIND11_MODULE(_C, m) {
     allocator::emptyCache();
     host_allocator::empty_cache();
   });
-  m.def("_reset_peak_memory_stats", [](int d) { allocator::resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
-  m.def("_reset_accumulated_memory_stats",
-        [](int d) { allocator::resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def(
+      "_reset_peak_memory_stats", [](int d) { allocator::resetPeakStats(static_cast<c10::DeviceIndex>(d)); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_reset_accumulated_memory_stats",
+      [](int d) { allocator::resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); },
+      py::call_guard<py::gil_scoped_release>());
 
   // random
   m.def("_get_default_generator", [](int d) {

@@ -39,6 +39,15 @@ constexpr int kGreatestPriority = -1;
 
 uint64_t spin_ns() { return runtime().spin_ns; }
 
+namespace {
+struct WaitHooks {
+  orBlockingWaitBegin begin;
+  orBlockingWaitEnd end;
+};
+// Replaced as a pair, never freed: a waiter may still hold the previous pair.
+std::atomic<const WaitHooks*> g_wait_hooks{nullptr};
+}  // namespace
+
 void Progress::advance_to(uint64_t v) {
   uint64_t cur = value_.load(std::memory_order_relaxed);
   while (cur < v && !value_.compare_exchange_weak(cur, v, std::memory_order_seq_cst)) {
@@ -60,17 +69,23 @@ void Progress::wait_for(uint64_t v) {
       platform::cpu_relax();
     }
   } while (platform::now_ns() < deadline);
-  std::unique_lock<std::mutex> lock(mu_);
-  targets_.push_back(v);
-  wake_at_.store(std::min(wake_at_.load(std::memory_order_relaxed), v), std::memory_order_seq_cst);
-  while (value_.load(std::memory_order_seq_cst) < v) {
-    cv_.wait(lock);
-    runtime().counters.wait_wakeups.fetch_add(1, std::memory_order_relaxed);
+  // Before the lock: the hook may wait for an interpreter lock of its own when it ends.
+  const WaitHooks* hooks = g_wait_hooks.load(std::memory_order_acquire);
+  void* token = hooks != nullptr ? hooks->begin() : nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    targets_.push_back(v);
+    wake_at_.store(std::min(wake_at_.load(std::memory_order_relaxed), v), std::memory_order_seq_cst);
+    while (value_.load(std::memory_order_seq_cst) < v) {
+      cv_.wait(lock);
+      runtime().counters.wait_wakeups.fetch_add(1, std::memory_order_relaxed);
+    }
+    targets_.erase(std::find(targets_.begin(), targets_.end(), v));
+    uint64_t lowest = UINT64_MAX;
+    for (uint64_t t : targets_) lowest = std::min(lowest, t);
+    wake_at_.store(lowest, std::memory_order_seq_cst);
   }
-  targets_.erase(std::find(targets_.begin(), targets_.end(), v));
-  uint64_t lowest = UINT64_MAX;
-  for (uint64_t t : targets_) lowest = std::min(lowest, t);
-  wake_at_.store(lowest, std::memory_order_seq_cst);
+  if (hooks != nullptr) hooks->end(token);
 }
 
 uint64_t Stream::enqueue(const WorkItem& in) {
@@ -502,6 +517,14 @@ orStatus orKernelFail(const char* message) {
 }
 
 int orInKernel(void) { return t_in_kernel ? 1 : 0; }
+
+orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end) {
+  using openreg::rt::g_wait_hooks;
+  if ((begin == nullptr) != (end == nullptr))
+    return openreg::rt::fail(orErrorInvalidValue, "orSetBlockingWaitHooks needs both hooks or neither");
+  g_wait_hooks.store(begin == nullptr ? nullptr : new openreg::rt::WaitHooks{begin, end}, std::memory_order_release);
+  return orSuccess;
+}
 
 orStatus orStreamBeginCapture(orStream_t stream) {
   if (orStatus st = check_runtime()) return st;

@@ -862,6 +862,39 @@ TEST(stream_launch_returns_before_work_ran) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+namespace wait_hooks {
+std::atomic<int> begun{0}, ended{0};
+int token = 7;
+void* begin() {
+  begun.fetch_add(1);
+  return &token;
+}
+void end(void* t) {
+  if (t == &token) ended.fetch_add(1);
+}
+}  // namespace wait_hooks
+
+// A host thread that sleeps waiting for the device calls the hooks around the sleep (an
+// interpreter releases its lock there), with begin's token, and only then.
+TEST(stream_blocking_wait_hooks) {
+  CHECK_STATUS(orErrorInvalidValue, orSetBlockingWaitHooks(&wait_hooks::begin, nullptr));
+  CHECK_OK(orSetBlockingWaitHooks(&wait_hooks::begin, &wait_hooks::end));
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(openreg::launch(s, "test::sleep", [] { std::this_thread::sleep_for(20ms); }));
+  CHECK_OK(orStreamSynchronize(s));  // longer than the spin: sleeps
+  CHECK(wait_hooks::begun.load() >= 1);
+  CHECK_EQ(wait_hooks::begun.load(), wait_hooks::ended.load());
+  const int before = wait_hooks::begun.load();
+  CHECK_OK(orStreamSynchronize(s));  // nothing queued: no sleep, no hooks
+  CHECK_EQ(wait_hooks::begun.load(), before);
+  CHECK_OK(orSetBlockingWaitHooks(nullptr, nullptr));
+  CHECK_OK(openreg::launch(s, "test::sleep", [] { std::this_thread::sleep_for(20ms); }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(wait_hooks::begun.load(), before);  // removed
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(stream_in_order_execution) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));

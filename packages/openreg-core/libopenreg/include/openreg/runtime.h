@@ -190,6 +190,15 @@ OPENREG_API orStatus orStreamGetPriority(orStream_t stream, int* priority);
 /* The default stream of a given device (what NULL means on that device). */
 OPENREG_API orStatus orDeviceGetDefaultStream(int device, orStream_t* stream);
 
+/* Called around every wait of a host thread that goes to sleep for the device (stream, event and
+ * device synchronisation, synchronous copies, frees that wait for queued work): begin() before
+ * sleeping, end(its result) after waking. An embedding interpreter releases its lock there, so
+ * that kernels which need it can run meanwhile (torch_openreg's kernels written in Python take
+ * the GIL). NULL, NULL removes them. */
+typedef void* (*orBlockingWaitBegin)(void);
+typedef void (*orBlockingWaitEnd)(void* token);
+OPENREG_API orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end);
+
 /* ---- events ---- */
 OPENREG_API orStatus orEventCreate(orEvent_t* event);
 OPENREG_API orStatus orEventCreateWithFlags(orEvent_t* event, unsigned int flags);
