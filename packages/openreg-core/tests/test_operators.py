@@ -389,6 +389,23 @@ class TestGenericPath(TestCase):
         while torch_openreg._C._generic_launches_alive() != baseline and time.monotonic() < deadline:
             time.sleep(0.01)
         self.assertEqual(torch_openreg._C._generic_launches_alive(), baseline)
+        # A thread that ends with its kernels still queued: the worker frees them once they ran.
+        release.set()
+        hold(x)  # a signature's first call runs synchronously
+        release.clear()
+        hold(x)  # keeps the stream busy, so that the threads' kernels are still queued when they end
+        for _ in range(10):
+            t = threading.Thread(target=lambda: [x * 2 + 1 for _ in range(50)])
+            t.start()
+            t.join()
+        queued = torch_openreg._C._generic_launches_alive()
+        release.set()
+        torch.openreg.synchronize()
+        deadline = time.monotonic() + 30
+        while torch_openreg._C._generic_launches_alive() > baseline + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertGreater(queued, baseline + 500)
+        self.assertLessEqual(torch_openreg._C._generic_launches_alive(), baseline + 1)  # + the hold's own
 
     def test_shape_error_matches_cpu(self):
         with self.assertRaisesRegex(RuntimeError, "must match the size"):

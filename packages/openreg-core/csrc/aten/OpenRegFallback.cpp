@@ -213,6 +213,7 @@ struct LaunchStack {
 struct Launch {
   struct Graveyard {
     std::atomic<Launch*> head{nullptr};  // buried by workers
+    std::atomic<bool> orphaned{false};   // its thread has exited: workers free what they bury
     std::vector<Launch*> spare;          // the owning thread's, ready for reuse
   };
   static constexpr size_t kSpares = 128;  // spare launches kept per thread
@@ -240,11 +241,12 @@ struct Launch {
 
   // At its thread's exit a graveyard gives up the launches it kept (a program that starts many
   // short-lived threads would otherwise keep every one's). The graveyard itself stays: launches
-  // still queued then are buried into it later.
+  // still queued then are buried into it later, and freed by the worker that buries them.
   static Graveyard* adopt(Graveyard* g) {
     struct Release {
       Graveyard* g;
       ~Release() {
+        g->orphaned.store(true, std::memory_order_seq_cst);
         take_back(*g);
         for (Launch* l : g->spare) delete l;
         g->spare.clear();
@@ -273,7 +275,7 @@ struct Launch {
   }
 
   static void take_back(Graveyard& g) {
-    for (Launch* l = g.head.exchange(nullptr, std::memory_order_acquire); l != nullptr;) {
+    for (Launch* l = g.head.exchange(nullptr, std::memory_order_seq_cst); l != nullptr;) {
       Launch* next = l->next;
       l->args.clear();  // drops the arguments here, on the thread that made them
       l->targets.clear();
@@ -292,10 +294,19 @@ struct Launch {
   // The runtime's deleter: after the kernel ran (on the worker), or when the launch was refused.
   static void bury(void* p) {
     auto* l = static_cast<Launch*>(p);
-    std::atomic<Launch*>& head = l->home->head;
-    l->next = head.load(std::memory_order_relaxed);
-    while (!head.compare_exchange_weak(l->next, l, std::memory_order_release, std::memory_order_relaxed)) {
+    Graveyard& g = *l->home;
+    l->next = g.head.load(std::memory_order_relaxed);
+    while (!g.head.compare_exchange_weak(l->next, l, std::memory_order_seq_cst, std::memory_order_relaxed)) {
     }
+    // The launching thread has exited: nobody takes its launches back. Sequentially consistent
+    // with its exit (orphaned, then take_back): either that take_back saw this launch, or this
+    // load sees orphaned and the worker frees the list.
+    if (g.orphaned.load(std::memory_order_seq_cst))
+      for (Launch* dead = g.head.exchange(nullptr, std::memory_order_seq_cst); dead != nullptr;) {
+        Launch* next = dead->next;
+        delete dead;
+        dead = next;
+      }
   }
 };
 
