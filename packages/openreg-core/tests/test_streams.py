@@ -33,6 +33,13 @@ class TestStreams(TestCase):
         self.assertEqual(torch.openreg.current_stream(), s)
         torch.openreg.set_stream(torch.openreg.default_stream())
 
+    def test_set_stream_refuses_an_unknown_stream(self):
+        # A made-up stream id used to be accepted, and then every op on the thread failed.
+        with self.assertRaisesRegex(RuntimeError, "invalid openreg stream id 12345"):
+            torch.openreg.set_stream(torch.Stream(stream_id=12345, device_index=0, device_type=20))
+        self.assertEqual(torch.openreg.current_stream(), torch.openreg.default_stream())
+        self.assertEqual((torch.arange(3, device="openreg") + 1).cpu().tolist(), [1, 2, 3])
+
     def test_stream_on_other_device_switches_device(self):
         s1 = torch.openreg.Stream(device=1)
         with torch.openreg.stream(s1):
