@@ -19,6 +19,9 @@
 // records and waits. A destroyed stream keeps its parked worker for reuse.
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "runtime_internal.h"
 
@@ -44,8 +47,11 @@ struct WaitHooks {
   orBlockingWaitBegin begin;
   orBlockingWaitEnd end;
 };
-// Replaced as a pair, never freed: a waiter may still hold the previous pair.
+// Replaced as a pair. A waiter may still hold the previous pair, so none is freed; all stay
+// reachable from g_all_wait_hooks (set once or twice per process: not a leak).
 std::atomic<const WaitHooks*> g_wait_hooks{nullptr};
+std::mutex g_wait_hooks_mu;
+auto* const g_all_wait_hooks = new std::vector<std::unique_ptr<WaitHooks>>();
 }  // namespace
 
 void Progress::advance_to(uint64_t v) {
@@ -522,7 +528,14 @@ orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end
   using openreg::rt::g_wait_hooks;
   if ((begin == nullptr) != (end == nullptr))
     return openreg::rt::fail(orErrorInvalidValue, "orSetBlockingWaitHooks needs both hooks or neither");
-  g_wait_hooks.store(begin == nullptr ? nullptr : new openreg::rt::WaitHooks{begin, end}, std::memory_order_release);
+  const openreg::rt::WaitHooks* hooks = nullptr;
+  if (begin != nullptr) {
+    std::lock_guard<std::mutex> lock(openreg::rt::g_wait_hooks_mu);
+    openreg::rt::g_all_wait_hooks->push_back(
+        std::make_unique<openreg::rt::WaitHooks>(openreg::rt::WaitHooks{begin, end}));
+    hooks = openreg::rt::g_all_wait_hooks->back().get();
+  }
+  g_wait_hooks.store(hooks, std::memory_order_release);
   return orSuccess;
 }
 
