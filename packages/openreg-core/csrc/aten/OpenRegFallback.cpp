@@ -62,6 +62,10 @@ std::atomic<bool> g_strict{false};
 
 const c10::OperatorHandle* out_overload(const c10::OperatorHandle& op);
 
+// An argument or return the operator writes (in place, or out=); a return that is a view of an argument.
+bool is_written(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+bool is_view_return(const c10::Argument& ret) { return ret.alias_info() && !ret.alias_info()->isWrite(); }
+
 // What the generic path needs to know of an operator's schema, worked out once
 // per thread and operator (the map is thread-local: no lock on the hot path).
 struct OpFacts {
@@ -91,7 +95,7 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
         (kind == c10::TypeKind::ListType &&
          r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
   }
-  for (const auto& a : schema.arguments()) f.writes_argument |= a.alias_info() && a.alias_info()->isWrite();
+  for (const auto& a : schema.arguments()) f.writes_argument |= is_written(a);
   f.mutates = f.writes_argument || schema.returns().empty();
   f.out_op = out_overload(op);
   return mine.emplace(&schema, f).first->second;
@@ -345,9 +349,6 @@ void replace_devices(c10::IValue* args, size_t n, c10::Device device) {
 }
 
 void replace_devices(Stack& args, c10::Device device) { replace_devices(args.data(), args.size(), device); }
-
-bool is_view_return(const c10::Argument& ret) { return ret.alias_info() && !ret.alias_info()->isWrite(); }
-bool is_write_return(const c10::Argument& ret) { return ret.alias_info() && ret.alias_info()->isWrite(); }
 
 // Index of the argument a returned alias belongs to.
 int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret) {
@@ -663,7 +664,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       for (size_t i = 0; i < kernel_args.size(); ++i) {
         const auto& ret = schema.returns()[i];
         bool moved = false;
-        if (is_write_return(ret)) {
+        if (is_written(ret)) {
           const at::Tensor want = kernel_tensor(originals[aliased_argument(schema, ret)].toTensor());
           const at::Tensor& got = kernel_args[i].toTensor();
           moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
@@ -697,7 +698,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   };
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& ret = schema.returns()[i];
-    if (is_view_return(ret) || is_write_return(ret)) {
+    if (is_view_return(ret) || is_written(ret)) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
       if (is_view_return(ret) && !state->moved[i]) {
         stack->push_back(view_like(base, results[i].toTensor()));
@@ -830,8 +831,6 @@ bool is_index_list(const c10::Argument& a) {
   return a.name() == "indices" && a.type()->kind() == c10::TypeKind::ListType;
 }
 
-bool is_written(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
-
 // The device of an op call: every openreg tensor must be on the same one, and any
 // other tensor may only be a CPU scalar (0-dim) that the op reads, as on CUDA. A call that reached
 // openreg only through its generator (torch.randn(3, generator=openreg_generator))
@@ -914,8 +913,7 @@ Stack take_arguments(Stack* stack, size_t n) {
 bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   c10::SmallVector<std::pair<const void*, c10::TensorImpl*>, 4> written;  // by storage address
   for (size_t i = 0; i < args.size(); ++i) {
-    const auto* alias = schema.arguments()[i].alias_info();
-    if (alias && alias->isWrite())
+    if (is_written(schema.arguments()[i]))
       for_each_tensor(args[i], [&](const at::Tensor& t) {
         if (t.defined() && t.has_storage() && t.storage().data() != nullptr)
           written.emplace_back(t.storage().data(), t.unsafeGetTensorImpl());
@@ -925,8 +923,7 @@ bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c1
   std::sort(written.begin(), written.end());
   bool overlaps = false;
   for (size_t i = 0; i < args.size() && !overlaps; ++i) {
-    const auto* alias = schema.arguments()[i].alias_info();
-    if (alias && alias->isWrite()) continue;
+    if (is_written(schema.arguments()[i])) continue;
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (overlaps || !t.defined() || !t.has_storage()) return;
       const auto same_storage =
@@ -996,7 +993,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
         for (const Geometry& g : geometries) views.push_back(view_like(base, g));
         outputs.push_back(views);
       }
-    } else if (is_write_return(ret)) {
+    } else if (is_written(ret)) {
       needs_kernel = true;
       const at::Tensor& target = args[aliased_argument(schema, ret)].toTensor();
       if (target.sizes() != c10::IntArrayRef(geometries[0].sizes))  // out= resized: as the meta kernel laid it out
@@ -1060,7 +1057,7 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& 
       match = same_argument(f.arguments()[i], o.arguments()[i]);
     for (size_t i = f.arguments().size(); match && i < o.arguments().size(); ++i) {
       const auto& a = o.arguments()[i];
-      match = a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite() && a.type()->str() == "Tensor";
+      match = a.kwarg_only() && is_written(a) && a.type()->str() == "Tensor";
     }
     if (match) return candidate;
   }
@@ -1100,7 +1097,7 @@ size_t route_structured_ops() {
           continue;                                      // not structured, or openreg has a kernel of its own
         if (op.hasTag(at::Tag::inplace_view)) continue;  // transpose_, as_strided_, ...: metadata only
         const auto& schema = op.schema();
-        bool in_place = schema.returns().size() == 1 && is_write_return(schema.returns()[0]);
+        bool in_place = schema.returns().size() == 1 && is_written(schema.returns()[0]);
         bool tensor_returns = !schema.returns().empty();
         for (const auto& r : schema.returns())
           tensor_returns &= r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr;
