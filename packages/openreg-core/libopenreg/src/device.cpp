@@ -30,6 +30,16 @@ bool parse_whole(const char* text, long lo, long hi, long* out) {
   return true;
 }
 
+// Reads the whole number in environment variable `name`, from `lo` to `hi`, into `out` (left as
+// it is when unset). A malformed value sets `error`, naming the variable; `unit` says what it counts.
+void read_whole_env(const char* name, long lo, long hi, const char* unit, long* out, std::string* error) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return;
+  if (!parse_whole(env, lo, hi, out))
+    *error = std::string(name) + "='" + env + "' is not a whole number" + unit + " from " + std::to_string(lo) +
+             " to " + std::to_string(hi);
+}
+
 // Parses "123", "512M", "4G", "64K" (binary units). Returns false when malformed.
 bool parse_bytes(const char* text, size_t* out) {
   char* end = nullptr;
@@ -69,16 +79,10 @@ void mark_forked() { g_forked.store(true); }
 
 Runtime* create_runtime() {
   auto* rt = new Runtime();
-  rt->device_count = kDefaultDeviceCount;
+  long count = kDefaultDeviceCount;
+  read_whole_env("OPENREG_DEVICE_COUNT", 1, kMaxDeviceCount, "", &count, &rt->config_error);
+  rt->device_count = static_cast<int>(count);
   rt->capacity = kDefaultCapacity;
-  if (const char* env = std::getenv("OPENREG_DEVICE_COUNT")) {
-    long n = 0;
-    if (!parse_whole(env, 1, kMaxDeviceCount, &n))
-      rt->config_error = "OPENREG_DEVICE_COUNT='" + std::string(env) + "' is not a whole number from 1 to " +
-                         std::to_string(kMaxDeviceCount);
-    else
-      rt->device_count = static_cast<int>(n);
-  }
   if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
     size_t bytes = 0;
     if (!parse_bytes(env, &bytes))
@@ -86,15 +90,9 @@ Runtime* create_runtime() {
     else
       rt->capacity = (bytes + platform::page_size() - 1) / platform::page_size() * platform::page_size();
   }
-  rt->spin_ns = kDefaultSpinUs * 1000;
-  if (const char* env = std::getenv("OPENREG_SPIN_US")) {
-    long us = 0;
-    if (!parse_whole(env, 0, kMaxSpinUs, &us))
-      rt->config_error = "OPENREG_SPIN_US='" + std::string(env) + "' is not a whole number of microseconds from 0 to " +
-                         std::to_string(kMaxSpinUs);
-    else
-      rt->spin_ns = static_cast<uint64_t>(us) * 1000;
-  }
+  long spin_us = kDefaultSpinUs;
+  read_whole_env("OPENREG_SPIN_US", 0, kMaxSpinUs, " of microseconds", &spin_us, &rt->config_error);
+  rt->spin_ns = static_cast<uint64_t>(spin_us) * 1000;
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
   platform::on_fork_child(mark_forked);
