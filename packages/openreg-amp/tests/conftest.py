@@ -1,21 +1,8 @@
 """Shared helpers for openreg-amp's tests."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
-
-
-def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh interpreter (plugin selection is fixed at import time)."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=timeout
-    )
+from torch_openreg.utils.testing import run_python  # noqa: F401  (used by the tests)
 
 
 @pytest.fixture(autouse=True)

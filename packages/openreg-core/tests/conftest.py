@@ -1,26 +1,16 @@
 """Shared helpers for openreg-core's tests."""
 
 import os
-import subprocess
-import sys
-import textwrap
+from typing import Optional
 
 import pytest
 import torch
+from torch_openreg.utils.testing import run_python as _run_python
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_python(code: str, env: Optional[dict] = None, timeout: float = 120):
     """Runs `code` in a fresh interpreter (for autoload, fork, faults and env-dependent behaviour)."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=os.path.dirname(__file__),
-    )
+    return _run_python(code, env=env, timeout=timeout, cwd=os.path.dirname(__file__))
 
 
 @pytest.fixture(autouse=True)
