@@ -40,6 +40,35 @@ class TestStreams(TestCase):
         self.assertEqual(torch.openreg.current_stream(), torch.openreg.default_stream())
         self.assertEqual((torch.arange(3, device="openreg") + 1).cpu().tolist(), [1, 2, 3])
 
+    def test_raw_stream_handles(self):
+        """The runtime handle that compiled code launches on: per stream, per device, following the
+        thread's current stream; the C ABI (openregCurrentStream) answers the same, NULL for a bad device."""
+        import ctypes
+        import os
+
+        import torch_openreg
+
+        lib = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libtorch_openreg.so"))
+        lib.openregCurrentStream.restype = ctypes.c_void_p
+        lib.openregCurrentStream.argtypes = [ctypes.c_int]
+        default0 = torch.openreg.default_stream(0).openreg_stream
+        default1 = torch.openreg.default_stream(1).openreg_stream
+        self.assertNotEqual(default0, 0)
+        self.assertNotEqual(default0, default1)
+        self.assertEqual(torch.openreg.current_raw_stream(), default0)
+        self.assertEqual(torch.openreg.current_raw_stream(1), default1)
+        self.assertEqual(lib.openregCurrentStream(-1), default0)
+        s = torch.openreg.Stream(device=1)
+        self.assertNotIn(s.openreg_stream, (default0, default1))
+        with torch.openreg.stream(s):
+            self.assertEqual(torch.openreg.current_raw_stream(), s.openreg_stream)
+            self.assertEqual(lib.openregCurrentStream(-1), s.openreg_stream)
+            self.assertEqual(lib.openregCurrentStream(0), default0)
+        self.assertEqual(torch.openreg.current_raw_stream(1), default1)
+        self.assertIsNone(lib.openregCurrentStream(99))
+        with self.assertRaisesRegex(RuntimeError, "99"):
+            torch.openreg.current_raw_stream(99)
+
     def test_stream_on_other_device_switches_device(self):
         s1 = torch.openreg.Stream(device=1)
         with torch.openreg.stream(s1):

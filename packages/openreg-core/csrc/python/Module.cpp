@@ -183,6 +183,14 @@ PYBIND11_MODULE(_C, m) {
     OPENREG_CHECK(orStreamGetDevice(stream.handle(), &device));
     setCurrentOpenRegStream(stream);
   });
+  // The runtime handle (orStream_t as an integer) of a stream and of the current one: what compiled
+  // code passes to orLaunchKernel (openreg-inductor's wrapper asks once per graph).
+  m.def("_stream_handle", [](int64_t id, int d) {
+    return reinterpret_cast<uintptr_t>(
+        OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).handle());
+  });
+  m.def("_current_raw_stream",
+        [](int d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(static_cast<c10::DeviceIndex>(d)).handle()); });
   m.def("_stream_priority", [](int64_t id, int d) {
     return OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).priority();
   });

@@ -1,5 +1,7 @@
 #include "OpenRegStream.h"
 
+#include "OpenRegCApi.h"
+
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -121,3 +123,11 @@ orStream_t current_stream_handle(c10::DeviceIndex device) { return handle_of(dev
 std::ostream& operator<<(std::ostream& os, const OpenRegStream& s) { return os << s.unwrap(); }
 
 }  // namespace c10::openreg
+
+extern "C" orStream_t openregCurrentStream(int device) {
+  try {
+    return c10::openreg::getCurrentOpenRegStream(static_cast<c10::DeviceIndex>(device)).handle();
+  } catch (...) {  // a C caller cannot catch: an invalid device gives NULL
+    return nullptr;
+  }
+}

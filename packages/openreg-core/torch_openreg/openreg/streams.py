@@ -40,6 +40,12 @@ class Stream(torch.Stream):
         return event
 
     @property
+    def openreg_stream(self) -> int:
+        """The runtime handle (``orStream_t``) of this stream as an integer, as ``cuda_stream`` is for
+        CUDA: what native code passes to ``orLaunchKernel``."""
+        return _C._stream_handle(self.stream_id, self.device_index)
+
+    @property
     def priority(self) -> int:
         """The stream's priority."""
         return _C._stream_priority(self.stream_id, self.device_index)
@@ -88,6 +94,13 @@ class Event(torch.Event):
 def current_stream(device: _DeviceLike = None) -> Stream:
     """The current stream of an openreg device, for this thread."""
     return _wrap(_C._get_current_stream(_get_device_index(device)))
+
+
+def current_raw_stream(device: _DeviceLike = None) -> int:
+    """The runtime handle of the current stream of an openreg device, for this thread, as an integer
+    (``current_stream(device).openreg_stream`` without building a Stream): compiled code asks it
+    once per call. C code gets the same from ``openregCurrentStream`` (``runtime/OpenRegCApi.h``)."""
+    return _C._current_raw_stream(_get_device_index(device))
 
 
 def default_stream(device: _DeviceLike = None) -> Stream:
