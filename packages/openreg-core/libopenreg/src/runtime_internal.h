@@ -55,6 +55,12 @@ class Progress {
 };
 
 // ---- handle tables ----
+// Whether a released object may be recycled yet (see HandleTable::release); overloaded per type.
+template <typename T>
+bool reusable(const T&) {
+  return true;
+}
+
 template <typename T>
 class HandleTable {
  public:
@@ -64,6 +70,7 @@ class HandleTable {
   // Returns a fresh or recycled object and its handle value.
   T* acquire(uintptr_t* handle) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) sweep_released();
     uint32_t index;
     if (!free_.empty()) {
       index = free_.back();
@@ -95,18 +102,33 @@ class HandleTable {
     return &slot.object;
   }
 
-  // Marks the handle dead; the object is recycled by a later acquire().
+  // Marks the handle dead at once: lookups of it fail from now on. The object is recycled by a
+  // later acquire() once reusable(object) holds (a destroyed event still has records queued that
+  // write to it, and waits that read it): release never waits for the device.
   bool release(uintptr_t handle) {
     std::lock_guard<std::mutex> lock(mu_);
     T* obj = lookup(handle);
     if (obj == nullptr) return false;
     uint32_t index = static_cast<uint32_t>(handle & 0xffffffffu) - 1;
     slot_at(index).generation.fetch_add(1, std::memory_order_acq_rel);
-    free_.push_back(index);
+    released_.push_back(index);
     return true;
   }
 
  private:
+  // Under mu_: moves the released objects that may be reused to the free list. Run only when the
+  // free list is empty, so its cost is shared by the acquires it makes room for.
+  void sweep_released() {
+    size_t kept = 0;
+    for (uint32_t index : released_) {
+      if (reusable(slot_at(index).object))
+        free_.push_back(index);
+      else
+        released_[kept++] = index;
+    }
+    released_.resize(kept);
+  }
+
   struct Slot {
     std::atomic<uint32_t> generation{0};
     T object;
@@ -117,6 +139,7 @@ class HandleTable {
   std::array<std::atomic<Slot*>, kChunks> chunks_{};
   uint32_t size_ = 0;
   std::vector<uint32_t> free_;
+  std::vector<uint32_t> released_;  // dead handles whose objects may still be in use
 };
 
 // ---- streams ----
@@ -194,6 +217,10 @@ struct Event {
   Progress completed;                 // generation that last ran
   std::atomic<uint64_t> time_ns{0};   // when the last record ran
 };
+
+// A destroyed event's slot is recycled only after its queued records ran: orEventCreate marks a
+// recycled slot complete, which would release waiters on a record that has not run yet.
+inline bool reusable(const Event& e) { return e.completed.value() >= e.recorded.load(); }
 
 // ---- devices ----
 struct Device {

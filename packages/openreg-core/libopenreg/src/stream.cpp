@@ -419,10 +419,10 @@ orStatus orEventDestroy(orEvent_t event) {
   if (orStatus st = check_runtime()) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
-  // Wait for queued records before the slot can be recycled: orEventCreate on a
-  // recycled slot marks it complete, which would release waiters on a record
-  // that has not run yet.
-  e->completed.wait_for(e->recorded.load());
+  // Returns at once, as cudaEventDestroy does: the handle dies now, and the slot is recycled
+  // only once its queued records ran (see reusable(const Event&)), so work already queued that
+  // records or waits on the event is unaffected.
+  (void)e;
   if (!runtime().events.release(reinterpret_cast<uintptr_t>(event)))
     return fail(orErrorInvalidResourceHandle, "the event is unknown or was destroyed");
   return orSuccess;

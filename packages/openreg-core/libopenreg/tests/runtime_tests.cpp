@@ -1409,6 +1409,57 @@ TEST(event_destroyed_and_invalid_handles) {
   CHECK_OK(orEventDestroy(other));
 }
 
+TEST(event_destroy_does_not_wait_for_its_records) {
+  // cudaEventDestroy returns at once and the event's resources go when its recorded work is done;
+  // collective backends create and drop events per operation, so a waiting destroy would make every
+  // collective synchronous. If orEventDestroy waited here, the gate would fail the test.
+  orStream_t a = nullptr, b = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  Gate gate;
+  int shared_value = 0;
+  int observed = -1;
+  CHECK_OK(openreg::launch(a, "test::producer", [&] {
+    gate.wait();
+    shared_value = 7;
+  }));
+  orEvent_t waited = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&waited, orEventDisableTiming));
+  CHECK_OK(orEventRecord(waited, a));
+  CHECK_OK(orStreamWaitEvent(b, waited, 0));
+  CHECK_OK(openreg::launch(b, "test::consumer", [&] { observed = shared_value; }));
+  CHECK_OK(orEventDestroy(waited));
+  std::vector<orEvent_t> events(1000);
+  for (orEvent_t& ev : events) {
+    CHECK_OK(orEventCreate(&ev));
+    CHECK_OK(orEventRecord(ev, a));
+  }
+  for (orEvent_t ev : events) CHECK_OK(orEventDestroy(ev));
+  // The destroyed handles are dead at once, and their slots are not recycled while records are
+  // queued: a recycled slot is marked complete, which would let b's wait run early.
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventQuery(waited));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventQuery(events[0]));
+  std::vector<orEvent_t> fresh(1001);
+  for (orEvent_t& ev : fresh) {
+    CHECK_OK(orEventCreate(&ev));
+    CHECK_OK(orEventQuery(ev));  // never recorded
+  }
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(b));
+  gate.release();
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK_EQ(observed, 7);
+  // Once the records ran, the slots are recycled as fresh events.
+  for (orEvent_t ev : fresh) CHECK_OK(orEventDestroy(ev));
+  for (int i = 0; i < 3000; ++i) {
+    orEvent_t ev = nullptr;
+    CHECK_OK(orEventCreate(&ev));
+    CHECK_OK(orEventQuery(ev));
+    CHECK_OK(orEventDestroy(ev));
+  }
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+}
+
 // ===========================================================================
 // Errors
 
