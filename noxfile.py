@@ -3,6 +3,7 @@
     nox -s tests        everything: builds openreg-core once, then every test session
     nox -s core         core's PyTorch tests (packages/openreg-core/tests)
     nox -s amp          openreg-amp's tests (packages/openreg-amp/tests)
+    nox -s quant        openreg-quant's tests (packages/openreg-quant/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
     nox -s lint         ruff and clang-format (not part of `tests`)
@@ -43,7 +44,7 @@ LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
 CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
 # Plugin packages built by `build` (folder -> distribution file prefix).
-PLUGINS = {"openreg-amp": "openreg_amp"}
+PLUGINS = {"openreg-amp": "openreg_amp", "openreg-quant": "openreg_quant"}
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -152,6 +153,19 @@ def amp(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "packages" / "openreg-amp" / "tests"), *session.posargs)
 
 
+# The torchao minor version openreg-quant is tested with (its metadata names no torch: --no-deps).
+TORCHAO = "torchao==0.18.0"
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def quant(session: nox.Session) -> None:
+    """openreg-quant's tests (decomposed q/dq kernels, fused int8 ops, PT2E lowering, plugin loading),
+    against the built core and quant wheels."""
+    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_quant",))
+    session.install("--no-deps", TORCHAO)
+    session.run("pytest", str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
+
+
 @nox.session(python=PYTHON, requires=["build"])
 def packaging(session: nox.Session) -> None:
     """Checks what the wheel and the sdist in dist/ contain, and that the installed wheel imports."""
@@ -160,7 +174,8 @@ def packaging(session: nox.Session) -> None:
 
 
 @nox.session(
-    python=PYTHON, requires=["core", "amp", "runtime", "runtime_asan", "runtime_tsan", "packaging", "docs", "bench"]
+    python=PYTHON,
+    requires=["core", "amp", "quant", "runtime", "runtime_asan", "runtime_tsan", "packaging", "docs", "bench"],
 )
 def tests(session: nox.Session) -> None:
     """Everything: the test sessions it requires, then the cross-package scenarios in tests/scenarios."""

@@ -1,7 +1,36 @@
-"""openreg-quant: int8 quantization for openreg. Not implemented yet.
+"""openreg-quant: int8 quantization kernels for the openreg device.
 
-int8 quantize/dequantize and quantized kernels on openreg, and a PT2E flow (torchao)
-that lowers to them.
+Installed, it is loaded by openreg-core's plugin discovery (entry point ``quant`` in
+the ``torch_openreg.plugins`` group) right after ``import torch`` has set up the
+device; ``import openreg_quant`` also works and loads core first.
 
-This package is a placeholder: importing it registers nothing.
+Loading the C++ extension registers, for openreg:
+
+- native kernels for the ``quantized_decomposed`` operators that PT2E graphs and
+  torchao use (quantize/dequantize per tensor, per channel and per token, and the
+  choose_qparams family): argument checks on the host, one asynchronous launch,
+  results bit-exact with the decomposition (``csrc/decomposed/``);
+
+Importing the package also defines the ``quantized_decomposed`` schemas (Python
+owns that namespace), so ``torch.ops.quantized_decomposed.*`` exist right away.
+See ``docs/mechanisms/quantization.md`` in the repository.
 """
+
+import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
+
+from . import _C  # noqa: F401  (static registrations run when the library loads)
+
+__version__ = "0.1.0"
+
+
+def _define_decomposed_schemas() -> None:
+    """Python owns the quantized_decomposed namespace our kernels implement; defining it here makes
+    torch.ops.quantized_decomposed.* exist after import (the C++ kernels win either way)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+
+_define_decomposed_schemas()
+
+
+def _load() -> None:
+    """Entry point of core's plugin group: importing the package did the work."""

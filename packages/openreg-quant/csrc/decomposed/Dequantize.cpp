@@ -1,0 +1,193 @@
+// quantized_decomposed dequantize ops as native openreg kernels: per tensor
+// (.default, .tensor, .tensor2), per channel (any axis), per token. Same shape
+// as Quantize.cpp: host checks, output like the meta kernel, one launch; a
+// fused loop for the common types, the decomposition's ATen ops otherwise.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "Loops.h"
+#include "Params.h"
+
+namespace openreg_quant {
+namespace {
+
+// ---- per tensor ----
+
+at::Tensor dequantize_per_tensor_impl(const at::Tensor& input, ScalarParam scale, ScalarParam zp, c10::ScalarType dtype,
+                                      std::optional<c10::ScalarType> out_dtype, const char* name) {
+  TORCH_CHECK(input.scalar_type() == dtype, "Expecting input to have dtype: ", py_dtype(dtype), ", but got ",
+              py_dtype(input.scalar_type()));
+  const c10::ScalarType out_t = dequantize_out_dtype(out_dtype, name);
+  int64_t lo = 0, hi = 0;
+  TORCH_CHECK_VALUE(qvalue_bounds(dtype, lo, hi), "Unsupported dtype in dequantize_per_tensor: ", py_dtype(dtype));
+  at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
+  if (input.numel() == 0) return out;
+  OPENREG_CHECK(::openreg::launch(
+      stream_of(input), name, [x_arg = KernelTensorArg(input), y_arg = KernelTensorArg(out), scale, zp] {
+        const c10::Scalar s = scale.get(), z = zp.get();
+        at::Tensor x = x_arg.materialize(), y = y_arg.materialize();
+        bool fused = false;
+        visit_ftype(
+            y.scalar_type(),
+            [&](auto out_v) {
+              fused = visit_qtype(x.scalar_type(), [&](auto in_v) {
+                FlatPair p(x, y);
+                dequantize_tensor_loop<decltype(in_v), decltype(out_v)>(p.x, p.y, s.toDouble(), z.toDouble());
+                p.finish();
+              });
+            },
+            /*with_double=*/true);
+        if (!fused) y.copy_((x.to(y.scalar_type()) - z) * s);
+      }));
+  return out;
+}
+
+at::Tensor dequantize_per_tensor(const at::Tensor& input, double scale, int64_t zero_point, int64_t quant_min,
+                                 int64_t quant_max, at::ScalarType dtype, std::optional<at::ScalarType> out_dtype) {
+  return dequantize_per_tensor_impl(input, ScalarParam::of(scale), ScalarParam::of(zero_point), dtype, out_dtype,
+                                    "quantized_decomposed::dequantize_per_tensor");
+}
+
+at::Tensor dequantize_per_tensor_tensor(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
+                                        int64_t quant_min, int64_t quant_max, at::ScalarType dtype,
+                                        std::optional<at::ScalarType> out_dtype) {
+  const char* name = "quantized_decomposed::dequantize_per_tensor.tensor";
+  check_one_element(scale, zero_point);
+  return dequantize_per_tensor_impl(input, ScalarParam::of(scale, input, "scale", name),
+                                    ScalarParam::of(zero_point, input, "zero_point", name), dtype, out_dtype, name);
+}
+
+// quant_min/quant_max are metadata here (the decomposition does not read them either).
+at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
+                                         const at::Tensor& quant_min, const at::Tensor& quant_max, at::ScalarType dtype,
+                                         std::optional<at::ScalarType> out_dtype) {
+  const char* name = "quantized_decomposed::dequantize_per_tensor.tensor2";
+  check_one_element(scale, zero_point);
+  return dequantize_per_tensor_impl(input, ScalarParam::of(scale, input, "scale", name),
+                                    ScalarParam::of(zero_point, input, "zero_point", name), dtype, out_dtype, name);
+}
+
+// ---- per channel and per token: one (scale, zero point) per group of elements ----
+
+// Launches the fused loop (or, when `fusable` is false or the types are not the loops',
+// `reference` on the kernel views). `groups`/`inner` follow for_each_group; with
+// `axis` >= 0 the inner size is the (flattened) input's stride along that axis.
+template <typename Ref>
+void launch_dequantize_groups(const char* name, const at::Tensor& input, const at::Tensor& out,
+                              const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis, bool fusable,
+                              Ref reference) {
+  std::optional<KernelTensorArg> z_arg;
+  if (zero_points.defined()) z_arg.emplace(zero_points);
+  OPENREG_CHECK(::openreg::launch(
+      stream_of(input), name,
+      [x_arg = KernelTensorArg(input), y_arg = KernelTensorArg(out), s_arg = KernelTensorArg(scales), z_arg, axis,
+       fusable, reference] {
+        at::Tensor x = x_arg.materialize(), y = y_arg.materialize(), s = s_arg.materialize();
+        at::Tensor z = z_arg ? z_arg->materialize() : at::Tensor();
+        bool fused = false;
+        if (fusable) {
+          visit_ftype(
+              y.scalar_type(),
+              [&](auto out_v) {
+                fused = visit_qtype(x.scalar_type(), [&](auto in_v) {
+                  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "openreg_quant_dequantize_groups", [&] {
+                    const at::Tensor sc = s.reshape(-1).contiguous();
+                    const at::Tensor zp = z.defined() ? z.to(s.scalar_type()).reshape(-1).contiguous()
+                                                      : at::zeros({sc.numel()}, sc.options());
+                    FlatPair p(x, y, /*contiguous=*/axis < 0);
+                    const int64_t groups = sc.numel();
+                    const int64_t inner =
+                        axis >= 0 ? (groups == 1 ? 1 : p.x.stride(axis)) : (x.dim() == 0 ? 1 : x.size(-1));
+                    dequantize_group_loop<decltype(in_v), decltype(out_v), scalar_t>(
+                        p.x, p.y, sc.const_data_ptr<scalar_t>(), zp.const_data_ptr<scalar_t>(), groups, inner);
+                    p.finish();
+                  });
+                });
+              },
+              /*with_double=*/true);
+        }
+        if (!fused) y.copy_(reference(x, s, z, y.scalar_type()));
+      }));
+}
+
+at::Tensor dequantize_per_channel(const at::Tensor& input, const at::Tensor& scales,
+                                  const std::optional<at::Tensor>& zero_points_opt, int64_t axis, int64_t quant_min,
+                                  int64_t quant_max, at::ScalarType dtype, std::optional<at::ScalarType> out_dtype) {
+  const char* name = "quantized_decomposed::dequantize_per_channel";
+  const at::Tensor zero_points = zero_points_opt.value_or(at::Tensor());
+  TORCH_CHECK(input.scalar_type() == dtype, "Expecting input to have dtype: ", py_dtype(dtype),
+              ", but got dtype: ", py_dtype(input.scalar_type()));
+  const c10::ScalarType out_t = dequantize_out_dtype(out_dtype, name);
+  TORCH_CHECK(axis < input.dim(), "Expecting axis to be < ", input.dim());
+  TORCH_CHECK_INDEX(axis >= -input.dim(), "axis ", axis, " is out of range for a tensor of ", input.dim(),
+                    " dimensions.");
+  if (axis < 0) axis += input.dim();
+  check_bounds(quant_min, quant_max, dtype);
+  check_on_device(scales, input, "scales", name);
+  TORCH_CHECK(scales.dim() >= 1, name, ": scales must have at least one dimension, got a 0-dim tensor.");
+  const int64_t n = scales.size(0), channels = input.size(axis);
+  TORCH_CHECK(scales.numel() == n && (n == channels || n == 1), name, ": scales must hold one value per channel (",
+              channels, " along axis ", axis, "), got shape ", py_size(scales.sizes()), ".");
+  TORCH_CHECK(c10::isFloatingType(scales.scalar_type()), name, ": scales must be floating point, got ",
+              py_dtype(scales.scalar_type()), ".");
+  if (zero_points.defined()) {
+    check_on_device(zero_points, input, "zero_points", name);
+    TORCH_CHECK(zero_points.numel() == n, name, ": zero_points must hold as many values as scales (", n, "), got ",
+                zero_points.numel(), ".");
+  }
+  at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
+  if (input.numel() == 0) return out;
+  const auto T = scales.scalar_type();
+  const bool fusable = (T == at::kFloat || T == at::kDouble) && n == channels && fused_zero_point(zero_points, T);
+  launch_dequantize_groups(
+      name, input, out, scales, zero_points, axis, fusable,
+      [axis](const at::Tensor& x, const at::Tensor& s, const at::Tensor& z, c10::ScalarType out_t) {
+        std::vector<int64_t> perm(x.dim()), shape(x.dim(), 1);
+        for (int64_t i = 0; i < x.dim(); ++i) perm[i] = i;
+        std::swap(perm[0], perm[axis]);
+        shape[0] = s.size(0);
+        at::Tensor xp = x.permute(perm);
+        at::Tensor r = z.defined() ? (xp - z.view(shape)) * s.view(shape) : xp * s.view(shape);
+        return r.to(out_t).permute(perm);
+      });
+  return out;
+}
+
+at::Tensor dequantize_per_token(const at::Tensor& input, const at::Tensor& scales, const at::Tensor& zero_points,
+                                int64_t quant_min, int64_t quant_max, at::ScalarType dtype,
+                                at::ScalarType output_dtype) {
+  const char* name = "quantized_decomposed::dequantize_per_token";
+  check_bounds(quant_min, quant_max, dtype);
+  const c10::ScalarType out_t = dequantize_out_dtype(output_dtype, name);
+  check_on_device(scales, input, "scales", name);
+  check_on_device(zero_points, input, "zero_points", name);
+  at::infer_size(input.sizes(), at::infer_size(scales.sizes(), zero_points.sizes()));
+  at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
+  if (input.numel() == 0) return out;
+  const auto T = scales.scalar_type();
+  auto per_row = [&](const at::Tensor& p) {
+    if (p.dim() != input.dim() || input.dim() == 0 || p.size(-1) != 1) return false;
+    for (int64_t d = 0; d + 1 < input.dim(); ++d)
+      if (p.size(d) != input.size(d)) return false;
+    return true;
+  };
+  const bool fusable = (T == at::kFloat || T == at::kDouble) && per_row(scales) && per_row(zero_points) &&
+                       fused_zero_point(zero_points, T);
+  launch_dequantize_groups(name, input, out, scales, zero_points, /*axis=*/-1, fusable,
+                           [](const at::Tensor& x, const at::Tensor& s, const at::Tensor& z, c10::ScalarType out_t) {
+                             return ((x - z) * s).to(out_t);
+                           });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(quantized_decomposed, PrivateUse1, m) {
+  m.impl("dequantize_per_tensor", TORCH_FN(dequantize_per_tensor));
+  m.impl("dequantize_per_tensor.tensor", TORCH_FN(dequantize_per_tensor_tensor));
+  m.impl("dequantize_per_tensor.tensor2", TORCH_FN(dequantize_per_tensor_tensor2));
+  m.impl("dequantize_per_channel", TORCH_FN(dequantize_per_channel));
+  m.impl("dequantize_per_token", TORCH_FN(dequantize_per_token));
+}
+
+}  // namespace openreg_quant

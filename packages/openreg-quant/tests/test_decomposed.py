@@ -1,0 +1,390 @@
+"""The quantized_decomposed ops on openreg (csrc/decomposed/): bit-exact with the decomposition on
+the CPU over dtypes, axes and layouts; the decomposition's argument errors at the call; one native
+launch per call, no generic path, no host wait."""
+
+import threading
+
+import torch
+from torch.testing._internal.common_utils import TestCase
+
+qd = torch.ops.quantized_decomposed
+BOUNDS = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767), torch.uint16: (0, 65535)}
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+# A kernel that keeps its stream busy until `release` is set (at most 10 s): a call made meanwhile
+# that returns before it was set did not wait for the device.
+release = threading.Event()
+
+
+@torch.library.custom_op("openreg_quant_test::hold", mutates_args=(), device_types="cpu")
+def hold(x: torch.Tensor) -> torch.Tensor:
+    release.wait(10)
+    return x.clone()
+
+
+@hold.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def layouts(x: torch.Tensor):
+    """x in several layouts with the same values: contiguous, transposed, strided slice, channels-last."""
+    out = [x, x.transpose(0, -1).contiguous().transpose(0, -1), x[..., ::2]]
+    if x.dim() == 4:
+        out.append(x.contiguous(memory_format=torch.channels_last))
+    return out
+
+
+def ties(n: int, dtype=torch.float32) -> torch.Tensor:
+    """Values whose x / 0.5 lies exactly halfway between integers (and random ones)."""
+    k = torch.arange(-n, n, dtype=torch.float32)
+    return torch.cat([k * 0.5 + 0.25, torch.randn(2 * n) * 20]).reshape(4, -1).to(dtype)
+
+
+class QuantTestCase(TestCase):
+    def assertSame(self, got: torch.Tensor, want: torch.Tensor, msg=None):
+        """Bit-exact, same dtype and shape, on openreg."""
+        self.assertEqual(got.device.type, "openreg", msg=msg)
+        self.assertEqual(got.dtype, want.dtype, msg=msg)
+        self.assertEqual(got.shape, want.shape, msg=msg)
+        g = got.cpu()
+        self.assertTrue(torch.equal(g, want), msg=f"{msg}: {g} != {want}")
+
+
+class TestPerTensor(QuantTestCase):
+    def test_quantize_matches_decomposition(self):
+        torch.manual_seed(0)
+        for in_dtype in FLOATS:
+            for out_dtype, (lo, hi) in BOUNDS.items():
+                for x in layouts(ties(64, in_dtype).reshape(2, 2, 8, 8)):
+                    for scale, zp in ((0.5, 3), (0.0371, -5 if lo < 0 else 7)):
+                        want = qd.quantize_per_tensor(x, scale, zp, lo, hi, out_dtype)
+                        got = qd.quantize_per_tensor(x.to("openreg"), scale, zp, lo, hi, out_dtype)
+                        self.assertSame(got, want, f"{in_dtype} {out_dtype} {x.stride()} {scale}")
+                        self.assertEqual(got.stride(), want.stride())
+
+    def test_ties_round_half_to_even_before_the_zero_point(self):
+        # aten::quantize_per_tensor rounds round(x / s + zp); the decomposition round(x / s) + zp:
+        # with an odd zero point they differ at ties, and openreg follows the decomposition.
+        x = torch.tensor([0.25, 0.75, 1.25, -0.25, -0.75])
+        got = qd.quantize_per_tensor(x.to("openreg"), 0.5, 3, -128, 127, torch.int8).cpu()
+        self.assertEqual(got.tolist(), [3, 5, 5, 3, 1])
+        aten = torch.quantize_per_tensor(x, 0.5, 3, torch.qint8).int_repr()
+        self.assertNotEqual(aten.tolist(), got.tolist())
+
+    def test_tensor_variants_with_device_and_cpu_parameters(self):
+        x = ties(32)
+        d = x.to("openreg")
+        want = qd.quantize_per_tensor(x, 0.5, 3, -128, 127, torch.int8)
+        for where in ("openreg", "cpu"):
+            s = torch.tensor([0.5], device=where)
+            z = torch.tensor([3], device=where)
+            self.assertSame(qd.quantize_per_tensor.tensor(d, s, z, -128, 127, torch.int8), want, where)
+            lo, hi = torch.tensor(-128, device=where), torch.tensor(127, device=where)
+            self.assertSame(qd.quantize_per_tensor.tensor2(d, s, z, lo, hi, torch.int8), want, where)
+            q = want.to("openreg")
+            deq = qd.dequantize_per_tensor(want, 0.5, 3, -128, 127, torch.int8)
+            self.assertSame(qd.dequantize_per_tensor.tensor(q, s, z, -128, 127, torch.int8), deq, where)
+            self.assertSame(qd.dequantize_per_tensor.tensor2(q, s, z, lo, hi, torch.int8), deq, where)
+        # float64 scale and a float zero point, as Tensor.item() gives them
+        s, z = torch.tensor([0.0371], dtype=torch.float64), torch.tensor([2.5])
+        want = qd.quantize_per_tensor.tensor(x, s, z, -128, 127, torch.int8)
+        self.assertSame(qd.quantize_per_tensor.tensor(d, s.to("openreg"), z.to("openreg"), -128, 127, torch.int8), want)
+
+    def test_dequantize_matches_decomposition(self):
+        for q_dtype, (lo, hi) in BOUNDS.items():
+            q = torch.randint(lo, hi + 1, (6, 40), dtype=torch.int64).to(q_dtype)
+            for x in layouts(q):
+                for out_dtype in (None, torch.float32, torch.bfloat16, torch.float16, torch.float64):
+                    for scale, zp in ((0.0371, 3), (1.7e-3, -11)):
+                        want = qd.dequantize_per_tensor(x, scale, zp, lo, hi, q_dtype, out_dtype=out_dtype)
+                        got = qd.dequantize_per_tensor(x.to("openreg"), scale, zp, lo, hi, q_dtype, out_dtype=out_dtype)
+                        self.assertSame(got, want, f"{q_dtype} {out_dtype} {x.stride()}")
+
+    def test_other_dtypes_take_the_decomposition_in_the_kernel(self):
+        # int32 and float8 are not in the fused loops: the kernel runs the decomposition's ops.
+        x = ties(16) * 3
+        for dtype in (torch.int32, torch.float8_e4m3fn, torch.float8_e5m2):
+            lo, hi = (-(2**31), 2**31 - 1) if dtype == torch.int32 else (-448, 448)
+            if dtype == torch.float8_e5m2:
+                lo, hi = -57344, 57344
+            want = qd.quantize_per_tensor(x, 0.25, 1, lo, hi, dtype)
+            got = qd.quantize_per_tensor(x.to("openreg"), 0.25, 1, lo, hi, dtype)
+            self.assertEqual(got.dtype, dtype)
+            self.assertTrue(torch.equal(got.cpu().float(), want.float()), dtype)
+            deq = qd.dequantize_per_tensor(want, 0.25, 1, lo, hi, dtype)
+            self.assertSame(qd.dequantize_per_tensor(got, 0.25, 1, lo, hi, dtype), deq)
+
+    def test_empty_input(self):
+        e = torch.empty(0, 3, device="openreg")
+        self.assertEqual(qd.quantize_per_tensor(e, 0.1, 0, -128, 127, torch.int8).shape, (0, 3))
+
+    def test_bad_arguments(self):
+        d = torch.randn(4, device="openreg")
+        cases = [
+            (
+                lambda: qd.quantize_per_tensor(d.double(), 0.1, 0, -128, 127, torch.int8),
+                "Expecting input to have dtype torch.float32, but got dtype: torch.float64",
+            ),
+            (
+                lambda: qd.quantize_per_tensor(d, 0.1, 0, -129, 127, torch.int8),
+                "quant_min out of bounds for dtype, quant_min_lower_bound: -128 quant_min: -129",
+            ),
+            (
+                lambda: qd.quantize_per_tensor(d, 0.1, 0, 0, 256, torch.uint8),
+                "quant_max out of bounds for dtype, quant_max_upper_bound: 255 quant_max: 256",
+            ),
+            (
+                lambda: qd.quantize_per_tensor.tensor(
+                    d, torch.ones(2, device="openreg"), torch.zeros(1, device="openreg"), 0, 255, torch.uint8
+                ),
+                "Expecting scale tensor to be one element, but received : 2",
+            ),
+            (
+                lambda: qd.quantize_per_tensor.tensor(
+                    d, torch.ones(1, device="openreg"), torch.zeros(3, device="openreg"), 0, 255, torch.uint8
+                ),
+                "Expecting zero_point tensor to be one element, but received : 3",
+            ),
+            (
+                lambda: qd.dequantize_per_tensor(d.to(torch.int8), 0.1, 0, 0, 255, torch.uint8),
+                "Expecting input to have dtype: torch.uint8, but got torch.int8",
+            ),
+            (
+                lambda: qd.dequantize_per_tensor(
+                    d.to(torch.int8), 0.1, 0, -128, 127, torch.int8, out_dtype=torch.int32
+                ),
+                "out_dtype must be a floating dtype, got torch.int32",
+            ),
+        ]
+        for call, message in cases:
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+        with self.assertRaisesRegex(ValueError, "Unsupported dtype: torch.int64"):
+            qd.quantize_per_tensor(d, 0.1, 0, 0, 1, torch.int64)
+        with self.assertRaisesRegex(ValueError, "Unsupported dtype in dequantize_per_tensor: torch.int64"):
+            qd.dequantize_per_tensor(d.long(), 0.1, 0, 0, 1, torch.int64)
+        # the same messages as the decomposition's
+        with self.assertRaisesRegex(AssertionError, "quant_min out of bounds for dtype, quant_min_lower_bound: -128"):
+            qd.quantize_per_tensor(d.cpu(), 0.1, 0, -129, 127, torch.int8)
+
+    def test_device_bounds_are_checked_by_the_kernel(self):
+        # .tensor2 bounds in device memory: checking them at the call would make the host wait, so
+        # the kernel checks them and the next synchronising call reports the failure.
+        d = torch.randn(4, device="openreg")
+        one, zero = torch.ones(1, device="openreg"), torch.zeros(1, device="openreg")
+        lo, hi = torch.tensor(-129, device="openreg"), torch.tensor(127, device="openreg")
+        qd.quantize_per_tensor.tensor2(d, one, zero, lo, hi, torch.int8)
+        with self.assertRaisesRegex(RuntimeError, "quant_min out of bounds for dtype"):
+            torch.openreg.synchronize()
+
+
+class TestPerChannel(QuantTestCase):
+    def test_quantize_and_dequantize_every_axis(self):
+        torch.manual_seed(0)
+        base = ties(60).reshape(2, 3, 4, 10)
+        for in_dtype in FLOATS:
+            # every layout in float32; the 16-bit inputs (widened first) in one
+            for x in layouts(base.to(in_dtype)) if in_dtype == torch.float32 else [base.to(in_dtype)[:, :, ::2]]:
+                for axis in (0, 1, 2, 3, -1):
+                    c = x.shape[axis]
+                    for s_dtype, z_dtype in (
+                        (torch.float32, torch.int64),
+                        (torch.float64, torch.int32),
+                        (torch.float32, torch.float32),
+                    ):
+                        scales = (torch.rand(c) * 0.1 + 0.01).to(s_dtype)
+                        scales[0] = 0.5
+                        zps = torch.randint(-7, 8, (c,)).to(z_dtype)
+                        for out_dtype in (torch.int8, torch.uint8) if axis != 2 else (torch.int16,):
+                            lo, hi = BOUNDS[out_dtype]
+                            args = (axis, lo, hi, out_dtype)
+                            want = qd.quantize_per_channel(x, scales, zps, *args)
+                            got = qd.quantize_per_channel(
+                                x.to("openreg"), scales.to("openreg"), zps.to("openreg"), *args
+                            )
+                            msg = f"{in_dtype} {x.stride()} axis={axis} {s_dtype} {z_dtype} {out_dtype}"
+                            self.assertSame(got, want, msg)
+                            for out_f in (None, torch.bfloat16):
+                                for z in (zps, None):
+                                    deq = qd.dequantize_per_channel(want, scales, z, *args, out_dtype=out_f)
+                                    dz = None if z is None else z.to("openreg")
+                                    self.assertSame(
+                                        qd.dequantize_per_channel(
+                                            got, scales.to("openreg"), dz, *args, out_dtype=out_f
+                                        ),
+                                        deq,
+                                        msg,
+                                    )
+
+    def test_one_scale_for_all_channels(self):
+        x = ties(6).reshape(4, 6)
+        s, z = torch.tensor([0.5]), torch.tensor([3])
+        want = qd.quantize_per_channel(x, s, z, 1, -128, 127, torch.int8)
+        got = qd.quantize_per_channel(x.to("openreg"), s.to("openreg"), z.to("openreg"), 1, -128, 127, torch.int8)
+        self.assertSame(got, want)
+        deq = qd.dequantize_per_channel(want, s, z, 1, -128, 127, torch.int8)
+        self.assertSame(qd.dequantize_per_channel(got, s.to("openreg"), z.to("openreg"), 1, -128, 127, torch.int8), deq)
+
+    def test_bad_arguments(self):
+        d = torch.randn(4, 6, device="openreg")
+        s, z = torch.ones(6, device="openreg"), torch.zeros(6, dtype=torch.long, device="openreg")
+        q = d.to(torch.int8)
+        cases = [
+            (lambda: qd.quantize_per_channel(d, s, z, 2, -128, 127, torch.int8), "Expecting axis to be < 2"),
+            (
+                lambda: qd.quantize_per_channel(d, s, z, 0, -128, 127, torch.int8),
+                r"scales must hold one value per channel \(4 along axis 0\), got shape torch.Size\(\[6\]\)",
+            ),
+            (
+                lambda: qd.quantize_per_channel(d, s, z[:5], 1, -128, 127, torch.int8),
+                r"zero_points must hold as many values as scales \(6\), got 5",
+            ),
+            (
+                lambda: qd.quantize_per_channel(d, s.cpu(), z, 1, -128, 127, torch.int8),
+                r"scales must be on openreg:0 \(the input's device\), got a tensor on cpu",
+            ),
+            (
+                lambda: qd.quantize_per_channel(d.half().double(), s, z, 1, -128, 127, torch.int8),
+                "Expecting input to have dtype torch.float32, but got dtype: torch.float64",
+            ),
+            (
+                lambda: qd.dequantize_per_channel(q, s, z, 1, 0, 255, torch.uint8),
+                "Expecting input to have dtype: torch.uint8, but got dtype: torch.int8",
+            ),
+            (
+                lambda: qd.dequantize_per_channel(q, s, z, 1, -128, 128, torch.int8),
+                "quant_max out of bounds for dtype, quant_max_upper_bound: 127 quant_max: 128",
+            ),
+        ]
+        for call, message in cases:
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+
+
+class TestPerToken(QuantTestCase):
+    def test_symmetric_and_asymmetric_round_trip(self):
+        torch.manual_seed(0)
+        for in_dtype in FLOATS:
+            base = (torch.randn(3, 5, 16) * 4).to(in_dtype)
+            for x in (base, base.transpose(0, 1), base[:, :, ::2]):
+                d = x.to("openreg")
+                for choose in (qd.choose_qparams_per_token, qd.choose_qparams_per_token_asymmetric):
+                    s, z = choose(x, torch.int8)
+                    ds, dz = choose(d, torch.int8)
+                    self.assertSame(ds, s, f"{choose} {in_dtype}")
+                    self.assertSame(dz, z, f"{choose} {in_dtype}")
+                    want = qd.quantize_per_token(x, s, z, -128, 127, torch.int8)
+                    got = qd.quantize_per_token(d, ds, dz, -128, 127, torch.int8)
+                    self.assertSame(got, want, f"{choose} {in_dtype} {x.stride()}")
+                    for out_dtype in (torch.float32, torch.bfloat16):
+                        deq = qd.dequantize_per_token(want, s, z, -128, 127, torch.int8, out_dtype)
+                        self.assertSame(qd.dequantize_per_token(got, ds, dz, -128, 127, torch.int8, out_dtype), deq)
+
+    def test_broadcast_parameters_take_the_decomposition_in_the_kernel(self):
+        x = torch.randn(4, 8)
+        s, z = torch.full((4, 1), 0.05, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64)
+        want = qd.quantize_per_token(x, s, z, -128, 127, torch.int8)
+        self.assertSame(
+            qd.quantize_per_token(x.to("openreg"), s.to("openreg"), z.to("openreg"), -128, 127, torch.int8), want
+        )
+
+    def test_bad_arguments(self):
+        d = torch.randn(4, 8, device="openreg")
+        s, z = torch.ones(3, 1, device="openreg"), torch.zeros(4, 1, device="openreg")
+        with self.assertRaisesRegex(RuntimeError, r"num_tokens: 4 scales: torch.Size\(\[3, 1\]\)"):
+            qd.quantize_per_token(d, s, z, -128, 127, torch.int8)
+        with self.assertRaisesRegex(RuntimeError, "unsupported dtype in choose_qparams_per_token: torch.uint8"):
+            qd.choose_qparams_per_token(d, torch.uint8)
+
+
+class TestChooseQParams(QuantTestCase):
+    def test_matches_decomposition(self):
+        torch.manual_seed(0)
+        inputs = [torch.randn(7, 9) * 3, torch.rand(50) + 1, -torch.rand(50), torch.zeros(5)]
+        for in_dtype in FLOATS:
+            for x in inputs:
+                x = x.to(in_dtype)
+                for op in (qd.choose_qparams.tensor, qd.choose_qparams_symmetric.tensor):
+                    for dtype, (lo, hi) in ((torch.uint8, (0, 255)), (torch.int8, (-128, 127))):
+                        s, z = op(x, lo, hi, 1e-5, dtype)
+                        ds, dz = op(x.to("openreg"), lo, hi, 1e-5, dtype)
+                        self.assertSame(ds, s, f"{op} {in_dtype} {dtype}")
+                        self.assertSame(dz, z, f"{op} {in_dtype} {dtype}")
+
+    def test_bad_arguments(self):
+        d = torch.randn(4, device="openreg")
+        cases = [
+            (
+                lambda: qd.choose_qparams.tensor(d.double(), -128, 127, 1e-5, torch.int8),
+                "Expecting input to have dtype torch.float32/16/b16, but got dtype: torch.float64",
+            ),
+            (
+                lambda: qd.choose_qparams.tensor(d, 1, 127, 1e-5, torch.int8),
+                "Used-specified quantization range must include 0.",
+            ),
+            (lambda: qd.choose_qparams.tensor(d, 0, 0, 1e-5, torch.int8), "qmin must be strictly less than qmax"),
+            (
+                lambda: qd.choose_qparams.tensor(d, 0, 10, 1e-5, torch.int64),
+                r"Expecting target dtype to be one of dict_keys\(\[torch.uint8",
+            ),
+        ]
+        for call, message in cases:
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+
+
+class TestNativeAndAsynchronous(TestCase):
+    def _calls(self):
+        d = torch.randn(4, 8, device="openreg")
+        s1, z1 = torch.tensor([0.05], device="openreg"), torch.tensor([3], device="openreg")
+        sc, zc = torch.full((8,), 0.05, device="openreg"), torch.zeros(8, dtype=torch.long, device="openreg")
+        st, zt = torch.full((4, 1), 0.05, device="openreg"), torch.zeros(4, 1, device="openreg")
+        q = torch.zeros(4, 8, dtype=torch.int8, device="openreg")
+        lo, hi = torch.tensor(-128, device="openreg"), torch.tensor(127, device="openreg")
+        return [
+            lambda: qd.quantize_per_tensor(d, 0.05, 3, -128, 127, torch.int8),
+            lambda: qd.quantize_per_tensor.tensor(d, s1, z1, -128, 127, torch.int8),
+            lambda: qd.quantize_per_tensor.tensor2(d, s1, z1, lo, hi, torch.int8),
+            lambda: qd.dequantize_per_tensor(q, 0.05, 3, -128, 127, torch.int8),
+            lambda: qd.dequantize_per_tensor.tensor(q, s1, z1, -128, 127, torch.int8),
+            lambda: qd.dequantize_per_tensor.tensor2(q, s1, z1, lo, hi, torch.int8),
+            lambda: qd.quantize_per_channel(d, sc, zc, 1, -128, 127, torch.int8),
+            lambda: qd.dequantize_per_channel(q, sc, zc, 1, -128, 127, torch.int8),
+            lambda: qd.quantize_per_token(d, st, zt, -128, 127, torch.int8),
+            lambda: qd.dequantize_per_token(q, st, zt, -128, 127, torch.int8, torch.float32),
+            lambda: qd.choose_qparams.tensor(d, -128, 127, 1e-5, torch.int8),
+            lambda: qd.choose_qparams_symmetric.tensor(d, -128, 127, 1e-5, torch.int8),
+            lambda: qd.choose_qparams_per_token(d, torch.int8),
+            lambda: qd.choose_qparams_per_token_asymmetric(d, torch.int8),
+        ]
+
+    def test_one_native_launch_per_call_no_host_copy(self):
+        calls = self._calls()
+        torch.openreg.synchronize()
+        torch.openreg.reset_fallback_op_counts()
+        torch.openreg.set_strict_mode(True)  # an op without a native kernel would raise
+        for i, call in enumerate(calls):
+            before = torch.openreg._runtime_counters()
+            call()
+            after = torch.openreg._runtime_counters()
+            self.assertEqual(after["kernels_launched"] - before["kernels_launched"], 1, f"call {i}")
+            self.assertEqual(after["memcpy_d2h"] - before["memcpy_d2h"], 0, f"call {i}")
+        torch.openreg.synchronize()
+        self.assertEqual(torch.openreg.fallback_op_counts(), {})
+
+    def test_no_host_wait(self):
+        calls = self._calls()
+        x = torch.ones(2, device="openreg")
+        release.set()
+        hold(x)  # a signature's first call runs synchronously
+        torch.openreg.synchronize()
+        release.clear()
+        stream = torch.openreg.current_stream()
+        hold(x)  # the device is busy until released
+        results = [call() for call in calls]
+        busy = not stream.query()
+        release.set()
+        self.assertTrue(busy, "a call waited for the device")
+        torch.openreg.synchronize()
+        self.assertEqual(len(results), len(calls))
