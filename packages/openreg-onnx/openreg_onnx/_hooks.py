@@ -1,0 +1,145 @@
+"""How the plugin attaches to torch.onnx without importing it (or onnx, onnxscript, onnxruntime).
+
+``import torch`` does not import ``torch.onnx``; the exporter's registry module imports
+onnxscript and onnx, seconds of work. So loading the plugin only puts a finder on
+``sys.meta_path`` that waits for two modules:
+
+- ``torch.onnx`` (cheap; the TorchScript exporter's symbolic registry lives there): when it has
+  been imported, openreg's ops get TorchScript symbolic functions (``dynamo=False``);
+- ``torch.onnx._internal.exporter._registration`` (imported by the first ``dynamo=True``
+  export): when it has been imported, ``ONNXRegistry.from_torchlib`` is wrapped so that every
+  registry the exporter builds also holds openreg's portable translations.
+
+The patch point, for torch 2.13 only (``_SUPPORTED_TORCH``):
+``torch/onnx/_internal/exporter/_compat.py``, ``export_compat``::
+
+    registry = _registration.ONNXRegistry().from_torchlib(opset_version=registry_opset_version)
+    if custom_translation_table is not None:
+        for torch_op, onnx_op in custom_translation_table.items():
+            ...
+            registry.register_op(torch_op, onnx_op, is_complex=False)
+
+(``_core.export`` builds its registry with the same classmethod when it is given none). Our
+entries are added with ``register_op`` inside ``from_torchlib``, before the user's table;
+``register_op`` puts each new entry first and the dispatcher takes the first, so the user's
+``custom_translation_table`` entries win.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import threading
+import warnings
+from typing import Callable, Dict
+
+import torch
+
+# The exporter internals the registry patch relies on are private: check them per minor version.
+_SUPPORTED_TORCH = ((2, 13),)
+_REGISTRATION = "torch.onnx._internal.exporter._registration"
+_TORCH_ONNX = "torch.onnx"
+
+_lock = threading.Lock()
+_state = {"installed": False, "registry_patched": False, "symbolics_registered": False}
+
+
+def _torch_minor() -> tuple:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs a callback right after one of the watched modules has been executed.
+
+    It finds the module's real spec through the rest of ``sys.meta_path`` and wraps only its
+    loader; every other import passes through untouched (``find_spec`` returns None)."""
+
+    def __init__(self, callbacks: Dict[str, Callable[[object], None]]):
+        self.callbacks = dict(callbacks)
+        self._busy = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.callbacks or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        real, callback = spec.loader, self.callbacks.pop(fullname)
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return real.create_module(spec)
+
+            def exec_module(self, module):
+                real.exec_module(module)
+                callback(module)
+
+        spec.loader = _Loader()
+        if not self.callbacks and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        return spec
+
+
+def _patch_registry(registration) -> None:
+    """Wraps ``ONNXRegistry.from_torchlib`` (see the module docstring for the torch line)."""
+    if _torch_minor() not in _SUPPORTED_TORCH or not hasattr(registration, "ONNXRegistry"):
+        warnings.warn(
+            f"openreg-onnx: torch {torch.__version__} is not a version whose exporter internals it knows; "
+            "plain torch.onnx.export gets no openreg translations (pass "
+            "custom_translation_table=openreg_onnx.translation_table() instead)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+    cls = registration.ONNXRegistry
+    original = cls.__dict__["from_torchlib"].__func__
+    if getattr(original, "_openreg_onnx", False):
+        return
+
+    def from_torchlib(klass, *args, **kwargs):
+        registry = original(klass, *args, **kwargs)
+        from ._table import translation_table
+
+        for op, fn in translation_table("portable").items():
+            registry.register_op(op, fn)
+        return registry
+
+    from_torchlib._openreg_onnx = True
+    from_torchlib.__wrapped__ = original
+    from_torchlib.__doc__ = original.__doc__
+    cls.from_torchlib = classmethod(from_torchlib)
+    _state["registry_patched"] = True
+
+
+def _register_symbolics(torch_onnx) -> None:
+    from ._symbolic import register
+
+    register()
+    _state["symbolics_registered"] = True
+
+
+def install() -> None:
+    """Attaches the hooks now if torch.onnx is already imported, else when it gets imported."""
+    with _lock:
+        if _state["installed"]:
+            return
+        _state["installed"] = True
+        pending = {}
+        for name, callback in ((_TORCH_ONNX, _register_symbolics), (_REGISTRATION, _patch_registry)):
+            if name in sys.modules:
+                callback(sys.modules[name])
+            else:
+                pending[name] = callback
+        if pending:
+            sys.meta_path.insert(0, _AfterImport(pending))
+
+
+def status() -> Dict[str, bool]:
+    """What has attached so far (for tests and ``openreg_onnx.hooks_status()``)."""
+    return dict(_state)

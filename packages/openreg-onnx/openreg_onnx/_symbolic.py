@@ -1,0 +1,55 @@
+"""Symbolic functions of openreg's operators for the TorchScript exporter (``dynamo=False``).
+
+The TorchScript exporter traces ``aten::scaled_dot_product_attention`` itself (torch ships its
+symbolic), so only the ``openreg::`` operators need one here. They emit standard ONNX ops, the
+same computation as the portable translations in ``_table.py``. Registered for opset 9, which
+covers every later opset; a user's own ``torch.onnx.register_custom_op_symbolic`` for the same
+name, made later, replaces ours.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.onnx._internal.torchscript_exporter import _type_utils
+from torch.onnx._internal.torchscript_exporter.symbolic_helper import parse_args
+
+OPSET = 9
+_FLOATING = {
+    _type_utils.JitScalarType.HALF,
+    _type_utils.JitScalarType.BFLOAT16,
+    _type_utils.JitScalarType.FLOAT,
+    _type_utils.JitScalarType.DOUBLE,
+}
+
+
+@parse_args("v")
+def custom_abs(g, input):
+    return g.op("Abs", input)
+
+
+@parse_args("v", "f")
+def scaled_square(g, x, scale):
+    dtype = _type_utils.JitScalarType.from_value(x, _type_utils.JitScalarType.FLOAT)
+    if dtype not in _FLOATING:  # as x * x * scale promotes: an integer x gives the default float type
+        dtype = _type_utils.JitScalarType.from_dtype(torch.get_default_dtype())
+        x = g.op("Cast", x, to_i=dtype.onnx_type())
+    s = g.op("Constant", value_t=torch.tensor(scale, dtype=dtype.dtype()))
+    return g.op("Mul", g.op("Mul", x, x), s)
+
+
+@parse_args("v")
+def identity(g, input):
+    return g.op("Identity", input)
+
+
+SYMBOLICS = {
+    "openreg::custom_abs": custom_abs,
+    "openreg::scaled_square": scaled_square,
+    "openreg::custom_autograd_fn_returns_self": identity,
+    "openreg::custom_autograd_fn_aliasing": identity,
+}
+
+
+def register() -> None:
+    for name, fn in SYMBOLICS.items():
+        torch.onnx.register_custom_op_symbolic(name, fn, OPSET)

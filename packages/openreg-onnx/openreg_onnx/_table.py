@@ -1,0 +1,268 @@
+"""openreg's ONNX translation table for the dynamo exporter (``torch.onnx.export(dynamo=True)``).
+
+One translation per operator in core's ``openreg`` namespace, and one for the openreg-specific
+ATen op an exported graph can hold: ``aten._scaled_dot_product_fused_attention_overrideable``
+(what ``scaled_dot_product_attention`` becomes on openreg after ``run_decompositions()``, since
+core's SDPA choice answers OVERRIDEABLE). Two modes:
+
+- ``portable``: standard ONNX ops only; any runtime runs the model.
+- ``vendor``: one node per op in the ``com.openreg`` domain (``_vendor.py``: schemas, and the
+  function bodies attached after export), the place a vendor's execution provider hooks in.
+
+The translations are trace-only onnxscript functions, the form torchlib and torchvision use:
+plain Python that calls ONNX ops on the values; annotated ``float``/``bool`` parameters become
+attributes of the torch op's schema, unannotated ones inputs. ``SIGNATURES`` is each op's
+schema as this file was written against; the coverage test compares it with the live schemas.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+from onnxscript.values import Opset
+
+from . import _vendor
+
+MODES = ("portable", "vendor")
+openreg_ops = Opset(_vendor.DOMAIN, _vendor.VERSION)
+
+_SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"
+# The schemas the translations implement (torch op name -> str(schema) without the name).
+SIGNATURES = {
+    "openreg::custom_abs": "(Tensor input) -> Tensor",
+    "openreg::custom_autograd_fn_returns_self": "(Tensor(a) input) -> Tensor(a)",
+    "openreg::custom_autograd_fn_aliasing": "(Tensor(a) input) -> Tensor(a)",
+    "openreg::scaled_square": "(Tensor x, float scale) -> Tensor",
+    _SDPA: "(Tensor query, Tensor key, Tensor value, Tensor? attn_bias=None, float dropout_p=0., "
+    "bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, "
+    "Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, "
+    "Tensor philox_offset, Tensor debug_attn_mask)",
+}
+
+_FLOATING = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT, ir.DataType.DOUBLE)
+
+
+def _to_float(x):
+    """``x * x * scale`` promotes an integer or bool x to the default float type."""
+    if x.dtype in _FLOATING:
+        return x
+    default = {
+        torch.float16: ir.DataType.FLOAT16,
+        torch.bfloat16: ir.DataType.BFLOAT16,
+        torch.float64: ir.DataType.DOUBLE,
+    }
+    return op.Cast(x, to=default.get(torch.get_default_dtype(), ir.DataType.FLOAT))
+
+
+# --- openreg:: operators ------------------------------------------------------------------
+
+
+def _const(value: float, like):
+    """A 0-d constant of ``like``'s type, made from the Python float directly (a float32 constant
+    cast to float64 would lose torch's double precision)."""
+    return op.Constant(value=ir.tensor(value, dtype=like.dtype))
+
+
+def custom_abs(input):
+    return op.Abs(input)
+
+
+def scaled_square(x, scale: float):
+    x = _to_float(x)
+    return op.Mul(op.Mul(x, x), _const(scale, x))
+
+
+def custom_autograd_fn_returns_self(input):
+    return op.Identity(input)
+
+
+def custom_autograd_fn_aliasing(input):
+    return op.Identity(input)
+
+
+def vendor_custom_abs(input):
+    return openreg_ops.custom_abs(input)
+
+
+def vendor_scaled_square(x, scale: float):
+    x = _to_float(x)
+    return openreg_ops.scaled_square(x, _const(scale, x))
+
+
+def vendor_custom_autograd_fn_returns_self(input):
+    return openreg_ops.custom_autograd_fn_returns_self(input)
+
+
+def vendor_custom_autograd_fn_aliasing(input):
+    return openreg_ops.custom_autograd_fn_aliasing(input)
+
+
+# --- aten._scaled_dot_product_fused_attention_overrideable ----------------------------------
+
+
+def _check_attention(query, key, value, dropout_p):
+    if dropout_p != 0.0:
+        raise ValueError("openreg's fused attention has no dropout (core refuses it too): export the model in eval()")
+    if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
+        raise ValueError("openreg's fused attention takes 4-D [batch, heads, seq, dim] query, key and value")
+
+
+def _scale(query, scale):
+    """The factor of Q K^T: ``scale``, else 1/sqrt(E) (from the shape when E is symbolic)."""
+    if scale is not None:
+        return _const(scale, query)
+    e = query.shape[-1]
+    if isinstance(e, int):
+        return _const(1.0 / math.sqrt(e), query)
+    e = op.Cast(op.Shape(query, start=-1), to=ir.DataType.FLOAT)
+    return op.CastLike(op.Reciprocal(op.Sqrt(e)), query)
+
+
+def _softmax_dtype(query) -> ir.DataType:
+    return ir.DataType.FLOAT if query.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else query.dtype
+
+
+def _additive(mask, query):
+    """A boolean mask as an additive one (True keeps: 0, False drops: -inf)."""
+    if mask.dtype != ir.DataType.BOOL:
+        return mask
+    zero, neg = _const(0.0, query), _const(float("-inf"), query)
+    return op.Where(mask, zero, neg)
+
+
+def _empty_outputs(query, key):
+    """The overrideable op's other results (unused by inference graphs): cumulative sequence
+    lengths, the max sequence lengths, RNG state and the debug mask."""
+    empty_long = op.Constant(value=ir.tensor([], dtype=ir.DataType.INT64))
+    max_q = op.Squeeze(op.Shape(query, start=-2, end=-1))
+    max_k = op.Squeeze(op.Shape(key, start=-2, end=-1))
+    debug = op.CastLike(op.Constant(value=ir.tensor([], dtype=ir.DataType.FLOAT)), query)
+    return empty_long, empty_long, max_q, max_k, empty_long, empty_long, debug
+
+
+def _attention(query, key, value, bias, is_causal: bool, scale):
+    """Same math as core's kernel (csrc/aten/OpenRegAttention.cpp): S = scale Q K^T (+ bias,
+    causal: -inf above the diagonal), softmax in float for 16-bit inputs with rows left empty
+    giving zeros; returns (O, logsumexp(S))."""
+    s = op.Mul(op.MatMul(query, op.Transpose(key, perm=[0, 1, 3, 2])), scale)
+    if bias is not None:
+        s = op.Where(bias, s, op.CastLike(float("-inf"), s)) if bias.dtype == ir.DataType.BOOL else op.Add(s, bias)
+    if is_causal:
+        zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
+        rows = op.Range(zero, op.Squeeze(op.Shape(query, start=-2, end=-1)), one)
+        cols = op.Range(zero, op.Squeeze(op.Shape(key, start=-2, end=-1)), one)
+        keep = op.LessOrEqual(cols, op.Unsqueeze(rows, [-1]))
+        s = op.Where(keep, s, op.CastLike(float("-inf"), s))
+    s = op.Cast(s, to=_softmax_dtype(query))
+    axis = op.Constant(value_ints=[-1])
+    m = op.ReduceMax(s, axis, keepdims=1)
+    zero = op.CastLike(0.0, m)
+    m = op.Where(op.IsInf(m, detect_positive=0), zero, m)
+    e = op.Exp(op.Sub(s, m))
+    total = op.ReduceSum(e, axis, keepdims=1)
+    lse = op.Squeeze(op.Add(op.Log(total), m), axis)
+    p = op.Where(op.Equal(total, zero), zero, op.Div(e, total))
+    return op.MatMul(op.CastLike(p, query), value), lse
+
+
+def sdpa_overrideable(
+    query,
+    key,
+    value,
+    attn_bias=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    scale: Optional[float] = None,
+):
+    _check_attention(query, key, value, dropout_p)
+    out, lse = _attention(query, key, value, attn_bias, is_causal, _scale(query, scale))
+    return (out, lse, *_empty_outputs(query, key))
+
+
+def vendor_sdpa_overrideable(
+    query,
+    key,
+    value,
+    attn_bias=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    scale: Optional[float] = None,
+):
+    _check_attention(query, key, value, dropout_p)
+    factor = _scale(query, scale)
+    attrs = dict(is_causal=int(is_causal), softmax_dtype=int(_softmax_dtype(query)))
+    if attn_bias is None:
+        out, lse = openreg_ops.sdpa(query, key, value, factor, **attrs)
+    else:
+        out, lse = openreg_ops.sdpa_masked(query, key, value, factor, _additive(attn_bias, query), **attrs)
+    # LSE's type variable is bound by no input, so onnxscript leaves it untyped: set it.
+    lse.type = ir.TensorType(_softmax_dtype(query))
+    return (out, lse, *_empty_outputs(query, key))
+
+
+_TRANSLATIONS = {
+    "openreg::custom_abs": (custom_abs, vendor_custom_abs),
+    "openreg::scaled_square": (scaled_square, vendor_scaled_square),
+    "openreg::custom_autograd_fn_returns_self": (
+        custom_autograd_fn_returns_self,
+        vendor_custom_autograd_fn_returns_self,
+    ),
+    "openreg::custom_autograd_fn_aliasing": (custom_autograd_fn_aliasing, vendor_custom_autograd_fn_aliasing),
+    _SDPA: (sdpa_overrideable, vendor_sdpa_overrideable),
+}
+
+
+def _overload(qualified: str) -> torch._ops.OpOverload:
+    namespace, name = qualified.split("::")
+    return getattr(getattr(torch.ops, namespace), name).default
+
+
+def translation_table(mode: str = "portable") -> Dict[torch._ops.OpOverload, Callable]:
+    """``{OpOverload: translation}`` for every openreg operator and the openreg-specific ATen
+    op; pass it as ``torch.onnx.export(..., custom_translation_table=...)`` (installed, the
+    plugin adds the portable table to every export by itself). ``mode="vendor"`` emits
+    ``com.openreg`` nodes: attach their bodies after export (``openreg_onnx.export`` does, or
+    ``openreg_onnx.attach_functions``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if mode == "vendor":
+        _vendor.register_schemas()
+    index = MODES.index(mode)
+    return {_overload(name): fns[index] for name, fns in _TRANSLATIONS.items()}
+
+
+def translated_op_names():
+    """The torch op names the table covers."""
+    return list(_TRANSLATIONS)
+
+
+def _schema_text(qualified: str) -> Optional[str]:
+    schema = torch._C._get_schema(qualified, "")
+    text = str(schema)
+    return text[text.index("(") :]
+
+
+def coverage_problems() -> list:
+    """What keeps the table from covering openreg: operators in the ``openreg`` namespace
+    without a translation, and translated ops whose live schema differs from ``SIGNATURES``
+    (the schema the translation was written against). Empty when all is well."""
+    problems = []
+    live = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("openreg::"))
+    for name in live:
+        if name not in _TRANSLATIONS:
+            problems.append(f"{name}: no translation in openreg_onnx._table (schema {_schema_text(name)})")
+    for name, expected in SIGNATURES.items():
+        try:
+            actual = _schema_text(name)
+        except RuntimeError:
+            problems.append(f"{name}: translated, but no such operator is registered")
+            continue
+        if actual != expected:
+            problems.append(f"{name}: schema drifted: the translation implements {expected}, the op is now {actual}")
+    return problems

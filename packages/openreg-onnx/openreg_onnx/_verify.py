@@ -1,0 +1,284 @@
+"""``openreg_onnx.verify``: the exported model against openreg eager.
+
+- expected: the model run eagerly on its openreg device, results copied to the host;
+- actual: the ONNX model in onnxruntime's CPU execution provider; where that provider has no
+  kernel for a type (bfloat16 Gemm, float64 Erf, ...) or cannot take the inputs (bfloat16 arrays),
+  the ONNX reference evaluator (``onnx.reference``) runs it instead, and the report says so;
+- the comparison runs on the CPU in float64, with a tolerance per dtype (``TOLERANCES``);
+- ``intermediates=True`` also compares every value the ONNX graph names after an FX node of the
+  exported program (the exporter keeps those names; the model is then exported unoptimized, as
+  the optimizer fuses nodes), so a wrong translation shows at the first node whose value drifts,
+  not only at the outputs;
+- the result renders as a markdown report of what was compared and what mismatched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import onnx
+import torch
+
+# dtype -> (rtol, atol). 16-bit types: the two sides round intermediate results differently.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 2e-3),
+    torch.bfloat16: (3e-2, 2e-2),
+}
+EXACT = (0.0, 0.0)
+
+
+@dataclasses.dataclass
+class Comparison:
+    name: str
+    kind: str  # "output" or "intermediate"
+    dtype: str
+    shape: Tuple[int, ...]
+    max_abs: float
+    max_rel: float
+    rtol: float
+    atol: float
+    ok: bool
+    detail: str = ""
+
+
+@dataclasses.dataclass
+class VerificationResult:
+    backend: str  # "onnxruntime" or "onnx.reference"
+    fallback_reason: str
+    comparisons: List[Comparison]
+    onnx_program: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.comparisons)
+
+    @property
+    def mismatches(self) -> List[Comparison]:
+        return [c for c in self.comparisons if not c.ok]
+
+    def report(self) -> str:
+        """Markdown: the verdict, the backend, every mismatch, then the full table."""
+        lines = [f"# openreg-onnx verification: {'PASS' if self.ok else 'FAIL'}", ""]
+        lines.append(f"- actual values from: **{self.backend}**")
+        if self.fallback_reason:
+            lines.append(f"- onnxruntime's CPU EP was not used: {self.fallback_reason}")
+        lines.append(f"- compared: {len(self.comparisons)} values, {len(self.mismatches)} mismatched")
+        lines.append("")
+
+        def table(rows):
+            out = ["| value | kind | dtype | shape | max abs diff | max rel diff | rtol / atol | result |"]
+            out.append("|---|---|---|---|---|---|---|---|")
+            for c in rows:
+                result = "ok" if c.ok else f"**MISMATCH** {c.detail}".strip()
+                out.append(
+                    f"| `{c.name}` | {c.kind} | {c.dtype} | {list(c.shape)} | {c.max_abs:.3g} | {c.max_rel:.3g} "
+                    f"| {c.rtol:g} / {c.atol:g} | {result} |"
+                )
+            return out
+
+        if self.mismatches:
+            lines += ["## Mismatches", ""] + table(self.mismatches) + [""]
+            first = self.mismatches[0]
+            lines += [f"First value that drifts: `{first.name}` ({first.kind}).", ""]
+        lines += ["## All compared values", ""] + table(self.comparisons)
+        return "\n".join(lines) + "\n"
+
+
+# --- running the ONNX model -------------------------------------------------------------------
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _from_numpy(a) -> torch.Tensor:
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _run_onnxruntime(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], outputs: List[str]):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(outputs, feeds)
+
+
+def _run_reference(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], outputs: List[str]):
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(outputs, feeds)
+
+
+def run_onnx(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], outputs: Optional[List[str]] = None):
+    """Runs ``model`` in onnxruntime (CPU EP), else in the reference evaluator. Returns
+    (values, backend, reason for the fallback)."""
+    outputs = outputs or [o.name for o in model.graph.output]
+    if any(a.dtype.name == "bfloat16" for a in feeds.values()):
+        reason = "bfloat16 inputs (onnxruntime's Python API takes no bfloat16 arrays)"
+        return _run_reference(model, feeds, outputs), "onnx.reference", reason
+    try:
+        return _run_onnxruntime(model, feeds, outputs), "onnxruntime", ""
+    except Exception as e:  # NOT_IMPLEMENTED (no kernel for a type) and the like
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+        return _run_reference(model, feeds, outputs), "onnx.reference", reason
+
+
+# --- comparing -------------------------------------------------------------------------------
+
+
+def compare(name: str, kind: str, expected: torch.Tensor, actual: torch.Tensor, tolerances=None) -> Comparison:
+    expected, actual = expected.detach().cpu(), actual.detach().cpu()
+    rtol, atol = (tolerances or TOLERANCES).get(expected.dtype, EXACT)
+    shape = tuple(expected.shape)
+    squeezed = [d for d in shape if d != 1] == [d for d in actual.shape if d != 1]
+    if kind == "intermediate" and squeezed and actual.numel() == expected.numel():
+        actual = actual.reshape(shape)  # the exporter keeps some scalars as [1]: same values
+    if tuple(actual.shape) != shape:
+        return Comparison(name, kind, str(expected.dtype), shape, float("inf"), float("inf"), rtol, atol, False,
+                          f"shape {list(actual.shape)} instead of {list(shape)}")  # fmt: skip
+    if expected.numel() == 0:
+        return Comparison(name, kind, str(expected.dtype), shape, 0.0, 0.0, rtol, atol, True)
+    e, a = expected.to(torch.float64), actual.to(torch.float64)
+    diff = (e - a).abs()
+    same_nonfinite = (e == a) | (e.isnan() & a.isnan())
+    diff = torch.where(same_nonfinite, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    nonfinite = ~(e.isfinite() & a.isfinite()) & ~same_nonfinite  # inf vs a number, NaN vs a number
+    bad = (diff > atol + rtol * e.abs().nan_to_num(posinf=0.0)) | nonfinite
+    max_abs, max_rel = float(diff.max()), float(torch.where(diff > 0, rel, torch.zeros_like(rel)).max())
+    detail = ""
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in np.unravel_index(int(torch.argmax(torch.where(bad, diff, -1.0))), shape))
+        detail = f"{int(bad.sum())}/{e.numel()} elements; worst at {list(idx)}: expected {e[idx]:.6g}, got {a[idx]:.6g}"
+    return Comparison(name, kind, str(expected.dtype), shape, max_abs, max_rel, rtol, atol, not bool(bad.any()), detail)
+
+
+def _flat_tensors(value) -> List[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _node_values(program: torch.export.ExportedProgram, args, kwargs) -> Dict[str, torch.Tensor]:
+    """Every FX node's tensor value when the program runs eagerly (on the program's device)."""
+    gm = program.module()
+    values: Dict[str, torch.Tensor] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor) and n.op == "call_function":
+                values[n.name] = out
+            return out
+
+    Recorder(gm).run(*torch.utils._pytree.tree_leaves((args, kwargs)))
+    return values
+
+
+def verify(
+    model_or_program,
+    args: Tuple[Any, ...] = (),
+    *,
+    kwargs: Optional[Dict[str, Any]] = None,
+    onnx_program=None,
+    mode: str = "portable",
+    dynamic_shapes=None,
+    tolerances: Optional[Dict[torch.dtype, Tuple[float, float]]] = None,
+    intermediates: bool = False,
+    custom_translation_table=None,
+    backend: str = "auto",
+) -> VerificationResult:
+    """Exports ``model_or_program`` (an ``nn.Module`` or ``ExportedProgram`` on openreg) unless
+    ``onnx_program`` (an ``ONNXProgram`` or ``ModelProto`` from it) is given, runs it on ``args``
+    and compares with openreg eager. ``backend``: "auto" (onnxruntime, else the reference
+    evaluator), "onnxruntime" or "reference". Returns a ``VerificationResult`` (``.ok``,
+    ``.mismatches``, ``.report()``)."""
+    from . import _export
+
+    if not isinstance(args, tuple):
+        args = (args,)
+    kwargs = kwargs or {}
+    _export.check_devices(model_or_program, (args, kwargs))
+    if onnx_program is None:
+        onnx_program = _export.export(
+            model_or_program,
+            args,
+            kwargs=kwargs,
+            mode=mode,
+            dynamic_shapes=dynamic_shapes,
+            custom_translation_table=custom_translation_table,
+            # The optimizer fuses nodes (Linear -> Gemm) and drops their names; per-node
+            # comparison needs the graph as translated.
+            optimize=not intermediates,
+        )
+    model = onnx_program if isinstance(onnx_program, onnx.ModelProto) else onnx_program.model_proto
+    if isinstance(model_or_program, torch.export.ExportedProgram):
+        run = model_or_program.module()
+    else:
+        run = model_or_program
+    with torch.no_grad():
+        expected = _flat_tensors(run(*args, **kwargs))
+    inputs = _flat_tensors((args, kwargs))
+    graph_inputs = [i.name for i in model.graph.input]
+    if len(graph_inputs) != len(inputs):
+        raise ValueError(f"the ONNX model takes {len(graph_inputs)} inputs, the call gives {len(inputs)} tensors")
+    feeds = {name: _to_numpy(t) for name, t in zip(graph_inputs, inputs)}
+
+    outputs = [o.name for o in model.graph.output]
+    node_values: Dict[str, torch.Tensor] = {}
+    if intermediates:
+        # The program the ONNX exporter translated (its own decompositions: linear stays linear)
+        # names the values; without it, the default decompositions are the best guess.
+        program = getattr(onnx_program, "exported_program", None)
+        if program is None:
+            program = (
+                model_or_program
+                if isinstance(model_or_program, torch.export.ExportedProgram)
+                else torch.export.export(model_or_program, args, kwargs)
+            ).run_decompositions()
+        with torch.no_grad():
+            node_values = _node_values(program, args, kwargs)
+        model = _expose(model, [n for n in node_values if n not in outputs])
+    names = [o.name for o in model.graph.output]
+    if backend == "reference":
+        values, used, reason = _run_reference(model, feeds, names), "onnx.reference", "backend='reference' requested"
+    elif backend == "onnxruntime":
+        values, used, reason = _run_onnxruntime(model, feeds, names), "onnxruntime", ""
+    else:
+        values, used, reason = run_onnx(model, feeds, names)
+    actual = dict(zip(names, values))
+
+    comparisons = []
+    if len(expected) != len(outputs):
+        raise ValueError(f"the ONNX model has {len(outputs)} outputs, openreg eager gave {len(expected)} tensors")
+    if intermediates:  # graph order: the first drifting node is the suspect
+        for name in [n for n in node_values if n in actual and n not in outputs]:
+            exp = node_values[name]
+            comparisons.append(compare(name, "intermediate", exp, _from_numpy(actual[name]), tolerances))
+    for name, exp in zip(outputs, expected):
+        comparisons.append(compare(name, "output", exp, _from_numpy(actual[name]), tolerances))
+    return VerificationResult(used, reason, comparisons, onnx_program)
+
+
+def _expose(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph also outputs the values ``names`` (those it computes)."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    produced = {o for n in exposed.graph.node for o in n.output}
+    typed = {v.name: v for v in list(exposed.graph.value_info) + list(exposed.graph.output)}
+    for name in names:
+        if name in produced and name in typed:
+            exposed.graph.output.append(typed[name])
+    return exposed

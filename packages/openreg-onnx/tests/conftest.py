@@ -1,0 +1,139 @@
+"""Shared models and helpers for openreg-onnx's tests.
+
+Exports cost about a second each (the exporter rebuilds its registry every time), so tests
+that look at one exported model share it through module-scoped fixtures.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch_openreg.utils.testing import run_python  # noqa: F401  (used by the tests)
+
+
+def pytest_configure(config):
+    # torch's own deprecation chatter (pytree, the TorchScript exporter) is not under test here.
+    config.addinivalue_line("filterwarnings", "ignore:.*LeafSpec.*:FutureWarning")
+    config.addinivalue_line("filterwarnings", "ignore:.*legacy TorchScript-based ONNX export.*:DeprecationWarning")
+
+
+@pytest.fixture(autouse=True)
+def _idle_device():
+    yield
+    torch.openreg.synchronize()
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=8, d_hidden=16, d_out=4):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_out))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1)
+
+
+class Recurrent(nn.Module):
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(8, 12, num_layers=2, batch_first=True)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return out
+
+
+class MHA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+class Block(nn.Module):
+    """A pre-norm GPT block: causal self-attention through F.scaled_dot_product_attention."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=64, d=32, heads=4, layers=2, block=16):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        return self.head(self.ln(self.blocks(x)))
+
+
+class AllOps(nn.Module):
+    """Every openreg operator and every form of the fused attention, one output each."""
+
+    NAMES = (
+        "custom_abs",
+        "scaled_square",
+        "scaled_square_int",
+        "sdpa",
+        "sdpa_causal",
+        "sdpa_bool_mask",
+        "sdpa_float_mask",
+        "sdpa_scale",
+        "sdpa_causal_cross",
+    )
+
+    def forward(self, x, xi, q, k, v, bool_mask, float_mask):
+        return (
+            torch.ops.openreg.custom_abs(x),
+            torch.ops.openreg.scaled_square(x, 0.37),
+            torch.ops.openreg.scaled_square(xi, 1.5),
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask),
+            F.scaled_dot_product_attention(q, k, v, scale=0.2),
+            # fewer queries than keys: the causal mask is the top-left triangle, as in torch
+            F.scaled_dot_product_attention(q[:, :, :3], k, v, is_causal=True),
+        )
+
+
+def all_ops_inputs(dtype=torch.float32, device="openreg"):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g) for _ in range(3))
+    bool_mask = torch.rand(5, 5, generator=g) > 0.3
+    bool_mask[:, 0] = True  # no row left without a position
+    float_mask = torch.randn(2, 1, 5, 5, generator=g)
+    tensors = (torch.randn(3, 4, generator=g), torch.randint(-4, 5, (3, 4), generator=g), q, k, v)
+    tensors = tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    return tuple(t.to(device) for t in (*tensors, bool_mask, float_mask.to(dtype)))
+
+
+def decomposed_program(model, args, **kw):
+    """The openreg program after run_decompositions(): SDPA is the fused overrideable op here."""
+    return torch.export.export(model, args, **kw).run_decompositions()

@@ -1,0 +1,185 @@
+"""openreg_onnx.export: provenance, dynamic dimensions checked, loud errors for bad inputs, CLI."""
+
+import textwrap
+
+import onnx
+import openreg_onnx
+import pytest
+import torch
+from conftest import MLP, run_python
+from onnxscript import opset18 as op
+from openreg_onnx import _vendor
+from openreg_onnx.__main__ import main
+from openreg_onnx._export import DeviceMismatchError, DynamicDimError, UnsupportedOperatorError, check_dynamic_dims
+from openreg_onnx._verify import run_onnx
+from torch.export import Dim
+from torch.testing._internal.common_utils import TestCase
+
+
+@torch.library.custom_op("openreg_onnx_test::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Twice(torch.nn.Module):
+    def forward(self, x):
+        return twice(x) + 1
+
+
+class BranchOnBatch(torch.nn.Module):
+    """Specialises the batch size: torch.export's suggested fix makes it static."""
+
+    def forward(self, x):
+        return x * 2 if x.shape[0] == 2 else x
+
+
+@pytest.fixture(scope="module")
+def mlp_program():
+    torch.manual_seed(0)
+    model = MLP().to("openreg").eval()
+    x = torch.randn(4, 8, device="openreg")
+    return model, x, openreg_onnx.export(model, (x,), dynamic_shapes={"x": {0: Dim("batch")}})
+
+
+class TestProvenanceAndShapes:
+    def test_provenance_metadata(self, mlp_program):
+        _, _, program = mlp_program
+        meta = {p.key: p.value for p in program.model_proto.metadata_props}
+        assert meta["openreg_onnx.version"] == openreg_onnx.__version__
+        assert meta["openreg_onnx.torch"] == torch.__version__
+        assert meta["openreg_onnx.onnx"] == onnx.__version__
+        assert meta["openreg_onnx.onnxscript"].startswith("0.7")
+        assert meta["openreg_onnx.opsets"] == "ai.onnx:20"
+        assert meta["openreg_onnx.mode"] == "portable"
+        assert meta["openreg_onnx.source_device"] == "openreg:0"
+
+    def test_dynamic_batch_runs_at_new_sizes(self, mlp_program):
+        model, _, program = mlp_program
+        dims = program.model_proto.graph.input[0].type.tensor_type.shape.dim
+        assert [d.dim_param or d.dim_value for d in dims] == ["batch", 8]
+        for batch in (1, 7):
+            x = torch.randn(batch, 8, device="openreg")
+            (got,), _, _ = run_onnx(program.model_proto, {"x": x.cpu().numpy()})
+            torch.testing.assert_close(torch.from_numpy(got), model(x).detach().cpu(), rtol=1e-4, atol=1e-5)
+
+    def test_requested_dynamic_dim_that_came_out_static_fails_loudly(self):
+        x = torch.randn(2, 3, device="openreg")
+        # torch.onnx.export itself applies torch.export's suggested fix and keeps the size:
+        plain = torch.onnx.export(BranchOnBatch().eval(), (x,), dynamic_shapes={"x": {0: Dim("b")}}, verbose=False)
+        assert plain.model_proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
+        with pytest.raises(DynamicDimError, match=r"came out static in the ONNX model: x\[0\] = 2 \("):
+            openreg_onnx.export(BranchOnBatch(), (x,), dynamic_shapes={"x": {0: Dim("b")}})
+
+    def test_check_lists_every_static_dim_and_accepts_positional_specs(self):
+        model = onnx.helper.make_model(
+            onnx.helper.make_graph(
+                [onnx.helper.make_node("Identity", ["a"], ["y"])],
+                "g",
+                [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [2, "s", 5])],
+                [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+            )
+        )
+        check_dynamic_dims(model, [("a", 1)])
+        with pytest.raises(DynamicDimError, match=r"a\[0\] = 2, a\[2\] = 5 "):
+            check_dynamic_dims(model, [("a", 0), ("a", 1), ("a", 2)])
+        with pytest.raises(DynamicDimError, match=r"a\[2\] = 5 "):
+            check_dynamic_dims(model, [("0", 2)])  # positional: the first input
+
+    def test_vendor_export_saves_a_runnable_file(self, tmp_path):
+        x = torch.randn(3, 4, device="openreg")
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.ops.openreg.scaled_square(torch.ops.openreg.custom_abs(x), 3.0)
+
+        path = tmp_path / "m.onnx"
+        openreg_onnx.export(M(), (x,), str(path), mode="vendor")
+        model = onnx.load(str(path))
+        assert _vendor.used_ops(model) == ["custom_abs", "scaled_square"]
+        (got,), backend, _ = run_onnx(model, {"x": x.cpu().numpy()})
+        assert backend == "onnxruntime"
+        torch.testing.assert_close(torch.from_numpy(got), M()(x).cpu())
+        # Attaching again adds nothing.
+        n = len(model.functions)
+        assert len(_vendor.attach_functions(model).functions) == n
+
+
+class TestBadInputs(TestCase):
+    def test_unsupported_operator_names_the_op_and_the_table(self):
+        x = torch.randn(3, device="openreg")
+        with self.assertRaisesRegex(
+            UnsupportedOperatorError,
+            r"openreg_onnx_test::twice.default has no ONNX translation: torch's exporter \(torchlib\) has none, "
+            r"and neither has openreg-onnx's table \(openreg_onnx.translation_table\('portable'\), which covers "
+            r"openreg::custom_abs, .*\). Pass custom_translation_table=\{torch.ops.openreg_onnx_test.twice.default: ",
+        ):
+            openreg_onnx.export(Twice(), (x,))
+
+    def test_unsupported_operator_with_a_user_translation(self):
+        def twice_onnx(x):
+            return op.Add(x, x)
+
+        x = torch.randn(3, device="openreg")
+        table = {torch.ops.openreg_onnx_test.twice.default: twice_onnx}
+        result = openreg_onnx.verify(Twice(), (x,), custom_translation_table=table)
+        self.assertTrue(result.ok, result.report())
+
+    def test_mismatched_devices(self):
+        model = MLP().to("openreg")
+        with self.assertRaisesRegex(
+            DeviceMismatchError,
+            r"the model and its inputs are on different devices \(cpu: input 0; openreg:0: parameter "
+            r"net.0.bias, parameter net.0.weight, .*\): move them to one device",
+        ):
+            openreg_onnx.export(model, (torch.randn(2, 8),))
+        with self.assertRaisesRegex(DeviceMismatchError, r"\(openreg:0: .*; openreg:1: input 0\)"):
+            openreg_onnx.verify(model, (torch.randn(2, 8, device="openreg:1"),))
+
+
+FACTORY = """
+import torch
+
+def tiny():
+    torch.manual_seed(0)
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+        def forward(self, x):
+            return torch.ops.openreg.custom_abs(self.fc(x))
+    return M().to("openreg").eval(), (torch.randn(2, 4, device="openreg"),)
+
+def wrong():
+    # A model whose saved ONNX file the CLI is asked to verify does not match it.
+    model, args = tiny()
+    model.fc.bias.data += 1
+    return model, args
+"""
+
+
+class TestCommandLine:
+    def test_export_then_verify(self, tmp_path, capsys):
+        factory = tmp_path / "models.py"
+        factory.write_text(textwrap.dedent(FACTORY))
+        out = tmp_path / "tiny.onnx"
+        assert main(["export", f"{factory}:tiny", "-o", str(out), "--mode", "vendor"]) == 0
+        assert _vendor.used_ops(onnx.load(str(out))) == ["custom_abs"]
+        report = tmp_path / "report.md"
+        assert main(["verify", f"{factory}:tiny", "--onnx", str(out), "--report", str(report)]) == 0
+        assert report.read_text().startswith("# openreg-onnx verification: PASS")
+        assert main(["verify", f"{factory}:wrong", "--onnx", str(out)]) == 1
+        assert "# openreg-onnx verification: FAIL" in capsys.readouterr().out
+
+    def test_module_entry(self):
+        r = run_python(
+            "import runpy, sys; sys.argv = ['openreg_onnx', '--help']; "
+            "runpy.run_module('openreg_onnx', run_name='__main__')"
+        )
+        assert r.returncode == 0, r.stderr
+        assert "failed to load" not in r.stderr  # `import openreg_onnx` before torch loads it once, cleanly
+        assert "usage: python -m openreg_onnx [-h] {export,verify}" in r.stdout

@@ -1,0 +1,146 @@
+"""openreg-onnx as a plugin: loaded lazily, attached to torch.onnx at its first use."""
+
+import io
+import warnings
+
+import onnx
+import onnxruntime as ort
+import openreg_onnx
+import torch
+from conftest import run_python
+from onnxscript import opset18 as op
+from openreg_onnx import _hooks
+from torch.testing._internal.common_utils import TestCase
+
+HEAVY = ("onnx", "onnxscript", "onnxruntime", "onnx_ir")
+
+LAZY = """
+import sys, torch
+info = torch.openreg.plugins()["onnx"]
+import openreg_onnx
+print(info["loaded"], info["error"], sorted(m for m in %r if m in sys.modules), openreg_onnx.hooks_status())
+""" % (HEAVY,)
+
+# The first dynamo export of the process, with no table passed: openreg's ops are translated.
+FIRST_EXPORT = """
+import sys, torch
+import torch.nn.functional as F
+
+class M(torch.nn.Module):
+    def forward(self, x, q):
+        y = torch.ops.openreg.scaled_square(torch.ops.openreg.custom_abs(x), 0.5)
+        return y, F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+x, q = torch.randn(3, 4, device="openreg"), torch.randn(1, 2, 5, 8, device="openreg")
+program = torch.export.export(M(), (x, q)).run_decompositions()
+onnx_program = torch.onnx.export(program, (x, q), dynamo=True, verbose=False)
+import onnxruntime as ort
+session = ort.InferenceSession(onnx_program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+got = session.run(None, {"x": x.cpu().numpy(), "q": q.cpu().numpy()})
+want = M()(x, q)
+print(all(torch.allclose(torch.from_numpy(g), w.cpu(), atol=1e-6) for g, w in zip(got, want)))
+"""
+
+
+class TestLoading(TestCase):
+    def test_loading_imports_no_onnx_package(self):
+        r = run_python(LAZY)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.strip(),
+            "True None [] {'installed': True, 'registry_patched': False, 'symbolics_registered': False}",
+        )
+
+    def test_torch_onnx_import_registers_symbolics_only(self):
+        r = run_python(LAZY.replace("import openreg_onnx", "import openreg_onnx, torch.onnx"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.strip(),
+            "True None [] {'installed': True, 'registry_patched': False, 'symbolics_registered': True}",
+        )
+
+    def test_first_export_in_the_process_translates_openreg_ops(self):
+        r = run_python(FIRST_EXPORT)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(r.stdout.strip(), "True")
+
+    def test_without_the_plugin_the_export_fails(self):
+        r = run_python(FIRST_EXPORT, env={"OPENREG_PLUGINS": "none"})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("No ONNX function found for <OpOverload(op='openreg.custom_abs', overload='default')>", r.stderr)
+
+    def test_registry_patch_is_version_gated(self):
+        class FakeRegistration:
+            class ONNXRegistry:
+                @classmethod
+                def from_torchlib(cls):
+                    return "torchlib"
+
+        saved = _hooks._torch_minor
+        try:
+            _hooks._torch_minor = lambda: (2, 14)
+            with self.assertWarnsRegex(RuntimeWarning, r"openreg-onnx: torch .* is not a version whose exporter"):
+                _hooks._patch_registry(FakeRegistration)
+        finally:
+            _hooks._torch_minor = saved
+        self.assertEqual(FakeRegistration.ONNXRegistry.from_torchlib(), "torchlib")  # untouched
+
+    def test_patch_point_exists_in_this_torch(self):
+        # The source line the patch relies on (see _hooks' docstring).
+        import inspect
+
+        from torch.onnx._internal.exporter import _compat, _registration
+
+        self.assertIn("_registration.ONNXRegistry().from_torchlib(", inspect.getsource(_compat.export_compat))
+        self.assertTrue(getattr(_registration.ONNXRegistry.from_torchlib.__func__, "_openreg_onnx", False))
+
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.eval()
+
+    def forward(self, x):
+        return torch.ops.openreg.custom_abs(x) * 2
+
+
+def _run(model_proto, x):
+    session = ort.InferenceSession(model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})[0])
+
+
+class TestHooksInProcess(TestCase):
+    def test_user_translation_wins(self):
+        def negated_abs(input):
+            return op.Neg(op.Abs(input))
+
+        x = torch.randn(3, 4, device="openreg")
+        table = {torch.ops.openreg.custom_abs.default: negated_abs}
+        program = torch.onnx.export(M(), (x,), dynamo=True, custom_translation_table=table)
+        self.assertEqual(_run(program.model_proto, x), -M()(x).cpu())
+        self.assertEqual(_run(torch.onnx.export(M(), (x,), dynamo=True).model_proto, x), M()(x).cpu())
+
+    def test_torchscript_exporter_gets_symbolics(self):
+        class Ops(torch.nn.Module):
+            def forward(self, x):
+                y = torch.ops.openreg.scaled_square(torch.ops.openreg.custom_abs(x), 0.25)
+                return torch.ops.openreg.custom_autograd_fn_returns_self(
+                    torch.ops.openreg.custom_autograd_fn_aliasing(y)
+                )
+
+        ops = ["Abs", "Mul", "Mul", "Identity", "Identity"]
+        int_ops = ["Abs", "Cast", *ops[1:]]  # x * x * scale promotes an integer x to float
+        for x, want_ops in (
+            (torch.randn(3, 4, device="openreg"), ops),
+            (torch.randint(-3, 4, (3, 4), device="openreg"), int_ops),
+        ):
+            f = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.onnx.export(Ops(), (x,), f, dynamo=False)
+            model = onnx.load_from_string(f.getvalue())
+            self.assertEqual([n.op_type for n in model.graph.node if n.op_type != "Constant"], want_ops)
+            want = Ops()(x).cpu()
+            self.assertEqual(want.dtype, torch.float32)
+            self.assertEqual(_run(model, x), want)
+        self.assertTrue(openreg_onnx.hooks_status()["symbolics_registered"])

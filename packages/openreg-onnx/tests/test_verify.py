@@ -1,0 +1,104 @@
+"""openreg_onnx.verify: a wrong translation is reported, tolerances per dtype, backends."""
+
+import openreg_onnx
+import pytest
+import torch
+from onnxscript import opset18 as op
+from openreg_onnx._verify import TOLERANCES, compare
+from torch.testing._internal.common_utils import TestCase
+
+
+class AbsThenScale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.ops.openreg.scaled_square(torch.ops.openreg.custom_abs(self.fc(x)), 0.5) + 1
+
+
+def wrong_abs(input):
+    """A deliberately wrong translation: |x| for x > 0 and 0 elsewhere (ReLU)."""
+    return op.Relu(input)
+
+
+@pytest.fixture(scope="module")
+def wrong_result():
+    torch.manual_seed(0)
+    model = AbsThenScale().to("openreg").eval()
+    x = torch.randn(4, 6, device="openreg")
+    table = {torch.ops.openreg.custom_abs.default: wrong_abs}
+    return openreg_onnx.verify(model, (x,), custom_translation_table=table, intermediates=True)
+
+
+class TestWrongTranslation:
+    def test_is_reported_at_the_output(self, wrong_result):
+        assert not wrong_result.ok
+        (output,) = [c for c in wrong_result.comparisons if c.kind == "output"]
+        assert not output.ok
+        assert "elements; worst at [" in output.detail
+
+    def test_intermediates_point_at_the_translated_node(self, wrong_result):
+        first = wrong_result.mismatches[0]
+        assert (first.name, first.kind) == ("custom_abs", "intermediate")
+        # The values before it are still right.
+        assert [c.name for c in wrong_result.comparisons if c.ok][:1] == ["linear"]
+
+    def test_report(self, wrong_result):
+        report = wrong_result.report()
+        assert report.startswith("# openreg-onnx verification: FAIL\n")
+        assert "- actual values from: **onnxruntime**" in report
+        assert "## Mismatches" in report
+        assert "First value that drifts: `custom_abs` (intermediate)." in report
+        assert "| `custom_abs` | intermediate | torch.float32 | [4, 6] |" in report
+        assert "**MISMATCH**" in report
+
+
+class TestVerify(TestCase):
+    def test_right_translation_passes_with_intermediates(self):
+        torch.manual_seed(0)
+        model = AbsThenScale().to("openreg").eval()
+        result = openreg_onnx.verify(model, (torch.randn(4, 6, device="openreg"),), intermediates=True)
+        self.assertTrue(result.ok, result.report())
+        self.assertIn("custom_abs", [c.name for c in result.comparisons if c.kind == "intermediate"])
+        self.assertTrue(result.report().startswith("# openreg-onnx verification: PASS"))
+
+    def test_reference_backend_on_request_and_a_saved_program(self):
+        model = AbsThenScale().to("openreg").eval()
+        x = torch.randn(4, 6, device="openreg")
+        program = openreg_onnx.export(model, (x,), mode="vendor")
+        result = openreg_onnx.verify(model, (x,), onnx_program=program, backend="reference")
+        self.assertTrue(result.ok, result.report())
+        self.assertEqual((result.backend, result.fallback_reason), ("onnx.reference", "backend='reference' requested"))
+        self.assertIs(result.onnx_program, program)  # not exported again
+
+    def test_exported_program_input(self):
+        model = AbsThenScale().to("openreg").eval()
+        x = torch.randn(4, 6, device="openreg")
+        result = openreg_onnx.verify(torch.export.export(model, (x,)), (x,))
+        self.assertTrue(result.ok, result.report())
+
+
+class TestCompare(TestCase):
+    def test_tolerance_per_dtype(self):
+        self.assertEqual(TOLERANCES[torch.float16], (1e-2, 2e-3))
+        base = torch.full((4,), 1.0)
+        off = base + 1e-3
+        self.assertTrue(compare("v", "output", base.half(), off.half()).ok)
+        self.assertFalse(compare("v", "output", base, off).ok)
+        self.assertTrue(compare("v", "output", base.double(), (base + 1e-9).double()).ok)
+        self.assertFalse(compare("v", "output", base.double(), (base + 1e-6).double()).ok)
+
+    def test_integers_are_exact_and_nonfinite_values_must_agree(self):
+        self.assertFalse(compare("i", "output", torch.tensor([1, 2]), torch.tensor([1, 3])).ok)
+        self.assertTrue(compare("i", "output", torch.tensor([True, False]), torch.tensor([True, False])).ok)
+        inf_nan = torch.tensor([float("inf"), float("nan"), 1.0])
+        self.assertTrue(compare("f", "output", inf_nan, inf_nan.clone()).ok)
+        c = compare("f", "output", inf_nan, torch.tensor([1.0, float("nan"), 1.0]))
+        self.assertFalse(c.ok)
+        self.assertEqual(c.detail, "1/3 elements; worst at [0]: expected inf, got 1")
+
+    def test_shape_mismatch(self):
+        c = compare("s", "output", torch.zeros(2, 3), torch.zeros(3, 2))
+        self.assertFalse(c.ok)
+        self.assertEqual(c.detail, "shape [3, 2] instead of [2, 3]")
