@@ -3,8 +3,8 @@
     nox -s tests        everything: builds openreg-core once, then every test session
     nox -s core         core's PyTorch tests (packages/openreg-core/tests)
     nox -s amp          openreg-amp's tests (packages/openreg-amp/tests)
+    nox -s inductor     openreg-inductor's tests (packages/openreg-inductor/tests)
     nox -s quant        openreg-quant's tests (packages/openreg-quant/tests)
-    nox -s onnx         openreg-onnx's tests (packages/openreg-onnx/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
     nox -s lint         ruff and clang-format (not part of `tests`)
@@ -45,7 +45,7 @@ LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
 CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
 # Plugin packages built by `build` (folder -> distribution file prefix).
-PLUGINS = {"openreg-amp": "openreg_amp", "openreg-quant": "openreg_quant", "openreg-onnx": "openreg_onnx"}
+PLUGINS = {"openreg-amp": "openreg_amp", "openreg-quant": "openreg_quant", "openreg-inductor": "openreg_inductor"}
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -167,16 +167,15 @@ def quant(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
 
 
-# openreg-onnx's runtime dependencies, the ranges of its pyproject (its wheel installs with --no-deps).
-ONNX_DEPS = ("onnx>=1.23,<1.24", "onnxscript>=0.7,<0.8", "onnxruntime>=1.32,<1.33")
-
-
 @nox.session(python=PYTHON, requires=["build"])
-def onnx(session: nox.Session) -> None:
-    """openreg-onnx's tests (lazy export hooks, translation table in both modes, models verified in
-    onnxruntime, export checks, CLI), against the built core and onnx wheels."""
-    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, plugins=("openreg_onnx",))
-    session.run("pytest", str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
+def inductor(session: nox.Session) -> None:
+    """openreg-inductor's tests (torch.compile on openreg vs CPU Inductor), against the built core and
+    inductor wheels. One Inductor cache per run, shared by the test processes (compiles dominate)."""
+    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_inductor",))
+    cache = Path(session.create_tmp()) / "inductor-cache"
+    shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
+    env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
+    session.run("pytest", str(ROOT / "packages" / "openreg-inductor" / "tests"), *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])
@@ -191,8 +190,8 @@ def packaging(session: nox.Session) -> None:
     requires=[
         "core",
         "amp",
+        "inductor",
         "quant",
-        "onnx",
         "runtime",
         "runtime_asan",
         "runtime_tsan",
@@ -212,7 +211,7 @@ def bench(session: nox.Session) -> None:
     """Benchmark smoke run against the built wheel: the CLI's tests, then `run.py --quick` (writes
     bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
-    _install_core(session, "numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, plugins=tuple(PLUGINS.values()))
+    _install_core(session, "numpy", "cmake", "ninja", "matplotlib", plugins=tuple(PLUGINS.values()))
     bench = ROOT / "tools" / "bench"
     session.run("pytest", str(bench / "test_bench_cli.py"))
     session.run(

@@ -1,0 +1,114 @@
+"""Workarounds for torch 2.13 assumptions that break a device that is neither the CPU nor a
+GPU with Triton. This is the plugin's only module that changes torch's behaviour; each entry
+names the torch source it works around and the test that fails without it.
+
+Inductor 2.13 sorts devices into "cpu" (C++ codegen) and ``GPU_TYPES`` (Triton, streams, device
+guards). openreg generates C++ like the CPU and has streams and a device like a GPU; adding it
+to ``GPU_TYPES`` would make Inductor require Triton (``TritonMissing``), so the few decisions that
+go wrong are corrected here, for device type "openreg" only. Every workaround below is a
+candidate for an upstream hook (see docs/mechanisms/compiler.md for the upstream references).
+
+``apply()`` refuses other torch minor versions: the patched names may have moved.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+DEVICE = "openreg"
+SUPPORTED = (2, 13)
+
+
+def _version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# 1. torch/_inductor/utils.py, get_current_backend(): any device other than cpu/mps/xpu/tpu gets
+#    ``config.cuda_backend`` ("triton"), so C++ codegen of openreg kernels takes Triton-only
+#    branches (codegen/common.py CSEProxy._default: "masked" dtype; upcast_compute_type), and
+#    indirect indexing and rand then hit a dtype assert.
+#    Test: tests/test_codegen.py::TestIndirect::test_gather_embedding, TestRandom.
+def _get_current_backend(original, device_type=None):
+    if device_type is None:
+        from torch._inductor.virtualized import V
+
+        device_type = V.graph.get_current_device_or_throw().type
+    return "cpp" if device_type == DEVICE else original(device_type)
+
+
+# 2. torch/_inductor/scheduler.py, BaseSchedulerNode.is_cpu(): it gates loop reindexing and
+#    reordering (shared_data_after_reordering_loop, shared_data_after_inverting_indexing,
+#    _try_reindex_for_reduction_fusion: "CPU reindexing is not validated yet"), which the C++
+#    kernel cannot take: softmax fails with "can't multiply sequence by non-int of type 'tuple'".
+#    Test: tests/test_codegen.py::TestReductions::test_softmax.
+def _is_cpu(self) -> bool:
+    device = self.get_device()
+    return device is not None and device.type in ("cpu", DEVICE)
+
+
+# 3. torch/_inductor/lowering.py, make_pointwise().inner(): the output device is the first
+#    ``is_gpu`` input's, else ``inputs[0]``'s; ``cpu_scalar * x_openreg`` is then placed on the
+#    CPU and the CPU kernel reads device memory on the host (a segfault).
+#    Test: tests/test_codegen.py::TestMixedDevices::test_cpu_scalar_times_openreg.
+def _lowering_is_gpu(original, device: str | None) -> bool:
+    return device == DEVICE or original(device)
+
+
+# 4. torch/_inductor/utils.py, device_need_guard() (used by Scheduler._codegen): only GPU_TYPES
+#    get a device guard in the wrapper, so inputs on openreg:1 run and allocate on the current
+#    device (openreg:0), and user-stream graphs reference an undefined ``default_stream``.
+#    Test: tests/test_codegen.py::TestDevices::test_second_device.
+def _device_need_guard(original, device: str) -> bool:
+    return device == DEVICE or original(device)
+
+
+class WrapperFixes:
+    """Fixes that live in openreg's wrapper classes (subclass overrides, no patching).
+
+    5. torch/_inductor/scheduler.py, Scheduler._codegen(): at the end of a graph the last device
+       guard is exited *before* the final ``self.flush()``, and CppScheduling defers its kernel
+       call to that flush, so the last kernel call lands after the ``with`` block (outside the
+       device guard). Flushing the scheduler's backends when the guard exits keeps every call
+       inside. Test: tests/test_codegen.py::TestDevices::test_second_device.
+    """
+
+    def codegen_device_guard_exit(self) -> None:
+        from torch._inductor.virtualized import V
+
+        scheduler = getattr(V.graph, "scheduler", None)
+        if scheduler is not None:
+            for backend in scheduler.backends.values():
+                backend.flush()
+        super().codegen_device_guard_exit()
+
+
+_applied = False
+
+
+def apply() -> None:
+    """Installs workarounds 1-4 (5 is in the wrapper classes). Idempotent."""
+    global _applied
+    if _applied:
+        return
+    if _version() != SUPPORTED:
+        raise RuntimeError(
+            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
+            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
+        )
+    import torch._inductor.codegen.common as common
+    import torch._inductor.kernel.mm_common as mm_common
+    import torch._inductor.lowering as lowering
+    import torch._inductor.scheduler as scheduler
+    import torch._inductor.utils as utils
+
+    backend = functools.partial(_get_current_backend, utils.get_current_backend)
+    # Modules that did ``from ..utils import get_current_backend`` hold their own reference.
+    for module in (utils, common, scheduler, mm_common):
+        module.get_current_backend = backend
+    scheduler.BaseSchedulerNode.is_cpu = _is_cpu
+    lowering.is_gpu = functools.partial(_lowering_is_gpu, utils.is_gpu)
+    scheduler.device_need_guard = functools.partial(_device_need_guard, utils.device_need_guard)
+    _applied = True

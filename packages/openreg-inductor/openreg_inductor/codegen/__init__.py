@@ -1,0 +1,1 @@
+"""Inductor codegen for openreg: scheduling (C++ kernels), launch (stream launchers), wrapper."""

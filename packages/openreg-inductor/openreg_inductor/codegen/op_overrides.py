@@ -1,0 +1,25 @@
+"""Python snippets Inductor's wrapper writes for openreg (``register_device_op_overrides``)."""
+
+from __future__ import annotations
+
+from torch._inductor.codegen.common import DeviceOpOverrides
+
+
+class OpenRegDeviceOpOverrides(DeviceOpOverrides):
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return f"from torch.openreg import current_raw_stream as {name}"
+
+    def set_device(self, device_idx: int) -> str:
+        return "pass  # the device guard above set the device"
+
+    def synchronize(self) -> str:
+        return "torch.openreg.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.openreg.device({device_idx})"
+
+    def current_stream(self) -> str:
+        return "torch.openreg.current_stream()"
+
+    def stream_handle(self, stream_name: str) -> str:
+        return f"{stream_name}.openreg_stream"

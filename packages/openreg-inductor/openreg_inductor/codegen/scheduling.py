@@ -1,0 +1,50 @@
+"""Inductor's scheduling for openreg: CPU C++ kernel generation, openreg launch.
+
+Everything about *what* a kernel computes (fusion, loop nests, vectorisation, reductions,
+indirect indexing, random numbers) is Inductor's ``CppScheduling``. This subclass changes only
+how a finished kernel is packaged (``define_kernel``): the generated function becomes the body
+of a launcher (``launch.launcher_source``) that runs it on an openreg stream. A vendor with its
+own code generator replaces this class (see docs/mechanisms/compiler.md).
+"""
+
+from __future__ import annotations
+
+from torch._inductor import config
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.utils import Placeholder, get_fused_kernel_name
+from torch._inductor.virtualized import V
+
+from . import launch
+
+
+def _is_host_scalar(name: str) -> bool:
+    """A kernel argument that lives in host memory: only CPU 0-dim tensors may (Dynamo lifts
+    Python scalars and ``cpu_tensor.sum()``-like values into a graph that runs on openreg)."""
+    buf = V.graph.try_get_buffer(name)
+    device = buf.get_device() if buf is not None else None
+    if device is None or device.type != "cpu":
+        return False
+    if not V.graph.sizevars.statically_known_equals(buf.get_numel(), 1):
+        raise RuntimeError(
+            f"openreg kernel argument {name} is a CPU tensor of {buf.get_numel()} elements; only CPU scalars may"
+        )
+    return True
+
+
+class OpenRegScheduling(CppScheduling):
+    def define_kernel(self, src_code, nodes, kernel_args=None):
+        wrapper = V.graph.wrapper_code
+        if src_code in wrapper.src_to_kernel:
+            return wrapper.src_to_kernel[src_code]
+        fused = get_fused_kernel_name(nodes, config.cpp.descriptive_names) if config.cpp.descriptive_names else ""
+        kernel_name = "_".join(["openreg", fused, wrapper.next_kernel_suffix()])
+        wrapper.src_to_kernel[src_code] = kernel_name
+        body = src_code.replace(str(Placeholder.KERNEL_NAME), launch.KERNEL_BODY)
+        body = body.replace(str(Placeholder.DESCRIPTIVE_NAME), kernel_name).replace("#pragma CMT", "//")
+        args = self.kernel_group.args if kernel_args is None else kernel_args
+        arg_defs, call_args, arg_types = args.cpp_argdefs()
+        host = [t.endswith("*") and _is_host_scalar(c) for c, t in zip(call_args, arg_types, strict=True)]
+        source = body + launch.launcher_source(kernel_name, arg_defs, arg_types, host)
+        argtypes = ["uintptr_t", *arg_types]
+        wrapper.define_kernel(kernel_name, f"openreg_kernel(async_compile, {argtypes!r}, r'''\n{source}''')", gpu=False)
+        return kernel_name

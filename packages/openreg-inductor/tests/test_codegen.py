@@ -1,0 +1,214 @@
+"""Generated kernels vs CPU Inductor: pointwise, reductions, views, mutation, indirect indexing,
+random numbers, CPU scalars, devices, extern kernels, dtypes."""
+
+import torch
+from compile_check import compare_with_cpu_inductor
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def kernels_of(fn, *args):
+    """The openreg kernels' names in the code Inductor generated for fn(*args)."""
+    from torch._inductor.utils import run_and_get_code
+
+    _, (code, *_) = run_and_get_code(torch.compile(fn), *args)
+    return code
+
+
+class TestPointwise(TestCase):
+    def test_fused_chain(self):
+        def f(x, y):
+            return torch.relu(x * 2 + y).sigmoid() - y.tanh() / x.exp()
+
+        out = compare_with_cpu_inductor(self, f, torch.randn(33, 65), torch.randn(33, 65))
+        self.assertEqual(out.device, torch.device("openreg:0"))
+
+    def test_division_by_constant_is_a_reciprocal_multiply(self):
+        # Inductor lowers x / c to x * (1/c) on every device but the CPU (torch/_inductor/lowering.py,
+        # div_prim, pytorch/pytorch#157959), as on CUDA: within one rounding step of CPU Inductor.
+        compare_with_cpu_inductor(self, lambda x: x / 3, torch.randn(1000), exact=False, atol=0, rtol=1.2e-7)
+
+    def test_generated_code_launches_on_the_stream(self):
+        code = kernels_of(lambda x: (x + 1).cos(), torch.randn(8, device="openreg"))
+        self.assertIn("raw_stream0 = get_raw_stream(0)", code)
+        self.assertIn("orLaunchKernel(", code)
+        self.assertIn("orKernelPointer(", code)
+        self.assertRegex(code, r"openreg_fused_add_cos_0\(raw_stream0, ")
+
+    def test_dtypes(self):
+        def f(a, b):
+            return (a * b + a).abs(), a > b, (a - b).to(torch.float32)
+
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64):
+            with self.subTest(dtype=dtype):
+                a = torch.randn(5, 37).mul(8).to(dtype)
+                b = torch.randn(5, 37).mul(8).to(dtype)
+                compare_with_cpu_inductor(self, f, a, b)
+
+    def test_bool_and_where(self):
+        def f(m, x):
+            return torch.where(m & (x > 0), x, -x), m.logical_not()
+
+        compare_with_cpu_inductor(self, f, torch.rand(40) > 0.5, torch.randn(40))
+
+    def test_integer_division(self):
+        def f(a, b):
+            return a // b, a % b
+
+        a = torch.randint(-50, 50, (64,))
+        b = torch.randint(1, 7, (64,))
+        compare_with_cpu_inductor(self, f, a, b)
+
+
+class TestReductions(TestCase):
+    def test_sum_max_mean(self):
+        def f(x):
+            return x.sum(1), x.amax(0), x.mean(), x.argmax(1)
+
+        compare_with_cpu_inductor(self, f, torch.randn(31, 257))
+
+    def test_softmax(self):
+        def f(x):
+            return torch.softmax(x, -1) * 2
+
+        compare_with_cpu_inductor(self, f, torch.randn(16, 100))
+
+    def test_layer_norm(self):
+        ln = torch.nn.LayerNorm(96)
+
+        def f(x, w, b):
+            return torch.nn.functional.layer_norm(x, (96,), w, b).relu()
+
+        # The mean divides by a constant: a reciprocal multiply on openreg (see test_division_by_constant...).
+        args = torch.randn(4, 10, 96), ln.weight.detach() + 0.5, torch.randn(96)
+        compare_with_cpu_inductor(self, f, *args, exact=False)
+
+    def test_var_mean_low_precision(self):
+        def f(x):
+            return torch.var_mean(x.float(), dim=-1), x.sum(-1)
+
+        compare_with_cpu_inductor(self, f, torch.randn(8, 300).to(torch.bfloat16), exact=False)
+
+
+class TestViews(TestCase):
+    def test_strided_and_offset_inputs(self):
+        def f(x, y):
+            return x.t() + y[1:, ::2], x[2:5].sum()
+
+        base = torch.randn(20, 40)
+        x = base[3:, 1::2][:, :16]  # an offset, non-contiguous view: 17 x 16 (strides 40, 2)
+        y = torch.randn(17, 34)
+        compare_with_cpu_inductor(self, f, x, y)
+
+    def test_view_outputs(self):
+        def f(x):
+            y = x * 3
+            return y.view(4, -1).t(), y[..., 1], y.permute(2, 0, 1)
+
+        compare_with_cpu_inductor(self, f, torch.randn(2, 6, 5))
+
+
+class TestMutation(TestCase):
+    def test_input_mutation(self):
+        def f(x, y):
+            x.add_(y)
+            y[1:3].mul_(2)
+            return (x * y).sum()
+
+        compare_with_cpu_inductor(self, f, torch.randn(6, 7), torch.randn(6, 7))
+
+
+class TestIndirect(TestCase):
+    def test_gather_embedding(self):
+        emb = torch.randn(50, 16)
+
+        def f(w, idx, x):
+            return torch.nn.functional.embedding(idx, w) * 2, torch.gather(x, 1, idx.clamp(0, 9))
+
+        idx = torch.randint(0, 50, (4, 10))
+        compare_with_cpu_inductor(self, f, emb, idx, torch.randn(4, 10))
+
+    def test_scatter_index_put(self):
+        def f(x, idx, src, vals):
+            a = x.scatter_add(0, idx, src)
+            b = x.index_put((idx[0],), vals, accumulate=True)
+            return a, b
+
+        x = torch.randn(8, 5)
+        idx = torch.randint(0, 8, (3, 5))
+        compare_with_cpu_inductor(self, f, x, idx, torch.randn(3, 5), torch.randn(5, 5), exact=False)
+
+
+class TestRandom(TestCase):
+    def test_reproducible_and_fresh(self):
+        def f(x):
+            return torch.rand_like(x) + torch.randn(x.shape, device=x.device), torch.nn.functional.dropout(x, 0.5)
+
+        g = torch.compile(f)
+        x = torch.ones(1000, device="openreg")
+        torch.openreg.manual_seed(7)
+        a = g(x)
+        b = g(x)
+        torch.openreg.manual_seed(7)
+        c = g(x)
+        self.assertEqual(a, c, atol=0, rtol=0)  # reproducible under the seed
+        self.assertNotEqual(a[0], b[0])  # fresh across calls
+        mean = a[0].cpu().mean().item()
+        self.assertTrue(0.3 < mean < 0.7, mean)
+        kept = (a[1] != 0).float().mean().item()
+        self.assertTrue(0.4 < kept < 0.6, kept)
+
+
+class TestMixedDevices(TestCase):
+    def test_cpu_scalar_times_openreg(self):
+        def f(s, x):
+            return s * x + s.exp()
+
+        out = compare_with_cpu_inductor(self, f, torch.tensor(1.5), torch.randn(300), keep_on_cpu=(0,))
+        self.assertEqual(out.device.type, "openreg")
+
+    def test_scalar_is_read_at_launch(self):
+        g = torch.compile(lambda s, x: x * s)
+        s, x = torch.tensor(2.0), torch.ones(4, device="openreg")
+        first = g(s, x)
+        s.fill_(5.0)  # after the launch: the queued kernel already has 2.0
+        self.assertEqual(first.cpu(), torch.full((4,), 2.0))
+        self.assertEqual(g(s, x).cpu(), torch.full((4,), 5.0))
+
+
+class TestDevices(TestCase):
+    def test_second_device(self):
+        def f(x, w):
+            return (x @ w).relu().sum(0) + 1
+
+        x, w = torch.randn(8, 16), torch.randn(16, 4)
+        expected = torch.compile(f)(x, w)
+        out = torch.compile(f)(x.to("openreg:1"), w.to("openreg:1"))
+        self.assertEqual(out.device, torch.device("openreg:1"))
+        self.assertEqual(torch.openreg.current_device(), 0)
+        self.assertEqual(out.cpu(), expected, atol=0, rtol=0)
+
+
+class TestExternKernels(TestCase):
+    def test_mm_addmm_bmm(self):
+        def f(a, b, c, d):
+            return torch.addmm(c, a, b).relu(), (a @ b) * 2, torch.bmm(d, d.transpose(1, 2))
+
+        args = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3), torch.randn(2, 4, 6)
+        compare_with_cpu_inductor(self, f, *args, exact=False, atol=1e-5, rtol=1e-5)
+
+    def test_convolution(self):
+        conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def f(x, w, b):
+            return torch.nn.functional.conv2d(x, w, b, padding=1).relu().mean((2, 3))
+
+        args = torch.randn(2, 3, 8, 8), conv.weight.detach(), conv.bias.detach()
+        # Inductor's layout optimisation feeds conv channels-last inputs; openreg's eager conv then
+        # returns channels-last strides while its fake kernel says contiguous (a core issue, see
+        # /work/notes/REQUESTS-inductor.md), so this test keeps the layouts as given.
+        with torch._inductor.config.patch(layout_optimization=False):
+            compare_with_cpu_inductor(self, f, *args, exact=False, atol=1e-5, rtol=1e-5)
+
+
+if __name__ == "__main__":
+    run_tests()
