@@ -18,6 +18,8 @@
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/matmul.h>
@@ -27,7 +29,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "OpenRegLaunch.h"
 
@@ -38,8 +42,11 @@ namespace {
 int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
+  // sym_size, not size: under export or torch.compile(dynamic=True) the inputs are fake tensors with
+  // symbolic sizes, and size() would turn every dim of the query into a constant (a guard per dim).
+  // Comparing the head counts guards on that equality alone.
   const bool supported = dropout_p == 0.0 && !enable_gqa && query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
-                         query.size(1) == key.size(1);
+                         query.sym_size(1) == key.sym_size(1);
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (supported && ctx.userEnabledOverrideableSDP()) return static_cast<int64_t>(at::SDPBackend::overrideable);
   TORCH_CHECK(ctx.userEnabledMathSDP(), "No available kernel for scaled_dot_product_attention on openreg: ",
@@ -47,6 +54,23 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
                         : "the OVERRIDEABLE backend does not support dropout or grouped-query attention",
               ", and the MATH backend is disabled");
   return static_cast<int64_t>(at::SDPBackend::math);
+}
+
+// The output follows the query's memory layout (the order of its strides), as the meta kernel in
+// torch/_meta_registrations.py (alloc_with_matching_layout) says: compiled and exported graphs are
+// traced with the meta kernel's strides and may view the result accordingly.
+at::Tensor empty_with_layout_of(const at::Tensor& query, at::IntArrayRef shape) {
+  if (query.sizes() == shape) return at::empty_like(query);
+  std::vector<int64_t> order(query.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return query.stride(a) > query.stride(b); });
+  std::vector<int64_t> strides(query.dim());
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = stride;
+    stride *= shape[*it];
+  }
+  return at::empty_strided(shape, strides, query.options());
 }
 
 // Scores S = scale * Q K^T + bias, with the causal mask applied (CPU tensors).
@@ -83,7 +107,7 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   c10::DeviceGuard guard(query.device());
   auto sizes = query.sizes().vec();
   sizes.back() = value.size(-1);
-  at::Tensor out = at::empty(sizes, query.options());
+  at::Tensor out = empty_with_layout_of(query, sizes);
   at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(accumulate_type(query)));
   const double s = scale_of(query, scale);
   launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable",
@@ -114,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   if (!grad_out.defined()) return {};  // no gradient flows in: none flows out (autograd reads them as zeros)
   c10::DeviceGuard guard(query.device());
   auto maybe = [&](bool wanted, const at::Tensor& like) {
-    return wanted && like.defined() ? at::empty(like.sizes(), like.options()) : at::Tensor();
+    return wanted && like.defined() ? at::empty_like(like) : at::Tensor();  // as the meta kernel: like the input
   };
   at::Tensor gq = maybe(grad_input_mask[0], query), gk = maybe(grad_input_mask[1], key),
              gv = maybe(grad_input_mask[2], value), gb = maybe(grad_input_mask[3], attn_bias);

@@ -1,0 +1,156 @@
+"""Symbolic shapes stay symbolic on openreg: torch.export, ONNX export and torch.compile(dynamic=True)
+trace openreg models with fake tensors whose sizes are symbols; core's C++ code that sees them (the
+SDPA backend choice, custom ops' fake kernels) must not turn a symbol into a constant."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.export import Dim
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_symbols
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class AttentionBlock(nn.Module):
+    """A causal self-attention block with an MLP, as in a small GPT."""
+
+    def __init__(self, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+def batch_and_seq_symbols(ep) -> list:
+    """The free symbols of the exported program's user input, in dim order (0, 1, ...)."""
+    (name,) = ep.graph_signature.user_inputs
+    (x,) = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name == name]
+    return [free_symbols(s) for s in x.shape]
+
+
+class TestExport(TestCase):
+    DYNAMIC = ({0: Dim("batch"), 1: Dim("seq")},)
+
+    def check_export(self, model, x):
+        ep = torch.export.export(model, (x,), dynamic_shapes=self.DYNAMIC)  # raised "Constraints violated"
+        batch, seq, width = batch_and_seq_symbols(ep)
+        self.assertEqual(len(batch), 1)
+        self.assertEqual(len(seq), 1)
+        self.assertEqual(width, set())
+        # No guard pins either symbol: the program runs at other sizes and matches eager.
+        for shape in ((3, 5, 32), (1, 11, 32)):
+            y = torch.randn(shape, device="openreg")
+            self.assertEqual(ep.module()(y), model(y), atol=1e-5, rtol=1e-5)
+        return ep
+
+    def test_sdpa_block(self):
+        torch.manual_seed(0)
+        model = AttentionBlock().to("openreg").eval()
+        ep = self.check_export(model, torch.randn(2, 8, 32, device="openreg"))
+        targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+        self.assertIn(torch.ops.aten.scaled_dot_product_attention.default, targets)
+        # After decompositions the openreg-specific fused op remains, with symbolic sizes.
+        ep = ep.run_decompositions()
+        fused = [n for n in ep.graph.nodes if n.target is torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default]
+        self.assertEqual(len(fused), 1)
+        self.assertTrue(free_symbols(fused[0].meta["val"][0].shape[0]))
+
+    def test_transformer_encoder_layer(self):
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.check_export(layer.to("openreg").eval(), torch.randn(2, 8, 32, device="openreg"))
+
+
+class TestCompileDynamic(TestCase):
+    def test_three_sequence_lengths_compile_once(self):
+        torch._dynamo.reset()
+        graphs = []
+
+        def counting_backend(gm, example_inputs):
+            graphs.append(gm)
+            return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+        torch.manual_seed(0)
+        model = AttentionBlock().to("openreg")
+        compiled = torch.compile(model, backend=counting_backend, dynamic=True)
+        after_first = None
+        for seq in (8, 13, 21):
+            x = torch.randn(2, seq, 32, device="openreg", requires_grad=True)
+            out = compiled(x)
+            out.sum().backward()  # the backward (the fused op's backward) is traced with symbols too
+            ref_x = x.detach().clone().requires_grad_()
+            ref = model(ref_x)
+            ref.sum().backward()
+            self.assertEqual(out, ref, atol=1e-5, rtol=1e-5)
+            self.assertEqual(x.grad, ref_x.grad, atol=1e-4, rtol=1e-4)
+            after_first = after_first or len(graphs)
+        # Dynamo splits this model in two graphs (as on the CPU); new lengths compile nothing more.
+        self.assertEqual(len(graphs), after_first)
+        self.assertGreater(after_first, 0)
+        torch._dynamo.reset()
+
+
+def _args_for(schema, x):
+    """Arguments for an operator from its schema: every Tensor is `x`, numbers are small constants."""
+    args = []
+    for a in schema.arguments:
+        kind = str(a.type)
+        if kind == "Tensor":
+            args.append(x)
+        elif kind == "float":
+            args.append(2.0)
+        elif kind == "int":
+            args.append(1)
+        elif kind == "bool":
+            args.append(False)
+        else:
+            raise AssertionError(f"{schema.name}: add an example for argument type {kind}")
+    return args
+
+
+class TestFakeKernels(TestCase):
+    def test_core_operators_keep_symbols(self):
+        """Each operator of core's `openreg` namespace, and the openreg-specific attention operators,
+        run on a fake tensor with symbolic sizes: the results' sizes are those symbols, no guard added."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("openreg::"))
+        self.assertIn("openreg::custom_abs", names)
+        self.assertIn("openreg::scaled_square", names)
+        shape_env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=shape_env)
+        dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+        real = torch.randn(2, 4, 6, 8, device="openreg")
+        with mode:
+            x = mode.from_tensor(real, symbolic_context=dynamic)
+        symbols = [s.node.expr for s in x.shape]
+        checked = []
+        with mode:
+            for name in names:
+                op = getattr(torch.ops.openreg, name.split("::")[1])
+                out = op.default(*_args_for(op.default._schema, x))
+                self.assertEqual([s.node.expr for s in out.shape], symbols, msg=name)
+                checked.append(name)
+            out, lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(x, x, x, is_causal=True)
+            self.assertEqual([s.node.expr for s in out.shape], symbols)
+            self.assertEqual([s.node.expr for s in lse.shape], symbols[:3])
+            choice = torch.ops.aten._fused_sdp_choice(x, x, x)
+            F.scaled_dot_product_attention(x, x, x, is_causal=True)
+        self.assertIsInstance(choice, int)
+        self.assertEqual(len(checked), len(names))
+        # A guard that pinned a size would show as a replacement of its symbol by a number.
+        self.assertEqual({s: v for s, v in shape_env.replacements.items() if s in symbols}, {})
+        self.assertEqual(shape_env.guards, [])
+
+
+if __name__ == "__main__":
+    run_tests()
