@@ -3,6 +3,7 @@
     nox -s tests        everything: builds openreg-core once, then every test session
     nox -s core         core's PyTorch tests (packages/openreg-core/tests)
     nox -s amp          openreg-amp's tests (packages/openreg-amp/tests)
+    nox -s distributed  openreg-distributed's tests (occl, 2-rank process groups; packages/openreg-distributed/tests)
     nox -s inductor     openreg-inductor's tests (packages/openreg-inductor/tests)
     nox -s quant        openreg-quant's tests (packages/openreg-quant/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
@@ -45,7 +46,12 @@ LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
 CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
 # Plugin packages built by `build` (folder -> distribution file prefix).
-PLUGINS = {"openreg-amp": "openreg_amp", "openreg-quant": "openreg_quant", "openreg-inductor": "openreg_inductor"}
+PLUGINS = {
+    "openreg-amp": "openreg_amp",
+    "openreg-distributed": "openreg_distributed",
+    "openreg-quant": "openreg_quant",
+    "openreg-inductor": "openreg_inductor",
+}
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -179,6 +185,14 @@ def inductor(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, requires=["build"])
+def distributed(session: nox.Session) -> None:
+    """openreg-distributed's tests (occl collectives, DDP, plugin loading), against the built core and
+    distributed wheels. Multi-process classes spawn their ranks once per class."""
+    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_distributed",))
+    session.run("pytest", str(ROOT / "packages" / "openreg-distributed" / "tests"), *session.posargs)
+
+
+@nox.session(python=PYTHON, requires=["build"])
 def packaging(session: nox.Session) -> None:
     """Checks what the wheel and the sdist in dist/ contain, and that the installed wheel imports."""
     _install_core(session, plugins=tuple(PLUGINS.values()))
@@ -190,6 +204,7 @@ def packaging(session: nox.Session) -> None:
     requires=[
         "core",
         "amp",
+        "distributed",
         "inductor",
         "quant",
         "runtime",

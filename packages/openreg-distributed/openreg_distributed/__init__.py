@@ -1,7 +1,28 @@
-"""openreg-distributed: the c10d backend occl. Not implemented yet.
+"""openreg-distributed: occl, the c10d collective backend for openreg tensors.
 
-The c10d backend `occl` for openreg tensors: collectives enqueued on a communication
-stream, ordered with the compute stream by events, carried over Gloo.
+Installed, it is loaded by openreg-core's plugin discovery (entry point ``distributed`` in the
+``torch_openreg.plugins`` group) right after ``import torch`` has set up the device;
+``import openreg_distributed`` also works and loads core first. Loading it:
 
-This package is a placeholder: importing it registers nothing.
+- registers the backend ``occl`` with ``torch.distributed`` for device type ``openreg``, so that
+  ``init_process_group(device_id=torch.device("openreg", rank))`` picks ``cpu:gloo,openreg:occl``
+  and ``torch.distributed.get_default_backend_for_device("openreg") == "occl"``;
+- registers DDP's reducer timer for openreg (C++, ``csrc/Module.cpp``).
+
+occl runs every collective as a kernel on a communication stream of the tensors' device, ordered
+with the caller's stream by events, over kernel views of device memory (no copies), with a private
+Gloo group as the transport (``csrc/Transport.hpp`` is the seam a vendor's fabric replaces). See
+``docs/mechanisms/distributed.md`` in the repository.
 """
+
+import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
+
+from ._backend import BACKEND_NAME, create_occl_backend, register
+
+__version__ = "0.1.0"
+__all__ = ["BACKEND_NAME", "create_occl_backend", "register"]
+
+
+def _load() -> None:
+    """Entry point of core's plugin group: registers occl with torch.distributed (once)."""
+    register()

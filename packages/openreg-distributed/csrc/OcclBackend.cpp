@@ -1,0 +1,903 @@
+// occl's collectives: checks at the call, one kernel per operation on the comm stream, and the
+// emulation of what the transport lacks (AVG on integers, PREMUL_SUM, dtypes it cannot carry).
+#include "OcclBackend.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "torch_openreg/aten/OpenRegKernelTensor.h"
+#include "torch_openreg/runtime/OpenRegException.h"
+#include "torch_openreg/runtime/OpenRegStream.h"
+
+namespace openreg_distributed {
+
+namespace {
+
+using c10::openreg::KernelTensorArg;
+using Args = std::vector<KernelTensorArg>;
+using ms = std::chrono::milliseconds;
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && (std::string(v) == "1" || std::string(v) == "true");
+}
+
+// ---- checks at the call: errors name the operation and surface where the user made the call ----
+
+void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt) {
+  TORCH_CHECK(t.defined(), "occl ", op, ": got an undefined tensor");
+  TORCH_CHECK(t.layout() == c10::kStrided, "occl ", op, ": only dense (strided) tensors are supported, got ",
+              t.layout());
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "occl ", op,
+              ": tensors must be on an openreg device, got a tensor on ", t.device());
+  if (device) {
+    TORCH_CHECK(t.device() == *device, "occl ", op, ": all tensors must be on one device, got ", *device, " and ",
+                t.device());
+  }
+  TORCH_CHECK(t.is_contiguous(), "occl ", op, ": tensors must be contiguous");
+}
+
+c10::Device check_tensors(const char* op, const std::vector<at::Tensor>& ts) {
+  TORCH_CHECK(!ts.empty(), "occl ", op, ": expects at least one tensor");
+  const c10::Device device = ts.front().defined() ? ts.front().device() : c10::Device(c10::DeviceType::CPU);
+  for (const auto& t : ts) check_tensor(op, t, device);
+  return device;
+}
+
+void check_single(const char* op, size_t n, const char* what) {
+  TORCH_CHECK(n == 1, "occl ", op, ": expects exactly one ", what, " tensor (list) per process, got ", n);
+}
+
+void check_same_dtype(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "occl ", op, ": input and output dtypes differ (", a.scalar_type(),
+              " and ", b.scalar_type(), ")");
+}
+
+// The dtypes Gloo carries and reduces natively; others move as raw bytes and cannot be reduced.
+bool transport_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat:
+    case c10::kDouble:
+    case c10::kHalf:
+    case c10::kBFloat16:
+    case c10::kChar:
+    case c10::kByte:
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const char* op_name(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNUSED";
+  }
+}
+
+// ---- device side: the views the transport sees ----
+
+std::vector<at::Tensor> views(const Args& args) {
+  std::vector<at::Tensor> out;
+  out.reserve(args.size());
+  for (const auto& a : args) out.push_back(a.materialize());
+  return out;
+}
+
+Args args_of(const std::vector<at::Tensor>& ts) { return Args(ts.begin(), ts.end()); }
+
+// A 1-D view the transport can carry: the tensor itself for Gloo's dtypes, its bytes otherwise
+// (float8, uint16, complex32, ...): data movement does not care what the bytes mean.
+at::Tensor carried(const at::Tensor& t) {
+  at::Tensor flat = t.view({-1});
+  return transport_dtype(t.scalar_type()) ? flat : flat.view(at::kByte);
+}
+
+// How a ReduceOp is carried out: the transport's op plus what occl adds before and after.
+struct Reduction {
+  c10d::ReduceOp op{c10d::ReduceOp::SUM};
+  bool premul = false;
+  double factor = 1.0;
+  std::optional<KernelTensorArg> factor_tensor;  // PREMUL_SUM with a device tensor factor
+  at::Tensor factor_host;                        // ... or a CPU one
+  bool average = false;
+  bool integral = false;
+  int size = 1;
+
+  // In place (the tensor is the output too) or into a copy (it is an input only).
+  at::Tensor scaled(const at::Tensor& t, bool in_place) const {
+    if (!premul) return t;
+    at::Tensor f = factor_tensor ? factor_tensor->materialize() : factor_host;
+    if (in_place) return f.defined() ? t.mul_(f) : t.mul_(factor);
+    return f.defined() ? t.mul(f) : t.mul(factor);
+  }
+  void finish(const at::Tensor& t) const {
+    if (!average) return;
+    if (integral)
+      const_cast<at::Tensor&>(t).div_(size, "trunc");  // NCCL's integer average truncates
+    else
+      const_cast<at::Tensor&>(t).div_(size);
+  }
+};
+
+Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType dtype, int size,
+                    std::vector<at::Tensor>& stash) {
+  TORCH_CHECK(transport_dtype(dtype), "occl ", op, ": reductions of ", dtype,
+              " are not supported (data movement of it is)");
+  const bool integral = c10::isIntegralType(dtype, /*includeBool=*/true);
+  Reduction r;
+  r.size = size;
+  r.integral = integral;
+  switch (rop.op_) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::PRODUCT:
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::MAX:
+      r.op = rop.op_;
+      break;
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      TORCH_CHECK(integral, "occl ", op, ": ReduceOp.", op_name(rop.op_), " needs an integer or bool tensor, got ",
+                  dtype);
+      r.op = rop.op_;
+      break;
+    case c10d::ReduceOp::AVG:
+      // Gloo refuses AVG on integers; a sum then a division on the worker is what it does on floats.
+      TORCH_CHECK(dtype != c10::kBool, "occl ", op, ": ReduceOp.AVG is not defined for bool tensors");
+      r.op = c10d::ReduceOp::SUM;
+      r.average = true;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      TORCH_CHECK(c10::isFloatingType(dtype), "occl ", op, ": ReduceOp.PREMUL_SUM needs a floating point tensor, got ",
+                  dtype);
+      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
+      TORCH_CHECK(sup != nullptr, "occl ", op, ": ReduceOp.PREMUL_SUM without its factor");
+      r.op = c10d::ReduceOp::SUM;
+      r.premul = true;
+      if (sup->tensor_factor.defined()) {
+        const at::Tensor& f = sup->tensor_factor;
+        if (f.is_privateuseone()) {
+          check_tensor(op, f);
+          r.factor_tensor.emplace(f);
+          stash.push_back(f);
+        } else {
+          r.factor_host = f;
+        }
+      } else {
+        r.factor = sup->double_factor;
+      }
+      break;
+    }
+    default:
+      TORCH_CHECK(false, "occl ", op, ": unsupported ReduceOp ", op_name(rop.op_));
+  }
+  return r;
+}
+
+// Returns completed events to the pool only once they have completed: destroying (or re-recording)
+// an event whose stream has not reached it would block the host.
+class EventPool {
+ public:
+  orEvent_t get() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (orEventQuery(*it) != orErrorNotReady) {
+        free_.push_back(*it);
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!free_.empty()) {
+      orEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    orEvent_t e = nullptr;
+    OPENREG_CHECK(orEventCreateWithFlags(&e, orEventDisableTiming));
+    return e;
+  }
+  void put(orEvent_t e) {
+    std::lock_guard<std::mutex> g(mu_);
+    retired_.push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<orEvent_t> free_;
+  std::deque<orEvent_t> retired_;
+};
+
+// One pool per process: events outlive groups (a Work may outlive its backend).
+EventPool& events() {
+  static EventPool* pool = new EventPool();  // never destroyed: works may be freed at exit
+  return *pool;
+}
+
+}  // namespace
+
+// ---- OcclWork ----
+
+OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device, orEvent_t end,
+                   std::shared_ptr<WorkOutcome> outcome, std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
+                   c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout,
+                   bool blocking_wait)
+    : Work(rank, type),
+      seq_(seq),
+      device_(device),
+      end_(end),
+      outcome_(std::move(outcome)),
+      stash_(std::move(stash)),
+      outputs_(std::move(outputs)),
+      future_(std::move(future)),
+      timeout_(timeout),
+      blocking_wait_(blocking_wait) {}
+
+OcclWork::~OcclWork() { events().put(end_); }
+
+bool OcclWork::isCompleted() { return orEventQuery(end_) != orErrorNotReady; }
+
+bool OcclWork::isSuccess() const { return !outcome_->error.failed(); }
+
+std::exception_ptr OcclWork::exception() const {
+  if (!outcome_->error.failed()) return nullptr;
+  return std::make_exception_ptr(c10::DistBackendError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, outcome_->error.message()));
+}
+
+void OcclWork::throw_if_failed() const {
+  if (outcome_->error.failed()) C10_THROW_ERROR(DistBackendError, outcome_->error.message());
+}
+
+int OcclWork::sourceRank() const {
+  const_cast<OcclWork*>(this)->host_wait(kNoTimeout);
+  throw_if_failed();
+  return outcome_->source_rank.load();
+}
+
+void OcclWork::synchronize() {
+  // The caller's current stream waits for the end of the collective; the host does not.
+  OPENREG_CHECK(orStreamWaitEvent(c10::openreg::current_stream_handle(device_.index()), end_, 0));
+}
+
+bool OcclWork::host_wait(std::chrono::milliseconds timeout) {
+  const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto nap = std::chrono::microseconds(20);
+  while (orEventQuery(end_) == orErrorNotReady) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(retrieveOpType()), " (seq ", seq_,
+                                                 ") did not complete within ", limit.count(), " ms"));
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+  return true;
+}
+
+bool OcclWork::wait(std::chrono::milliseconds timeout) {
+  if (blocking_wait_) {
+    host_wait(timeout);
+    throw_if_failed();
+    synchronize();  // free after completion: later work on the current stream is ordered anyway
+    return true;
+  }
+  throw_if_failed();
+  synchronize();
+  return true;
+}
+
+// ---- OcclBackend ----
+
+OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::intrusive_ptr<Options> options,
+                         std::shared_ptr<Transport> transport)
+    : Backend(rank, size),
+      store_(std::move(store)),
+      options_(std::move(options)),
+      transport_(std::move(transport)),
+      blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")) {
+  watchdog_ = std::thread([this] { watchdog(); });
+}
+
+OcclBackend::~OcclBackend() {
+  {
+    std::lock_guard<std::mutex> g(inflight_mu_);
+    stop_ = true;
+  }
+  inflight_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  // The streams are left to the runtime: destroying one waits for its queued work, which may be a
+  // collective that a dead peer will never complete (until the transport's timeout).
+}
+
+std::chrono::milliseconds OcclBackend::effective(std::chrono::milliseconds t) const {
+  return t == c10d::kUnsetTimeout ? options_->timeout : t;
+}
+
+void OcclBackend::setTimeout(std::chrono::milliseconds timeout) {
+  options_->timeout = timeout;
+  transport_->set_timeout(timeout);
+}
+
+c10d::ErrorType OcclBackend::getError() {
+  return error_->failed() ? c10d::ErrorType::COMM_ERROR : c10d::ErrorType::SUCCESS;
+}
+
+void OcclBackend::abort() {
+  error_->set(c10::str("occl: process group (rank ", rank_, ") was aborted"));
+  transport_->abort();
+}
+
+void OcclBackend::shutdown() { transport_->shutdown(); }
+
+const CommStreams& OcclBackend::streams(c10::Device device) {
+  std::lock_guard<std::mutex> g(streams_mu_);
+  auto it = streams_.find(device.index());
+  if (it != streams_.end()) return it->second;
+  // Dedicated streams, not pool ones: the pool is shared round robin with users' streams, and a
+  // collective occupies its stream's worker while it waits for the peers.
+  c10::DeviceGuard guard(device);
+  CommStreams s;
+  OPENREG_CHECK(orStreamCreate(&s.coll));
+  OPENREG_CHECK(orStreamCreate(&s.send));
+  OPENREG_CHECK(orStreamCreate(&s.recv));
+  return streams_.emplace(device.index(), s).first->second;
+}
+
+void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
+  std::lock_guard<std::mutex> g(inflight_mu_);
+  // Drop the finished ones from the front here too, so a busy loop does not grow the list.
+  while (!inflight_.empty() && inflight_.front()->isCompleted()) inflight_.pop_front();
+  inflight_.push_back(std::move(work));
+}
+
+void OcclBackend::watchdog() {
+  std::unique_lock<std::mutex> lk(inflight_mu_);
+  while (!stop_) {
+    inflight_cv_.wait_for(lk, std::chrono::milliseconds(100));
+    std::vector<c10::intrusive_ptr<OcclWork>> done;  // released outside the lock
+    for (auto it = inflight_.begin(); it != inflight_.end();) {
+      if ((*it)->isCompleted()) {
+        done.push_back(std::move(*it));
+        it = inflight_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    lk.unlock();
+    done.clear();
+    lk.lock();
+  }
+}
+
+c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+                                              std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
+                                              Start start, bool blocking) {
+  if (error_->failed()) {
+    C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(type),
+                                               " refused: the process group failed earlier: ", error_->message()));
+  }
+  const CommStreams& s = streams(device);
+  orStream_t comm = lane == Lane::kColl ? s.coll : lane == Lane::kSend ? s.send : s.recv;
+  orStream_t current = c10::openreg::current_stream_handle(device.index());
+  const uint64_t seq = ++seq_;
+
+  // 1. The comm stream waits for what the caller queued before the collective.
+  orEvent_t ready = events().get();
+  OPENREG_CHECK(orEventRecord(ready, current));
+  OPENREG_CHECK(orStreamWaitEvent(comm, ready, 0));
+  events().put(ready);
+
+  // 2. The collective, on the comm stream's worker.
+  auto outcome = std::make_shared<WorkOutcome>();
+  const std::string what =
+      c10::str("occl ", c10d::opTypeToString(type), " (seq ", seq, ", rank ", rank_, " of ", size_, ")");
+  OPENREG_CHECK(::openreg::launch(comm, kernel, [start = std::move(start), outcome, group = error_, what] {
+    if (group->failed()) {
+      const std::string msg = what + " not run: the process group failed earlier: " + group->message();
+      outcome->error.set(msg);
+      throw std::runtime_error(msg);
+    }
+    try {
+      Started st = start();
+      for (auto& w : st.works) w->wait();
+      if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
+      if (st.post) st.post();
+    } catch (const std::exception& e) {
+      const std::string msg = what + " failed: " + e.what();
+      outcome->error.set(msg);
+      group->set(msg);
+      throw std::runtime_error(msg);
+    }
+  }));
+
+  // 3. Its end, and a future completed on the comm stream (as NCCL's: callbacks and waits are
+  //    ordered after the collective by device events, not by the host).
+  orEvent_t end = events().get();
+  OPENREG_CHECK(orEventRecord(end, comm));
+  std::vector<c10::Device> devices{device};
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+  {
+    c10::StreamGuard on_comm(c10::openreg::getStreamFromExternal(comm, device.index()));
+    future->markCompleted(c10::IValue(outputs));
+  }
+
+  // 4. The tensors stay referenced until the end event completed.
+  for (auto& t : outputs) stash.push_back(t);
+  auto work =
+      c10::make_intrusive<OcclWork>(rank_, type, seq, device, end, outcome, std::move(stash), std::move(outputs),
+                                    std::move(future), options_->timeout, blocking_wait_ || blocking);
+  keep_until_done(work);
+  if (coalescing_) {
+    if (!coalesced_device_) coalesced_device_ = device;
+    if (lane != Lane::kColl) coalesced_lanes_.emplace_back(lane, device);
+  }
+  return work;
+}
+
+void OcclBackend::startCoalescing() {
+  coalescing_ = true;
+  coalesced_device_.reset();
+  coalesced_lanes_.clear();
+}
+
+c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
+  coalescing_ = false;
+  int current = 0;
+  OPENREG_CHECK(orGetDevice(&current));
+  const c10::Device device =
+      coalesced_device_.value_or(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current)));
+  const CommStreams& s = streams(device);
+  // The coalesced Work ends on the collective stream once the send and receive streams have run
+  // what was queued on them meanwhile.
+  for (const auto& [lane, dev] : coalesced_lanes_) {
+    const CommStreams& ls = streams(dev);
+    orEvent_t e = events().get();
+    OPENREG_CHECK(orEventRecord(e, lane == Lane::kSend ? ls.send : ls.recv));
+    OPENREG_CHECK(orStreamWaitEvent(s.coll, e, 0));
+    events().put(e);
+  }
+  coalesced_lanes_.clear();
+  return enqueue(c10d::OpType::COALESCED, "occl::coalesced", Lane::kColl, device, {}, {}, [] { return Started{}; });
+}
+
+// ---- the operations ----
+
+c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  check_single("broadcast", tensors.size(), "");
+  const auto device = check_tensors("broadcast", tensors);
+  auto t = transport_;
+  const int root = static_cast<int>(opts.rootRank);
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::BROADCAST, "occl::broadcast", Lane::kColl, device, {}, tensors,
+                 [t, a = args_of(tensors), root, timeout] {
+                   at::Tensor v = carried(a[0].materialize());
+                   return Started{{t->broadcast(v, root, timeout)}, {}};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const auto device = check_tensors("all_reduce", tensors);
+  std::vector<at::Tensor> stash;
+  for (const auto& x : tensors) check_same_dtype("all_reduce", tensors[0], x);
+  Reduction r = reduction("all_reduce", opts.reduceOp, tensors[0].scalar_type(), size_, stash);
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::ALLREDUCE, "occl::all_reduce", Lane::kColl, device, std::move(stash), tensors,
+                 [t, a = args_of(tensors), r, timeout] {
+                   std::vector<at::Tensor> v = views(a);
+                   for (auto& x : v) x = r.scaled(x.view({-1}), /*in_place=*/true);
+                   WorkPtr w = t->allreduce(v, r.op, timeout);
+                   return Started{{w}, [v, r] {
+                                    for (const auto& x : v) r.finish(x);
+                                  }};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceCoalescedOptions& opts) {
+  return allreduce(tensors, opts);
+}
+
+c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  check_single("reduce", tensors.size(), "");
+  const auto device = check_tensors("reduce", tensors);
+  std::vector<at::Tensor> stash;
+  Reduction r = reduction("reduce", opts.reduceOp, tensors[0].scalar_type(), size_, stash);
+  auto t = transport_;
+  const int root = static_cast<int>(opts.rootRank);
+  const bool is_root = root == rank_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, std::move(stash), tensors,
+                 [t, a = args_of(tensors), r, root, is_root, timeout] {
+                   // Off the root the tensor is an input only: PREMUL_SUM scales a copy.
+                   at::Tensor v = r.scaled(a[0].materialize().view({-1}), /*in_place=*/is_root);
+                   WorkPtr w = t->reduce(v, root, r.op, timeout);
+                   return Started{{w}, [v, r, is_root] {
+                                    if (is_root) r.finish(v);
+                                  }};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::AllgatherOptions& opts) {
+  std::vector<at::Tensor> outs{output}, ins{input};
+  return allgather_into_tensor_coalesced(outs, ins, opts);
+}
+
+c10::intrusive_ptr<Work> OcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor";
+  TORCH_CHECK(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
+              " inputs");
+  const auto device = check_tensors(op, inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(op, outputs[i], device);
+    check_same_dtype(op, inputs[i], outputs[i]);
+    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_, "occl ", op, ": output has ", outputs[i].numel(),
+                " elements, expected input's ", inputs[i].numel(), " x world size ", size_, " = ",
+                inputs[i].numel() * size_);
+  }
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "occl::all_gather_into_tensor", Lane::kColl, device, inputs, outputs,
+                 [t, in = args_of(inputs), out = args_of(outputs), timeout] {
+                   Started st;
+                   for (size_t i = 0; i < in.size(); ++i) {
+                     at::Tensor o = carried(out[i].materialize()), x = carried(in[i].materialize());
+                     st.works.push_back(t->allgather(o, x, timeout));
+                   }
+                   return st;
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather";
+  check_single(op, inputs.size(), "input");
+  check_single(op, outputs.size(), "output");
+  const auto device = check_tensors(op, inputs);
+  auto& outs = outputs[0];
+  TORCH_CHECK(static_cast<int>(outs.size()) == size_, "occl ", op, ": expects world size (", size_,
+              ") output tensors, got ", outs.size());
+  for (const auto& o : outs) {
+    check_tensor(op, o, device);
+    check_same_dtype(op, inputs[0], o);
+    TORCH_CHECK(o.numel() == inputs[0].numel(), "occl ", op, ": output tensors must have the input's ",
+                inputs[0].numel(), " elements, got ", o.numel());
+  }
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  const int n = size_;
+  return enqueue(c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
+                 [t, in = args_of(inputs), out = args_of(outs), n, timeout] {
+                   // Gathered into one staging buffer on the device side, then copied out.
+                   at::Tensor x = in[0].materialize();
+                   at::Tensor staging = at::empty({n * x.numel()}, x.options());
+                   at::Tensor s = carried(staging), cx = carried(x);
+                   WorkPtr w = t->allgather(s, cx, timeout);
+                   return Started{{w}, [staging, out, n] {
+                                    const int64_t k = staging.numel() / n;
+                                    for (int i = 0; i < n; ++i)
+                                      out[i].materialize().view({-1}).copy_(staging.narrow(0, i * k, k));
+                                  }};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> outs{output}, ins{input};
+  return reduce_scatter_tensor_coalesced(outs, ins, opts);
+}
+
+c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor";
+  TORCH_CHECK(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
+              " inputs");
+  const auto device = check_tensors(op, inputs);
+  std::vector<at::Tensor> stash = inputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(op, outputs[i], device);
+    check_same_dtype(op, inputs[i], outputs[i]);
+    check_same_dtype(op, inputs[0], inputs[i]);
+    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "occl ", op, ": input has ", inputs[i].numel(),
+                " elements, expected output's ", outputs[i].numel(), " x world size ", size_, " = ",
+                outputs[i].numel() * size_);
+  }
+  Reduction r = reduction(op, opts.reduceOp, inputs[0].scalar_type(), size_, stash);
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "occl::reduce_scatter_tensor", Lane::kColl, device,
+                 std::move(stash), outputs, [t, in = args_of(inputs), out = args_of(outputs), r, timeout] {
+                   Started st;
+                   std::vector<at::Tensor> results;
+                   for (size_t i = 0; i < in.size(); ++i) {
+                     at::Tensor o = out[i].materialize().view({-1});
+                     at::Tensor x = r.scaled(in[i].materialize().view({-1}), /*in_place=*/false);
+                     st.works.push_back(t->reduce_scatter(o, x, r.op, timeout));
+                     results.push_back(o);
+                   }
+                   st.post = [results, r] {
+                     for (const auto& o : results) r.finish(o);
+                   };
+                   return st;
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter";
+  check_single(op, outputs.size(), "output");
+  check_single(op, inputs.size(), "input");
+  const auto device = check_tensors(op, outputs);
+  auto& ins = inputs[0];
+  TORCH_CHECK(static_cast<int>(ins.size()) == size_, "occl ", op, ": expects world size (", size_,
+              ") input tensors, got ", ins.size());
+  for (const auto& x : ins) {
+    check_tensor(op, x, device);
+    check_same_dtype(op, x, outputs[0]);
+    TORCH_CHECK(x.numel() == outputs[0].numel(), "occl ", op, ": input tensors must have the output's ",
+                outputs[0].numel(), " elements, got ", x.numel());
+  }
+  std::vector<at::Tensor> stash = ins;
+  Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, stash);
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
+                 [t, in = args_of(ins), out = args_of(outputs), r, timeout] {
+                   std::vector<at::Tensor> parts;
+                   for (const auto& x : views(in)) parts.push_back(x.view({-1}));
+                   at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
+                   at::Tensor o = out[0].materialize().view({-1});
+                   WorkPtr w = t->reduce_scatter(o, staging, r.op, timeout);
+                   return Started{{w}, [o, r, staging] { r.finish(o); }};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                    std::vector<int64_t>& outputSplitSizes,
+                                                    std::vector<int64_t>& inputSplitSizes,
+                                                    const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all_single";
+  const auto device = check_tensors(op, {input});
+  check_tensor(op, output, device);
+  check_same_dtype(op, input, output);
+  auto check_splits = [&](const at::Tensor& x, const std::vector<int64_t>& splits, const char* which) {
+    const int64_t rows = x.dim() == 0 ? 1 : x.size(0);
+    if (splits.empty()) {
+      TORCH_CHECK(rows % size_ == 0, "occl ", op, ": the ", which, "'s dim 0 (", rows,
+                  ") is not divisible by world size ", size_, " and no split sizes were given");
+      return;
+    }
+    TORCH_CHECK(static_cast<int>(splits.size()) == size_, "occl ", op, ": ", which, " split sizes need world size (",
+                size_, ") entries, got ", splits.size());
+    int64_t sum = 0;
+    for (auto s : splits) {
+      TORCH_CHECK(s >= 0, "occl ", op, ": negative split size ", s);
+      sum += s;
+    }
+    TORCH_CHECK(sum == rows, "occl ", op, ": ", which, " split sizes add up to ", sum, " but its dim 0 is ", rows);
+  };
+  check_splits(input, inputSplitSizes, "input");
+  check_splits(output, outputSplitSizes, "output");
+  const int64_t in_row = input.dim() == 0 || input.size(0) == 0 ? 1 : input.numel() / input.size(0);
+  const int64_t out_row = output.dim() == 0 || output.size(0) == 0 ? 1 : output.numel() / output.size(0);
+  TORCH_CHECK(input.numel() == 0 || output.numel() == 0 || in_row == out_row, "occl ", op,
+              ": input and output rows differ in size (", in_row, " and ", out_row, " elements)");
+  // Splits in elements of the 1-D views the transport sees (bytes for dtypes it cannot carry).
+  const int64_t unit = transport_dtype(input.scalar_type()) ? 1 : input.element_size();
+  std::vector<int64_t> in_splits, out_splits;
+  for (auto s : inputSplitSizes) in_splits.push_back(s * in_row * unit);
+  for (auto s : outputSplitSizes) out_splits.push_back(s * out_row * unit);
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "occl::all_to_all_single", Lane::kColl, device, {input}, {output},
+                 [t, in = KernelTensorArg(input), out = KernelTensorArg(output), in_splits, out_splits, timeout] {
+                   at::Tensor o = carried(out.materialize()), x = carried(in.materialize());
+                   return Started{{t->alltoall(o, x, out_splits, in_splits, timeout)}, {}};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                               const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all";
+  const auto device = check_tensors(op, inputs);
+  TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, "occl ", op,
+              ": expects world size (", size_, ") input and output tensors, got ", inputs.size(), " and ",
+              outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    check_tensor(op, outputs[i], device);
+    check_same_dtype(op, inputs[0], outputs[i]);
+    check_same_dtype(op, inputs[0], inputs[i]);
+  }
+  // One staging buffer each way: rank r's part is outputs[r] / inputs[r], flattened.
+  const int64_t unit = transport_dtype(inputs[0].scalar_type()) ? 1 : inputs[0].element_size();
+  std::vector<int64_t> in_splits, out_splits;
+  for (const auto& x : inputs) in_splits.push_back(x.numel() * unit);
+  for (const auto& o : outputs) out_splits.push_back(o.numel() * unit);
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::ALLTOALL, "occl::all_to_all", Lane::kColl, device, inputs, outputs,
+                 [t, in = args_of(inputs), out = args_of(outputs), in_splits, out_splits, timeout] {
+                   std::vector<at::Tensor> parts;
+                   for (const auto& x : views(in)) parts.push_back(carried(x));
+                   at::Tensor send = at::cat(parts);
+                   int64_t total = 0;
+                   for (auto s : out_splits) total += s;
+                   at::Tensor recv = at::empty({total}, send.options());
+                   WorkPtr w = t->alltoall(recv, send, out_splits, in_splits, timeout);
+                   return Started{{w}, [recv, send, out, out_splits] {
+                                    int64_t at = 0;
+                                    for (size_t i = 0; i < out.size(); ++i) {
+                                      carried(out[i].materialize()).copy_(recv.narrow(0, at, out_splits[i]));
+                                      at += out_splits[i];
+                                    }
+                                  }};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const char* op = "gather";
+  check_single(op, inputs.size(), "input");
+  const auto device = check_tensors(op, inputs);
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    check_single(op, outputs.size(), "output");
+    outs = outputs[0];
+    TORCH_CHECK(static_cast<int>(outs.size()) == size_, "occl ", op, ": the root expects world size (", size_,
+                ") output tensors, got ", outs.size());
+    for (const auto& o : outs) {
+      check_tensor(op, o, device);
+      check_same_dtype(op, inputs[0], o);
+      TORCH_CHECK(o.numel() == inputs[0].numel(), "occl ", op, ": output tensors must have the input's ",
+                  inputs[0].numel(), " elements, got ", o.numel());
+    }
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "occl ", op, ": only the root (rank ", root,
+                ") takes output tensors");
+  }
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::GATHER, "occl::gather", Lane::kColl, device, inputs, outs,
+                 [t, in = args_of(inputs), out = args_of(outs), root, timeout] {
+                   std::vector<at::Tensor> o;
+                   for (const auto& v : views(out)) o.push_back(carried(v));
+                   at::Tensor x = carried(in[0].materialize());
+                   return Started{{t->gather(o, x, root, timeout)}, {}};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
+                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                              const c10d::ScatterOptions& opts) {
+  const char* op = "scatter";
+  check_single(op, outputs.size(), "output");
+  const auto device = check_tensors(op, outputs);
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    check_single(op, inputs.size(), "input");
+    ins = inputs[0];
+    TORCH_CHECK(static_cast<int>(ins.size()) == size_, "occl ", op, ": the root expects world size (", size_,
+                ") input tensors, got ", ins.size());
+    for (const auto& x : ins) {
+      check_tensor(op, x, device);
+      check_same_dtype(op, outputs[0], x);
+      TORCH_CHECK(x.numel() == outputs[0].numel(), "occl ", op, ": input tensors must have the output's ",
+                  outputs[0].numel(), " elements, got ", x.numel());
+    }
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "occl ", op, ": only the root (rank ", root,
+                ") takes input tensors");
+  }
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  return enqueue(c10d::OpType::SCATTER, "occl::scatter", Lane::kColl, device, ins, outputs,
+                 [t, in = args_of(ins), out = args_of(outputs), root, timeout] {
+                   std::vector<at::Tensor> x;
+                   for (const auto& v : views(in)) x.push_back(carried(v));
+                   at::Tensor o = carried(out[0].materialize());
+                   return Started{{t->scatter(o, x, root, timeout)}, {}};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  check_single("send", tensors.size(), "");
+  const auto device = check_tensors("send", tensors);
+  auto t = transport_;
+  return enqueue(c10d::OpType::SEND, "occl::send", Lane::kSend, device, tensors, {},
+                 [t, a = KernelTensorArg(tensors[0]), dstRank, tag] {
+                   at::Tensor v = carried(a.materialize());
+                   return Started{{t->send(v, dstRank, tag)}, [] {}};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  check_single("recv", tensors.size(), "");
+  const auto device = check_tensors("recv", tensors);
+  auto t = transport_;
+  return enqueue(c10d::OpType::RECV, "occl::recv", Lane::kRecv, device, {}, tensors,
+                 [t, a = KernelTensorArg(tensors[0]), srcRank, tag] {
+                   at::Tensor v = carried(a.materialize());
+                   return Started{{t->recv(v, srcRank, tag)}, [] {}};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  check_single("recv", tensors.size(), "");
+  const auto device = check_tensors("recv", tensors);
+  auto t = transport_;
+  return enqueue(c10d::OpType::RECVANYSOURCE, "occl::recv_anysource", Lane::kRecv, device, {}, tensors,
+                 [t, a = KernelTensorArg(tensors[0]), tag] {
+                   at::Tensor v = carried(a.materialize());
+                   return Started{{t->recv_anysource(v, tag)}, {}, /*anysource=*/true};
+                 });
+}
+
+c10::intrusive_ptr<Work> OcclBackend::barrier(const c10d::BarrierOptions& opts) {
+  c10::Device device(c10::DeviceType::PrivateUse1, 0);
+  if (opts.device && opts.device->type() == c10::DeviceType::PrivateUse1 && opts.device->has_index()) {
+    device = *opts.device;
+  } else if (!opts.device_ids.empty()) {
+    device = c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(opts.device_ids[0]));
+  } else if (auto bound = getBoundDeviceId()) {
+    device = *bound;
+  } else {
+    int current = 0;
+    OPENREG_CHECK(orGetDevice(&current));
+    device = c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current));
+  }
+  auto t = transport_;
+  const ms timeout = effective(opts.timeout);
+  // A barrier blocks the host in wait(), as NCCL's does: that is what callers use it for.
+  return enqueue(
+      c10d::OpType::BARRIER, "occl::barrier", Lane::kColl, device, {}, {},
+      [t, timeout] { return Started{{t->barrier(timeout)}, [] {}}; }, /*blocking=*/true);
+}
+
+void OcclBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  // A host-side check of who reached the barrier: the transport's own (Gloo's) when it has one.
+  auto* gloo = dynamic_cast<GlooTransport*>(transport_.get());
+  TORCH_CHECK(gloo != nullptr, "occl: monitored_barrier needs a Gloo transport, this group uses ", transport_->name());
+  c10d::BarrierOptions o = opts;
+  o.timeout = effective(opts.timeout);
+  gloo->backend()->monitoredBarrier(o, waitAllRanks);
+}
+
+}  // namespace openreg_distributed

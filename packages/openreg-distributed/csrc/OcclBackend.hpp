@@ -1,0 +1,203 @@
+// occl: the c10d backend for openreg tensors, with NCCL's device semantics.
+//
+// Every collective is a kernel on a communication stream of the tensors' device:
+//   1. an event recorded on the caller's current stream; the comm stream waits for it, so the
+//      collective sees everything queued before it (the host does not block);
+//   2. the kernel runs on the comm stream's worker over kernel views of device memory (CPU
+//      tensors aliasing it: zero copy) and drives the Transport (Gloo by default) to completion;
+//   3. an end event recorded after it; OcclWork::wait() makes the caller's current stream wait for
+//      it (the host blocks only with TORCH_OCCL_BLOCKING_WAIT=1, or for barrier());
+//   4. the tensors stay referenced by the Work, which the backend keeps in its in-flight list
+//      until the end event has completed, so the caching allocator cannot hand their memory to
+//      later compute while the collective still reads or writes it.
+// A failure (transport error, peer gone, timeout) fails the kernel: it surfaces at the next
+// synchronising call on the device, naming the collective, at wait() with blocking wait, and every
+// later operation of the group fails at once with the first error (DistBackendError).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "Transport.hpp"
+#include "openreg/runtime.h"
+
+namespace openreg_distributed {
+
+// The first failure of a group; shared by the backend, its works and its kernels.
+class GroupError {
+ public:
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string message() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return message_;
+  }
+  void set(const std::string& message) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (failed_.load(std::memory_order_relaxed)) return;  // the first error is the one users need
+    message_ = message;
+    failed_.store(true, std::memory_order_release);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string message_;
+  std::atomic<bool> failed_{false};
+};
+
+// What the kernel of one Work tells the host: its error and, for recv_anysource, the sender.
+struct WorkOutcome {
+  GroupError error;
+  std::atomic<int> source_rank{-1};
+};
+
+// The three streams of a device: collectives run in program order on one (Gloo pairs collectives
+// by the order they are started); sends and receives have their own, so that a rank's isend to a
+// peer, blocked until the peer posts the matching receive, cannot hold back its own irecv.
+struct CommStreams {
+  orStream_t coll = nullptr, send = nullptr, recv = nullptr;
+};
+
+class OcclWork : public c10d::Work {
+ public:
+  OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device, orEvent_t end,
+           std::shared_ptr<WorkOutcome> outcome, std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
+           c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout, bool blocking_wait);
+  ~OcclWork() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  int sourceRank() const override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+  void abort() override {}
+
+ private:
+  void throw_if_failed() const;
+  bool host_wait(std::chrono::milliseconds timeout);
+
+  uint64_t seq_;
+  c10::Device device_;
+  orEvent_t end_;
+  std::shared_ptr<WorkOutcome> outcome_;
+  std::vector<at::Tensor> stash_, outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::chrono::milliseconds timeout_;
+  bool blocking_wait_;
+};
+
+class OcclBackend : public c10d::Backend {
+ public:
+  struct Options : c10d::Backend::Options {
+    explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout) : Backend::Options("occl", timeout) {}
+  };
+
+  OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::intrusive_ptr<Options> options,
+              std::shared_ptr<Transport> transport);
+  ~OcclBackend() override;
+
+  const std::string getBackendName() const override { return "occl"; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  const std::shared_ptr<Transport>& transport() const { return transport_; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<Work> endCoalescing() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  c10d::ErrorType getError() override;
+  void abort() override;
+  void shutdown() override;
+
+  c10::intrusive_ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                   const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                          const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+                                         std::vector<int64_t>& inputSplitSizes,
+                                         const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                    const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  // What runs on the worker: starts the transport operations (returns their works) and, once they
+  // completed, `post` finishes the result (an emulated reduction's last step, copies out of a
+  // staging buffer).
+  struct Started {
+    std::vector<WorkPtr> works;
+    std::function<void()> post;
+    bool anysource = false;  // record works[0]->sourceRank() in the work's outcome
+  };
+  using Start = std::function<Started()>;
+  enum class Lane { kColl, kSend, kRecv };
+
+ private:
+  c10::intrusive_ptr<Work> enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+                                   std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
+                                   bool blocking = false);
+  const CommStreams& streams(c10::Device device);
+  std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
+  void keep_until_done(c10::intrusive_ptr<OcclWork> work);
+  void watchdog();
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<Options> options_;
+  std::shared_ptr<Transport> transport_;
+  std::shared_ptr<GroupError> error_ = std::make_shared<GroupError>();
+  std::atomic<uint64_t> seq_{0};
+  bool blocking_wait_;
+
+  std::mutex streams_mu_;
+  std::map<c10::DeviceIndex, CommStreams> streams_;
+
+  // Coalescing (torch.distributed._coalescing_manager, batch_isend_irecv): operations are
+  // enqueued as they come; endCoalescing returns one Work that completes after all of them.
+  bool coalescing_ = false;
+  std::optional<c10::Device> coalesced_device_;
+  std::vector<std::pair<Lane, c10::Device>> coalesced_lanes_;
+
+  std::mutex inflight_mu_;
+  std::condition_variable inflight_cv_;
+  std::deque<c10::intrusive_ptr<OcclWork>> inflight_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace openreg_distributed

@@ -1,0 +1,40 @@
+"""Shared helpers for openreg-distributed's tests."""
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+from torch_openreg.utils.testing import run_python  # noqa: F401  (used by the tests)
+
+
+class OcclTestCase(MultiProcContinuousTest):
+    """Two ranks spawned once per class; rank r uses openreg:r, in a default group that carries CPU
+    tensors over Gloo and openreg tensors over occl (``cpu:gloo,openreg:occl``), bound to its device."""
+
+    world_size = 2
+    timeout = timedelta(seconds=60)
+
+    @classmethod
+    def device_type(cls) -> str:
+        return "openreg"
+
+    @classmethod
+    def _init_pg(cls, rank, world_size, rdvz_file):
+        os.environ["LOCAL_RANK"] = str(rank)
+        torch.openreg.set_device(rank)
+        store = dist.FileStore(rdvz_file, world_size)
+        dist.init_process_group(
+            "cpu:gloo,openreg:occl",
+            world_size=world_size,
+            rank=rank,
+            store=store,
+            timeout=cls.timeout,
+            device_id=torch.device("openreg", rank),
+        )
+        cls.pg = dist.distributed_c10d._get_default_group()
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("openreg", self.rank)

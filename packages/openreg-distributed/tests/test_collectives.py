@@ -1,0 +1,324 @@
+"""occl's collectives on 2 ranks, each result against values computed by hand on the CPU.
+
+Every rank r holds r + 1 (times a ramp), so the expected results are simple functions of
+(1, 2). Each operation runs synchronously and asynchronously (Work.wait, which only orders the
+current stream), in place and out of place, over the dtypes occl carries.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from conftest import OcclTestCase
+from torch.testing._internal.common_utils import run_tests
+
+R = dist.ReduceOp
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+INTS = (torch.int32, torch.int64, torch.uint8)
+
+
+def ramp(rank, dtype, n=6):
+    """Rank r's tensor: (r + 1) * [1, 2, ..., n] (CPU)."""
+    return (torch.arange(1, n + 1) * (rank + 1)).to(dtype)
+
+
+class TestCollectives(OcclTestCase):
+    def run_op(self, fn, async_op):
+        """Runs fn(async_op) and, asynchronously, waits on the Work it returns."""
+        work = fn(async_op)
+        if async_op:
+            self.assertIsNotNone(work)
+            work.wait()
+        return work
+
+    def test_backend_selected(self):
+        self.assertEqual(dist.get_backend_config(), "cpu:gloo,openreg:occl")
+        self.assertEqual(dist.get_default_backend_for_device("openreg"), "occl")
+        self.assertEqual(self.pg._get_backend(self.device).name(), "occl")
+        self.assertEqual(self.pg._get_backend(torch.device("cpu")).name(), "gloo")
+        self.assertEqual(self.pg.name(), "custom")  # the group's default backend is occl's type
+
+    def test_all_reduce(self):
+        a, b = ramp(0, torch.float64), ramp(1, torch.float64)
+        expected = {
+            R.SUM: a + b,
+            R.PRODUCT: a * b,
+            R.MIN: torch.minimum(a, b),
+            R.MAX: torch.maximum(a, b),
+            R.AVG: (a + b) / 2,
+        }
+        for async_op in (False, True):
+            for dtype in FLOATS + INTS:
+                for op, want in expected.items():
+                    if dtype == torch.uint8 and op == R.PRODUCT:
+                        continue  # 6 * 12 overflows uint8 (wraps identically, but keep the table exact)
+                    x = ramp(self.rank, dtype).to(self.device)
+                    self.run_op(lambda ao: dist.all_reduce(x, op=op, async_op=ao), async_op)
+                    ref = want.trunc() if not dtype.is_floating_point else want
+                    self.assertEqual(x.cpu(), ref.to(dtype), msg=f"{dtype} {op} async={async_op}")
+
+    def test_all_reduce_bitwise(self):
+        for dtype in (torch.int32, torch.int64, torch.uint8, torch.int8):
+            a, b = ramp(0, dtype), ramp(1, dtype)
+            for op, want in ((R.BAND, a & b), (R.BOR, a | b), (R.BXOR, a ^ b)):
+                x = ramp(self.rank, dtype).to(self.device)
+                dist.all_reduce(x, op=op)
+                self.assertEqual(x.cpu(), want, msg=f"{dtype} {op}")
+
+    def test_all_reduce_premul_sum(self):
+        a, b = ramp(0, torch.float32), ramp(1, torch.float32)
+        for factor in (0.5, torch.tensor(0.25, device=self.device), torch.tensor([3.0])):
+            for async_op in (False, True):
+                x = ramp(self.rank, torch.float32).to(self.device)
+                op = dist._make_nccl_premul_sum(factor)
+                self.run_op(lambda ao: dist.all_reduce(x, op=op, async_op=ao), async_op)
+                f = float(factor) if isinstance(factor, float) else factor.item()
+                self.assertEqual(x.cpu(), (a + b) * f)
+
+    def test_all_reduce_complex(self):
+        x = (ramp(self.rank, torch.float32) * (1 + 2j)).to(self.device)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), (ramp(0, torch.float32) + ramp(1, torch.float32)) * (1 + 2j))
+
+    def test_all_reduce_coalesced(self):
+        xs = [ramp(self.rank, torch.float32, n).to(self.device) for n in (3, 5)]
+        dist.all_reduce_coalesced(xs)
+        for x, n in zip(xs, (3, 5)):
+            self.assertEqual(x.cpu(), ramp(0, torch.float32, n) * 3)
+
+    def test_broadcast(self):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float8_e4m3fn, torch.bool):
+            for root in (0, 1):
+                for async_op in (False, True):
+                    x = ramp(self.rank, torch.float32).to(dtype).to(self.device)
+                    self.run_op(lambda ao: dist.broadcast(x, src=root, async_op=ao), async_op)
+                    self.assertEqual(x.cpu().float(), ramp(root, torch.float32).to(dtype).float())
+
+    def test_all_gather(self):
+        for dtype in (torch.float32, torch.int32, torch.float8_e5m2):
+            for async_op in (False, True):
+                mine = ramp(self.rank, torch.float32, 4).to(dtype).to(self.device)
+                want = torch.cat([ramp(r, torch.float32, 4).to(dtype) for r in range(2)]).float()
+                out = torch.empty(8, dtype=dtype, device=self.device)
+                self.run_op(lambda ao: dist.all_gather_single(out, mine, async_op=ao), async_op)
+                self.assertEqual(out.cpu().float(), want)
+                outs = [torch.empty(4, dtype=dtype, device=self.device) for _ in range(2)]
+                self.run_op(lambda ao: dist.all_gather(outs, mine, async_op=ao), async_op)
+                self.assertEqual(torch.cat([o.cpu() for o in outs]).float(), want)
+
+    def test_all_gather_into_tensor_coalesced(self):
+        ins = [ramp(self.rank, torch.float32, n).to(self.device) for n in (2, 3)]
+        outs = [torch.empty(2 * n, device=self.device) for n in (2, 3)]
+        with dist._coalescing_manager(device=self.device, async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.all_gather_single(o, i)
+        cm.wait()
+        for o, n in zip(outs, (2, 3)):
+            self.assertEqual(o.cpu(), torch.cat([ramp(0, torch.float32, n), ramp(1, torch.float32, n)]))
+
+    def test_reduce_scatter(self):
+        a, b = ramp(0, torch.float32, 8), ramp(1, torch.float32, 8)
+        cases = {R.SUM: a + b, R.MAX: torch.maximum(a, b), R.AVG: (a + b) / 2}
+        for op, want in cases.items():
+            for async_op in (False, True):
+                inp = ramp(self.rank, torch.float32, 8).to(self.device)
+                out = torch.empty(4, device=self.device)
+                self.run_op(lambda ao: dist.reduce_scatter_single(out, inp, op=op, async_op=ao), async_op)
+                self.assertEqual(out.cpu(), want[4 * self.rank : 4 * self.rank + 4], msg=f"{op}")
+                self.assertEqual(inp.cpu(), ramp(self.rank, torch.float32, 8))  # the input is untouched
+                out2 = torch.empty(4, device=self.device)
+                self.run_op(lambda ao: dist.reduce_scatter(out2, list(inp.chunk(2)), op=op, async_op=ao), async_op)
+                self.assertEqual(out2.cpu(), want[4 * self.rank : 4 * self.rank + 4], msg=f"list {op}")
+        inp = ramp(self.rank, torch.float32, 8).to(self.device)
+        out = torch.empty(4, device=self.device)
+        dist.reduce_scatter_single(out, inp, op=dist._make_nccl_premul_sum(0.5))
+        self.assertEqual(out.cpu(), ((a + b) * 0.5)[4 * self.rank : 4 * self.rank + 4])
+        self.assertEqual(inp.cpu(), ramp(self.rank, torch.float32, 8))
+        ints = ramp(self.rank, torch.int64, 8).to(self.device)
+        out = torch.empty(4, dtype=torch.int64, device=self.device)
+        dist.reduce_scatter_single(out, ints, op=R.AVG)
+        self.assertEqual(out.cpu(), ((a + b) / 2).trunc().long()[4 * self.rank : 4 * self.rank + 4])
+
+    def test_reduce_scatter_tensor_coalesced(self):
+        ins = [ramp(self.rank, torch.float32, n).to(self.device) for n in (4, 6)]
+        outs = [torch.empty(n // 2, device=self.device) for n in (4, 6)]
+        with dist._coalescing_manager(device=self.device, async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.reduce_scatter_single(o, i)
+        cm.wait()
+        for o, n in zip(outs, (4, 6)):
+            h = n // 2
+            self.assertEqual(o.cpu(), (ramp(0, torch.float32, n) * 3)[h * self.rank : h * self.rank + h])
+
+    def test_all_to_all_single(self):
+        # Even: rank r sends rows [2s, 2s+2) of its input to rank s.
+        inp = (torch.arange(8.0).view(4, 2) + 100 * self.rank).to(self.device)
+        out = torch.empty(4, 2, device=self.device)
+        dist.all_to_all_single(out, inp)
+        want = torch.cat([(torch.arange(8.0).view(4, 2) + 100 * r)[2 * self.rank : 2 * self.rank + 2] for r in (0, 1)])
+        self.assertEqual(out.cpu(), want)
+        # Uneven: rank 0 sends 1 row to itself and 3 to rank 1; rank 1 sends 2 and 2.
+        send = {0: [1, 3], 1: [2, 2]}
+        recv = [send[r][self.rank] for r in (0, 1)]
+        rows = {r: (torch.arange(8.0).view(4, 2) + 100 * r) for r in (0, 1)}
+        inp = rows[self.rank].to(self.device)
+        for dtype in (torch.float32, torch.float8_e4m3fn):
+            for async_op in (False, True):
+                x = inp.to(dtype)
+                out = torch.empty(sum(recv), 2, dtype=dtype, device=self.device)
+                self.run_op(lambda ao: dist.all_to_all_single(out, x, recv, send[self.rank], async_op=ao), async_op)
+                parts = []
+                for r in (0, 1):
+                    start = sum(send[r][: self.rank])
+                    parts.append(rows[r][start : start + send[r][self.rank]])
+                self.assertEqual(out.cpu().float(), torch.cat(parts).to(dtype).float())
+
+    def test_all_to_all(self):
+        ins = [torch.full((r + 1,), float(10 * self.rank + r), device=self.device) for r in (0, 1)]
+        outs = [torch.empty(self.rank + 1, device=self.device) for _ in (0, 1)]
+        dist.all_to_all(outs, ins)
+        for r in (0, 1):
+            self.assertEqual(outs[r].cpu(), torch.full((self.rank + 1,), float(10 * r + self.rank)))
+
+    def test_reduce(self):
+        a, b = ramp(0, torch.float32), ramp(1, torch.float32)
+        for root in (0, 1):
+            for op, want in ((R.SUM, a + b), (R.MAX, torch.maximum(a, b)), (R.AVG, (a + b) / 2)):
+                x = ramp(self.rank, torch.float32).to(self.device)
+                dist.reduce(x, dst=root, op=op)
+                if self.rank == root:
+                    self.assertEqual(x.cpu(), want)
+        x = ramp(self.rank, torch.float32).to(self.device)
+        dist.reduce(x, dst=0, op=dist._make_nccl_premul_sum(2.0))
+        if self.rank == 0:
+            self.assertEqual(x.cpu(), (a + b) * 2)
+        else:
+            self.assertEqual(x.cpu(), b)  # off the root the input is not scaled in place
+
+    def test_gather_scatter(self):
+        for root in (0, 1):
+            mine = ramp(self.rank, torch.float32, 3).to(self.device)
+            outs = [torch.empty(3, device=self.device) for _ in (0, 1)] if self.rank == root else None
+            dist.gather(mine, outs, dst=root)
+            if self.rank == root:
+                for r in (0, 1):
+                    self.assertEqual(outs[r].cpu(), ramp(r, torch.float32, 3))
+            out = torch.empty(3, device=self.device)
+            ins = [ramp(r, torch.float32, 3).to(self.device) * 7 for r in (0, 1)] if self.rank == root else None
+            dist.scatter(out, ins, src=root)
+            self.assertEqual(out.cpu(), ramp(self.rank, torch.float32, 3) * 7)
+
+    def test_send_recv(self):
+        peer = 1 - self.rank
+        # Both ranks send first, then receive: sends and receives have their own streams.
+        for async_op in (False, True):
+            mine = ramp(self.rank, torch.float32, 5).to(self.device)
+            got = torch.empty(5, device=self.device)
+            if async_op:
+                works = [dist.isend(mine, peer), dist.irecv(got, peer)]
+                for w in works:
+                    w.wait()
+            else:
+                if self.rank == 0:
+                    dist.send(mine, peer)
+                    dist.recv(got, peer)
+                else:
+                    dist.recv(got, peer)
+                    dist.send(mine, peer)
+            self.assertEqual(got.cpu(), ramp(peer, torch.float32, 5))
+
+    def test_batch_isend_irecv(self):
+        peer = 1 - self.rank
+        mine = [ramp(self.rank, torch.float32, n).to(self.device) for n in (2, 3)]
+        got = [torch.empty(n, device=self.device) for n in (2, 3)]
+        ops = [dist.P2POp(dist.isend, t, peer) for t in mine] + [dist.P2POp(dist.irecv, t, peer) for t in got]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        for g, n in zip(got, (2, 3)):
+            self.assertEqual(g.cpu(), ramp(peer, torch.float32, n))
+
+    def test_recv_anysource(self):
+        if self.rank == 1:
+            dist.send(torch.full((2,), 5.0, device=self.device), 0)
+        else:
+            got = torch.empty(2, device=self.device)
+            src = dist.recv(got)
+            self.assertEqual(src, 1)
+            self.assertEqual(got.cpu(), torch.full((2,), 5.0))
+
+    def test_barrier(self):
+        dist.barrier()
+        dist.barrier(device_ids=[self.rank])
+        group = dist.new_group(backend="occl")
+        dist.barrier(group=group)
+
+    def test_ordering_with_compute_streams(self):
+        # No host synchronisation anywhere: the collective waits for the producer on the current
+        # stream, and the consumer (queued after Work.wait) waits for the collective.
+        stream = torch.Stream(self.device)
+        for s in (torch.openreg.current_stream(), stream):
+            with torch.openreg.stream(s):
+                for _ in range(3):
+                    y = torch.ones(1 << 16, device=self.device)
+                    for _ in range(20):
+                        y = y * 1.0 + 0.0
+                    x = y * (self.rank + 1)
+                    w = dist.all_reduce(x, async_op=True)
+                    w.wait()
+                    z = x + 1
+                s.synchronize()
+            self.assertEqual(z.cpu(), torch.full((1 << 16,), 4.0))
+
+    def test_work_and_future(self):
+        x = torch.full((4,), float(self.rank + 1), device=self.device)
+        work = dist.all_reduce(x, async_op=True)
+        fut = work.get_future().then(lambda f: f.value()[0] * 2)
+        self.assertEqual(fut.wait().cpu(), torch.full((4,), 6.0))
+        work.wait()
+        torch.openreg.synchronize()
+        self.assertTrue(work.is_completed())
+        self.assertTrue(work.is_success())
+        self.assertEqual(x.cpu(), torch.full((4,), 3.0))
+
+    def test_object_collectives(self):
+        objs = [None, None]
+        dist.all_gather_object(objs, {"rank": self.rank})
+        self.assertEqual(objs, [{"rank": 0}, {"rank": 1}])
+        lst = [self.rank * 10 + 1]
+        dist.broadcast_object_list(lst, src=1)
+        self.assertEqual(lst, [11])
+
+    def test_functional_collectives(self):
+        x = ramp(self.rank, torch.float32, 4).to(self.device)
+        y = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        self.assertEqual(y.cpu(), ramp(0, torch.float32, 4) * 3)
+        g = funcol.all_gather_tensor(x, 0, dist.group.WORLD)
+        self.assertEqual(g.cpu(), torch.cat([ramp(0, torch.float32, 4), ramp(1, torch.float32, 4)]))
+        rs = funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD)
+        self.assertEqual(rs.cpu(), (ramp(0, torch.float32, 4) * 3)[2 * self.rank : 2 * self.rank + 2])
+
+    def test_errors_at_the_call(self):
+        # Raised on every rank before anything is enqueued, so the group stays usable.
+        d = self.device
+        other = torch.device("openreg", 1 - self.rank)
+        with self.assertRaisesRegex(RuntimeError, "occl all_reduce: tensors must be contiguous"):
+            dist.all_reduce(torch.ones(4, 4, device=d).t())
+        with self.assertRaisesRegex(RuntimeError, "ReduceOp.BAND needs an integer or bool tensor, got Float"):
+            dist.all_reduce(torch.ones(4, device=d), op=R.BAND)
+        with self.assertRaisesRegex(RuntimeError, "reductions of Float8_e4m3fn are not supported"):
+            dist.all_reduce(torch.ones(4, device=d).to(torch.float8_e4m3fn))
+        with self.assertRaisesRegex(RuntimeError, r"output has 6 elements, expected input's 4 x world size 2 = 8"):
+            dist.all_gather_single(torch.empty(6, device=d), torch.ones(4, device=d))
+        with self.assertRaisesRegex(RuntimeError, "input and output dtypes differ"):
+            dist.all_gather_single(torch.empty(8, device=d, dtype=torch.int32), torch.ones(4, device=d))
+        with self.assertRaisesRegex(RuntimeError, "all tensors must be on one device"):
+            dist.all_gather([torch.empty(4, device=d), torch.empty(4, device=other)], torch.ones(4, device=d))
+        with self.assertRaisesRegex(RuntimeError, r"input split sizes add up to 3 but its dim 0 is 4"):
+            dist.all_to_all_single(torch.empty(4, device=d), torch.ones(4, device=d), [2, 2], [1, 2])
+        # The group still works.
+        x = torch.ones(2, device=d)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), torch.full((2,), 2.0))
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,89 @@
+"""DistributedDataParallel over occl on 2 ranks: training equals single-process training on the
+full batch, with gradient compression hooks, no_sync, and DDP's timer for openreg."""
+
+import copy
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from conftest import OcclTestCase
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.testing._internal.common_utils import run_tests
+
+STEPS = 3
+BATCH = 8  # per rank
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def full_batch(step):
+    """Both ranks' batches of one step (the same on every rank), on the CPU."""
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(2 * BATCH, 8, generator=g), torch.randn(2 * BATCH, 4, generator=g)
+
+
+class TestDDP(OcclTestCase):
+    def train(self, hook=None, accumulate=False):
+        """DDP on this rank's half of each batch, and the single-process reference on the full
+        batch; returns both models."""
+        ref = make_model().to(self.device)
+        model = DDP(copy.deepcopy(ref), device_ids=[self.rank])
+        if hook is not None:
+            model.register_comm_hook(dist.group.WORLD, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(STEPS):
+            x, y = full_batch(step)
+            x, y = x.to(self.device), y.to(self.device)
+            mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
+            opt.zero_grad()
+            if accumulate:
+                # Two micro-batches: the first under no_sync (no communication), the second syncs.
+                half = BATCH // 2
+                first = slice(mine.start, mine.start + half)
+                second = slice(mine.start + half, mine.stop)
+                with model.no_sync():
+                    (nn.functional.mse_loss(model(x[first]), y[first]) / 2).backward()
+                (nn.functional.mse_loss(model(x[second]), y[second]) / 2).backward()
+            else:
+                nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            nn.functional.mse_loss(ref(x), y).backward()
+            ref_opt.step()
+        return model, ref
+
+    def assert_same_parameters(self, model, ref, **tol):
+        for p, q in zip(model.module.parameters(), ref.parameters()):
+            self.assertEqual(p.detach().cpu(), q.detach().cpu(), **tol)
+
+    def test_equals_full_batch_training(self):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, ref = self.train()
+        self.assert_same_parameters(model, ref)
+        # DDP's reducer timer is registered for openreg: no "only CPU and CUDA" warning, timings.
+        self.assertFalse([w for w in caught if "Time stats" in str(w.message)], [str(w.message) for w in caught])
+        data = model._get_ddp_logging_data()
+        self.assertGreater(data.get("avg_backward_compute_time", 0), 0)
+        self.assertGreater(data.get("avg_backward_comm_time", 0), 0)
+
+    def test_no_sync_accumulation(self):
+        model, ref = self.train(accumulate=True)
+        self.assert_same_parameters(model, ref)
+
+    def test_compression_hooks(self):
+        model, ref = self.train(hook=default_hooks.fp16_compress_hook)
+        self.assert_same_parameters(model, ref, atol=2e-2, rtol=2e-2)
+        # torch 2.13's DDP allows the bf16 hook only for CUDA/NCCL and XPU/XCCL, by name.
+        with self.assertRaisesRegex(TypeError, "BF16 all reduce communication hook required CUDA"):
+            self.train(hook=default_hooks.bf16_compress_hook)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,66 @@
+"""openreg-distributed as a plugin: loaded by `import torch`, registers occl once, selectable."""
+
+from conftest import run_python
+from torch.testing._internal.common_utils import TestCase
+
+PROBE = """
+import torch, torch.distributed as dist
+info = torch.openreg.plugins().get("distributed")
+try:
+    default = dist.get_default_backend_for_device("openreg")
+except Exception as e:
+    default = type(e).__name__
+print(info["version"], info["loaded"], default)
+"""
+
+# One rank is enough to see what init_process_group picks and how a group is named.
+SINGLE_RANK = """
+import warnings, torch, torch.distributed as dist
+store = dist.HashStore()
+dist.init_process_group(store=store, rank=0, world_size=1, device_id=torch.device("openreg", 0))
+pg = dist.distributed_c10d._get_default_group()
+x = torch.arange(4.0, device="openreg")
+dist.all_reduce(x)
+print(dist.get_backend_config(), pg.name(), x.cpu().tolist())
+dist.destroy_process_group()
+dist.init_process_group("cpu:gloo,openreg:occl", store=dist.HashStore(), rank=0, world_size=1)
+pg = dist.distributed_c10d._get_default_group()
+print(dist.get_backend_config(), pg.name(), pg._get_backend(torch.device("openreg")).name())
+dist.destroy_process_group()
+"""
+
+
+class TestPluginLoading(TestCase):
+    def test_loaded_by_import_torch(self):
+        r = run_python(PROBE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "0.1.0 True occl")
+
+    def test_excluded_by_openreg_plugins(self):
+        r = run_python(PROBE, env={"OPENREG_PLUGINS": "amp"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "0.1.0 False ValueError")
+
+    def test_direct_import_loads_core_first(self):
+        r = run_python(
+            """
+            import openreg_distributed, torch, torch.distributed as dist
+            openreg_distributed.register()  # idempotent
+            print(dist.get_default_backend_for_device("openreg"), openreg_distributed.__version__)
+            """,
+            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "occl 0.1.0")
+
+    def test_group_selection_and_names(self):
+        # device_id alone picks the device's default backend, as cuda:nccl does upstream; the mixed
+        # map is named after occl's type ("custom"), never "undefined", and warns about nothing.
+        r = run_python(SINGLE_RANK)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.strip().splitlines(),
+            ["openreg:occl custom [0.0, 1.0, 2.0, 3.0]", "cpu:gloo,openreg:occl custom occl"],
+        )
+        self.assertNotIn("undefined", r.stderr)
+        self.assertNotIn("Warning", r.stderr)
