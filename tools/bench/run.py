@@ -34,6 +34,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import collectives  # noqa: E402  (no torch here; its rank processes import it)
 import runtime_bench  # noqa: E402  (no torch; eager is imported only when an eager measure runs)
 
 EAGER_IDS = (
@@ -45,8 +46,8 @@ EAGER_IDS = (
     "mlp-step",
     "mlp-step-bf16",
 )  # kept equal to [m.id for m in eager.MEASURES] (checked at run time)
-GROUPS = {"runtime": runtime_bench.IDS, "eager": EAGER_IDS}
-ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS)
+GROUPS = {"runtime": runtime_bench.IDS, "eager": EAGER_IDS, "collectives": collectives.IDS}
+ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *collectives.IDS)
 
 
 def log(msg: str, end: str = "\n") -> None:
@@ -275,6 +276,14 @@ def run_eager(ids: List[str], quick: bool, rounds: Optional[int], threads: Optio
     return out
 
 
+def run_collectives(ids: List[str], quick: bool) -> List[Dict]:
+    try:
+        return collectives.run(ids, quick, log=log)
+    except Exception as e:
+        log(f"[collectives] failed: {e}")
+        return [_error_row("collectives", i, collectives._name(i), "error", e) for i in ids]
+
+
 # ---- outputs ----
 
 
@@ -375,6 +384,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if eager_ids:
         rows += run_eager(eager_ids, args.quick, args.rounds, args.threads, env)
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
+    collective_ids = [i for i in collectives.IDS if i in selected]
+    if collective_ids:
+        rows += run_collectives(collective_ids, args.quick)
     for r in rows:
         r["goal"] = goal_text(r["goal_spec"], r["unit"], r["group"])
     env["loadavg_end"] = _loadavg()
