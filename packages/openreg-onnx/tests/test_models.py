@@ -95,15 +95,9 @@ def test_gpt_on_cpu_keeps_dynamic_dims(gpt):
     assert _symbolic_dims(program) == ["batch", "seq"]
 
 
-# Depends on core: its SDPA backend choice reads concrete sizes, so the batch and sequence dims
-# come out static and openreg_onnx.export refuses (DynamicDimError). strict: once core's
-# symbolic-shapes fix is installed this passes, the XPASS fails the run, and the mark goes.
-@pytest.mark.xfail(
-    strict=True,
-    raises=openreg_onnx._export.DynamicDimError,
-    reason="core's SDPA choice specialises symbolic sizes (core fix pending, see /work/notes/CORE-CHANGES.md)",
-)
 def test_gpt_dynamic_batch_and_sequence(gpt):
+    # Needs core's SDPA backend choice to keep sizes symbolic (core, 14:03); before that the dims
+    # came out static and openreg_onnx.export refused with DynamicDimError.
     idx = torch.randint(0, 64, (2, 8), device="openreg")
     program = openreg_onnx.export(gpt, (idx,), dynamic_shapes=GPT_DYNAMIC)
     assert _symbolic_dims(program) == ["batch", "seq"]
