@@ -6,6 +6,7 @@
     nox -s distributed  openreg-distributed's tests (occl, 2-rank process groups; packages/openreg-distributed/tests)
     nox -s inductor     openreg-inductor's tests (packages/openreg-inductor/tests)
     nox -s quant        openreg-quant's tests (packages/openreg-quant/tests)
+    nox -s onnx         openreg-onnx's tests (packages/openreg-onnx/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
     nox -s lint         ruff and clang-format (not part of `tests`)
@@ -50,6 +51,7 @@ PLUGINS = {
     "openreg-amp": "openreg_amp",
     "openreg-distributed": "openreg_distributed",
     "openreg-quant": "openreg_quant",
+    "openreg-onnx": "openreg_onnx",
     "openreg-inductor": "openreg_inductor",
 }
 
@@ -192,6 +194,24 @@ def distributed(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "packages" / "openreg-distributed" / "tests"), *session.posargs)
 
 
+# openreg-onnx's runtime dependencies and its `kernels` extra, the ranges of its pyproject (its wheel
+# installs with --no-deps).
+ONNX_DEPS = (
+    "onnx>=1.23,<1.24",
+    "onnxscript>=0.7,<0.8",
+    "onnxruntime>=1.32,<1.33",
+    "onnxruntime-extensions>=0.15,<0.16",
+)
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def onnx(session: nox.Session) -> None:
+    """openreg-onnx's tests (lazy export hooks, translation table in both modes, models verified in
+    onnxruntime, export checks, CLI), against the built core and onnx wheels."""
+    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, plugins=("openreg_onnx",))
+    session.run("pytest", str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
+
+
 @nox.session(python=PYTHON, requires=["build"])
 def packaging(session: nox.Session) -> None:
     """Checks what the wheel and the sdist in dist/ contain, and that the installed wheel imports."""
@@ -207,6 +227,7 @@ def packaging(session: nox.Session) -> None:
         "distributed",
         "inductor",
         "quant",
+        "onnx",
         "runtime",
         "runtime_asan",
         "runtime_tsan",
@@ -226,7 +247,7 @@ def bench(session: nox.Session) -> None:
     """Benchmark smoke run against the built wheel: the CLI's tests, then `run.py --quick` (writes
     bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
-    _install_core(session, "numpy", "cmake", "ninja", "matplotlib", plugins=tuple(PLUGINS.values()))
+    _install_core(session, "numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, plugins=tuple(PLUGINS.values()))
     bench = ROOT / "tools" / "bench"
     session.run("pytest", str(bench / "test_bench_cli.py"))
     session.run(

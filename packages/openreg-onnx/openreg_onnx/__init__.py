@@ -15,6 +15,10 @@ The API (each imports the ONNX packages on first use):
 - ``export(model, args, ...)``: export with the table, dynamic dims checked, provenance
   recorded, ``com.openreg`` function bodies attached in vendor mode (``_export.py``);
 - ``verify(model_or_program, args, ...)``: openreg eager against onnxruntime (``_verify.py``);
+- ``export_without_weights(build_model, build_args, weights)``: export under FakeTensorMode, no
+  device memory touched, the real weights attached after (``_fake.py``);
+- ``openreg_session(model)``: onnxruntime running ``com.openreg`` nodes with openreg's own kernels
+  (``_ort.py``);
 - ``python -m openreg_onnx export|verify``.
 
 See ``docs/mechanisms/onnx.md`` in the repository.
@@ -63,6 +67,21 @@ def export(model, args=(), f=None, **kwargs):
     from ._export import export as run
 
     return run(model, args, f, **kwargs)
+
+
+def export_without_weights(build_model, build_args, weights=None, f=None, **kwargs):
+    """Export of a model built on fake openreg tensors, real weights attached after; see ``_fake.py``."""
+    from ._fake import export_without_weights as run
+
+    return run(build_model, build_args, weights, f, **kwargs)
+
+
+def openreg_session(model, device="openreg"):
+    """onnxruntime session whose ``com.openreg`` nodes run openreg's kernels; see ``_ort.py``
+    (needs onnxruntime-extensions)."""
+    from ._ort import openreg_session as make
+
+    return make(model, device)
 
 
 def verify(model_or_program, args=(), **kwargs):

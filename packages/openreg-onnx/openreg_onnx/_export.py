@@ -88,10 +88,7 @@ def attach_functions(model):
     """Adds the ``com.openreg`` bodies to an ``ONNXProgram`` or an ``onnx.ModelProto``."""
     if isinstance(model, onnx.ModelProto):
         return _vendor.attach_functions(model)
-    import onnx_ir as ir
-
-    proto = _vendor.attach_functions(ir.serde.serialize_model(model.model))
-    model.model = ir.serde.deserialize_model(proto)
+    _vendor.attach_functions_ir(model.model)
     return model
 
 
@@ -121,20 +118,27 @@ def _requested_dynamic(dynamic_shapes, input_names: List[str]) -> List[Tuple[str
     return wanted
 
 
-def check_dynamic_dims(model: onnx.ModelProto, wanted: Sequence[Tuple[str, int]]) -> None:
-    """Raises ``DynamicDimError`` listing every requested (input, axis) whose ONNX dim is a number."""
-    inputs = {i.name: i for i in model.graph.input}
-    order = [i.name for i in model.graph.input]
+def check_dynamic_dims(model, wanted: Sequence[Tuple[str, int]]) -> None:
+    """Raises ``DynamicDimError`` listing every requested (input, axis) whose ONNX dim is a
+    number. ``model``: an ``onnx.ModelProto`` or an ``onnx_ir.Model``."""
+    if isinstance(model, onnx.ModelProto):
+        inputs = [
+            (i.name, [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim])
+            for i in model.graph.input
+        ]
+    else:
+        inputs = [
+            (v.name, [d if isinstance(d, int) else None for d in (v.shape.dims if v.shape is not None else ())])
+            for v in model.graph.inputs
+        ]
+    by_name = dict(inputs)
     static = []
     for name, axis in wanted:
-        value = inputs.get(name)
-        if value is None and name.isdigit() and int(name) < len(order):  # positional
-            value = inputs[order[int(name)]]
-        if value is None:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        if axis < len(dims) and dims[axis].HasField("dim_value"):
-            static.append(f"{value.name}[{axis}] = {dims[axis].dim_value}")
+        if name not in by_name and name.isdigit() and int(name) < len(inputs):  # positional
+            name = inputs[int(name)][0]
+        dims = by_name.get(name)
+        if dims is not None and axis < len(dims) and dims[axis] is not None:
+            static.append(f"{name}[{axis}] = {dims[axis]}")
     if static:
         raise DynamicDimError(
             "dimensions requested as dynamic came out static in the ONNX model: "
@@ -151,10 +155,11 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def provenance(model: onnx.ModelProto, mode: str, device: str) -> Dict[str, str]:
+def provenance(model, mode: str, device: str) -> Dict[str, str]:
+    """The metadata ``export`` records (``model``: an ``onnx_ir.Model``)."""
     from . import __version__
 
-    opsets = ",".join(f"{o.domain or 'ai.onnx'}:{o.version}" for o in model.opset_import)
+    opsets = ",".join(f"{domain or 'ai.onnx'}:{v}" for domain, v in sorted(model.opset_imports.items()))
     return {
         METADATA_PREFIX + "version": __version__,
         METADATA_PREFIX + "torch": torch.__version__,
@@ -166,13 +171,34 @@ def provenance(model: onnx.ModelProto, mode: str, device: str) -> Dict[str, str]
     }
 
 
-def _set_metadata(model: onnx.ModelProto, props: Dict[str, str]) -> None:
-    existing = {p.key: p for p in model.metadata_props}
-    for k, v in props.items():
-        if k in existing:
-            existing[k].value = v
-        else:
-            model.metadata_props.add(key=k, value=v)
+def _finish(program, mode: str, device: str, dynamic_shapes, input_names) -> None:
+    """What every export does after torch's: check the dynamic dims, attach the vendor bodies,
+    record provenance; on the IR model, without serializing the weights."""
+    model = program.model
+    names = list(input_names) if input_names else [v.name for v in model.graph.inputs]
+    check_dynamic_dims(model, _requested_dynamic(dynamic_shapes, names))
+    if mode == "vendor":
+        _vendor.attach_functions_ir(model)
+    model.metadata_props.update(provenance(model, mode, device))
+
+
+def _torch_export(model, args, mode, custom_translation_table, **kwargs):
+    """torch.onnx.export with the mode's table under the caller's; "No ONNX function found"
+    becomes an ``UnsupportedOperatorError`` that names the operator and the table."""
+    table = dict(_table.translation_table(mode))
+    table.update(custom_translation_table or {})
+    try:
+        return torch.onnx.export(model, args, dynamo=True, custom_translation_table=table, **kwargs)
+    except torch.onnx.OnnxExporterError as e:
+        op = _unsupported(e)
+        if op is None:
+            raise
+        covered = ", ".join(_table.translated_op_names())
+        raise UnsupportedOperatorError(
+            f"{op} has no ONNX translation: torch's exporter (torchlib) has none, and neither has "
+            f"openreg-onnx's table (openreg_onnx.translation_table({mode!r}), which covers {covered}). "
+            f"Pass custom_translation_table={{torch.ops.{op.replace('::', '.')}: your_onnxscript_function}}."
+        ) from e
 
 
 def export(
@@ -194,47 +220,26 @@ def export(
     """Exports ``model`` (an ``nn.Module`` or ``ExportedProgram`` on openreg) with openreg's
     table in ``mode``; returns the ``torch.onnx.ONNXProgram`` (saved to ``f`` if given).
     Raises ``DynamicDimError`` when a dimension in ``dynamic_shapes`` came out static."""
-    import onnx_ir as ir
-
     if not isinstance(args, tuple):
         args = (args,)
-    table = dict(_table.translation_table(mode))
-    table.update(custom_translation_table or {})
     device = check_devices(model, (args, kwargs or {}))
     if isinstance(model, torch.nn.Module) and model.training:
         model.eval()  # dropout and batch-norm statistics are training behaviour: export inference
-    try:
-        program = torch.onnx.export(
-            model,
-            args,
-            kwargs=kwargs,
-            dynamo=True,
-            custom_translation_table=table,
-            dynamic_shapes=dynamic_shapes,
-            input_names=input_names,
-            output_names=output_names,
-            optimize=optimize,
-            verbose=verbose,
-            **({"opset_version": opset_version} if opset_version is not None else {}),
-            **export_kwargs,
-        )
-    except torch.onnx.OnnxExporterError as e:
-        op = _unsupported(e)
-        if op is None:
-            raise
-        covered = ", ".join(_table.translated_op_names())
-        raise UnsupportedOperatorError(
-            f"{op} has no ONNX translation: torch's exporter (torchlib) has none, and neither has "
-            f"openreg-onnx's table (openreg_onnx.translation_table({mode!r}), which covers {covered}). "
-            f"Pass custom_translation_table={{torch.ops.{op.replace('::', '.')}: your_onnxscript_function}}."
-        ) from e
-    proto = ir.serde.serialize_model(program.model)
-    names = list(input_names) if input_names else [i.name for i in proto.graph.input]
-    check_dynamic_dims(proto, _requested_dynamic(dynamic_shapes, names))
-    if mode == "vendor":
-        _vendor.attach_functions(proto)
-    _set_metadata(proto, provenance(proto, mode, device))
-    program.model = ir.serde.deserialize_model(proto)
+    program = _torch_export(
+        model,
+        args,
+        mode,
+        custom_translation_table,
+        kwargs=kwargs,
+        dynamic_shapes=dynamic_shapes,
+        input_names=input_names,
+        output_names=output_names,
+        optimize=optimize,
+        verbose=verbose,
+        **({"opset_version": opset_version} if opset_version is not None else {}),
+        **export_kwargs,
+    )
+    _finish(program, mode, device, dynamic_shapes, input_names)
     if f is not None:
         program.save(f)
     return program

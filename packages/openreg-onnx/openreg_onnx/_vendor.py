@@ -233,6 +233,21 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def attach_functions_ir(model) -> None:
+    """``attach_functions`` for an ``onnx_ir.Model`` (what ``ONNXProgram.model`` holds), without
+    serializing it: its initializers may be fake or large."""
+    import onnx_ir as ir
+
+    used = sorted({n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.domain == DOMAIN})
+    if not used:
+        return
+    model.opset_imports.setdefault("", BODY_OPSET)
+    model.opset_imports.setdefault(DOMAIN, VERSION)
+    for proto in function_protos(used, model.opset_imports[""]).values():
+        fn = ir.serde.deserialize_function(proto)
+        model.functions.setdefault(fn.identifier(), fn)
+
+
 def softmax_dtype(elem_type: int) -> int:
     """The type core's kernel runs the softmax in: float for 16-bit inputs, else the input's."""
     return TensorProto.FLOAT if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) else elem_type
