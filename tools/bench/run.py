@@ -35,6 +35,7 @@ from typing import Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import collectives  # noqa: E402  (no torch here; its rank processes import it)
+import compile_bench  # noqa: E402  (no torch here; its device processes import it)
 import onnx_bench  # noqa: E402  (no torch here; its device processes import it)
 import runtime_bench  # noqa: E402  (no torch; eager is imported only when an eager measure runs)
 
@@ -47,8 +48,14 @@ EAGER_IDS = (
     "mlp-step",
     "mlp-step-bf16",
 )  # kept equal to [m.id for m in eager.MEASURES] (checked at run time)
-GROUPS = {"runtime": runtime_bench.IDS, "eager": EAGER_IDS, "onnx": onnx_bench.IDS, "collectives": collectives.IDS}
-ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *onnx_bench.IDS, *collectives.IDS)
+GROUPS = {
+    "runtime": runtime_bench.IDS,
+    "eager": EAGER_IDS,
+    "onnx": onnx_bench.IDS,
+    "compile": compile_bench.IDS,
+    "collectives": collectives.IDS,
+}
+ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *onnx_bench.IDS, *compile_bench.IDS, *collectives.IDS)
 
 
 def log(msg: str, end: str = "\n") -> None:
@@ -285,6 +292,14 @@ def run_collectives(ids: List[str], quick: bool) -> List[Dict]:
         return [_error_row("collectives", i, collectives._name(i), "error", e) for i in ids]
 
 
+def run_compile(ids: List[str], quick: bool) -> List[Dict]:
+    try:
+        return compile_bench.run(ids, quick, log=log)
+    except Exception as e:
+        log(f"[compile] failed: {e}")
+        return [_error_row("compile", i, compile_bench.NAMES[i], "error", e) for i in ids]
+
+
 def run_onnx(ids: List[str], quick: bool) -> List[Dict]:
     try:
         return onnx_bench.run(ids, quick, log=log)
@@ -396,6 +411,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     onnx_ids = [i for i in onnx_bench.IDS if i in selected]
     if onnx_ids:
         rows += run_onnx(onnx_ids, args.quick)
+    compile_ids = [i for i in compile_bench.IDS if i in selected]
+    if compile_ids:
+        rows += run_compile(compile_ids, args.quick)
     collective_ids = [i for i in collectives.IDS if i in selected]
     if collective_ids:
         rows += run_collectives(collective_ids, args.quick)

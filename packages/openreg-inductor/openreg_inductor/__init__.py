@@ -30,24 +30,31 @@ DEVICE = "openreg"
 _registered = False
 
 
+def register_dynamo() -> None:
+    """Registers the Dynamo device interface (idempotent)."""
+    from torch._dynamo.device_interface import register_interface_for_device
+
+    from .device_interface import OpenRegInterface
+
+    register_interface_for_device(DEVICE, OpenRegInterface)
+    for index in range(torch_openreg.openreg.device_count()):
+        register_interface_for_device(f"{DEVICE}:{index}", OpenRegInterface)
+
+
 def register() -> None:
     """Registers the device interface and the Inductor backend for openreg (idempotent)."""
     global _registered
     if _registered:
         return
-    from torch._dynamo.device_interface import register_interface_for_device
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
 
     from . import _torch213, config
     from .codegen.op_overrides import OpenRegDeviceOpOverrides
     from .codegen.scheduling import OpenRegScheduling
     from .codegen.wrapper import OpenRegPythonWrapper
-    from .device_interface import OpenRegInterface
 
     _torch213.apply()
-    register_interface_for_device(DEVICE, OpenRegInterface)
-    for index in range(torch_openreg.openreg.device_count()):
-        register_interface_for_device(f"{DEVICE}:{index}", OpenRegInterface)
+    register_dynamo()
     register_device_op_overrides(DEVICE, OpenRegDeviceOpOverrides())
     register_backend_for_device(
         DEVICE,
@@ -58,13 +65,18 @@ def register() -> None:
     _registered = True
 
 
-class _RegisterAfterDynamo(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs ``register()`` right after ``torch._dynamo`` is imported (by ``torch.compile``,
-    ``torch._dynamo`` or ``torch._inductor``), so that ``import torch`` does not pay for
-    importing Dynamo and Inductor (about a second) in processes that never compile."""
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs ``action`` right after the module ``name`` has been imported: registration waits for
+    the import of Dynamo (the device interface) and of Inductor's ``compile_fx`` (the backend),
+    so ``import torch`` does not pay for importing them (about a second) in processes that never
+    compile. ``compile_fx`` is imported by every Inductor compile and imports everything the
+    backend needs, so when it is done no module the registration touches is half-initialised."""
+
+    def __init__(self, name, action):
+        self.name, self.action = name, action
 
     def find_spec(self, name, path, target=None):
-        if name != "torch._dynamo":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -79,15 +91,19 @@ class _RegisterAfterDynamo(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._loader.exec_module(module)
         module.__loader__ = module.__spec__.loader = self._loader  # the module looks untouched
         try:
-            register()
+            self.action()
         except Exception as e:  # a broken plugin must not break torch.compile for other devices
             warnings.warn(f"openreg-inductor failed to register: {type(e).__name__}: {e}", RuntimeWarning)
 
 
+def _when_imported(name, action) -> None:
+    if name in sys.modules:
+        action()
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, action))
+
+
 def _load() -> None:
-    """Entry point of core's plugin group: registers now if Dynamo is already imported, else
-    when it is."""
-    if "torch._dynamo" in sys.modules:
-        register()
-    elif not any(isinstance(f, _RegisterAfterDynamo) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterDynamo())
+    """Entry point of core's plugin group."""
+    _when_imported("torch._dynamo", register_dynamo)
+    _when_imported("torch._inductor.compile_fx", register)

@@ -5,8 +5,11 @@ names the torch source it works around and the test that fails without it.
 Inductor 2.13 sorts devices into "cpu" (C++ codegen) and ``GPU_TYPES`` (Triton, streams, device
 guards). openreg generates C++ like the CPU and has streams and a device like a GPU; adding it
 to ``GPU_TYPES`` would make Inductor require Triton (``TritonMissing``), so the few decisions that
-go wrong are corrected here, for device type "openreg" only. Every workaround below is a
-candidate for an upstream hook (see docs/mechanisms/compiler.md for the upstream references).
+go wrong are corrected here, for device type "openreg" only. Upstream, the RFC for PrivateUse1
+backends in torch.compile (https://github.com/pytorch/pytorch/issues/189138: device capability
+bits such as ``is_gpu`` / ``exposes_streams`` on ``DeviceInterface``) and its Inductor sub-RFC
+(https://github.com/pytorch/pytorch/issues/189137: codegen registration without monkeypatching)
+would replace each of these with a hook.
 
 ``apply()`` refuses other torch minor versions: the patched names may have moved.
 """
@@ -72,7 +75,8 @@ class WrapperFixes:
        guard is exited *before* the final ``self.flush()``, and CppScheduling defers its kernel
        call to that flush, so the last kernel call lands after the ``with`` block (outside the
        device guard). Flushing the scheduler's backends when the guard exits keeps every call
-       inside. Test: tests/test_codegen.py::TestDevices::test_second_device.
+       inside; without it, a graph whose last kernel runs in a user stream context launches it
+       on the default stream. Test: tests/test_streams.py::TestAsynchrony::test_stream_context_inside_the_region.
     """
 
     def codegen_device_guard_exit(self) -> None:

@@ -1,0 +1,151 @@
+"""torch.compile benchmarks (openreg-inductor): Inductor's kernels on openreg.
+
+Rows (openreg column / reference column; ratio = openreg / reference):
+
+- compile-chain-{1k,256k,16m}: a 16-op elementwise chain compiled by Inductor, on openreg against
+  CPU Inductor on CPU tensors (goal <= 1.05 from 256K elements up; at 1K the launch dominates);
+- compile-vs-eager-{1k,256k,16m}: the same compiled chain on openreg against the chain run op by op
+  in openreg eager (goal <= 0.67, i.e. at least 1.5x faster, on the fused sizes);
+- compile-cold: the first compile of the chain with an empty Inductor cache, openreg against CPU
+  (goal <= 1.2); compile-warm: the same compile after ``torch._dynamo.reset()`` (FX-graph cache
+  hit), openreg against CPU (report).
+
+Each device runs in a process of its own with a fresh Inductor cache (this file with --serve DEVICE),
+as in eager.py.
+
+    python tools/bench/compile_bench.py [--quick]     prints one dict per measure
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+SIZES = {"1k": 1024, "256k": 256 * 1024, "16m": 16 * 1024 * 1024}
+IDS = (
+    *(f"compile-chain-{s}" for s in SIZES),
+    *(f"compile-vs-eager-{s}" for s in SIZES),
+    "compile-cold",
+    "compile-warm",
+)
+NAMES = {
+    **{f"compile-chain-{s}": f"16-op chain {s}: openreg Inductor vs CPU Inductor" for s in SIZES},
+    **{f"compile-vs-eager-{s}": f"16-op chain {s}: openreg Inductor vs openreg eager" for s in SIZES},
+    "compile-cold": "first compile, empty cache: openreg vs CPU",
+    "compile-warm": "compile after dynamo reset (FX cache hit): openreg vs CPU",
+}
+GOALS = {
+    "compile-chain-256k": 1.05,
+    "compile-chain-16m": 1.05,
+    "compile-vs-eager-256k": 0.67,
+    "compile-vs-eager-16m": 0.67,
+    "compile-cold": 1.2,
+}
+
+
+def chain(x):
+    """16 elementwise ops that Inductor fuses into one kernel."""
+    import torch
+
+    for _ in range(4):
+        x = torch.sin(x * 1.01 + 0.5)
+        x = torch.relu(x) - x.abs() * 0.25
+    return x
+
+
+def _time(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
+    """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end)."""
+    fn()
+    sync()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
+def serve(device: str, quick: bool) -> Dict[str, float]:
+    import torch
+
+    sync = torch.openreg.synchronize if device == "openreg" else (lambda: None)
+    out: Dict[str, float] = {}
+    # Cold: the first compile in this process, with the fresh cache run() gave it.
+    x = torch.randn(SIZES["1k"], device=device)
+    t0 = time.perf_counter()
+    torch.compile(chain, dynamic=False)(x)
+    sync()
+    out["compile-cold:" + device] = time.perf_counter() - t0
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    torch.compile(chain, dynamic=False)(x)
+    sync()
+    out["compile-warm:" + device] = time.perf_counter() - t0
+    for name, n in SIZES.items():
+        iters, reps = (2, 3) if quick else ((200, 7) if n <= SIZES["256k"] else (5, 5))
+        x = torch.randn(n, device=device)
+        torch._dynamo.reset()
+        compiled = torch.compile(chain, dynamic=False)
+        out[f"compile-chain-{name}:{device}"] = _time(lambda: compiled(x), sync, iters, reps)
+        if device == "openreg":
+            out[f"compile-vs-eager-{name}:eager"] = _time(lambda: chain(x), sync, iters, reps)
+    return out
+
+
+def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
+    """Rows for run.py (same keys as its eager rows)."""
+    samples: Dict[str, float] = {}
+    for device in ("cpu", "openreg"):
+        log(f"[compile] {device} process ...")
+        with tempfile.TemporaryDirectory(prefix="openreg-bench-inductor-") as cache:
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+            cmd = [sys.executable, __file__, "--serve", device] + (["--quick"] if quick else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
+        samples.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    rows = []
+    for id_ in ids:
+        if id_.startswith("compile-vs-eager-"):
+            size = id_.rsplit("-", 1)[1]
+            o, c = samples.get(f"compile-chain-{size}:openreg"), samples.get(f"{id_}:eager")
+        else:
+            o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
+        if o is None or c is None:
+            continue
+        goal = GOALS.get(id_)
+        rows.append(
+            {
+                "id": id_,
+                "group": "compile",
+                "measure": NAMES[id_],
+                "openreg": o * 1e6,
+                "cpu": c * 1e6,
+                "unit": "us",
+                "ratio": o / c,
+                "goal_spec": None if goal is None else {"on": "ratio", "op": "<=", "value": goal},
+                "met": None if goal is None else o / c <= goal,
+                "status": "ok",
+            }
+        )
+    return rows
+
+
+def main(argv: List[str]) -> None:
+    if len(argv) >= 2 and argv[0] == "--serve":
+        print(json.dumps(serve(argv[1], "--quick" in argv)))
+        return
+    for row in run(list(IDS), "--quick" in argv, log=lambda m: print(m, file=sys.stderr)):
+        print(row)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
