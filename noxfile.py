@@ -248,6 +248,7 @@ def bench(session: nox.Session) -> None:
     bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
     _install_core(session, "numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, plugins=tuple(PLUGINS.values()))
+    session.install("--no-deps", TORCHAO)  # the quant group's PT2E measure
     bench = ROOT / "tools" / "bench"
     session.run("pytest", str(bench / "test_bench_cli.py"))
     session.run(

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import collectives  # noqa: E402  (no torch here; its rank processes import it)
 import compile_bench  # noqa: E402  (no torch here; its device processes import it)
 import onnx_bench  # noqa: E402  (no torch here; its device processes import it)
+import quant as quant_bench  # noqa: E402  (no torch here; its device processes import it)
 import runtime_bench  # noqa: E402  (no torch; eager is imported only when an eager measure runs)
 
 EAGER_IDS = (
@@ -52,10 +53,11 @@ GROUPS = {
     "runtime": runtime_bench.IDS,
     "eager": EAGER_IDS,
     "onnx": onnx_bench.IDS,
+    "quant": quant_bench.IDS,
     "compile": compile_bench.IDS,
     "collectives": collectives.IDS,
 }
-ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *onnx_bench.IDS, *compile_bench.IDS, *collectives.IDS)
+ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *onnx_bench.IDS, *quant_bench.IDS, *compile_bench.IDS, *collectives.IDS)
 
 
 def log(msg: str, end: str = "\n") -> None:
@@ -284,6 +286,14 @@ def run_eager(ids: List[str], quick: bool, rounds: Optional[int], threads: Optio
     return out
 
 
+def run_quant(ids: List[str], quick: bool) -> List[Dict]:
+    try:
+        return quant_bench.run(ids, quick, log=log)
+    except Exception as e:
+        log(f"[quant] failed: {e}")
+        return [_error_row("quant", i, quant_bench.NAMES[i], "error", e) for i in ids]
+
+
 def run_collectives(ids: List[str], quick: bool) -> List[Dict]:
     try:
         return collectives.run(ids, quick, log=log)
@@ -411,6 +421,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     onnx_ids = [i for i in onnx_bench.IDS if i in selected]
     if onnx_ids:
         rows += run_onnx(onnx_ids, args.quick)
+    quant_ids = [i for i in quant_bench.IDS if i in selected]
+    if quant_ids:
+        rows += run_quant(quant_ids, args.quick)
     compile_ids = [i for i in compile_bench.IDS if i in selected]
     if compile_ids:
         rows += run_compile(compile_ids, args.quick)

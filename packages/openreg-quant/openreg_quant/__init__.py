@@ -10,6 +10,12 @@ Loading the C++ extension registers, for openreg:
   torchao use (quantize/dequantize per tensor, per channel and per token, and the
   choose_qparams family): argument checks on the host, one asynchronous launch,
   results bit-exact with the decomposition (``csrc/decomposed/``);
+- fused int8 operators ``torch.ops.openreg_quant.qlinear`` / ``qconv2d`` (relu post-op,
+  quantized or float output) and ``qlinear_prepack`` (``csrc/fused/``).
+
+``openreg_quant.OpenRegQuantizer`` and ``openreg_quant.lower_pt2e`` (``pt2e.py``) are the PT2E
+flow: a torchao quantizer and the FX pass that lowers a converted model to the fused ops
+(imported on first use: torchao is not imported with torch).
 
 Importing the package also defines the ``quantized_decomposed`` schemas (Python
 owns that namespace), so ``torch.ops.quantized_decomposed.*`` exist right away.
@@ -30,6 +36,15 @@ def _define_decomposed_schemas() -> None:
 
 
 _define_decomposed_schemas()
+
+
+def __getattr__(name: str):
+    # The PT2E flow needs torchao: imported on first use, not when `import torch` loads the plugin.
+    if name in ("OpenRegQuantizer", "lower_pt2e"):
+        from . import pt2e
+
+        return getattr(pt2e, name)
+    raise AttributeError(f"module 'openreg_quant' has no attribute '{name}'")
 
 
 def _load() -> None:

@@ -159,7 +159,7 @@ at::Tensor quantize_per_channel(const at::Tensor& input, const at::Tensor& scale
                     const at::Tensor zp = z.to(s.scalar_type()).contiguous();
                     FlatPair p(x, y);
                     const int64_t channels = x.size(axis);
-                    quantize_channel_loop<decltype(in_v), decltype(out_v), scalar_t>(
+                    quantize_group_loop<false, decltype(in_v), decltype(out_v), scalar_t>(
                         p.x, p.y, recip.const_data_ptr<scalar_t>(), zp.const_data_ptr<scalar_t>(), channels,
                         channels == 1 ? 1 : p.x.stride(axis), static_cast<scalar_t>(quant_min),
                         static_cast<scalar_t>(quant_max));
@@ -232,7 +232,7 @@ at::Tensor quantize_per_token(const at::Tensor& input, const at::Tensor& scales,
                     const at::Tensor recip = at::reciprocal(s).reshape(-1).contiguous();
                     const at::Tensor zp = z.to(s.scalar_type()).reshape(-1).contiguous();
                     FlatPair p(x, y, /*contiguous=*/true);
-                    quantize_token_loop<decltype(in_v), decltype(out_v), scalar_t>(
+                    quantize_group_loop<true, decltype(in_v), decltype(out_v), scalar_t>(
                         p.x, p.y, recip.const_data_ptr<scalar_t>(), zp.const_data_ptr<scalar_t>(), tokens, x.size(-1),
                         static_cast<scalar_t>(quant_min), static_cast<scalar_t>(quant_max));
                     p.finish();

@@ -1,0 +1,218 @@
+"""PT2E quantization for openreg: a torchao ``Quantizer`` and a lowering pass to openreg's fused ops.
+
+Flow (all on openreg)::
+
+    m = torch.export.export(model.to("openreg"), (x,)).module()
+    m = prepare_pt2e(m, OpenRegQuantizer())        # or prepare_qat_pt2e(m, OpenRegQuantizer(is_qat=True))
+    m(x)                                           # calibrate
+    m = convert_pt2e(m)
+    m = lower_pt2e(m)                              # dq -> conv/linear -> [relu] -> [q] become fused ops
+
+``lower_pt2e`` is a pure FX pass: it never runs the model. Weights are quantized (when
+``convert_pt2e`` left them in float) and prepacked at lowering time, and the float weights that no
+node uses any more are dropped from the module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional
+
+# torchao's own libraries are CUDA-only; loading them fails with a harmless message.
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+import torch  # noqa: E402
+import torch.fx  # noqa: E402
+from torchao.quantization.pt2e.fake_quantize import FakeQuantize  # noqa: E402
+from torchao.quantization.pt2e.observer import MovingAveragePerChannelMinMaxObserver  # noqa: E402
+from torchao.quantization.pt2e.quantizer import Quantizer  # noqa: E402
+from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: E402
+    X86InductorQuantizer,
+    get_default_x86_inductor_quantization_config,
+)
+
+__all__ = ["OpenRegQuantizer", "lower_pt2e"]
+
+qd = torch.ops.quantized_decomposed
+aten = torch.ops.aten
+
+
+class OpenRegQuantizer(Quantizer):
+    """Annotates an exported model for openreg's int8 kernels: uint8 per-tensor affine activations,
+    int8 per-channel symmetric weights (axis 0), float bias.
+
+    The annotations are the x86 quantizer's (conv/linear with relu and binary post-ops, add,
+    max-pooling, cat, and the ops that propagate quantization such as flatten and adaptive
+    pooling): openreg's fused kernels run oneDNN's int8 kernels underneath, so the patterns the x86
+    quantizer chooses are the ones that pay off. What openreg adds is the device: the graph is
+    prepared, calibrated and converted on openreg tensors, and ``lower_pt2e`` maps the result to
+    ``torch.ops.openreg_quant``.
+
+    With ``is_qat=True`` the weights' fake quantization is ``FakeQuantize`` over a per-channel
+    moving-average observer instead of x86's ``FusedMovingAvgObsFakeQuantize``: that one calls
+    ``aten::fused_moving_avg_obs_fake_quant``, which resizes its scale and zero-point arguments to
+    one per channel inside the kernel, and core's generic path does not carry such a resize back
+    to the device (the scale stays one element and the weights are fake-quantized with it).
+    """
+
+    def __init__(self, is_qat: bool = False):
+        super().__init__()
+        self.is_qat = is_qat
+        config = get_default_x86_inductor_quantization_config(is_qat=is_qat)
+        if is_qat:
+            weight = dataclasses.replace(
+                config.weight,
+                observer_or_fake_quant_ctr=FakeQuantize.with_args(
+                    observer=MovingAveragePerChannelMinMaxObserver, eps=2**-12
+                ),
+            )
+            config = dataclasses.replace(config, weight=weight)
+        self._x86 = X86InductorQuantizer()
+        self._x86.set_global(config)
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return self._x86.annotate(model)
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        self._x86.validate(model)
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return self._x86.transform_for_annotation(model)
+
+
+# ---- lowering ----
+
+_DQ_TENSOR = (qd.dequantize_per_tensor.default,)
+_Q_TENSOR = (qd.quantize_per_tensor.default,)
+_CONV = (aten.conv2d.default,)
+_LINEAR = (aten.linear.default,)
+_RELU = (aten.relu.default, aten.relu_.default)
+
+
+def _attr(gm: torch.fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
+    """The tensor a get_attr node names (None for anything else)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return None
+    obj: Any = gm
+    for part in node.target.split("."):
+        obj = getattr(obj, part)
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def _int8_weight(gm: torch.fx.GraphModule, node: Any) -> Optional[Dict[str, torch.Tensor]]:
+    """int8 weight, scales and zero points of a per-channel (axis 0) symmetric weight dequantize:
+    from a folded int8 constant, or quantized now from a float constant (convert_pt2e with
+    fold_quantize=False)."""
+    if not isinstance(node, torch.fx.Node) or node.target is not qd.dequantize_per_channel.default:
+        return None
+    q, scales, zps, axis, qmin, qmax, dtype = node.args[:7]
+    scales, zps = _attr(gm, scales), _attr(gm, zps)
+    if axis != 0 or dtype != torch.int8 or scales is None or zps is None or bool((zps != 0).any()):
+        return None
+    weight = _attr(gm, q)
+    if weight is None and isinstance(q, torch.fx.Node) and q.target is qd.quantize_per_channel.default:
+        float_w = _attr(gm, q.args[0])
+        if float_w is None:
+            return None
+        weight = qd.quantize_per_channel(float_w, scales, zps, 0, qmin, qmax, torch.int8)
+    if weight is None or weight.dtype != torch.int8 or scales.numel() != weight.shape[0]:
+        return None
+    return {"weight": weight, "w_scales": scales.float(), "w_zero_points": zps.long()}
+
+
+def _register(gm: torch.fx.GraphModule, name: str, value: torch.Tensor) -> torch.fx.Node:
+    gm.register_buffer(name, value)
+    return gm.graph.get_attr(name)
+
+
+def _drop_dead_tensors(gm: torch.fx.GraphModule) -> List[str]:
+    """Deletes the parameters and buffers (of the module and its submodules) that no get_attr node
+    names: the float weights convert_pt2e replaced by int8 constants, and the int8 constants and
+    qparams the fused ops replaced. In a GraphModule state reaches the graph only through get_attr."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    dead = [
+        name
+        for name, _ in [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
+        if name not in used
+    ]
+    for name in dead:
+        owner, _, leaf = name.rpartition(".")
+        module = gm.get_submodule(owner) if owner else gm
+        if leaf in module._parameters:
+            del module._parameters[leaf]
+        elif leaf in module._buffers:
+            del module._buffers[leaf]
+    return dead
+
+
+def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replaces dequantize -> conv2d/linear -> [relu] -> [quantize] patterns of a ``convert_pt2e``
+    model with ``torch.ops.openreg_quant.qconv2d`` / ``qlinear`` (quantized output when the pattern
+    ends in a quantize, float output otherwise), prepacks the int8 weights and drops the dead float
+    weights. Patterns it does not recognise stay as they are (they still run natively: the
+    decomposed q/dq ops have openreg kernels). Returns the model, changed in place."""
+    gm = model
+    graph = gm.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _CONV + _LINEAR:
+            continue
+        is_conv = node.target in _CONV
+        x_dq = node.args[0]
+        if not (isinstance(x_dq, torch.fx.Node) and x_dq.target in _DQ_TENSOR):
+            continue
+        x_q, x_scale, x_zp, _, _, x_dtype = x_dq.args[:6]
+        if x_dtype not in (torch.uint8, torch.int8) or x_dq.kwargs.get("out_dtype") not in (None, torch.float32):
+            continue
+        w = _int8_weight(gm, node.args[1])
+        if w is None:
+            continue
+        bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        if bias_node is not None and _attr(gm, bias_node) is None:
+            continue
+        if is_conv:
+            defaults = ([1, 1], [0, 0], [1, 1], 1)
+            stride, padding, dilation, groups = (list(node.args[3:7]) + list(defaults[len(node.args[3:7]) :]))[:4]
+            if isinstance(padding, str) or len(w["weight"].shape) != 4:
+                continue
+            stride, padding, dilation = (
+                [v] * 2 if isinstance(v, int) else list(v) for v in (stride, padding, dilation)
+            )
+        # [relu], then [quantize] when the (relu) output feeds exactly one quantize of the same dtype
+        last, post_op = node, "none"
+        if len(node.users) == 1:
+            (user,) = node.users
+            if user.target in _RELU:
+                last, post_op = user, "relu"
+        out_q = None
+        if len(last.users) == 1:
+            (user,) = last.users
+            if user.target in _Q_TENSOR and user.args[5] == x_dtype:
+                out_q = user
+        with graph.inserting_before(out_q or last):
+            prefix = f"_openreg_q{count}_"
+            w_nodes = [_register(gm, prefix + k, v) for k, v in w.items()]
+            b_node = bias_node
+            out_scale, out_zp = (out_q.args[1], out_q.args[2]) if out_q is not None else (1.0, 0)
+            out_dtype = None if out_q is not None else torch.float32
+            if is_conv:
+                args = (x_q, x_scale, x_zp, *w_nodes, b_node, stride, padding, dilation, groups)
+                fused = graph.call_function(
+                    torch.ops.openreg_quant.qconv2d.default, (*args, out_scale, out_zp, out_dtype, post_op)
+                )
+            else:
+                args = (x_q, x_scale, x_zp, *w_nodes, b_node)
+                fused = graph.call_function(
+                    torch.ops.openreg_quant.qlinear.default, (*args, out_scale, out_zp, out_dtype, post_op)
+                )
+            fused.meta.update((out_q or last).meta)
+        (out_q or last).replace_all_uses_with(fused)
+        count += 1
+        if w["weight"].device.type == "openreg" and not is_conv:
+            torch.ops.openreg_quant.qlinear_prepack(getattr(gm, prefix + "weight"))
+    graph.eliminate_dead_code()
+    _drop_dead_tensors(gm)
+    graph.lint()
+    gm.recompile()
+    return gm

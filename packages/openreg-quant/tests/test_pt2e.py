@@ -1,0 +1,131 @@
+"""PT2E on openreg (openreg_quant/pt2e.py): OpenRegQuantizer, convert_pt2e and lower_pt2e on a small
+CNN and a 2-block transformer; accuracy against float32, the lowered graph against the unlowered one,
+and QAT."""
+
+import os
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from openreg_quant import OpenRegQuantizer, lower_pt2e  # noqa: E402
+from torch.testing._internal.common_utils import TestCase  # noqa: E402
+from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e  # noqa: E402
+
+qd = torch.ops.quantized_decomposed
+
+
+class SmallCNN(nn.Module):
+    """conv-relu x2 + linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.fc = nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.c1(x))
+        x = torch.relu(self.c2(x))
+        return self.fc(torch.flatten(x, 1))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention and a relu MLP."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+
+
+def transformer():
+    return nn.Sequential(Block(), Block())
+
+
+def calls(gm, name):
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith(name))
+
+
+def last_quantum(gm) -> float:
+    """The scale of the last activation quantization before the output: one quantum."""
+    scales = [n.args[1] for n in gm.graph.nodes if n.target == qd.quantize_per_tensor.default]
+    return float(scales[-1])
+
+
+def rel_err(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+class TestPTQ(TestCase):
+    def _ptq(self, model, shape, convs, linears):
+        torch.manual_seed(0)
+        model = model.eval().to("openreg")
+        x = torch.randn(*shape, device="openreg")
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
+        for _ in range(4):
+            prepared(torch.randn(*shape, device="openreg"))
+        converted = convert_pt2e(prepared)
+        with torch.no_grad():
+            want, unlowered = model(x), converted(x)
+        quantum = last_quantum(converted)
+        packed_before = torch.ops.openreg_quant.packed_weight_count()
+        lowered = lower_pt2e(converted)
+        got = lowered(x)
+        self.assertEqual(got.device.type, "openreg")
+        self.assertLess(rel_err(got, want), 0.05)
+        self.assertLessEqual((got - unlowered).abs().max().item(), quantum)
+        # the graph calls the fused ops; no weight dequantize and no float weight is left
+        self.assertEqual(calls(lowered, "openreg_quant.qconv2d"), convs)
+        self.assertEqual(calls(lowered, "openreg_quant.qlinear"), linears)
+        self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_channel"), 0)
+        float_weights = [n for n, p in lowered.named_parameters() if n.endswith("weight") and p.dim() > 1]
+        self.assertEqual(float_weights, [])
+        self.assertGreaterEqual(torch.ops.openreg_quant.packed_weight_count(), packed_before + linears)
+        return lowered
+
+    def test_small_cnn(self):
+        self._ptq(SmallCNN(), (4, 3, 16, 16), convs=2, linears=1)
+
+    def test_transformer(self):
+        self._ptq(transformer(), (2, 8, 64), convs=0, linears=8)
+
+
+class TestQAT(TestCase):
+    def test_qat_on_openreg(self):
+        results = {}
+        for device in ("cpu", "openreg"):
+            torch.manual_seed(0)
+            model = SmallCNN().train().to(device)
+            data = [torch.randn(4, 3, 16, 16) for _ in range(3)]
+            prepared = prepare_qat_pt2e(
+                torch.export.export(model, (data[0].to(device),)).module(), OpenRegQuantizer(is_qat=True)
+            )
+            opt = torch.optim.SGD(prepared.parameters(), lr=0.01)
+            for x in data:
+                loss = prepared(x.to(device)).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            move_exported_model_to_eval(prepared)
+            converted = convert_pt2e(prepared)
+            x = data[0].to(device)
+            results[device] = (loss.item(), converted(x).cpu())
+            if device == "openreg":
+                unlowered = converted(x)
+                lowered = lower_pt2e(converted)
+                self.assertEqual(calls(lowered, "openreg_quant.q"), 3)
+                self.assertLessEqual((lowered(x) - unlowered).abs().max().item(), last_quantum(converted))
+        self.assertEqual(results["openreg"][0], results["cpu"][0], atol=1e-5, rtol=1e-4)
+        self.assertEqual(results["openreg"][1], results["cpu"][1], atol=1e-4, rtol=1e-3)

@@ -1,0 +1,188 @@
+"""Quantization benchmarks (openreg-quant): native q/dq and fused int8 kernels on openreg.
+
+Rows (openreg column / reference column; ratio = openreg / reference):
+
+- quant-qdq-256k: quantize + dequantize per tensor of 256K float32 on openreg, native kernels
+  against the decomposition run op by op on openreg (goal <= 0.2, i.e. at least 5x faster);
+- quant-qlinear-m{1,32,256}: openreg_quant.qlinear (K = N = 1024, uint8 in, uint8 out) on openreg
+  against the CPU's own int8 path (oneDNN qlinear_pointwise on CPU tensors, in a CPU process; goal
+  <= 1.05);
+- quant-fp32-m{1,32,256}: the same qlinear on openreg against the float32 linear on openreg (report:
+  what int8 buys on this CPU);
+- quant-cnn: the PT2E-lowered small CNN (openreg_quant.pt2e) against the float32 CNN, both on
+  openreg (report).
+
+Each device runs in a process of its own (this file with --serve DEVICE), as in eager.py.
+
+    python tools/bench/quant.py [--quick]     prints one dict per measure
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List
+
+MS = (1, 32, 256)
+IDS = ("quant-qdq-256k", *(f"quant-qlinear-m{m}" for m in MS), *(f"quant-fp32-m{m}" for m in MS), "quant-cnn")
+NAMES = {
+    "quant-qdq-256k": "q+dq per tensor 256K: native vs decomposed (both openreg)",
+    **{f"quant-qlinear-m{m}": f"qlinear M={m} K=N=1024: openreg vs CPU int8 (oneDNN)" for m in MS},
+    **{f"quant-fp32-m{m}": f"qlinear M={m} K=N=1024 vs float32 linear (both openreg)" for m in MS},
+    "quant-cnn": "PT2E-lowered CNN vs float32 CNN (both openreg, batch 8)",
+}
+GOALS = {"quant-qdq-256k": 0.2, **{f"quant-qlinear-m{m}": 1.05 for m in MS}}
+
+
+def _time(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
+    """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end)."""
+    fn()
+    sync()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
+def _weights(n: int, k: int, device: str):
+    import torch
+
+    qd = torch.ops.quantized_decomposed
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g) * 0.05
+    scales = w.abs().amax(1) / 127.5
+    zps = torch.zeros(n, dtype=torch.long)
+    wq = qd.quantize_per_channel(w, scales, zps, 0, -128, 127, torch.int8)
+    return w.to(device), wq.to(device), scales.to(device), zps.to(device), torch.randn(n, generator=g).to(device)
+
+
+def serve(device: str, quick: bool) -> Dict[str, float]:
+    import torch
+    import torch.ao.quantization.fx._decomposed as decomposed
+
+    qd = torch.ops.quantized_decomposed
+    sync = torch.openreg.synchronize if device == "openreg" else (lambda: None)
+    iters, reps = (5, 3) if quick else (50, 7)
+    out: Dict[str, float] = {}
+    if device == "openreg":
+        x = torch.randn(256 * 1024, device=device)
+
+        def native():
+            q = qd.quantize_per_tensor(x, 0.02, 3, -128, 127, torch.int8)
+            return qd.dequantize_per_tensor(q, 0.02, 3, -128, 127, torch.int8)
+
+        def decomposed_qdq():  # the Python decomposition itself, op by op on openreg
+            q = decomposed.quantize_per_tensor(x, 0.02, 3, -128, 127, torch.int8)
+            return decomposed.dequantize_per_tensor(q, 0.02, 3, -128, 127, torch.int8)
+
+        out["quant-qdq-256k:openreg"] = _time(native, sync, iters, reps)
+        out["quant-qdq-256k:cpu"] = _time(decomposed_qdq, sync, max(1, iters // 5), reps)
+    w, wq, ws, wz, b = _weights(1024, 1024, device)
+    for m in MS:
+        xq = torch.randint(0, 256, (m, 1024), dtype=torch.uint8).to(device)
+        if device == "openreg":
+            import openreg_quant  # noqa: F401
+
+            torch.ops.openreg_quant.qlinear_prepack(wq)
+
+            def int8():
+                return torch.ops.openreg_quant.qlinear(xq, 0.02, 128, wq, ws, wz, b, 0.05, 100, None, "none")
+
+            xf = torch.randn(m, 1024, device=device)
+            t = _time(int8, sync, iters, reps)
+            out[f"quant-qlinear-m{m}:openreg"] = t
+            out[f"quant-fp32-m{m}:openreg"] = t
+            out[f"quant-fp32-m{m}:cpu"] = _time(lambda: torch.nn.functional.linear(xf, w, b), sync, iters, reps)
+        else:  # packed for this M, as the CPU's own lowering (x86 Inductor) does
+            packed = torch.ops.onednn.qlinear_prepack(wq, [m, 1024])
+
+            def cpu_int8():
+                return torch.ops.onednn.qlinear_pointwise(
+                    xq, 0.02, 128, packed, ws, wz, b, 0.05, 100, None, "none", [], ""
+                )
+
+            out[f"quant-qlinear-m{m}:cpu"] = _time(cpu_int8, sync, iters, reps)
+    if device == "openreg":
+        out.update(_cnn(device, sync, max(1, iters // 5), reps))
+    return out
+
+
+def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
+    import torch
+    from openreg_quant import OpenRegQuantizer, lower_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64 * 16 * 16, 10),
+        )
+        .eval()
+        .to(device)
+    )
+    x = torch.randn(8, 3, 32, 32, device=device)
+    prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
+    prepared(x)
+    lowered = lower_pt2e(convert_pt2e(prepared))
+    with torch.no_grad():
+        return {
+            "quant-cnn:openreg": _time(lambda: lowered(x), sync, iters, reps),
+            "quant-cnn:cpu": _time(lambda: model(x), sync, iters, reps),
+        }
+
+
+def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
+    """Rows for run.py (same keys as its eager rows)."""
+    samples: Dict[str, float] = {}
+    for device in ("cpu", "openreg"):
+        log(f"[quant] {device} process ...")
+        cmd = [sys.executable, __file__, "--serve", device] + (["--quick"] if quick else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
+        samples.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    rows = []
+    for id_ in ids:
+        o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
+        if o is None or c is None:
+            continue
+        goal = GOALS.get(id_)
+        rows.append(
+            {
+                "id": id_,
+                "group": "quant",
+                "measure": NAMES[id_],
+                "openreg": o * 1e6,
+                "cpu": c * 1e6,
+                "unit": "us",
+                "ratio": o / c,
+                "goal_spec": None if goal is None else {"on": "ratio", "op": "<=", "value": goal},
+                "met": None if goal is None else o / c <= goal,
+                "status": "ok",
+            }
+        )
+    return rows
+
+
+def main(argv: List[str]) -> None:
+    if len(argv) >= 2 and argv[0] == "--serve":
+        print(json.dumps(serve(argv[1], "--quick" in argv)))
+        return
+    for row in run(list(IDS), "--quick" in argv, log=lambda m: print(m, file=sys.stderr)):
+        print(row)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
