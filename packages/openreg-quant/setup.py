@@ -27,6 +27,7 @@ setup(
                 "csrc/decomposed/Dequantize.cpp",
                 "csrc/decomposed/ChooseQParams.cpp",
                 "csrc/fused/QLinearConv.cpp",
+                "csrc/fused/IntMM.cpp",
             ],
             extra_compile_args=FLAGS,
         )

@@ -11,11 +11,14 @@ Loading the C++ extension registers, for openreg:
   choose_qparams family): argument checks on the host, one asynchronous launch,
   results bit-exact with the decomposition (``csrc/decomposed/``);
 - fused int8 operators ``torch.ops.openreg_quant.qlinear`` / ``qconv2d`` (relu post-op,
-  quantized or float output) and ``qlinear_prepack`` (``csrc/fused/``).
+  quantized or float output) and ``qlinear_prepack``, and native ``aten::_int_mm`` /
+  ``aten::_weight_int8pack_mm`` (``csrc/fused/``).
 
 ``openreg_quant.OpenRegQuantizer`` and ``openreg_quant.lower_pt2e`` (``pt2e.py``) are the PT2E
 flow: a torchao quantizer and the FX pass that lowers a converted model to the fused ops
 (imported on first use: torchao is not imported with torch).
+``openreg_quant.OpenRegInt8DynamicActivationInt8WeightConfig`` (``torchao_configs.py``) is torchao's
+int8 dynamic-activation config on openreg's kernels, for ``torchao.quantization.quantize_``.
 
 Importing the package also defines the ``quantized_decomposed`` schemas (Python
 owns that namespace), so ``torch.ops.quantized_decomposed.*`` exist right away.
@@ -44,6 +47,10 @@ def __getattr__(name: str):
         from . import pt2e
 
         return getattr(pt2e, name)
+    if name == "OpenRegInt8DynamicActivationInt8WeightConfig":
+        from . import torchao_configs
+
+        return getattr(torchao_configs, name)
     raise AttributeError(f"module 'openreg_quant' has no attribute '{name}'")
 
 

@@ -1,0 +1,109 @@
+"""Native aten::_int_mm and aten::_weight_int8pack_mm on openreg (csrc/fused/IntMM.cpp), against the
+CPU's kernels; torchao's int8 configs on openreg models against the same configs on the CPU."""
+
+import os
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
+
+import torch  # noqa: E402
+from torch.testing._internal.common_utils import TestCase  # noqa: E402
+
+
+class TestIntMM(TestCase):
+    def test_int_mm_exact(self):
+        g = torch.Generator().manual_seed(0)
+        for m, k, n in ((1, 8, 8), (32, 1024, 72), (5, 2500, 24), (4, 0, 8)):
+            a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+            b = torch.randint(-128, 128, (k, n), generator=g, dtype=torch.int8)
+            if k:  # the extreme products: every partial sum at its bound
+                a[0], b[:, 0] = -128, -128
+            want = torch._int_mm(a, b) if k >= 1 else torch.zeros(m, n, dtype=torch.int32)
+            got = torch._int_mm(a.to("openreg"), b.to("openreg"))
+            self.assertEqual(got.dtype, torch.int32)
+            self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=f"{m}x{k}x{n}")
+        out = torch.empty(0, dtype=torch.int32, device="openreg")
+        torch._int_mm(a.to("openreg"), b.to("openreg"), out=out)
+        self.assertEqual(out.shape, (4, 8))
+
+    def test_int_mm_native_and_errors(self):
+        a = torch.ones(8, 16, dtype=torch.int8, device="openreg")
+        b = torch.ones(16, 8, dtype=torch.int8, device="openreg")
+        torch._int_mm(a, b)
+        torch.openreg.set_strict_mode(True)
+        torch._int_mm(a, b)
+        torch.openreg.set_strict_mode(False)
+        with self.assertRaisesRegex(RuntimeError, "self.size\\(1\\) needs to match mat2.size\\(0\\) but got 16 and 8"):
+            torch._int_mm(a, a)
+        with self.assertRaisesRegex(RuntimeError, "Expected self dtype to be of type int8"):
+            torch._int_mm(a.float(), b)
+
+    def test_weight_int8pack_mm(self):
+        g = torch.Generator().manual_seed(0)
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(7, 64, generator=g).to(dtype)
+            w = torch.randint(-128, 128, (40, 64), generator=g, dtype=torch.int8)
+            s = (torch.rand(40, generator=g) * 0.01).to(dtype)
+            want = torch._weight_int8pack_mm(x, w, s)
+            got = torch._weight_int8pack_mm(x.to("openreg"), w.to("openreg"), s.to("openreg"))
+            self.assertEqual(got.dtype, dtype)
+            tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+            self.assertEqual(got.cpu(), want, **tol)
+        with self.assertRaisesRegex(RuntimeError, "expected scales to have A's dtype"):
+            torch._weight_int8pack_mm(x.to("openreg"), w.to("openreg"), s.float().to("openreg"))
+
+
+class TestTorchaoConfigs(TestCase):
+    def _run(self, config, device, out_features):
+        from torchao.quantization import quantize_
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, out_features)).to(
+            device
+        )
+        quantize_(model, config)
+        self._model = model
+        x = torch.randn(8, 64).to(device)
+        with torch.no_grad():
+            model(x)
+            before = torch.openreg._runtime_counters()["memcpy_d2h"]
+            y = model(x)
+            torch.openreg.synchronize()
+            copies = torch.openreg._runtime_counters()["memcpy_d2h"] - before
+        return y.cpu(), copies
+
+    def test_int8_weight_only(self):
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        want, _ = self._run(Int8WeightOnlyConfig(), "cpu", 40)
+        got, copies = self._run(Int8WeightOnlyConfig(), "openreg", 40)
+        self.assertEqual(got, want, atol=1e-5, rtol=1e-5)
+        self.assertEqual(copies, 0)
+
+    def test_stock_int8_dynamic_config_copies_to_the_host(self):
+        # torchao's own config gives the CPU's numbers on openreg, but its safe_int_mm formats the
+        # input with __repr__() (a copy of the data to the host) on every matmul: see the docs.
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        want, _ = self._run(Int8DynamicActivationInt8WeightConfig(), "cpu", 40)
+        got, copies = self._run(Int8DynamicActivationInt8WeightConfig(), "openreg", 40)
+        self.assertEqual(got, want, atol=1e-5, rtol=1e-5)
+        self.assertGreater(copies, 0)
+
+    def test_openreg_int8_dynamic_config(self):
+        from openreg_quant import OpenRegInt8DynamicActivationInt8WeightConfig
+
+        for width in (40, 36):  # 36: not a multiple of 8
+            want, _ = self._run(OpenRegInt8DynamicActivationInt8WeightConfig(), "cpu", width)
+            got, copies = self._run(OpenRegInt8DynamicActivationInt8WeightConfig(), "openreg", width)
+            self.assertEqual(got, want, atol=1e-6, rtol=1e-6)
+            self.assertEqual(copies, 0)
+            # and close to the float model
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, width))
+            x = torch.randn(8, 64)
+            ref = model(x).detach()
+            self.assertLess(((got - ref).norm() / ref.norm()).item(), 0.05)
+        from openreg_quant.torchao_configs import Int8DynamicActivationLinear
+
+        self.assertIsInstance(self._model, torch.nn.Sequential)
+        self.assertIsInstance(self._model[0], Int8DynamicActivationLinear)
