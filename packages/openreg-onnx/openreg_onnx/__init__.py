@@ -84,6 +84,14 @@ def openreg_session(model, device="openreg"):
     return make(model, device)
 
 
+def check_discrepancies(observer, onnx_program, **kwargs):
+    """``torch.onnx.InputObserver.check_discrepancies`` for a model on openreg (its captured
+    outputs are copied to the host first); see ``_device_fixes.py``."""
+    from ._device_fixes import check_discrepancies as run
+
+    return run(observer, onnx_program, **kwargs)
+
+
 def verify(model_or_program, args=(), **kwargs):
     """Compares openreg eager with onnxruntime; see ``_verify.py``."""
     from ._verify import verify as run

@@ -5,7 +5,8 @@ onnxscript and onnx, seconds of work. So loading the plugin only puts a finder o
 ``sys.meta_path`` that waits for two modules:
 
 - ``torch.onnx`` (cheap; the TorchScript exporter's symbolic registry lives there): when it has
-  been imported, openreg's ops get TorchScript symbolic functions (``dynamo=False``);
+  been imported, openreg's ops get TorchScript symbolic functions (``dynamo=False``), and
+  ``torch.onnx.ops.symbolic`` gets device-keeping kernels (``_device_fixes.py``);
 - ``torch.onnx._internal.exporter._registration`` (imported by the first ``dynamo=True``
   export): when it has been imported, ``ONNXRegistry.from_torchlib`` is wrapped so that every
   registry the exporter builds also holds openreg's portable translations.
@@ -118,9 +119,10 @@ def _patch_registry(registration) -> None:
 
 
 def _register_symbolics(torch_onnx) -> None:
-    from ._symbolic import register
+    from . import _device_fixes, _symbolic
 
-    register()
+    _symbolic.register()
+    _device_fixes.register()  # torch.onnx.ops.symbolic keeps an openreg model's device
     _state["symbolics_registered"] = True
 
 
