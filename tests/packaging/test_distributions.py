@@ -243,3 +243,41 @@ def test_amp_sdist(dist_dir: Path):
     missing = sorted(set(wanted) - set(names))
     assert not missing, f"sources of packages/openreg-amp missing from its sdist (see its MANIFEST.in): {missing}"
     assert not _leftovers(names, {".so", ".o", ".a"}), names
+
+
+ONNX = ROOT / "packages" / "openreg-onnx"
+
+
+def test_onnx_wheel(dist_dir: Path):
+    """openreg-onnx is pure Python: its package only, the plugin entry point, pinned ONNX
+    dependencies; installed without them (this session), it still loads, lazily."""
+    wheel = _one(dist_dir, "openreg_onnx-*-py3-none-any.whl")
+    files = _zip_names(wheel)
+    assert "openreg_onnx/__init__.py" in files and "openreg_onnx/_hooks.py" in files
+    tops = {n.split("/", 1)[0] for n in files}
+    assert tops <= {"openreg_onnx"} | set(fnmatch.filter(tops, "openreg_onnx-*.dist-info")), sorted(tops)
+    assert not [n for n in files if not n.endswith(".py") and ".dist-info/" not in n], files
+    with zipfile.ZipFile(wheel) as zf:
+        parser = configparser.ConfigParser()
+        parser.read_string(zf.read(fnmatch.filter(files, "openreg_onnx-*.dist-info/entry_points.txt")[0]).decode())
+        meta = zf.read(fnmatch.filter(files, "openreg_onnx-*.dist-info/METADATA")[0]).decode()
+    assert dict(parser["torch_openreg.plugins"]) == {"onnx": "openreg_onnx:_load"}
+    for pin in ("onnx<1.24,>=1.23", "onnxscript<0.8,>=0.7", "onnxruntime<1.33,>=1.32"):
+        assert f"Requires-Dist: {pin}" in meta, meta
+    probe = "import torch; p = torch.openreg.plugins()['onnx']; print(p['loaded'], p['error'])"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "None"], r.stdout + r.stderr
+
+
+def test_onnx_sdist(dist_dir: Path):
+    with tarfile.open(_one(dist_dir, "openreg_onnx-*.tar.gz")) as tf:
+        names = [m.name.split("/", 1)[1] for m in tf.getmembers() if m.isfile() and "/" in m.name]
+    wanted = sorted(
+        p.relative_to(ONNX).as_posix()
+        for p in ONNX.rglob("*")
+        if p.is_file()
+        and (p.suffix == ".py" or p.name in ("README.md", "pyproject.toml", "MANIFEST.in"))
+        and not any(part in ("build", "__pycache__") or part.startswith(".") for part in p.relative_to(ONNX).parts)
+    )
+    missing = sorted(set(wanted) - set(names))
+    assert not missing, f"files of packages/openreg-onnx missing from its sdist (see its MANIFEST.in): {missing}"

@@ -78,6 +78,8 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 return real.create_module(spec)
 
             def exec_module(self, module):
+                # The module keeps the real loader (inspect, importlib.resources and reloads use it).
+                module.__loader__ = module.__spec__.loader = real
                 real.exec_module(module)
                 callback(module)
 

@@ -52,11 +52,17 @@ class TestLoading(TestCase):
         )
 
     def test_torch_onnx_import_registers_symbolics_only(self):
-        r = run_python(LAZY.replace("import openreg_onnx", "import openreg_onnx, torch.onnx"))
+        probe = LAZY.replace("import openreg_onnx", "import openreg_onnx, torch.onnx")
+        # The watched module keeps its own loader.
+        probe += "print(type(torch.onnx.__loader__).__name__, type(torch.onnx.__spec__.loader).__name__)\n"
+        r = run_python(probe)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(
-            r.stdout.strip(),
-            "True None [] {'installed': True, 'registry_patched': False, 'symbolics_registered': True}",
+            r.stdout.strip().splitlines(),
+            [
+                "True None [] {'installed': True, 'registry_patched': False, 'symbolics_registered': True}",
+                "SourceFileLoader SourceFileLoader",
+            ],
         )
 
     def test_first_export_in_the_process_translates_openreg_ops(self):
