@@ -108,6 +108,22 @@ class TestProvenanceAndShapes:
         n = len(model.functions)
         assert len(_vendor.attach_functions(model).functions) == n
 
+    def test_plain_export_with_the_vendor_table_then_attach(self):
+        x = torch.randn(3, 4, device="openreg")
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.ops.openreg.custom_abs(x) + 1
+
+        table = openreg_onnx.translation_table("vendor")
+        program = torch.onnx.export(M().eval(), (x,), dynamo=True, custom_translation_table=table, verbose=False)
+        assert [f.name for f in program.model_proto.functions] == []  # the exporter inlines its own
+        assert openreg_onnx.attach_functions(program) is program
+        assert [f.name for f in program.model_proto.functions] == ["custom_abs"]
+        (got,), backend, _ = run_onnx(program.model_proto, {"x": x.cpu().numpy()})
+        assert backend == "onnxruntime"
+        torch.testing.assert_close(torch.from_numpy(got), M()(x).cpu())
+
 
 class TestBadInputs(TestCase):
     def test_unsupported_operator_names_the_op_and_the_table(self):
