@@ -52,8 +52,10 @@ class OpenRegQuantizer(Quantizer):
     With ``is_qat=True`` the weights' fake quantization is ``FakeQuantize`` over a per-channel
     moving-average observer instead of x86's ``FusedMovingAvgObsFakeQuantize``: that one calls
     ``aten::fused_moving_avg_obs_fake_quant``, which resizes its scale and zero-point arguments to
-    one per channel inside the kernel, and core's generic path does not carry such a resize back
-    to the device (the scale stays one element and the weights are fake-quantized with it).
+    one per channel inside the kernel. Core's generic path carries such a resize back to the device
+    only on its synchronous path, so every training step would wait for the device there (before
+    core 14:28 the scale silently stayed one element). ``FakeQuantize`` runs as ordinary native and
+    generic ops, asynchronously, with the CPU's numbers.
     """
 
     def __init__(self, is_qat: bool = False):
