@@ -1,12 +1,13 @@
 """ONNX benchmarks (openreg-onnx): export time on openreg against the CPU, onnxruntime against eager.
 
-Each device runs in a process of its own (this file with --serve DEVICE), as in eager.py, and the
-processes alternate (cpu, openreg, openreg, cpu, ...) over the rounds:
+A process per device and round (this file with --serve DEVICE; the processes alternate cpu,
+openreg, openreg, cpu, ... over the rounds):
 
-- first export: the process's first ``torch.onnx.export(dynamo=True)`` of the MLP, which imports
-  onnxscript and onnx and builds the exporter's registry (reported, no goal);
-- export MLP / transformer block: later exports of the same model, median (goal <= 1.10x: export
-  runs on FakeTensors and must not reach slow device paths);
+- first export: the process's first ``torch.onnx.export(dynamo=True)``, of the MLP on its device,
+  which imports onnxscript and onnx and builds the exporter's registry (reported, no goal);
+- export MLP / transformer block: later exports of the same model, on both devices in every
+  process, interleaved, after one warm-up export each; medians (goal <= 1.10x: export runs on
+  FakeTensors and must not reach slow device paths; no kernels run, so one process can time both);
 - forward MLP / block: openreg eager (synchronised) in the openreg column, the exported model in
   onnxruntime's CPU EP in the reference column (report only);
 - import torch: with openreg-onnx loaded, against the same plugins without it (report only; the
@@ -68,36 +69,39 @@ def _median_time(fn: Callable[[], object], reps: int) -> float:
 
 
 def serve(device: str, quick: bool) -> Dict[str, float]:
-    """One device's measures, in this process."""
+    """The measures of a process whose first export is on ``device``. Keys without a device
+    suffix belong to ``device``; the steady-state export times of both devices are taken here,
+    interleaved (cpu, openreg, openreg, cpu, ...), so that background load hits both alike."""
     import torch
 
-    models = _models(device)
+    devices = ("cpu", "openreg")
+    models = {d: _models(d) for d in devices}
     out: Dict[str, float] = {}
-
-    def export(name):
-        model, args = models[name]
-        return torch.onnx.export(model, args, dynamo=True, verbose=False)
-
     programs = {}
 
-    def timed_export(name):
+    def timed_export(d, name):
+        model, args = models[d][name]
         t0 = time.perf_counter()
-        programs[name] = export(name)
+        programs[d, name] = torch.onnx.export(model, args, dynamo=True, verbose=False)
         return time.perf_counter() - t0
 
-    out["onnx-first-export"] = timed_export("mlp")
-    # --quick: one export each after the first (the block's first one: the imports are done by then).
+    out["onnx-first-export"] = timed_export(device, "mlp")
     reps = 1 if quick else 3
-    out["onnx-export-block"] = statistics.median(
-        [timed_export("block") for _ in range(reps if quick else reps + 1)][-reps:]
-    )
-    out["onnx-export-mlp"] = statistics.median([timed_export("mlp") for _ in range(reps)])
+    for name in ("mlp", "block"):
+        for d in devices:
+            timed_export(d, name)  # warm-up: the first trace of this model on this device
+        samples = {d: [] for d in devices}
+        for r in range(reps):
+            for d in devices if r % 2 == 0 else devices[::-1]:
+                samples[d].append(timed_export(d, name))
+        for d in devices:
+            out[f"onnx-export-{name}:{d}"] = statistics.median(samples[d])
     if device == "openreg":
         import onnxruntime as ort
 
         iters = 5 if quick else 50
         for name in ("mlp", "block"):
-            model, args = models[name]
+            model, args = models["openreg"][name]
             with torch.no_grad():
                 model(*args)
                 torch.openreg.synchronize()
@@ -108,7 +112,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
                     torch.openreg.synchronize()
 
                 out[f"onnx-ort-{name}:openreg"] = _median_time(eager, 3) / iters
-            proto = programs[name].model_proto
+            proto = programs["openreg", name].model_proto
             session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
             feeds = {i.name: a.cpu().numpy() for i, a in zip(session.get_inputs(), args)}
             session.run(None, feeds)
