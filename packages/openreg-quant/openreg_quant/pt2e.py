@@ -211,8 +211,15 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             fused.meta.update((out_q or last).meta)
         (out_q or last).replace_all_uses_with(fused)
         count += 1
-        if w["weight"].device.type == "openreg" and not is_conv:
-            torch.ops.openreg_quant.qlinear_prepack(getattr(gm, prefix + "weight"))
+        if w["weight"].device.type == "openreg":  # pack now, not in the first call
+            weight = getattr(gm, prefix + "weight")
+            if is_conv:
+                scales = getattr(gm, prefix + "w_scales")
+                torch.ops.openreg_quant.qconv2d_prepack(
+                    weight, scales, x_scale, x_zp, stride, padding, dilation, groups
+                )
+            else:
+                torch.ops.openreg_quant.qlinear_prepack(weight)
     graph.eliminate_dead_code()
     _drop_dead_tensors(gm)
     graph.lint()

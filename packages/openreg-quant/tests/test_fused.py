@@ -218,6 +218,18 @@ class TestQConv2d(TestCase):
                         else:
                             self.assertEqual(got.cpu(), ref, atol=1e-4, rtol=1e-3, msg=msg)
 
+    def test_prepack(self):
+        w, ws, wz = dev(*weights(8, 4, 3, 3))
+        x = dev(activations(1, 4, 6, 6)[0])[0]
+        geo = ([1, 1], [1, 1], [1, 1], 1)
+        fresh = oq.qconv2d(x, 0.03, 128, w.clone(), ws, wz, None, *geo, 1.0, 0, torch.float32, "none").cpu()
+        before = oq.packed_weight_count()
+        oq.qconv2d_prepack(w, ws, 0.03, 128, *geo)
+        self.assertEqual(oq.packed_weight_count(), before + 1)
+        got = oq.qconv2d(x, 0.03, 128, w, ws, wz, None, *geo, 1.0, 0, torch.float32, "none")
+        self.assertEqual(oq.packed_weight_count(), before + 1)  # the call used the prepacked entry
+        self.assertEqual(got.cpu(), fresh, atol=0, rtol=0)
+
     def test_bad_arguments_and_meta(self):
         w, ws, wz = dev(*weights(8, 4, 3, 3))
         x = dev(activations(1, 6, 5, 5)[0])[0]

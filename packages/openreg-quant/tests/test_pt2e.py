@@ -92,7 +92,7 @@ class TestPTQ(TestCase):
         self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_channel"), 0)
         float_weights = [n for n, p in lowered.named_parameters() if n.endswith("weight") and p.dim() > 1]
         self.assertEqual(float_weights, [])
-        self.assertGreaterEqual(torch.ops.openreg_quant.packed_weight_count(), packed_before + linears)
+        self.assertGreaterEqual(torch.ops.openreg_quant.packed_weight_count(), packed_before + linears + convs)
         return lowered
 
     def test_small_cnn(self):

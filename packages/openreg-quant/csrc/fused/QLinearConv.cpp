@@ -9,7 +9,7 @@
 // weight reordered once ("prepacked"): the packed form is device-side state
 // owned by the weight tensor (a cache entry that dies with the weight's
 // TensorImpl and is rebuilt when the weight is written), made by the first
-// kernel that needs it, or ahead of time by the prepack ops.
+// kernel that needs it, or ahead of time by the prepack ops (qlinear_prepack, qconv2d_prepack).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/intrusive_ptr.h>
@@ -199,6 +199,24 @@ std::vector<int64_t> conv_shape(const at::Tensor& x, const at::Tensor& weight, c
   return shape;
 }
 
+// The packed conv weight depends on the input's quantization and the geometry.
+std::string conv_key(double x_scale, int64_t x_zero_point, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                     c10::IntArrayRef dilation, int64_t groups) {
+  return key_of({"conv", std::to_string(x_scale), std::to_string(x_zero_point), str(stride), str(padding),
+                 str(dilation), std::to_string(groups)});
+}
+
+// Packs a conv weight on the device (the kernel's first step, shared by qconv2d and qconv2d_prepack).
+void pack_conv(Packed& packed, const KernelTensorArg& w_arg, const at::Tensor& scales, double x_scale,
+               int64_t x_zero_point, const std::vector<int64_t>& st, const std::vector<int64_t>& pad,
+               const std::vector<int64_t>& dil, int64_t groups) {
+  std::lock_guard<std::mutex> lock(packed.mutex);
+  if (packed.onednn.defined()) return;
+  packed.onednn = call_boxed(onednn_conv_prepack(), {w_arg.materialize().contiguous(), scales, x_scale, x_zero_point,
+                                                     st, pad, dil, groups, c10::IValue()})
+                      .toTensor();
+}
+
 at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& weight,
                    const at::Tensor& w_scales, const at::Tensor& w_zero_points, const std::optional<at::Tensor>& bias,
                    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
@@ -212,8 +230,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                 x.options().dtype(out_type(x, output_dtype)).memory_format(at::MemoryFormat::ChannelsLast));
   if (out.numel() == 0) return out;
   // The packed conv weight depends on the input's quantization and the geometry.
-  auto packed = packed_for(weight, key_of({"conv", std::to_string(x_scale), std::to_string(x_zero_point), str(stride),
-                                           str(padding), str(dilation), std::to_string(groups)}));
+  auto packed = packed_for(weight, conv_key(x_scale, x_zero_point, stride, padding, dilation, groups));
   std::optional<KernelTensorArg> b_arg;
   if (bias && bias->defined()) b_arg.emplace(*bias);
   std::vector<int64_t> st(stride.begin(), stride.end()), pad(padding.begin(), padding.end()),
@@ -225,13 +242,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
        pad, dil, groups, output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
         at::Tensor xv = x_arg.materialize().contiguous(at::MemoryFormat::ChannelsLast);
         at::Tensor scales = s_arg.materialize().contiguous();
-        {
-          std::lock_guard<std::mutex> lock(packed->mutex);
-          if (!packed->onednn.defined())
-            packed->onednn = call_boxed(onednn_conv_prepack(), {w_arg.materialize().contiguous(), scales, x_scale,
-                                                                x_zero_point, st, pad, dil, groups, c10::IValue()})
-                                 .toTensor();
-        }
+        pack_conv(*packed, w_arg, scales, x_scale, x_zero_point, st, pad, dil, groups);
         c10::List<std::optional<at::Scalar>> no_args;
         at::Tensor r =
             call_boxed(
@@ -270,6 +281,22 @@ void qlinear_prepack(const at::Tensor& weight) {
       }));
 }
 
+void qconv2d_prepack(const at::Tensor& weight, const at::Tensor& w_scales, double x_scale, int64_t x_zero_point,
+                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+  TORCH_CHECK(weight.is_privateuseone() && weight.scalar_type() == at::kChar && weight.dim() == 4,
+              "openreg_quant::qconv2d_prepack: weight must be a 4-D int8 openreg tensor.");
+  check_on_device(w_scales, weight, "w_scales", "openreg_quant::qconv2d_prepack");
+  auto packed = packed_for(weight, conv_key(x_scale, x_zero_point, stride, padding, dilation, groups));
+  std::vector<int64_t> st(stride.begin(), stride.end()), pad(padding.begin(), padding.end()),
+      dil(dilation.begin(), dilation.end());
+  OPENREG_CHECK(::openreg::launch(stream_of(weight), "openreg_quant::qconv2d_prepack",
+                                  [w_arg = KernelTensorArg(weight), s_arg = KernelTensorArg(w_scales), packed, x_scale,
+                                   x_zero_point, st, pad, dil, groups] {
+                                    pack_conv(*packed, w_arg, s_arg.materialize().contiguous(), x_scale, x_zero_point,
+                                              st, pad, dil, groups);
+                                  }));
+}
+
 int64_t packed_weight_count() {
   std::lock_guard<std::mutex> lock(cache_mutex);
   cache.erase(std::remove_if(cache.begin(), cache.end(), [](const CacheEntry& e) { return e.owner.expired(); }),
@@ -288,6 +315,9 @@ TORCH_LIBRARY(openreg_quant, m) {
       "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, float output_scale, "
       "int output_zero_point, ScalarType? output_dtype, str post_op) -> Tensor");
   m.def("qlinear_prepack(Tensor weight) -> ()");
+  m.def(
+      "qconv2d_prepack(Tensor weight, Tensor w_scales, float x_scale, int x_zero_point, int[] stride, int[] padding, "
+      "int[] dilation, int groups) -> ()");
   m.def("packed_weight_count() -> int", TORCH_FN(packed_weight_count));
 }
 
@@ -295,6 +325,7 @@ TORCH_LIBRARY_IMPL(openreg_quant, PrivateUse1, m) {
   m.impl("qlinear", TORCH_FN(qlinear));
   m.impl("qconv2d", TORCH_FN(qconv2d));
   m.impl("qlinear_prepack", TORCH_FN(qlinear_prepack));
+  m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
 }
 
 TORCH_LIBRARY_IMPL(openreg_quant, Meta, m) {
