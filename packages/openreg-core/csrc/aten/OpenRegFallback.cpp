@@ -2,7 +2,9 @@
 //
 // For an op call on openreg tensors:
 //  1. Output metadata comes from PyTorch's meta kernel, run on the host on
-//     meta tensors that mirror the inputs (sizes, strides, offsets, dtypes).
+//     meta tensors that mirror the inputs (sizes, strides, offsets, dtypes);
+//     for common operators whose Meta-key kernel is Python, the C++ one
+//     (OpenRegNativeMeta.cpp).
 //  2. Outputs are allocated on the device. View ops need no kernel at all:
 //     the result aliases the input's storage with the meta result's geometry.
 //  3. A kernel is launched on the current stream. On the device it turns
@@ -226,6 +228,7 @@ struct Launch {
   Graveyard* home;
   std::optional<c10::OperatorHandle> op;
   size_t outs = 0;  // a routed structured op: its last `outs` arguments are its outputs
+  bool writes_argument = false;  // in-place (or out=): the kernel checks it did not resize one
   LaunchStack args, targets;
 
   explicit Launch(Graveyard* home) : home(home) { alive().fetch_add(1, std::memory_order_relaxed); }
@@ -562,7 +565,11 @@ std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::Arr
     if (v.isGenerator()) v = c10::IValue();
   const Stack meta_args = meta;
   try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    const c10::DispatchKeySet meta_keys(c10::DispatchKey::Meta);
+    if (const c10::KernelFunction* native = native_meta_kernel(op.operator_name()))
+      native->callBoxed(op, meta_keys, &meta);  // no Python on a first call (OpenRegNativeMeta.cpp)
+    else
+      op.redispatchBoxed(meta_keys, &meta);
   } catch (const std::exception&) {
     // No usable meta kernel (data-dependent shapes, or none registered): run
     // on the device and wait. A genuine argument error is raised there too,
@@ -646,6 +653,9 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   struct State {
     Stack results;
     std::vector<bool> moved;  // per return: a mutated argument the CPU kernel reallocated
+    // Written arguments the op does not return, which the CPU kernel resized or reallocated
+    // (fused_moving_avg_obs_fake_quant grows its statistics): (argument index, host result).
+    std::vector<std::pair<size_t, at::Tensor>> resized;
     std::exception_ptr error;
   };
   auto state = std::make_shared<State>();
@@ -659,8 +669,17 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       const Stack originals = kernel_args;  // the device tensors, before the op
       KernelStorages storages;
       to_kernel_stack(kernel_args, storages);
+      const Stack kernel_inputs = kernel_args;  // the same tensors: a resize inside the op shows in them
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
       const auto& schema = op.schema();
+      for (size_t i = 0; i < kernel_inputs.size(); ++i) {
+        if (!is_written(schema.arguments()[i]) || !kernel_inputs[i].isTensor()) continue;
+        const at::Tensor& got = kernel_inputs[i].toTensor();
+        if (!got.defined()) continue;
+        const at::Tensor want = kernel_tensor(originals[i].toTensor());
+        if (got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides())
+          state->resized.emplace_back(i, got);
+      }
       for (size_t i = 0; i < kernel_args.size(); ++i) {
         const auto& ret = schema.returns()[i];
         bool moved = false;
@@ -737,6 +756,15 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       return out;
     }));
   }
+  // A written argument the kernel resized takes the new size, and its values, on the device; the
+  // extra shape makes the first call's check disagree with the meta kernel, so every later call of
+  // the signature also runs here (the asynchronous path could not carry the resize back).
+  for (const auto& [index, host] : state->resized) {
+    const at::Tensor& base = args[index].toTensor();
+    if (base.sizes() != host.sizes()) resize_output_like(base, host.sizes(), host.strides());
+    copies.emplace_back(KernelTensorArg(base), host);
+    shapes.push_back(host.sizes().vec());
+  }
   if (!copies.empty())
     OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [copies] {
       for (const auto& [out, host] : copies) out.materialize().copy_(host);
@@ -809,7 +837,30 @@ void run_kernel(const Launch& l) {
   } else {
     // Fresh views of the device outputs that the CPU kernel never sees.
     const Stack targets = l.targets.materialize();
+    // An argument the kernel writes in place must keep its memory and size: a CPU kernel that
+    // resizes one (fused_moving_avg_obs_fake_quant grows its per-channel statistics) writes host
+    // memory, and the device argument would silently keep its old size and values.
+    struct Written {
+      at::Tensor tensor;
+      const void* data;
+      c10::SmallVector<int64_t, 4> sizes;
+      size_t index;
+    };
+    c10::SmallVector<Written, 2> written;
+    if (l.writes_argument) {
+      const auto& arguments = op.schema().arguments();
+      for (size_t i = 0; i < args.size() && i < arguments.size(); ++i)
+        if (is_written(arguments[i]) && args[i].isTensor() && args[i].toTensor().defined()) {
+          const at::Tensor& t = args[i].toTensor();
+          written.push_back({t, t.data_ptr(), c10::SmallVector<int64_t, 4>(t.sizes().begin(), t.sizes().end()), i});
+        }
+    }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
+    for (const Written& w : written)
+      TORCH_CHECK(w.tensor.data_ptr() == w.data && w.tensor.sizes() == c10::IntArrayRef(w.sizes), "the CPU kernel of ",
+                  op.schema().operator_name(), " resized its argument '", op.schema().arguments()[w.index].name(),
+                  "' in place (from ", c10::IntArrayRef(w.sizes), " to ", w.tensor.sizes(),
+                  "), which openreg's generic path cannot carry back to the device: pass it at its final size");
     landed = land_all(args, targets);
   }
   TORCH_CHECK(landed, "the CPU kernel of ", op.schema().operator_name(),
@@ -1018,6 +1069,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     bool routed = facts.out_op != nullptr;  // a structured op: its out= overload writes the outputs in place
     for (const c10::IValue& o : outputs) routed &= o.isTensor() && o.toTensor().defined();
     Launch* launch = Launch::make(routed ? *facts.out_op : op);
+    launch->writes_argument = facts.writes_argument && !routed;
     launch->args.capture(first, first + num_args);
     if (routed) {
       for (const c10::IValue& o : outputs) launch->args.append(o.toTensor());

@@ -19,6 +19,11 @@ void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 // (once, after every static registration of the backend ran); returns how many.
 size_t route_structured_ops();
 
+// The C++ meta kernel the generic path uses for `name` instead of the Meta dispatch key (whose
+// kernel may be Python), or nullptr (OpenRegNativeMeta.cpp); and the names it has one for.
+const c10::KernelFunction* native_meta_kernel(const c10::OperatorName& name);
+std::vector<std::string> native_meta_operators();
+
 // How many times each operator ("name.overload") went through the generic path.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void reset_fallback_counts();
