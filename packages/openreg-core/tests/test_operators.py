@@ -23,6 +23,12 @@ def _(x):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("openreg_test::grow_to", mutates_args=("x",), device_types="cpu")
+def grow_to(x: torch.Tensor, n: int) -> None:
+    """Resizes its argument in place (as some ATen kernels do with their statistics) and fills it."""
+    x.resize_(n).fill_(1.0)
+
+
 def pair(*shape, dtype=torch.float32):
     cpu = torch.randn(*shape).to(dtype)
     return cpu, cpu.to("openreg")
@@ -239,14 +245,22 @@ class TestGenericPath(TestCase):
         self.assertEqual(dconv.bias.grad.cpu(), conv.bias.grad, atol=1e-4, rtol=1e-4)
 
     def test_convolution_layout_and_devices(self):
-        # Channels-last in gives channels-last out, as on the CPU (the output used to be contiguous).
+        # The layout is the one FakeTensor predicts for openreg (what compiled graphs were traced
+        # with and assert), for the output and both gradients; the values are the CPU's.
         x, w = torch.randn(1, 2, 4, 5), torch.randn(3, 2, 3, 3)
         cl = torch.channels_last
         for xi, wi in ((x.to(memory_format=cl), w), (x, w.to(memory_format=cl)), (x, w)):
             expected = F.conv2d(xi, wi)
-            out = F.conv2d(xi.to("openreg"), wi.to("openreg"))
-            self.assertEqual(out.stride(), expected.stride())
+            dx, dw = xi.to("openreg").requires_grad_(), wi.to("openreg").requires_grad_()
+            out = F.conv2d(dx, dw)
+            with torch._subclasses.FakeTensorMode() as mode:
+                fx, fw = mode.from_tensor(dx).requires_grad_(), mode.from_tensor(dw).requires_grad_()
+                fake = F.conv2d(fx, fw)
+                fake_grads = torch.autograd.grad(fake.sum(), (fx, fw))
+            self.assertEqual(out.stride(), fake.stride())
             self.assertEqual(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+            grads = torch.autograd.grad(out.sum(), (dx, dw))
+            self.assertEqual([g.stride() for g in grads], [g.stride() for g in fake_grads])
         # A weight elsewhere is refused at the call (it was computed from openreg:1 silently, or
         # failed later in the kernel for a CPU weight).
         dx = x.to("openreg")
@@ -254,6 +268,42 @@ class TestGenericPath(TestCase):
             with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device.*openreg:0 and"):
                 F.conv2d(dx, weight)
         self.assertEqual(F.conv2d(dx, w.to("openreg")).cpu(), F.conv2d(x, w), atol=1e-5, rtol=1e-5)
+
+    def test_in_place_resize_of_a_written_argument(self):
+        # The CPU kernel grows the per-channel statistics it is given in place. On the device such a
+        # resize happens in host memory: the first call of a signature (run synchronously) carries
+        # it back, and the signature stays synchronous; were it missed on the asynchronous path,
+        # the kernel fails naming the operator and the argument, never a silent wrong result
+        # (the statistics kept their old size: found by openreg-quant's QAT tests).
+        op = torch.ops.aten.fused_moving_avg_obs_fake_quant
+        x = torch.randn(6, 4)
+
+        def state(stats_size, qparams_size):
+            return [torch.zeros(stats_size), torch.zeros(stats_size), torch.ones(qparams_size),
+                    torch.zeros(qparams_size, dtype=torch.int32)]  # fmt: skip
+
+        on = torch.ones(1, dtype=torch.long)
+        for sizes in ((0, 1), (6, 6), (0, 1)):
+            cpu_state = state(*sizes)
+            dev_state = [t.to("openreg") for t in cpu_state]
+            ref = op(x, on, on, *cpu_state, 0.01, -128, 127, 0, True)
+            out = op(x.to("openreg"), on.to("openreg"), on.to("openreg"), *dev_state, 0.01, -128, 127, 0, True)
+            self.assertEqual(out.cpu(), ref)
+            self.assertEqual([t.cpu() for t in dev_state], cpu_state)  # resized to 6 values, as on the CPU
+
+    def test_in_place_resize_missed_by_the_asynchronous_path_fails_the_kernel(self):
+        # A signature verified without a resize runs asynchronously afterwards; a later call whose
+        # CPU kernel resizes a written argument fails at the next synchronisation, naming it.
+        x = torch.zeros(3, device="openreg")
+        grow_to(x, 3)  # verified: no resize
+        torch.openreg.synchronize()
+        with self.assertRaisesRegex(
+            RuntimeError, r"openreg_test::grow_to resized its argument 'x' in place \(from \[3\] to \[5\]\)"
+        ):
+            grow_to(x, 5)
+            torch.openreg.synchronize()
+        self.assertEqual(x.shape, (3,))
+        self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))  # still usable
 
     def test_fft(self):
         a, da = pair(16)

@@ -3,6 +3,7 @@
 // they are registered here. Shapes come from the meta kernels; the device
 // runs the CPU convolution on kernel tensors and writes into the outputs.
 #include <ATen/core/Tensor.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty_strided.h>
@@ -25,6 +26,14 @@ at::Tensor alloc_like(const at::Tensor& meta, c10::Device device) {
   return at::empty_strided(meta.sizes(), meta.strides(), meta.options().device(device));
 }
 
+// The layout of the results is the one PyTorch predicts for this backend: FakeTensor (torch.compile,
+// export) asks _determine_backend_memory_format for the Overrideable backend (contiguous for every
+// input), and compiled graphs assert the strides they were traced with. The CPU gives channels-last
+// for channels-last 2-d inputs; openreg follows the prediction instead (values are equal).
+at::MemoryFormat result_format(const at::Tensor& input, const at::Tensor& weight) {
+  return at::native::_determine_backend_memory_format(input, weight, at::native::ConvBackend::Overrideable);
+}
+
 at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                         c10::IntArrayRef output_padding, int64_t groups) {
@@ -32,11 +41,7 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const
   const at::Tensor b = bias.value_or(at::Tensor());
   at::Tensor geometry = at::convolution(meta_of(input), meta_of(weight), meta_of(b), stride, padding, dilation,
                                         transposed, output_padding, groups);
-  // The meta kernel answers contiguous; the CPU's 2-d convolutions give channels-last when the
-  // input or the weight is (the kernel's result would land either way, in the wrong layout).
-  const auto cl = at::MemoryFormat::ChannelsLast;
-  if (input.dim() == 4 && (input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl))
-    geometry = geometry.contiguous(cl);
+  geometry = geometry.contiguous(result_format(input, weight));
   at::Tensor out = alloc_like(geometry, input.device());
   launch_cpu_function(
       "aten::convolution_overrideable", {input, weight, b}, {out},
@@ -57,6 +62,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(const at::Tensor& g
   auto [gi, gw, gb] =
       at::convolution_backward(meta_of(grad_output), meta_of(input), meta_of(weight), bias_sizes, stride, padding,
                                dilation, transposed, output_padding, groups, output_mask);
+  const auto format = result_format(input, weight);  // FakeTensor converts both gradients to it
+  if (gi.defined()) gi = gi.contiguous(format);
+  if (gw.defined()) gw = gw.contiguous(format);
   at::Tensor grad_input = alloc_like(gi, input.device()), grad_weight = alloc_like(gw, input.device()),
              grad_bias = alloc_like(gb, input.device());
   launch_cpu_function(
