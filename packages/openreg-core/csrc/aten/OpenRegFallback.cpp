@@ -333,6 +333,7 @@ Stack LaunchStack::materialize() const {
 // A generator argument: the per-launch generator from the device's generator.
 void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::DeviceIndex device) {
   const auto& arguments = schema.arguments();
+  int64_t values = -1;  // how many values the op may draw: its largest tensor argument (computed on demand)
   for (size_t i = 0; i < arguments.size(); ++i) {
     if (arguments[i].type()->kind() != c10::TypeKind::OptionalType ||
         arguments[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() != c10::TypeKind::GeneratorType)
@@ -340,8 +341,15 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
     at::Generator gen = args[i].isNone() ? default_generator(device) : args[i].toGenerator();
     TORCH_CHECK(gen.device().type() == c10::DeviceType::PrivateUse1,
                 "Expected an openreg generator, got one for device ", gen.device());
+    if (values < 0) {
+      values = 0;
+      for (size_t j = 0; j < arguments.size(); ++j)
+        for_each_tensor(args[j], [&](const at::Tensor& t) {
+          if (t.defined()) values = std::max<int64_t>(values, t.numel());
+        });
+    }
     std::lock_guard<std::mutex> lock(gen.mutex());
-    args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator();
+    args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));
   }
 }
 

@@ -1,11 +1,19 @@
-// One random generator per openreg device.
+// One random generator per openreg device, with CUDA's state: a Philox4x32-10 seed and offset.
 //
-// Kernels run later than the host launches them, so a generator cannot be
-// consumed inside a kernel: a manual_seed() issued meanwhile would change
-// numbers of work already queued. Instead, like CUDA's Philox offsets, each
-// random op takes a fresh 64-bit seed from the device generator at launch
-// (on the host) and its kernel draws from a CPU generator seeded with it.
-// Results are reproducible under manual_seed and the state is host-side.
+// Kernels run later than the host launches them, so a generator cannot be consumed inside a kernel:
+// a manual_seed() issued meanwhile would change numbers of work already queued. As on CUDA, each
+// random op takes its position from the generator at launch, on the host: the op gets the current
+// (seed, offset) and the offset advances by the number of 32-bit values the op may draw, rounded up
+// to a multiple of 4 (one Philox counter gives four): max(4, numel rounded up to 4) for the op's
+// largest tensor argument. The kernel then draws from a CPU generator seeded with Philox4x32-10 of
+// (seed, offset), so an op's numbers depend only on (seed, offset), not on the stream, the thread
+// count or what ran before on the device.
+//
+// The state is CUDA's: 16 bytes, the seed then the offset, each a little-endian int64
+// (get_rng_state/set_rng_state), which DTensor's random-op tracker and FSDP2's meta-device
+// initialisation read and write. Unlike CUDA's kernels, element i of an op is not Philox of
+// (seed, offset + i / 4): the op's values come from the CPU kernel, so a tensor generated in shards
+// at adjacent offsets does not equal the same tensor generated whole.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -25,12 +33,17 @@ struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
-  // A generator for one kernel launch (call with the generator's mutex held).
-  at::Generator kernel_generator();
+  // A generator for one kernel launch that may draw up to `values` 32-bit values; advances the
+  // offset (call with the generator's mutex held).
+  at::Generator kernel_generator(uint64_t values);
+
+  // How far one op that may draw `values` 32-bit values advances the offset.
+  static uint64_t offset_increment(uint64_t values) { return values < 4 ? 4 : (values + 3) / 4 * 4; }
 
  private:
   OpenRegGeneratorImpl* clone_impl() const override;
-  at::Generator cpu_;  // the host-side state: a CPU generator
+  uint64_t seed_;
+  uint64_t offset_ = 0;
 };
 
 const at::Generator& default_generator(c10::DeviceIndex device);

@@ -1,0 +1,146 @@
+"""Per-device generators with CUDA's state: a Philox seed and offset (csrc/runtime/OpenRegGenerator.h).
+
+An op's numbers depend only on the (seed, offset) it got at launch; the offset advances by the
+values the op may draw, rounded up to a multiple of 4. Random results need not equal the CPU's,
+only be reproducible and correctly distributed.
+"""
+
+import math
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def state_of(device="openreg"):
+    state = torch.openreg.get_rng_state(device)
+    return int(state[:8].view(torch.int64)), int(state[8:].view(torch.int64))
+
+
+def make_state(seed, offset):
+    return torch.tensor([seed, offset], dtype=torch.int64).view(torch.uint8)
+
+
+def ks_statistic(sample: torch.Tensor, cdf) -> float:
+    """Kolmogorov-Smirnov distance between a sample and a distribution's CDF."""
+    x, _ = sample.double().sort()
+    n = x.numel()
+    f = cdf(x)
+    above = torch.arange(1, n + 1, dtype=torch.float64) / n - f
+    below = f - torch.arange(0, n, dtype=torch.float64) / n
+    return max(above.max().item(), below.max().item())
+
+
+class TestState(TestCase):
+    def test_layout_is_cudas(self):
+        torch.openreg.manual_seed(1234)
+        state = torch.openreg.get_rng_state()
+        self.assertEqual((state.dtype, state.numel(), state.device.type), (torch.uint8, 16, "cpu"))
+        self.assertEqual(state_of(), (1234, 0))
+        self.assertEqual(torch.openreg.initial_seed(), 1234)
+
+    def test_offset_advances_by_values_rounded_to_four(self):
+        torch.openreg.manual_seed(0)
+        expected = 0
+        for numel in (1, 4, 10, 1000):
+            torch.randn(numel, device="openreg")
+            expected += max(4, (numel + 3) // 4 * 4)
+            self.assertEqual(state_of(), (0, expected))
+        x = torch.empty(6, device="openreg")
+        x.uniform_()  # in place: the tensor's numel
+        self.assertEqual(state_of()[1], expected + 8)
+        g = torch.Generator(device="openreg")
+        g.manual_seed(5)
+        torch.rand(9, device="openreg", generator=g)
+        self.assertEqual((g.initial_seed(), g.get_offset()), (5, 12))
+        self.assertEqual(state_of()[1], expected + 8)  # the default generator did not move
+
+    def test_save_restore_and_set_state(self):
+        torch.openreg.manual_seed(7)
+        torch.rand(5, device="openreg")
+        saved = torch.openreg.get_rng_state()
+        a = torch.randn(50, device="openreg").cpu()
+        torch.openreg.set_rng_state(saved)
+        self.assertEqual(torch.randn(50, device="openreg").cpu(), a)
+        # The same (seed, offset) written by hand gives the same numbers; another offset others.
+        torch.openreg.set_rng_state(make_state(7, 8))
+        self.assertEqual(torch.randn(50, device="openreg").cpu(), a)
+        torch.openreg.set_rng_state(make_state(7, 12))
+        self.assertNotEqual(torch.randn(50, device="openreg").cpu(), a)
+        torch.openreg.set_rng_state(make_state(8, 8))
+        self.assertNotEqual(torch.randn(50, device="openreg").cpu(), a)
+
+    def test_bad_states(self):
+        before = torch.openreg.get_rng_state()
+        with self.assertRaisesRegex(RuntimeError, "RNG state is wrong size: expected 16 bytes"):
+            torch.openreg.set_rng_state(torch.zeros(5056, dtype=torch.uint8))  # the old Mersenne Twister state
+        with self.assertRaisesRegex(TypeError, "RNG state must be a torch.ByteTensor"):
+            torch.openreg.set_rng_state(torch.zeros(2, dtype=torch.int64))
+        with self.assertRaisesRegex(RuntimeError, "offset must be a multiple of 4, got 6"):
+            torch.openreg.set_rng_state(make_state(1, 6))
+        self.assertEqual(torch.openreg.get_rng_state(), before)
+
+    def test_fork_rng_restores_the_device_state(self):
+        torch.openreg.manual_seed(3)
+        before = torch.openreg.get_rng_state()
+        with torch.random.fork_rng(devices=[0], device_type="openreg"):
+            torch.randn(100, device="openreg")
+        self.assertEqual(torch.openreg.get_rng_state(), before)
+
+
+class TestReproducibility(TestCase):
+    def draw(self):
+        torch.openreg.manual_seed(11)
+        return [torch.randn(1000, device="openreg"), torch.rand(37, device="openreg"),
+                torch.randint(0, 100, (64,), device="openreg"), torch.bernoulli(torch.full((200,), 0.3, device="openreg")),
+                F.dropout(torch.ones(300, device="openreg"), 0.5)]  # fmt: skip
+
+    def test_independent_of_stream_and_threads(self):
+        reference = [t.cpu() for t in self.draw()]
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            self.assertEqual([t.cpu() for t in self.draw()], reference)
+        finally:
+            torch.set_num_threads(threads)
+        with torch.openreg.stream(torch.openreg.Stream()):
+            self.assertEqual([t.cpu() for t in self.draw()], reference)
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append([t.cpu() for t in self.draw()]))
+        worker.start()
+        worker.join()
+        self.assertEqual(seen[0], reference)
+
+    def test_different_seeds_differ(self):
+        torch.openreg.manual_seed(1)
+        a = torch.randn(100, device="openreg").cpu()
+        torch.openreg.manual_seed(2)
+        self.assertNotEqual(torch.randn(100, device="openreg").cpu(), a)
+
+
+class TestDistributions(TestCase):
+    def test_uniform_and_normal(self):
+        torch.openreg.manual_seed(0)
+        u = torch.rand(20000, device="openreg", dtype=torch.float64).cpu()
+        self.assertLess(abs(u.mean().item() - 0.5), 0.01)
+        self.assertLess(abs(u.var().item() - 1 / 12), 0.005)
+        self.assertLess(ks_statistic(u, lambda x: x.clamp(0, 1)), 1.63 / math.sqrt(u.numel()))  # 1% level
+        n = torch.randn(20000, device="openreg", dtype=torch.float64).cpu()
+        self.assertLess(abs(n.mean().item()), 0.03)
+        self.assertLess(abs(n.var().item() - 1), 0.04)
+        self.assertLess(ks_statistic(n, torch.special.ndtr), 1.63 / math.sqrt(n.numel()))
+
+    def test_bernoulli_randperm_dropout(self):
+        torch.openreg.manual_seed(0)
+        rate = torch.bernoulli(torch.full((20000,), 0.3, device="openreg")).mean().item()
+        self.assertLess(abs(rate - 0.3), 0.015)
+        perm = torch.randperm(1000, device="openreg").cpu()
+        self.assertEqual(perm.sort().values, torch.arange(1000))
+        x = F.dropout(torch.ones(20000, device="openreg", dtype=torch.float64), 0.25).cpu()
+        self.assertEqual(set(x.unique().tolist()), {0.0, 1 / 0.75})
+        self.assertLess(abs((x == 0).double().mean().item() - 0.25), 0.015)
+
+
+if __name__ == "__main__":
+    run_tests()
