@@ -155,14 +155,17 @@ void quantize_tensor_loop(const at::Tensor& x, const at::Tensor& y, float inv, f
                    [&](int64_t b, int64_t e) { quantize_chunk<false>(src + b, dst + b, e - b, inv, zp, lo, hi); });
 }
 
+// The CPU's kernels take the two Python scalars differently for 16-bit outputs: the subtraction
+// first rounds the zero point to the output type (x.to(bf16) - 54185 subtracts 54272), the
+// multiplication uses the scale in float32.
 template <typename q_t, typename o_t>
 void dequantize_tensor_loop(const at::Tensor& x, const at::Tensor& y, double scale, double zp) {
   using op_t = at::opmath_type<o_t>;
   const q_t* src = x.const_data_ptr<q_t>();
   o_t* dst = y.mutable_data_ptr<o_t>();
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
-    dequantize_tensor_chunk(src + b, dst + b, e - b, static_cast<op_t>(scale), static_cast<op_t>(zp));
-  });
+  const op_t s = static_cast<op_t>(scale), z = static_cast<op_t>(static_cast<o_t>(zp));
+  at::parallel_for(0, x.numel(), kGrain,
+                   [&](int64_t b, int64_t e) { dequantize_tensor_chunk(src + b, dst + b, e - b, s, z); });
 }
 
 // Runs the elements of a dense layout whose group (channel, token) of element i is
