@@ -203,11 +203,12 @@ class TestExternKernels(TestCase):
             return torch.nn.functional.conv2d(x, w, b, padding=1).relu().mean((2, 3))
 
         args = torch.randn(2, 3, 8, 8), conv.weight.detach(), conv.bias.detach()
-        # Inductor's layout optimisation feeds conv channels-last inputs; openreg's eager conv then
-        # returns channels-last strides while its fake kernel says contiguous (a core issue, see
-        # /work/notes/REQUESTS-inductor.md), so this test keeps the layouts as given.
-        with torch._inductor.config.patch(layout_optimization=False):
-            compare_with_cpu_inductor(self, f, *args, exact=False, atol=1e-5, rtol=1e-5)
+        # Inductor's layout optimisation feeds conv channels-last inputs: openreg's conv must return
+        # the layout its fake kernel predicts (core does since the fix for this plugin's request).
+        compare_with_cpu_inductor(self, f, *args, exact=False, atol=1e-5, rtol=1e-5)
+        compare_with_cpu_inductor(
+            self, f, args[0].to(memory_format=torch.channels_last), *args[1:], exact=False, atol=1e-5, rtol=1e-5
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Training on openreg with torch.compile: backward through AOTAutograd, a compiled optimizer
-step, dynamic shapes and graph breaks, each against CPU Inductor on the same inputs."""
+"""Training on openreg with torch.compile: a small GPT's training step (forward, backward through
+AOTAutograd, AdamW) compiled whole, dynamic shapes and graph breaks, each against CPU Inductor on
+the same inputs."""
 
 import copy
 
@@ -9,27 +10,69 @@ from torch._dynamo.utils import counters
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 
-def mlp():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 3))
+class Block(torch.nn.Module):
+    """A GPT block with explicit causal attention (see /work/notes: the SDPA extern's strides)."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=-1))
+        scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        attn = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
 
 
-class TestBackward(TestCase):
-    def test_mlp_forward_backward(self):
-        cpu_model = mlp()
+class TinyGPT(torch.nn.Module):
+    def __init__(self, vocab=64, d=32, heads=4, layers=2, block=16):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(block, d) * 0.02)
+        self.blocks = torch.nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos[: idx.shape[1]])))
+
+
+class TestGPT(TestCase):
+    def test_compiled_training_step(self):
+        """Forward, backward (AOTAutograd) and the AdamW step in one compiled function, three steps."""
+        torch.manual_seed(0)
+        cpu_model = TinyGPT()
         or_model = copy.deepcopy(cpu_model).to("openreg")
-        x, target = torch.randn(16, 12), torch.randint(0, 3, (16,))
+        idx, target = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
 
-        def step(model, x, target):
-            loss = torch.nn.functional.cross_entropy(model(x), target)
-            loss.backward()
-            return loss
+        def make_step(model):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
-        expected = torch.compile(step)(cpu_model, x, target)
-        actual = torch.compile(step)(or_model, x.to("openreg"), target.to("openreg"))
-        self.assertEqual(actual.cpu(), expected, atol=1e-5, rtol=1e-5)
+            @torch.compile
+            def step(idx, target):
+                loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), target.flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss
+
+            return step
+
+        cpu_step, or_step = make_step(cpu_model), make_step(or_model)
+        for _ in range(3):
+            expected = cpu_step(idx, target)
+            actual = or_step(idx.to("openreg"), target.to("openreg"))
+            self.assertEqual(actual.cpu(), expected, atol=1e-4, rtol=1e-4)
+        self.assertLess(actual.item(), 4.2)  # it learns: ln(64) = 4.16 at the start
+        # AdamW divides by sqrt(v): for near-zero gradients a rounding difference (matmul order,
+        # reciprocal multiplies) becomes a step of up to lr, hence a looser bound on the parameters.
         for p_cpu, p_or in zip(cpu_model.parameters(), or_model.parameters()):
-            self.assertEqual(p_or.grad.cpu(), p_cpu.grad, atol=1e-5, rtol=1e-5)
+            self.assertEqual(p_or.detach().cpu(), p_cpu.detach(), atol=2e-3, rtol=1e-3)
 
     def test_custom_pointwise_backward(self):
         def f(x, y):
@@ -41,23 +84,6 @@ class TestBackward(TestCase):
         torch.compile(f)(xo, yo).backward()
         self.assertEqual(xo.grad.cpu(), x.grad, atol=0, rtol=0)
         self.assertEqual(yo.grad.cpu(), y.grad, atol=0, rtol=0)
-
-
-class TestOptimizer(TestCase):
-    def test_compiled_adamw_step(self):
-        cpu_model = mlp()
-        or_model = copy.deepcopy(cpu_model).to("openreg")
-        for model in (cpu_model, or_model):
-            for p in model.parameters():
-                p.grad = torch.ones_like(p) * 0.1
-        cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=0.01)
-        or_opt = torch.optim.AdamW(or_model.parameters(), lr=0.01)
-        for opt in (cpu_opt, or_opt):
-            step = torch.compile(opt.step)
-            for _ in range(2):
-                step()
-        for p_cpu, p_or in zip(cpu_model.parameters(), or_model.parameters()):
-            self.assertEqual(p_or.detach().cpu(), p_cpu.detach(), atol=1e-6, rtol=1e-6)
 
 
 class TestDynamic(TestCase):
