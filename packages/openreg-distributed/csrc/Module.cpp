@@ -62,13 +62,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch._C._distributed_c10d");  // the base class c10d::Backend
   py::class_<OcclBackend, c10d::Backend, c10::intrusive_ptr<OcclBackend>>(m, "OcclBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, const c10::intrusive_ptr<c10d::Backend>& transport) {
+                       std::chrono::milliseconds timeout, const c10::intrusive_ptr<c10d::Backend>& transport,
+                       const py::object& make_transport) {
              auto options = c10::make_intrusive<OcclBackend::Options>(timeout);
+             OcclBackend::TransportFactory factory;
+             if (!make_transport.is_none()) {
+               // The Python callable, released with the GIL whichever thread drops the last backend.
+               std::shared_ptr<py::object> fn(new py::object(make_transport), [](py::object* o) {
+                 py::gil_scoped_acquire gil;
+                 delete o;
+               });
+               factory = [fn](const c10::intrusive_ptr<c10d::Store>& s, int r, int n, std::chrono::milliseconds t) {
+                 py::gil_scoped_acquire gil;
+                 auto gloo = (*fn)(s, r, n, t).cast<c10::intrusive_ptr<c10d::Backend>>();
+                 return std::shared_ptr<openreg_distributed::Transport>(std::make_shared<GlooTransport>(gloo));
+               };
+             }
              return c10::make_intrusive<OcclBackend>(store, rank, size, options,
-                                                     std::make_shared<GlooTransport>(transport));
+                                                     std::make_shared<GlooTransport>(transport), std::move(factory));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport"),
-           "An occl backend over `transport`, a c10d Gloo backend of the same ranks.")
+           py::arg("make_transport") = py::none(),
+           "An occl backend over `transport`, a c10d Gloo backend of the same ranks; `make_transport(store, rank, "
+           "size, timeout)` makes the transport of a split group.")
       .def_property_readonly("transport_name", [](const OcclBackend& b) { return b.transport()->name(); })
-      .def_property_readonly("timeout", [](OcclBackend& b) { return b.getBackendOptions()->timeout; });
+      .def_property_readonly("timeout", [](OcclBackend& b) { return b.getBackendOptions()->timeout; })
+      // split_group deep-copies `options` of the parent backend and hands it back to split(): None
+      // lets split() take the parent's (c10d's Options has no Python copy).
+      .def_property_readonly("options", [](OcclBackend&) { return py::none(); })
+      // A rank outside a new group of a group bound to a device: Gloo's rendezvous needs nothing from it.
+      .def("perform_nocolor_split", [](OcclBackend&, const c10::Device&) {});
 }

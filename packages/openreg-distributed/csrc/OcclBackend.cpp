@@ -8,9 +8,11 @@
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "torch_openreg/aten/OpenRegKernelTensor.h"
@@ -320,22 +322,22 @@ bool OcclWork::wait(std::chrono::milliseconds timeout) {
 // ---- OcclBackend ----
 
 OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::intrusive_ptr<Options> options,
-                         std::shared_ptr<Transport> transport)
+                         std::shared_ptr<Transport> transport, TransportFactory factory)
     : Backend(rank, size),
       store_(std::move(store)),
       options_(std::move(options)),
       transport_(std::move(transport)),
+      factory_(std::move(factory)),
       blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")) {
-  watchdog_ = std::thread([this] { watchdog(); });
+  std::thread(watchdog, inflight_).detach();
 }
 
 OcclBackend::~OcclBackend() {
   {
-    std::lock_guard<std::mutex> g(inflight_mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> g(inflight_->mu);
+    inflight_->stop = true;
   }
-  inflight_cv_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  inflight_->cv.notify_all();
   // The streams are left to the runtime: destroying one waits for its queued work, which may be a
   // collective that a dead peer will never complete (until the transport's timeout).
 }
@@ -360,6 +362,32 @@ void OcclBackend::abort() {
 
 void OcclBackend::shutdown() { transport_->shutdown(); }
 
+c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  TORCH_CHECK(factory_ != nullptr, "occl: this group cannot be split (it was made without a transport factory)");
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) return nullptr;  // not a member: the members' rendezvous needs nothing from it
+  auto options = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
+  if (opts) {
+    options->group_name = opts->group_name;
+    options->global_ranks_in_group = opts->global_ranks_in_group;
+  }
+  // A fresh transport among the members (Gloo's own split needs options of its own type, which occl
+  // cannot build without Gloo's headers). It rendezvouses on this group's store under a prefix that
+  // every member computes alike: the store c10d passes in is named after state that differs between
+  // ranks once a rank has been left out of a new_group.
+  std::string prefix = "occl-split/";
+  for (int r : ranks) prefix += std::to_string(r) + ",";
+  prefix += "/" + std::to_string(splits_[ranks]++) + "/";
+  auto own = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+  const int rank = static_cast<int>(me - ranks.begin()), size = static_cast<int>(ranks.size());
+  auto backend =
+      c10::make_intrusive<OcclBackend>(own, rank, size, options, factory_(own, rank, size, options->timeout), factory_);
+  if (auto bound = getBoundDeviceId()) backend->setBoundDeviceId(bound);
+  return backend;
+}
+
 const CommStreams& OcclBackend::streams(c10::Device device) {
   std::lock_guard<std::mutex> g(streams_mu_);
   auto it = streams_.find(device.index());
@@ -375,21 +403,22 @@ const CommStreams& OcclBackend::streams(c10::Device device) {
 }
 
 void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
-  std::lock_guard<std::mutex> g(inflight_mu_);
+  std::lock_guard<std::mutex> g(inflight_->mu);
   // Drop the finished ones from the front here too, so a busy loop does not grow the list.
-  while (!inflight_.empty() && inflight_.front()->isCompleted()) inflight_.pop_front();
-  inflight_.push_back(std::move(work));
+  auto& works = inflight_->works;
+  while (!works.empty() && works.front()->isCompleted()) works.pop_front();
+  works.push_back(std::move(work));
 }
 
-void OcclBackend::watchdog() {
-  std::unique_lock<std::mutex> lk(inflight_mu_);
-  while (!stop_) {
-    inflight_cv_.wait_for(lk, std::chrono::milliseconds(100));
+void OcclBackend::watchdog(std::shared_ptr<Inflight> inflight) {
+  std::unique_lock<std::mutex> lk(inflight->mu);
+  while (!inflight->stop) {
+    inflight->cv.wait_for(lk, std::chrono::milliseconds(100));
     std::vector<c10::intrusive_ptr<OcclWork>> done;  // released outside the lock
-    for (auto it = inflight_.begin(); it != inflight_.end();) {
+    for (auto it = inflight->works.begin(); it != inflight->works.end();) {
       if ((*it)->isCompleted()) {
         done.push_back(std::move(*it));
-        it = inflight_.erase(it);
+        it = inflight->works.erase(it);
       } else {
         ++it;
       }

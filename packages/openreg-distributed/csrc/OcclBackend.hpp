@@ -105,14 +105,22 @@ class OcclBackend : public c10d::Backend {
     explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout) : Backend::Options("occl", timeout) {}
   };
 
+  // Makes the transport of a split group: (store, rank, size, timeout) -> a connected Gloo backend.
+  using TransportFactory = std::function<std::shared_ptr<Transport>(const c10::intrusive_ptr<c10d::Store>&, int, int,
+                                                                    std::chrono::milliseconds)>;
+
   OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::intrusive_ptr<Options> options,
-              std::shared_ptr<Transport> transport);
+              std::shared_ptr<Transport> transport, TransportFactory factory = nullptr);
   ~OcclBackend() override;
 
   const std::string getBackendName() const override { return "occl"; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   const std::shared_ptr<Transport>& transport() const { return transport_; }
   bool supportsCoalescing() const override { return true; }
+  // split_group and 2-D DeviceMesh: a sub-backend with a transport of its own among the members.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   void setTimeout(std::chrono::milliseconds timeout) override;
   void startCoalescing() override;
   c10::intrusive_ptr<Work> endCoalescing() override;
@@ -175,11 +183,12 @@ class OcclBackend : public c10d::Backend {
   const CommStreams& streams(c10::Device device);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   void keep_until_done(c10::intrusive_ptr<OcclWork> work);
-  void watchdog();
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
   std::shared_ptr<Transport> transport_;
+  TransportFactory factory_;
+  std::map<std::vector<int>, int> splits_;  // how often each rank list was split off this backend
   std::shared_ptr<GroupError> error_ = std::make_shared<GroupError>();
   std::atomic<uint64_t> seq_{0};
   bool blocking_wait_;
@@ -193,11 +202,16 @@ class OcclBackend : public c10d::Backend {
   std::optional<c10::Device> coalesced_device_;
   std::vector<std::pair<Lane, c10::Device>> coalesced_lanes_;
 
-  std::mutex inflight_mu_;
-  std::condition_variable inflight_cv_;
-  std::deque<c10::intrusive_ptr<OcclWork>> inflight_;
-  bool stop_ = false;
-  std::thread watchdog_;
+  // Works until their end event completed; shared with the watchdog thread, which is detached and
+  // outlives the backend by at most one period (a backend may be destroyed on any thread).
+  struct Inflight {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<c10::intrusive_ptr<OcclWork>> works;
+    bool stop = false;
+  };
+  std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
+  static void watchdog(std::shared_ptr<Inflight> inflight);
 };
 
 }  // namespace openreg_distributed

@@ -7,6 +7,12 @@ BACKEND_NAME = "occl"
 _TRANSPORT_PREFIX = "occl-transport/"
 
 
+def _make_transport(store, rank, size, timeout):
+    """A Gloo backend of `size` ranks that rendezvouses on `store`, under occl's prefix (the group
+    may have a Gloo backend of its own on the same store)."""
+    return dist.ProcessGroupGloo(dist.PrefixStore(_TRANSPORT_PREFIX, store), rank, size, timeout)
+
+
 def create_occl_backend(opts, backend_options=None):
     """The creator torch.distributed calls (extended API) for every group that uses occl on openreg.
 
@@ -16,11 +22,10 @@ def create_occl_backend(opts, backend_options=None):
     """
     from . import _C
 
-    store = dist.PrefixStore(_TRANSPORT_PREFIX, opts.store)
-    gloo = dist.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
+    gloo = _make_transport(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     gloo.options.global_ranks_in_group = list(opts.global_ranks_in_group)
     gloo.options.group_name = f"{opts.group_id}:occl-transport"
-    return _C.OcclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, gloo)
+    return _C.OcclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, gloo, _make_transport)
 
 
 def register() -> None:

@@ -15,6 +15,8 @@ class OcclTestCase(MultiProcContinuousTest):
 
     world_size = 2
     timeout = timedelta(seconds=60)
+    # None: what init_process_group(device_id=...) picks alone, i.e. "openreg:occl".
+    backend = "cpu:gloo,openreg:occl"
 
     @classmethod
     def device_type(cls) -> str:
@@ -26,7 +28,7 @@ class OcclTestCase(MultiProcContinuousTest):
         torch.openreg.set_device(rank)
         store = dist.FileStore(rdvz_file, world_size)
         dist.init_process_group(
-            "cpu:gloo,openreg:occl",
+            cls.backend,
             world_size=world_size,
             rank=rank,
             store=store,
