@@ -2,6 +2,7 @@
 openreg kernel, so a compiled step replays without Python, the basis of a reduce-overhead mode."""
 
 import torch
+from torch._dynamo.utils import counters
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 
@@ -40,6 +41,28 @@ class TestCapture(TestCase):
         expected = torch.softmax(expected_x @ w.cpu(), dim=-1).sum(0)
         self.assertEqual(out.cpu(), expected, atol=1e-5, rtol=1e-5)
         graph.reset()
+
+
+class TestModes(TestCase):
+    def test_reduce_overhead_and_max_autotune_run(self):
+        """Both modes turn on Inductor's graph mode, which is wired to CUDA graphs: on openreg it is
+        skipped (one skip counted) and the ordinary compiled call runs. mode="max-autotune" also
+        benchmarks the choices openreg offers for the matmul (the extern ATen kernel; no Triton
+        templates)."""
+
+        def f(x, w):
+            return torch.relu(x @ w) + 1
+
+        x, w = torch.randn(64, 64), torch.randn(64, 64)
+        for mode in ("reduce-overhead", "max-autotune"):
+            with self.subTest(mode=mode):
+                torch._dynamo.reset()
+                counters.clear()
+                compiled = torch.compile(f, mode=mode)
+                for _ in range(2):
+                    out = compiled(x.to("openreg"), w.to("openreg"))
+                self.assertEqual(out.cpu(), f(x, w), atol=1e-5, rtol=1e-5)
+                self.assertEqual(counters["inductor"]["cudagraph_skips"], 1)
 
 
 if __name__ == "__main__":
