@@ -5,6 +5,7 @@ import copy
 
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor as dtensor
 import torch.nn as nn
 from conftest import OcclTestCase
 from torch.distributed.device_mesh import init_device_mesh
@@ -70,6 +71,21 @@ class TestMesh(OcclTestCase):
         self.assertEqual(c.placements, (Partial(),))
         self.assertEqual(c.full_tensor().cpu(), (a @ b).cpu(), atol=1e-5, rtol=1e-5)
         self.assertEqual(c.redistribute(mesh, [Shard(0)]).full_tensor().cpu(), (a @ b).cpu(), atol=1e-5, rtol=1e-5)
+
+    def test_dtensor_random_ops(self):
+        # DTensor's RNG tracker runs on core's CUDA-shaped Philox state: replicated random tensors
+        # are equal on every rank, shards of a sharded one are different draws.
+        mesh = init_device_mesh("openreg", (2,))
+        torch.manual_seed(3)
+        sharded = dtensor.randn(8, 4, device_mesh=mesh, placements=[Shard(0)]).full_tensor().cpu()
+        self.assertFalse(torch.equal(sharded[:4], sharded[4:]))
+        replicated = dtensor.randn(4, 4, device_mesh=mesh, placements=[Replicate()]).to_local()
+        both = torch.empty(2, 4, 4, device=self.device)
+        dist.all_gather_single(both, replicated.unsqueeze(0))
+        self.assertEqual(both[0].cpu(), both[1].cpu())
+        dropped = nn.functional.dropout(distribute_tensor(torch.ones(8, 8, device=self.device), mesh, [Shard(0)]), 0.5)
+        values = set(dropped.full_tensor().cpu().unique().tolist())
+        self.assertEqual(values, {0.0, 2.0})
 
     def test_tensor_parallel_equals_unsharded(self):
         mesh = init_device_mesh("openreg", (2,))
