@@ -25,7 +25,8 @@ class OcclTestCase(MultiProcContinuousTest):
     @classmethod
     def _init_pg(cls, rank, world_size, rdvz_file):
         os.environ["LOCAL_RANK"] = str(rank)
-        torch.openreg.set_device(rank)
+        # Each process has its own emulated devices: with more ranks than devices, ranks share indices.
+        torch.openreg.set_device(rank % torch.openreg.device_count())
         store = dist.FileStore(rdvz_file, world_size)
         dist.init_process_group(
             cls.backend,
@@ -33,10 +34,10 @@ class OcclTestCase(MultiProcContinuousTest):
             rank=rank,
             store=store,
             timeout=cls.timeout,
-            device_id=torch.device("openreg", rank),
+            device_id=torch.device("openreg", rank % torch.openreg.device_count()),
         )
         cls.pg = dist.distributed_c10d._get_default_group()
 
     @property
     def device(self) -> torch.device:
-        return torch.device("openreg", self.rank)
+        return torch.device("openreg", self.rank % torch.openreg.device_count())

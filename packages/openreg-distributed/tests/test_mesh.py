@@ -2,6 +2,9 @@
 single-process reference on the device."""
 
 import copy
+import os
+import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -120,6 +123,35 @@ class TestMesh(OcclTestCase):
             model, ref = self.fsdp_train(reshard_after_forward=reshard)
             for p, q in zip(model.parameters(), ref.parameters()):
                 self.assertEqual(p.full_tensor().cpu(), q.detach().cpu(), atol=1e-5, rtol=1e-5)
+
+    def test_dcp_save_load_fsdp2(self):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        model, _ = self.fsdp_train()
+        path = [tempfile.mkdtemp(prefix="occl-dcp-") if self.rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        dcp.save({"model": model.state_dict()}, checkpoint_id=path[0])
+        # Back into a fresh FSDP2 model of other values, sharded the same way.
+        fresh, _ = self.fsdp_train()
+        for p in fresh.parameters():
+            p.data.zero_()
+        state = {"model": fresh.state_dict()}
+        dcp.load(state, checkpoint_id=path[0])
+        fresh.load_state_dict(state["model"])
+        for p, q in zip(fresh.parameters(), model.parameters()):
+            self.assertEqual(p.full_tensor().cpu(), q.full_tensor().cpu())
+        # And on the CPU, without any process group: a plain torch.save file.
+        full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+        if self.rank == 0:
+            dcp_to_torch_save(path[0], os.path.join(path[0], "model.pt"))
+            loaded = torch.load(os.path.join(path[0], "model.pt"))["model"]
+            self.assertEqual(set(loaded), set(full))
+            for k, v in full.items():
+                self.assertEqual(loaded[k], v)
+        dist.barrier()
+        if self.rank == 0:
+            shutil.rmtree(path[0])
 
     def test_fsdp2_mixed_precision(self):
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
