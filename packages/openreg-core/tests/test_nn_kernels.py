@@ -112,6 +112,28 @@ class TestAttention(TestCase):
         for c, d in zip(cpu_in, dev_in):
             self.assertEqual(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
 
+    def test_unmasked_attention_runs_the_cpu_flash_kernels(self):
+        # Without a mask the device runs the CPU's flash-attention kernels (forward and backward) on
+        # the kernel views: the profiler sees them inside the fused operator's kernel; gradcheck holds.
+        q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3))
+        for causal in (False, True):
+            self.assertTrue(
+                torch.autograd.gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v))
+            )
+        # The CPU itself runs its flash kernels for unmasked attention: the results are bitwise equal
+        # (the composed form differs in the last bits).
+        q, k, v = (torch.randn(2, 4, 33, 16) for _ in range(3))
+        cpu_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        dev_in = [t.to("openreg").requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*cpu_in, is_causal=True)
+        dout = F.scaled_dot_product_attention(*dev_in, is_causal=True)
+        self.assertEqual(dout.cpu(), out, atol=0, rtol=0)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        dout.backward(grad.to("openreg"))
+        for c, d in zip(cpu_in, dev_in):
+            self.assertEqual(d.grad.cpu(), c.grad, atol=0, rtol=0)
+
     def test_fused_kernel_gradcheck_float64(self):
         # float64 is computed in float64 (16-bit types in float32), so gradcheck holds; an
         # undefined incoming gradient (gradcheck tries one) gives none back.
