@@ -38,6 +38,46 @@ class TestGraphs(TestCase):
         self.assertEqual(y.cpu(), torch.full((1000,), 8.0))  # the captured output is rewritten by each replay
         g.reset()
 
+    def test_random_ops_draw_fresh_numbers_on_each_replay(self):
+        """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the
+        generator's current (seed, offset), so replays differ, and the sequence is reproducible."""
+        x = torch.empty(256, device="openreg")
+        s = torch.openreg.Stream()
+
+        def step():
+            x.normal_()
+            return torch.nn.functional.dropout(x + 10, 0.5)
+
+        warm_up(step, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = step()
+            g.capture_end()
+
+        def replays(n):
+            torch.openreg.manual_seed(21)
+            out = []
+            for _ in range(n):
+                g.replay()
+                out.append((x.cpu(), y.cpu()))  # .cpu() waits for the replay
+            return out
+
+        first = replays(3)
+        self.assertNotEqual(first[0][0], first[1][0])
+        self.assertNotEqual(first[1][1], first[2][1])
+        x0, y0 = first[0]  # y is dropout of x + 10: zero where dropped, 2 (x + 10) where kept
+        kept = y0 != 0
+        self.assertEqual(y0[kept], (x0[kept] + 10) * 2)
+        self.assertTrue(0.3 < kept.float().mean().item() < 0.7)
+        self.assertEqual(replays(3), first)
+        # Each replay advanced the offset as the two launches would have: (256 + 256) values per replay.
+        torch.openreg.manual_seed(21)
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(torch.openreg.get_rng_state()[8:].view(torch.int64).item(), 512)
+        g.reset()
+
     def test_context_manager_form(self):
         x = torch.ones(8, device="openreg")
         s = torch.Stream(device="openreg")

@@ -348,8 +348,13 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
           if (t.defined()) values = std::max<int64_t>(values, t.numel());
         });
     }
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));
+    at::Generator kernel;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      kernel = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));
+    }
+    note_random_launch(current_stream_handle(device), {gen, kernel, static_cast<uint64_t>(values)});  // graphs
+    args[i] = kernel;
   }
 }
 

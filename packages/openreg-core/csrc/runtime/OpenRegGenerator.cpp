@@ -8,10 +8,14 @@
 #include <c10/core/GeneratorImpl.h>
 
 #include <cstring>
+#include <atomic>
 #include <memory>
+#include <unordered_map>
 #include <mutex>
 
+#include "OpenRegException.h"
 #include "OpenRegFunctions.h"
+#include "openreg/runtime.hpp"
 
 namespace c10::openreg {
 
@@ -67,12 +71,67 @@ c10::intrusive_ptr<c10::TensorImpl> OpenRegGeneratorImpl::get_state() const {
   return state.getIntrusivePtr();
 }
 
-at::Generator OpenRegGeneratorImpl::kernel_generator(uint64_t values) {
+uint64_t OpenRegGeneratorImpl::kernel_seed(uint64_t values) {
   // Philox4x32-10 keyed by the seed at counter `offset / 4`: one 64-bit seed for the kernel's CPU generator.
   at::philox_engine engine(seed_, /*subsequence=*/0, /*offset=*/offset_ / 4);
   const uint64_t high = engine(), low = engine();
   offset_ += offset_increment(values);
-  return at::make_generator<at::CPUGeneratorImpl>((high << 32) | low);
+  return (high << 32) | low;
+}
+
+at::Generator OpenRegGeneratorImpl::kernel_generator(uint64_t values) {
+  return at::make_generator<at::CPUGeneratorImpl>(kernel_seed(values));
+}
+
+namespace {
+std::mutex& captures_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::unordered_map<void*, std::vector<CapturedRandomOp>>& captures() {  // capturing stream -> its random ops
+  static auto* map = new std::unordered_map<void*, std::vector<CapturedRandomOp>>();
+  return *map;
+}
+std::atomic<int> g_capturing{0};  // streams capturing now: the hot path looks at nothing else
+}  // namespace
+
+void begin_random_capture(void* stream) {
+  std::lock_guard<std::mutex> lock(captures_mu());
+  if (captures().emplace(stream, std::vector<CapturedRandomOp>()).second) g_capturing.fetch_add(1);
+}
+
+std::vector<CapturedRandomOp> end_random_capture(void* stream) {
+  std::lock_guard<std::mutex> lock(captures_mu());
+  auto it = captures().find(stream);
+  if (it == captures().end()) return {};
+  std::vector<CapturedRandomOp> ops = std::move(it->second);
+  captures().erase(it);
+  g_capturing.fetch_sub(1);
+  return ops;
+}
+
+void note_random_launch(void* stream, const CapturedRandomOp& op) {
+  if (g_capturing.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(captures_mu());
+  auto it = captures().find(stream);
+  if (it != captures().end()) it->second.push_back(op);
+}
+
+void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops) {
+  if (ops.empty()) return;
+  std::vector<std::pair<at::Generator, uint64_t>> seeds;
+  for (const CapturedRandomOp& op : ops) {
+    at::Generator source = op.source;
+    std::lock_guard<std::mutex> lock(source.mutex());
+    seeds.emplace_back(op.kernel, source.get<OpenRegGeneratorImpl>()->kernel_seed(op.values));
+  }
+  OPENREG_CHECK(
+      ::openreg::launch(static_cast<orStream_t>(stream), "openreg::graph_reseed", [seeds = std::move(seeds)]() mutable {
+        for (auto& [kernel, seed] : seeds) {
+          std::lock_guard<std::mutex> lock(kernel.mutex());
+          kernel.set_current_seed(seed);
+        }
+      }));
 }
 
 OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {

@@ -13,11 +13,14 @@
 // (get_rng_state/set_rng_state), which DTensor's random-op tracker and FSDP2's meta-device
 // initialisation read and write. Unlike CUDA's kernels, element i of an op is not Philox of
 // (seed, offset + i / 4): the op's values come from the CPU kernel, so a tensor generated in shards
-// at adjacent offsets does not equal the same tensor generated whole.
+// at adjacent offsets does not equal the same tensor generated whole. Captured into a device graph,
+// random ops draw fresh numbers on every replay (see CapturedRandomOp below).
 #pragma once
 
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>
+
+#include <vector>
 
 namespace c10::openreg {
 
@@ -36,6 +39,8 @@ struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
   // A generator for one kernel launch that may draw up to `values` 32-bit values; advances the
   // offset (call with the generator's mutex held).
   at::Generator kernel_generator(uint64_t values);
+  // The seed such a kernel generator gets; advances the offset likewise (mutex held).
+  uint64_t kernel_seed(uint64_t values);
 
   // How far one op that may draw `values` 32-bit values advances the offset.
   static uint64_t offset_increment(uint64_t values) { return values < 4 ? 4 : (values + 3) / 4 * 4; }
@@ -45,6 +50,24 @@ struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
   uint64_t seed_;
   uint64_t offset_ = 0;
 };
+
+// Graph-safe random numbers. A random op captured into a device graph keeps the kernel generator
+// it got at capture; replaying the graph would repeat its numbers. So while a stream captures, the
+// kernel generators handed out for it are recorded, and each replay first queues a kernel that
+// re-seeds them from their generators' current (seed, offset), advancing the offsets as a launch
+// would: every replay draws fresh numbers, reproducibly under manual_seed (CUDA graphs do the same
+// with a per-replay Philox offset).
+struct CapturedRandomOp {
+  at::Generator source;  // the openreg generator the op drew from
+  at::Generator kernel;  // the CPU generator its captured kernel reads
+  uint64_t values;
+};
+void begin_random_capture(void* stream);
+std::vector<CapturedRandomOp> end_random_capture(void* stream);
+// Records `op` if `stream` is capturing (seed_generators calls it for every random launch).
+void note_random_launch(void* stream, const CapturedRandomOp& op);
+// Re-seeds a graph's captured random ops, in stream order, before its replay on `stream`.
+void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops);
 
 const at::Generator& default_generator(c10::DeviceIndex device);
 at::Generator new_generator(c10::DeviceIndex device);

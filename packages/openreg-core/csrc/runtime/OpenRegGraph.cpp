@@ -14,10 +14,12 @@
 
 #include <atomic>
 #include <fstream>
+#include <vector>
 
 #include "OpenRegCachingAllocator.h"
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
+#include "OpenRegGenerator.h"
 #include "OpenRegStream.h"
 
 namespace c10::openreg {
@@ -46,6 +48,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
       allocator::releaseGraph(device_, pool_);
     }
     OPENREG_CHECK(st);
+    begin_random_capture(stream_);
     capturing_ = true;
   }
 
@@ -58,6 +61,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     // the capture put off (a capturing stream cannot record one).
     const orStatus st = orStreamEndCapture(stream_, &graph_);
     allocator::endGraphCapture(device_, stream_);
+    random_ops_ = end_random_capture(stream_);
     OPENREG_CHECK(st);
   }
 
@@ -67,13 +71,16 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
 
   void replay() override {
     TORCH_CHECK(graph_ != nullptr, "replay() needs a captured graph: call capture_begin() and capture_end()");
-    OPENREG_CHECK(orGraphLaunch(graph_, getCurrentOpenRegStream(device_).handle()));
+    const orStream_t stream = getCurrentOpenRegStream(device_).handle();
+    reseed_for_replay(stream, random_ops_);  // fresh numbers for the captured random ops
+    OPENREG_CHECK(orGraphLaunch(graph_, stream));
   }
 
   void reset() override {
     if (capturing_) {  // an abandoned capture: its blocks go back as a finished graph's do
       orGraph_t abandoned = nullptr;
       orStreamEndCapture(stream_, &abandoned);
+      end_random_capture(stream_);
       allocator::endGraphCapture(device_, stream_);
       if (abandoned) orGraphDestroy(abandoned);
       capturing_ = false;
@@ -82,6 +89,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     if (graph_ != nullptr) {
       OPENREG_CHECK(orGraphDestroy(graph_));
       graph_ = nullptr;
+      random_ops_.clear();
       allocator::releaseGraph(device_, pool_);
     }
   }
@@ -113,6 +121,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   orStream_t stream_ = nullptr;
   orGraph_t graph_ = nullptr;
   uint64_t pool_ = 0;
+  std::vector<CapturedRandomOp> random_ops_;  // re-seeded before each replay
 };
 
 }  // namespace c10::openreg
