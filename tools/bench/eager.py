@@ -117,6 +117,70 @@ def mlp_step_bf16_autocast(device: str):
     return autocast_step
 
 
+class TinyGPT(torch.nn.Module):
+    """A small decoder-only transformer (issue #15's): hundreds of small ops per step, where the
+    per-op host cost shows (embedding, LayerNorm, causal SDPA, GELU MLP, cross-entropy)."""
+
+    def __init__(self, vocab: int = 100, d: int = 128, heads: int = 4, layers: int = 2, ctx: int = 64):
+        super().__init__()
+        self.heads = heads
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(ctx, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                {
+                    "ln1": torch.nn.LayerNorm(d),
+                    "qkv": torch.nn.Linear(d, 3 * d),
+                    "proj": torch.nn.Linear(d, d),
+                    "ln2": torch.nn.LayerNorm(d),
+                    "up": torch.nn.Linear(d, 4 * d),
+                    "down": torch.nn.Linear(4 * d, d),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](x)).split(x.shape[-1], dim=2)
+            q, k, v = [z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v)]
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + blk["proj"](y.transpose(1, 2).reshape(b, t, -1))
+            x = x + blk["down"](torch.nn.functional.gelu(blk["up"](blk["ln2"](x))))
+        return self.head(self.ln(x))
+
+
+def gpt_step(device: str):
+    torch.manual_seed(0)
+    model = TinyGPT().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, 100, (16, 64), device=device)
+    target = torch.randint(0, 100, (16, 64), device=device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), target.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step
+
+
+def gpt_forward_b1(device: str):
+    torch.manual_seed(0)
+    model = TinyGPT().to(device).eval()
+    idx = torch.randint(0, 100, (1, 64), device=device)
+
+    def forward():
+        with torch.no_grad():
+            model(idx)
+
+    return forward
+
+
 @dataclass(frozen=True)
 class Measure:
     id: str  # short name for --only
@@ -137,6 +201,8 @@ MEASURES: List[Measure] = [
     Measure("matmul", "matmul 2048x2048 float32", matmul, 3, 1.05),
     # A repetition of the MLP steps varies by up to 10 % on the 2-core VM: more of them steady the median.
     Measure("mlp-step", "MLP step 3x1024, batch 64, fwd+bwd+SGD", mlp_step, 10, 1.0, reps=9),
+    Measure("gpt-step", "small GPT train step (2x128, ctx 64, batch 16, AdamW, clip)", gpt_step, 5, 1.10, reps=7),
+    Measure("gpt-fwd-b1", "small GPT forward, batch 1 (latency)", gpt_forward_b1, 20, 1.10, reps=7),
     Measure(
         "mlp-step-bf16",
         "MLP step under bf16 autocast (openreg-amp)",

@@ -47,6 +47,8 @@ EAGER_IDS = (
     "add-16m-out",
     "matmul",
     "mlp-step",
+    "gpt-step",
+    "gpt-fwd-b1",
     "mlp-step-bf16",
 )  # kept equal to [m.id for m in eager.MEASURES] (checked at run time)
 GROUPS = {
