@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import collectives  # noqa: E402  (no torch here; its rank processes import it)
 import compile_bench  # noqa: E402  (no torch here; its device processes import it)
+import first_use  # noqa: E402  (no torch here; its device processes import it)
 import onnx_bench  # noqa: E402  (no torch here; its device processes import it)
 import quant as quant_bench  # noqa: E402  (no torch here; its device processes import it)
 import runtime_bench  # noqa: E402  (no torch; eager is imported only when an eager measure runs)
@@ -54,12 +55,13 @@ EAGER_IDS = (
 GROUPS = {
     "runtime": runtime_bench.IDS,
     "eager": EAGER_IDS,
+    "first-use": first_use.IDS,
     "onnx": onnx_bench.IDS,
     "quant": quant_bench.IDS,
     "compile": compile_bench.IDS,
     "collectives": collectives.IDS,
 }
-ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *onnx_bench.IDS, *quant_bench.IDS, *compile_bench.IDS, *collectives.IDS)
+ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *first_use.IDS, *onnx_bench.IDS, *quant_bench.IDS, *compile_bench.IDS, *collectives.IDS)
 
 
 def log(msg: str, end: str = "\n") -> None:
@@ -420,6 +422,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if eager_ids:
         rows += run_eager(eager_ids, args.quick, args.rounds, args.threads, env)
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
+    if "first-use" in selected:
+        try:
+            rows += first_use.run(["first-use"], args.quick, log=log)
+        except Exception as e:
+            log(f"[first-use] failed: {e}")
+            rows.append(_error_row("first-use", "first-use", first_use.NAMES["first-use"], "error", e))
     onnx_ids = [i for i in onnx_bench.IDS if i in selected]
     if onnx_ids:
         rows += run_onnx(onnx_ids, args.quick)

@@ -1,0 +1,116 @@
+"""First use of common operators in a fresh process: openreg against the CPU.
+
+A new process (a script, a DataLoader worker, a distributed rank) pays for every operator's first
+call. Each round starts a fresh interpreter per device that imports torch, then times the first
+call of each operator of issue #15's list (factories, random, reductions, indexing, normalisation,
+attention), one after the other, including the device synchronisation that makes the result
+observable. One row: the summed first-call time, openreg against the CPU (goal: <= 1.5x, or at
+most 20 ms more in total). The rows' details list each operator's time and the heavy modules
+(sympy, torch._dynamo) the calls imported, which should be none.
+
+    python tools/bench/first_use.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from typing import Callable, Dict, List
+
+IDS = ("first-use",)
+NAMES = {"first-use": "first call of 22 common ops in a fresh process (sum)"}
+GOAL_RATIO, GOAL_EXTRA_S = 1.5, 0.020
+
+CALLS = '''
+import json, sys, time
+import torch
+import torch.nn.functional as F
+
+dev = sys.argv[1]
+sync = torch.openreg.synchronize if dev == "openreg" else (lambda: None)
+calls = {
+    "arange": lambda: torch.arange(10, device=dev),
+    "randn": lambda: torch.randn(3, device=dev),
+    "rand": lambda: torch.rand(3, device=dev),
+    "randint": lambda: torch.randint(0, 5, (3,), device=dev),
+    "normal_": lambda: torch.empty(3, device=dev).normal_(),
+    "uniform_": lambda: torch.empty(3, device=dev).uniform_(),
+    "bernoulli": lambda: torch.bernoulli(torch.full((3,), 0.5, device=dev)),
+    "dropout": lambda: F.dropout(torch.ones(8, device=dev), 0.5, training=True),
+    "linspace": lambda: torch.linspace(0, 1, 5, device=dev),
+    "full": lambda: torch.full((2, 2), 3.0, device=dev),
+    "eye": lambda: torch.eye(3, device=dev),
+    "zeros_like": lambda: torch.zeros_like(torch.ones(2, device=dev)),
+    "sum": lambda: torch.ones(4, device=dev).sum(),
+    "argmax": lambda: torch.ones(4, device=dev).argmax(),
+    "nonzero": lambda: torch.ones(4, device=dev).nonzero(),
+    "cat": lambda: torch.cat([torch.ones(2, device=dev)] * 2),
+    "index_select": lambda: torch.ones(4, device=dev).index_select(0, torch.tensor([0, 2], device=dev)),
+    "embedding": lambda: F.embedding(torch.tensor([1, 2], device=dev), torch.ones(4, 3, device=dev)),
+    "layer_norm": lambda: F.layer_norm(torch.ones(2, 4, device=dev), (4,)),
+    "softmax": lambda: torch.ones(2, 4, device=dev).softmax(-1),
+    "cross_entropy": lambda: F.cross_entropy(torch.ones(2, 4, device=dev), torch.tensor([0, 1], device=dev)),
+    "sdpa": lambda: F.scaled_dot_product_attention(*(torch.ones(1, 2, 4, 8, device=dev),) * 3),
+}
+times = {}
+before = set(sys.modules)
+for name, call in calls.items():
+    t0 = time.perf_counter()
+    call()
+    sync()
+    times[name] = time.perf_counter() - t0
+heavy = sorted(m for m in set(sys.modules) - before if m.startswith(("sympy", "torch._dynamo", "torch._inductor")))
+print(json.dumps({"times": times, "heavy": heavy[:5]}))
+'''
+
+
+def _one(device: str) -> Dict:
+    proc = subprocess.run([sys.executable, "-c", CALLS, device], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
+    """Rows for run.py (same keys as its eager rows)."""
+    if "first-use" not in ids:
+        return []
+    rounds = 1 if quick else 3
+    totals: Dict[str, List[float]] = {"cpu": [], "openreg": []}
+    last: Dict[str, Dict] = {}
+    for r in range(rounds):
+        for device in ("cpu", "openreg") if r % 2 == 0 else ("openreg", "cpu"):
+            log(f"[first-use] round {r + 1}/{rounds}: {device} process ...")
+            result = _one(device)
+            totals[device].append(sum(result["times"].values()))
+            last[device] = result
+    o, c = statistics.median(totals["openreg"]), statistics.median(totals["cpu"])
+    met = o / c <= GOAL_RATIO or o - c <= GOAL_EXTRA_S
+    log(f"[first-use] openreg {o * 1e3:.1f} ms, cpu {c * 1e3:.1f} ms")
+    return [
+        {
+            "id": "first-use",
+            "group": "first-use",
+            "measure": NAMES["first-use"],
+            "openreg": o * 1e6,
+            "cpu": c * 1e6,
+            "unit": "us",
+            "ratio": o / c,
+            "goal_spec": {"on": "ratio", "op": "<=", "value": GOAL_RATIO},
+            "met": met,
+            "status": "ok",
+            "details": {
+                "rounds": rounds,
+                "goal": f"<= {GOAL_RATIO}x or <= {GOAL_EXTRA_S * 1e3:.0f} ms more",
+                "per_op_ms": {d: {k: round(v * 1e3, 2) for k, v in last[d]["times"].items()} for d in last},
+                "heavy_imports": {d: last[d]["heavy"] for d in last},
+            },
+        }
+    ]
+
+
+if __name__ == "__main__":
+    for row in run(list(IDS), "--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)):
+        print(row)
