@@ -1,5 +1,7 @@
 """openreg-inductor as a plugin: found by core's discovery, registered lazily, part of the cache key."""
 
+import uuid
+
 import torch
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -67,7 +69,8 @@ class TestCacheKey(TestCase):
 
         run()
         self.assertEqual(run(), (1, 0))  # the same plugin reuses the cached graph
-        with plugin_config.patch(codegen_version=plugin_config.codegen_version + 1000):
+        # A version never used before (the cache may outlive this run): the key must change.
+        with plugin_config.patch(codegen_version=plugin_config.codegen_version + 1 + uuid.uuid4().int % 10**9):
             self.assertEqual(run(), (0, 1))  # a changed codegen does not
 
 
