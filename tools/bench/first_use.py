@@ -23,7 +23,7 @@ IDS = ("first-use",)
 NAMES = {"first-use": "first call of 22 common ops in a fresh process (sum)"}
 GOAL_RATIO, GOAL_EXTRA_S = 1.5, 0.020
 
-CALLS = '''
+CALLS = """
 import json, sys, time
 import torch
 import torch.nn.functional as F
@@ -63,7 +63,7 @@ for name, call in calls.items():
     times[name] = time.perf_counter() - t0
 heavy = sorted(m for m in set(sys.modules) - before if m.startswith(("sympy", "torch._dynamo", "torch._inductor")))
 print(json.dumps({"times": times, "heavy": heavy[:5]}))
-'''
+"""
 
 
 def _one(device: str) -> Dict:

@@ -61,7 +61,15 @@ GROUPS = {
     "compile": compile_bench.IDS,
     "collectives": collectives.IDS,
 }
-ALL_IDS = (*runtime_bench.IDS, *EAGER_IDS, *first_use.IDS, *onnx_bench.IDS, *quant_bench.IDS, *compile_bench.IDS, *collectives.IDS)
+ALL_IDS = (
+    *runtime_bench.IDS,
+    *EAGER_IDS,
+    *first_use.IDS,
+    *onnx_bench.IDS,
+    *quant_bench.IDS,
+    *compile_bench.IDS,
+    *collectives.IDS,
+)
 
 
 def log(msg: str, end: str = "\n") -> None:

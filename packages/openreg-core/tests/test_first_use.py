@@ -82,7 +82,11 @@ class TestFirstUse(TestCase):
             (torch.ops.aten._softmax.default, (torch.randn(2, 5).to(torch.bfloat16), 1, False), {}),
             (torch.ops.aten.argmax.default, (torch.randn(4, 6), 1, True), {}),
             (torch.ops.aten.index_select.default, (torch.randn(4, 6), 1, torch.tensor([0, 5, 5])), {}),
-            (torch.ops.aten.native_layer_norm.default, (torch.randn(2, 3, 4).bfloat16(), [4], torch.ones(4), None, 1e-5), {}),
+            (
+                torch.ops.aten.native_layer_norm.default,
+                (torch.randn(2, 3, 4).bfloat16(), [4], torch.ones(4), None, 1e-5),
+                {},
+            ),
             (torch.ops.aten.nll_loss_forward.default, (torch.randn(3, 5), torch.tensor([0, 4, 1]), None, 1, -100), {}),
             (torch.ops.aten.sum.dim_IntList, (torch.randn(2, 3, 4), [0, 2], False), {"dtype": torch.float64}),
         ]

@@ -92,9 +92,14 @@ class TestState(TestCase):
 class TestReproducibility(TestCase):
     def draw(self):
         torch.openreg.manual_seed(11)
-        return [torch.randn(1000, device="openreg"), torch.rand(37, device="openreg"),
-                torch.randint(0, 100, (64,), device="openreg"), torch.bernoulli(torch.full((200,), 0.3, device="openreg")),
-                F.dropout(torch.ones(300, device="openreg"), 0.5)]  # fmt: skip
+        dev = "openreg"
+        return [
+            torch.randn(1000, device=dev),
+            torch.rand(37, device=dev),
+            torch.randint(0, 100, (64,), device=dev),
+            torch.bernoulli(torch.full((200,), 0.3, device=dev)),
+            F.dropout(torch.ones(300, device=dev), 0.5),
+        ]
 
     def test_independent_of_stream_and_threads(self):
         reference = [t.cpu() for t in self.draw()]

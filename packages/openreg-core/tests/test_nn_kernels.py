@@ -118,7 +118,9 @@ class TestAttention(TestCase):
         q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3))
         for causal in (False, True):
             self.assertTrue(
-                torch.autograd.gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v))
+                torch.autograd.gradcheck(
+                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v)
+                )
             )
         # The CPU itself runs its flash kernels for unmasked attention: the results are bitwise equal
         # (the composed form differs in the last bits).

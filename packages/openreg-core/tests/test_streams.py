@@ -6,7 +6,6 @@ import torch
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-
 # A kernel that keeps its stream busy until `release` is set (at most 10 s): a host call made
 # meanwhile that returns before it was set did not wait for the device.
 release = threading.Event()

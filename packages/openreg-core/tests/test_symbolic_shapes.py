@@ -59,7 +59,11 @@ class TestExport(TestCase):
         self.assertIn(torch.ops.aten.scaled_dot_product_attention.default, targets)
         # After decompositions the openreg-specific fused op remains, with symbolic sizes.
         ep = ep.run_decompositions()
-        fused = [n for n in ep.graph.nodes if n.target is torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default]
+        fused = [
+            n
+            for n in ep.graph.nodes
+            if n.target is torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+        ]
         self.assertEqual(len(fused), 1)
         self.assertTrue(free_symbols(fused[0].meta["val"][0].shape[0]))
 

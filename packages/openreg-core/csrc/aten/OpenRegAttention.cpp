@@ -123,19 +123,18 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   at::Tensor out = empty_with_layout_of(query, sizes);
   at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(accumulate_type(query)));
   const double s = scale_of(query, scale);
-  launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable",
-                      {query, key, value, attn_bias.value_or(at::Tensor())}, {out, lse},
-                      [is_causal, s](const std::vector<at::Tensor>& a) {
-                        if (flash_applies(a[0], a[2], a[3])) {  // the CPU's flash attention (see the top)
-                          auto [o, l] =
-                              at::_scaled_dot_product_flash_attention_for_cpu(a[0], a[1], a[2], 0.0, is_causal, {}, s);
-                          return std::vector<at::Tensor>{o, l};
-                        }
-                        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(accumulate_type(a[0]));
-                        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
-                        at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
-                        return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
-                      });
+  launch_cpu_function(
+      "aten::_scaled_dot_product_fused_attention_overrideable", {query, key, value, attn_bias.value_or(at::Tensor())},
+      {out, lse}, [is_causal, s](const std::vector<at::Tensor>& a) {
+        if (flash_applies(a[0], a[2], a[3])) {  // the CPU's flash attention (see the top)
+          auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(a[0], a[1], a[2], 0.0, is_causal, {}, s);
+          return std::vector<at::Tensor>{o, l};
+        }
+        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(accumulate_type(a[0]));
+        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
+        at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
+        return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
+      });
   auto empty = at::empty({0}, query.options().dtype(at::kLong));
   return {out,
           lse,

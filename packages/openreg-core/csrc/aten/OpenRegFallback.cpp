@@ -227,7 +227,7 @@ struct Launch {
   Launch* next = nullptr;
   Graveyard* home;
   std::optional<c10::OperatorHandle> op;
-  size_t outs = 0;  // a routed structured op: its last `outs` arguments are its outputs
+  size_t outs = 0;               // a routed structured op: its last `outs` arguments are its outputs
   bool writes_argument = false;  // in-place (or out=): the kernel checks it did not resize one
   LaunchStack args, targets;
 

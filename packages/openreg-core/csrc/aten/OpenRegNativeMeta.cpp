@@ -10,13 +10,14 @@
 // one (the table is generated at build time from torch's headers by gen_native_meta.py), and the
 // meta functions written here for common operators that have none in C++ (they mirror the checks
 // and result layout of the CPU kernel). Every other operator still asks the Meta key.
+#include "OpenRegNativeMeta.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include "OpenRegFallback.h"
-#include "OpenRegNativeMeta.h"
 
 namespace c10::openreg {
 

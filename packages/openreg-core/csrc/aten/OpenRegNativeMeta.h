@@ -22,9 +22,9 @@ void add_if_exact(NativeMetaTable& table, Get get) {
 }
 
 // Selects the overload of at::meta::FN whose type is the operator's signature (no conversions).
-#define OR_NATIVE_META(OP, FN)                                                                     \
+#define OR_NATIVE_META(OP, FN)                                                                               \
   add_if_exact<at::_ops::OP>(table, [](auto* type) -> decltype(static_cast<decltype(type)>(&at::meta::FN)) { \
-    return static_cast<decltype(type)>(&at::meta::FN);                                            \
+    return static_cast<decltype(type)>(&at::meta::FN);                                                       \
   });
 
 // Generated (gen_native_meta.py): every C++ meta function of ATen with an exact-signature match.

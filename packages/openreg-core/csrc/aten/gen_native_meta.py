@@ -27,7 +27,9 @@ NOT_EXPORTED = {
     "sparse_resize_", "sparse_resize_and_clear_",
 }  # fmt: skip
 
-STRUCT = re.compile(r'struct TORCH_API (\w+) \{\s*using schema = [^;]*;.*?static constexpr const char\* name = "aten::(\w+)";', re.S)
+STRUCT = re.compile(
+    r'struct TORCH_API (\w+) \{\s*using schema = [^;]*;.*?static constexpr const char\* name = "aten::(\w+)";', re.S
+)
 FUNCTION = re.compile(r"TORCH_API [^;(]*?\b(\w+)\(")
 
 

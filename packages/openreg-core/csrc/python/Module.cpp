@@ -189,8 +189,9 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).handle());
   });
-  m.def("_current_raw_stream",
-        [](int d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(static_cast<c10::DeviceIndex>(d)).handle()); });
+  m.def("_current_raw_stream", [](int d) {
+    return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(static_cast<c10::DeviceIndex>(d)).handle());
+  });
   m.def("_stream_priority", [](int64_t id, int d) {
     return OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).priority();
   });

@@ -7,11 +7,11 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GeneratorImpl.h>
 
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <memory>
-#include <unordered_map>
 #include <mutex>
+#include <unordered_map>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
@@ -52,8 +52,8 @@ void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
                        new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
                    "RNG state must be a torch.ByteTensor");
   TORCH_CHECK(new_state.is_contiguous(), "RNG state must be contiguous");
-  TORCH_CHECK(static_cast<size_t>(new_state.numel()) == kStateBytes, "RNG state is wrong size: expected ",
-              kStateBytes, " bytes (seed and offset, as CUDA's), got ", new_state.numel());
+  TORCH_CHECK(static_cast<size_t>(new_state.numel()) == kStateBytes, "RNG state is wrong size: expected ", kStateBytes,
+              " bytes (seed and offset, as CUDA's), got ", new_state.numel());
   const auto* bytes = static_cast<const uint8_t*>(new_state.data());
   int64_t seed = 0, offset = 0;
   std::memcpy(&seed, bytes, sizeof(seed));

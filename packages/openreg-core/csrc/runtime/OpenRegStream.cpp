@@ -1,13 +1,12 @@
 #include "OpenRegStream.h"
 
-#include "OpenRegCApi.h"
-
 #include <c10/util/Exception.h>
 
 #include <array>
 #include <atomic>
 #include <mutex>
 
+#include "OpenRegCApi.h"
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
 
