@@ -30,6 +30,22 @@ dist.destroy_process_group()
 """
 
 
+# PyTorch's fake process group (one process pretending to be a rank of many) registers for cpu,
+# cuda, hpu and xpu only; a device map names openreg explicitly.
+FAKE_GROUP = """
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+dist.init_process_group("cpu:fake,openreg:fake", store=FakeStore(), rank=1, world_size=4)
+x = torch.ones(4, device="openreg")
+dist.all_reduce(x)
+mesh = init_device_mesh("openreg", (2, 2))
+local = distribute_tensor(torch.ones(8, 8, device="openreg"), mesh, [Shard(0), Shard(1)]).to_local()
+print(dist.get_backend_config(), tuple(local.shape), local.device)
+"""
+
+
 class TestPluginLoading(TestCase):
     def test_loaded_by_import_torch(self):
         r = run_python(PROBE)
@@ -64,3 +80,8 @@ class TestPluginLoading(TestCase):
         )
         self.assertNotIn("undefined", r.stderr)
         self.assertNotIn("Warning", r.stderr)
+
+    def test_fake_process_group_covers_openreg(self):
+        r = run_python(FAKE_GROUP)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "cpu:fake,openreg:fake (4, 4) openreg:0")
