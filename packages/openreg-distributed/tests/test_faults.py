@@ -113,3 +113,27 @@ class TestDeadPeer(TestCase):
 
 if __name__ == "__main__":
     run_tests()
+
+
+class TestDebugDetail(OcclTestCase):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps occl in c10d's ProcessGroupWrapper, which checks every
+    collective's type and shapes across ranks (over a Gloo helper group) before running it."""
+
+    @classmethod
+    def _init_pg(cls, rank, world_size, rdvz_file):
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
+        super()._init_pg(rank, world_size, rdvz_file)
+
+    def test_wrapped_and_checked(self):
+        backend = self.pg._get_backend(self.device)
+        self.assertEqual(type(backend).__name__, "_ProcessGroupWrapper")
+        x = torch.full((4,), float(self.rank + 1), device=self.device)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), torch.full((4,), 3.0))
+        # Mismatched shapes are caught before anything reaches the transport, on every rank.
+        y = torch.ones(4 + self.rank, device=self.device)
+        with self.assertRaisesRegex(RuntimeError, "Detected mismatch between collectives on ranks"):
+            dist.all_reduce(y)
+        dist.all_reduce(x)  # and the group goes on
+        self.assertEqual(x.cpu(), torch.full((4,), 6.0))
