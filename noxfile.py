@@ -179,7 +179,8 @@ def quant(session: nox.Session) -> None:
 def inductor(session: nox.Session) -> None:
     """openreg-inductor's tests (torch.compile on openreg vs CPU Inductor), against the built core and
     inductor wheels. One Inductor cache per run, shared by the test processes (compiles dominate)."""
-    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_inductor",))
+    # openreg-amp too: tests/test_autocast.py compiles autocast regions under its policies.
+    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_inductor", "openreg_amp"))
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
