@@ -6,21 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-# A kernel that keeps its stream busy until `release` is set (at most 10 s): a call made meanwhile
-# that returns before it was set did not wait for the device.
-release = threading.Event()
-
-
-@torch.library.custom_op("openreg_test::hold", mutates_args=(), device_types="cpu")
-def hold(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
-    return x.clone()
-
-
-@hold.register_fake
-def _(x):
-    return torch.empty_like(x)
+from torch_openreg.utils.testing import StreamHold
 
 
 @torch.library.custom_op("openreg_test::grow_to", mutates_args=("x",), device_types="cpu")
@@ -413,7 +399,6 @@ class TestGenericPath(TestCase):
     def test_threads_that_end_give_back_their_launch_records(self):
         # Each thread that launches generic kernels keeps records for reuse; a thread that ended
         # used to keep them forever (about 30 KB per thread).
-        import threading
         import time
 
         import torch_openreg
@@ -440,16 +425,12 @@ class TestGenericPath(TestCase):
             time.sleep(0.01)
         self.assertEqual(torch_openreg._C._generic_launches_alive(), baseline)
         # A thread that ends with its kernels still queued: the worker frees them once they ran.
-        release.set()
-        hold(x)  # a signature's first call runs synchronously
-        release.clear()
-        hold(x)  # keeps the stream busy, so that the threads' kernels are still queued when they end
-        for _ in range(10):
-            t = threading.Thread(target=lambda: [x * 2 + 1 for _ in range(50)])
-            t.start()
-            t.join()
-        queued = torch_openreg._C._generic_launches_alive()
-        release.set()
+        with StreamHold():  # keeps the stream busy, so that the threads' kernels are still queued when they end
+            for _ in range(10):
+                t = threading.Thread(target=lambda: [x * 2 + 1 for _ in range(50)])
+                t.start()
+                t.join()
+            queued = torch_openreg._C._generic_launches_alive()
         torch.openreg.synchronize()
         deadline = time.monotonic() + 30
         while torch_openreg._C._generic_launches_alive() > baseline + 1 and time.monotonic() < deadline:
@@ -476,8 +457,6 @@ class TestGenericPath(TestCase):
         # slice offset or size made the host wait for the device again.
         x = torch.arange(8.0, device="openreg")
         cpu = x.cpu()
-        release.set()
-        hold(x)
         calls = (
             lambda t, k: t.add(t, alpha=0.5 + k),
             lambda t, k: t.clamp(min=0.1 + k),
@@ -487,12 +466,9 @@ class TestGenericPath(TestCase):
         for call in calls:
             call(x, 0)
         torch.openreg.synchronize()
-        release.clear()
-        stream = torch.openreg.current_stream()
-        hold(x)  # the device is busy until released
-        results = [call(x, 1) for call in calls]
-        busy = not stream.query()
-        release.set()
+        with StreamHold() as held:  # the device is busy until released
+            results = [call(x, 1) for call in calls]
+            busy = not held.stream.query()
         self.assertTrue(busy, "a call waited for the device")
         for call, got in zip(calls, results):
             self.assertEqual(got.cpu(), call(cpu, 1))

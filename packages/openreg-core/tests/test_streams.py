@@ -5,21 +5,7 @@ import threading
 import torch
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-# A kernel that keeps its stream busy until `release` is set (at most 10 s): a host call made
-# meanwhile that returns before it was set did not wait for the device.
-release = threading.Event()
-
-
-@torch.library.custom_op("openreg_test::hold_stream", mutates_args=(), device_types="cpu")
-def hold_stream(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
-    return x.clone()
-
-
-@hold_stream.register_fake
-def _(x):
-    return torch.empty_like(x)
+from torch_openreg.utils.testing import StreamHold
 
 
 def slow_work(n: int = 384) -> torch.Tensor:
@@ -194,27 +180,21 @@ class TestEvents(TestCase):
     def test_dropping_recorded_events_does_not_wait(self):
         """Dropping an event recorded on a busy stream returns at once, as on CUDA (collective backends
         create and drop events per operation); waits already queued on it still hold."""
-        x = torch.ones(4, device="openreg")
-        release.set()
-        hold_stream(x) + 1  # a signature's first call is synchronous; later ones are queued
-        torch.openreg.synchronize()
-        release.clear()
-        busy = torch.openreg.current_stream()
-        y = hold_stream(x)
-        for _ in range(500):
-            torch.Event(device="openreg").record()  # c10::Event, dropped at once
-            busy.record_event()  # torch.openreg.Event
-        waited = busy.record_event()
-        other = torch.openreg.Stream()
-        other.wait_event(waited)
-        del waited
-        with torch.openreg.stream(other):
-            z = y + 1  # ordered after the held kernel by the dropped event
-        self.assertFalse(busy.query())  # no drop waited for the held kernel
-        self.assertFalse(other.query())
-        release.set()
+        with StreamHold() as held:
+            busy = held.stream
+            for _ in range(500):
+                torch.Event(device="openreg").record()  # c10::Event, dropped at once
+                busy.record_event()  # torch.openreg.Event
+            waited = busy.record_event()
+            other = torch.openreg.Stream()
+            other.wait_event(waited)
+            del waited
+            with torch.openreg.stream(other):
+                z = held.output + 1  # ordered after the held kernel by the dropped event
+            self.assertFalse(busy.query())  # no drop waited for the held kernel
+            self.assertFalse(other.query())
         other.synchronize()
-        self.assertEqual(z.cpu(), torch.full((4,), 2.0))
+        self.assertEqual(z.cpu(), torch.full((4,), 1.0))
 
     def test_record_into_full_queue_does_not_hold_the_gil(self):
         # A device kernel may be Python (the generic path runs a custom op's Python CPU kernel on the

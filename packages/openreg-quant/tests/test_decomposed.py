@@ -2,29 +2,13 @@
 the CPU over dtypes, axes and layouts; the decomposition's argument errors at the call; one native
 launch per call, no generic path, no host wait."""
 
-import threading
-
 import torch
 from torch.testing._internal.common_utils import TestCase
+from torch_openreg.utils.testing import StreamHold
 
 qd = torch.ops.quantized_decomposed
 BOUNDS = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767), torch.uint16: (0, 65535)}
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-
-# A kernel that keeps its stream busy until `release` is set (at most 10 s): a call made meanwhile
-# that returns before it was set did not wait for the device.
-release = threading.Event()
-
-
-@torch.library.custom_op("openreg_quant_test::hold", mutates_args=(), device_types="cpu")
-def hold(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
-    return x.clone()
-
-
-@hold.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 
 def layouts(x: torch.Tensor):
@@ -377,16 +361,9 @@ class TestNativeAndAsynchronous(TestCase):
 
     def test_no_host_wait(self):
         calls = self._calls()
-        x = torch.ones(2, device="openreg")
-        release.set()
-        hold(x)  # a signature's first call runs synchronously
-        torch.openreg.synchronize()
-        release.clear()
-        stream = torch.openreg.current_stream()
-        hold(x)  # the device is busy until released
-        results = [call() for call in calls]
-        busy = not stream.query()
-        release.set()
+        with StreamHold() as held:  # the device is busy until released
+            results = [call() for call in calls]
+            busy = not held.stream.query()
         self.assertTrue(busy, "a call waited for the device")
         torch.openreg.synchronize()
         self.assertEqual(len(results), len(calls))

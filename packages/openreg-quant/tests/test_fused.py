@@ -2,27 +2,14 @@
 the CPU's own oneDNN kernels (bit-exact) and the dequantize -> float op -> quantize reference (within
 one quantum); argument errors; meta kernels; the packed-weight cache; native, one launch, no wait."""
 
-import threading
-
 import openreg_quant  # noqa: F401  (the ops)
 import torch
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import TestCase
+from torch_openreg.utils.testing import StreamHold
 
 oq = torch.ops.openreg_quant
 qd = torch.ops.quantized_decomposed
-release = threading.Event()
-
-
-@torch.library.custom_op("openreg_quant_test::hold_fused", mutates_args=(), device_types="cpu")
-def hold(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
-    return x.clone()
-
-
-@hold.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 
 def weights(*shape, seed=0):
@@ -270,15 +257,9 @@ class TestNativeAndAsynchronous(TestCase):
             self.assertEqual(after["memcpy_d2h"] - before["memcpy_d2h"], 0)
         self.assertEqual(torch.openreg.fallback_op_counts(), {})
         torch.openreg.set_strict_mode(False)
-        release.set()
-        hold(xq)
-        torch.openreg.synchronize()
-        release.clear()
-        stream = torch.openreg.current_stream()
-        hold(xq)
-        results = [call() for call in calls]
-        busy = not stream.query()
-        release.set()
+        with StreamHold() as held:  # the device is busy until released
+            results = [call() for call in calls]
+            busy = not held.stream.query()
         self.assertTrue(busy, "a call waited for the device")
         torch.openreg.synchronize()
         self.assertEqual(len(results), 2)

@@ -22,3 +22,70 @@ def run_python(
         timeout=timeout,
         cwd=cwd,
     )
+
+
+class StreamHold:
+    """Keeps an openreg stream busy until released, to prove that host calls do not wait for the
+    device: a call made while the stream is held that returns at all did not wait (a waiting one
+    would block until the hold times out, and the stream would then be idle). ::
+
+        with StreamHold() as held:     # the current stream of the current device is busy from here
+            y = x + 1                  # queued behind the held kernel
+            assert not held.stream.query()
+        # leaving releases the stream
+
+    ``held.output`` is a tensor the held kernel writes (ops that read it are ordered after it).
+    The hold is a Python kernel (a ``torch.library`` custom op) that waits on an event.
+    """
+
+    _release = None
+    _op = None
+
+    def __init__(self, device=None, timeout: float = 30.0):
+        import torch
+
+        self.device = torch.device("openreg", torch.openreg.current_device() if device is None else device)
+        self.timeout = timeout
+        self.stream = None
+        self.output = None
+
+    @classmethod
+    def _hold_op(cls):
+        import threading
+
+        import torch
+
+        if cls._op is None:
+            cls._release = threading.Event()
+
+            @torch.library.custom_op("openreg_testing::hold", mutates_args=(), device_types="cpu")
+            def hold(x: torch.Tensor, timeout: float) -> torch.Tensor:
+                cls._release.wait(timeout)
+                return x.clone()
+
+            @hold.register_fake
+            def _(x, timeout):
+                return torch.empty_like(x)
+
+            cls._op = hold
+        return cls._op
+
+    def __enter__(self) -> "StreamHold":
+        import torch
+
+        hold = self._hold_op()
+        x = torch.zeros(4, device=self.device)
+        StreamHold._release.set()
+        hold(x, self.timeout) + 1  # a signature's first call runs synchronously: later ones are queued
+        torch.openreg.synchronize(self.device)
+        StreamHold._release.clear()
+        self.stream = torch.openreg.current_stream(self.device)
+        self.output = hold(x, self.timeout)
+        return self
+
+    def release(self) -> None:
+        """Lets the held kernel finish (the stream then runs what was queued behind it)."""
+        StreamHold._release.set()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
