@@ -298,36 +298,28 @@ def run_eager(ids: List[str], quick: bool, rounds: Optional[int], threads: Optio
     return out
 
 
-def run_quant(ids: List[str], quick: bool) -> List[Dict]:
+# The plugin and process-based groups: each module has IDS and run(ids, quick, log) -> rows.
+MODULE_GROUPS = {
+    "first-use": first_use,
+    "onnx": onnx_bench,
+    "quant": quant_bench,
+    "compile": compile_bench,
+    "collectives": collectives,
+}
+
+
+def _measure_name(module, id_: str) -> str:
+    return module.NAMES[id_] if hasattr(module, "NAMES") else module._name(id_)
+
+
+def run_module_group(group: str, ids: List[str], quick: bool) -> List[Dict]:
+    """One group's rows; a group that fails as a whole gives an error row per measure."""
+    module = MODULE_GROUPS[group]
     try:
-        return quant_bench.run(ids, quick, log=log)
+        return module.run(ids, quick, log=log)
     except Exception as e:
-        log(f"[quant] failed: {e}")
-        return [_error_row("quant", i, quant_bench.NAMES[i], "error", e) for i in ids]
-
-
-def run_collectives(ids: List[str], quick: bool) -> List[Dict]:
-    try:
-        return collectives.run(ids, quick, log=log)
-    except Exception as e:
-        log(f"[collectives] failed: {e}")
-        return [_error_row("collectives", i, collectives._name(i), "error", e) for i in ids]
-
-
-def run_compile(ids: List[str], quick: bool) -> List[Dict]:
-    try:
-        return compile_bench.run(ids, quick, log=log)
-    except Exception as e:
-        log(f"[compile] failed: {e}")
-        return [_error_row("compile", i, compile_bench.NAMES[i], "error", e) for i in ids]
-
-
-def run_onnx(ids: List[str], quick: bool) -> List[Dict]:
-    try:
-        return onnx_bench.run(ids, quick, log=log)
-    except Exception as e:
-        log(f"[onnx] failed: {e}")
-        return [_error_row("onnx", i, onnx_bench.NAMES[i], "error", e) for i in ids]
+        log(f"[{group}] failed: {e}")
+        return [_error_row(group, i, _measure_name(module, i), "error", e) for i in ids]
 
 
 # ---- outputs ----
@@ -430,24 +422,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if eager_ids:
         rows += run_eager(eager_ids, args.quick, args.rounds, args.threads, env)
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
-    if "first-use" in selected:
-        try:
-            rows += first_use.run(["first-use"], args.quick, log=log)
-        except Exception as e:
-            log(f"[first-use] failed: {e}")
-            rows.append(_error_row("first-use", "first-use", first_use.NAMES["first-use"], "error", e))
-    onnx_ids = [i for i in onnx_bench.IDS if i in selected]
-    if onnx_ids:
-        rows += run_onnx(onnx_ids, args.quick)
-    quant_ids = [i for i in quant_bench.IDS if i in selected]
-    if quant_ids:
-        rows += run_quant(quant_ids, args.quick)
-    compile_ids = [i for i in compile_bench.IDS if i in selected]
-    if compile_ids:
-        rows += run_compile(compile_ids, args.quick)
-    collective_ids = [i for i in collectives.IDS if i in selected]
-    if collective_ids:
-        rows += run_collectives(collective_ids, args.quick)
+    for group, module in MODULE_GROUPS.items():
+        group_ids = [i for i in module.IDS if i in selected]
+        if group_ids:
+            rows += run_module_group(group, group_ids, args.quick)
     for r in rows:
         r["goal"] = goal_text(r["goal_spec"], r["unit"], r["group"])
     env["loadavg_end"] = _loadavg()
