@@ -328,17 +328,11 @@ OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
       options_(std::move(options)),
       transport_(std::move(transport)),
       factory_(std::move(factory)),
-      blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")) {
-  std::thread(watchdog, inflight_).detach();
-}
+      blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")) {}
 
 OcclBackend::~OcclBackend() {
-  {
-    std::lock_guard<std::mutex> g(inflight_->mu);
-    inflight_->stop = true;
-  }
-  inflight_->cv.notify_all();
-  // The streams are left to the runtime: destroying one waits for its queued work, which may be a
+  // The in-flight works go with the backend (a Work the user still holds keeps its own tensors). The
+  // streams are left to the runtime: destroying one waits for its queued work, which may be a
   // collective that a dead peer will never complete (until the transport's timeout).
 }
 
@@ -403,30 +397,17 @@ const CommStreams& OcclBackend::streams(c10::Device device) {
 }
 
 void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
-  std::lock_guard<std::mutex> g(inflight_->mu);
-  // Drop the finished ones from the front here too, so a busy loop does not grow the list.
-  auto& works = inflight_->works;
-  while (!works.empty() && works.front()->isCompleted()) works.pop_front();
-  works.push_back(std::move(work));
-}
-
-void OcclBackend::watchdog(std::shared_ptr<Inflight> inflight) {
-  std::unique_lock<std::mutex> lk(inflight->mu);
-  while (!inflight->stop) {
-    inflight->cv.wait_for(lk, std::chrono::milliseconds(100));
-    std::vector<c10::intrusive_ptr<OcclWork>> done;  // released outside the lock
-    for (auto it = inflight->works.begin(); it != inflight->works.end();) {
-      if ((*it)->isCompleted()) {
-        done.push_back(std::move(*it));
-        it = inflight->works.erase(it);
-      } else {
-        ++it;
-      }
+  std::vector<c10::intrusive_ptr<OcclWork>> done;  // released outside the lock
+  std::lock_guard<std::mutex> g(inflight_mu_);
+  for (auto it = inflight_.begin(); it != inflight_.end();) {
+    if ((*it)->isCompleted()) {
+      done.push_back(std::move(*it));
+      it = inflight_.erase(it);
+    } else {
+      ++it;
     }
-    lk.unlock();
-    done.clear();
-    lk.lock();
   }
+  inflight_.push_back(std::move(work));
 }
 
 c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,

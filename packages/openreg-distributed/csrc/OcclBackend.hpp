@@ -8,8 +8,9 @@
 //   3. an end event recorded after it; OcclWork::wait() makes the caller's current stream wait for
 //      it (the host blocks only with TORCH_OCCL_BLOCKING_WAIT=1, or for barrier());
 //   4. the tensors stay referenced by the Work, which the backend keeps in its in-flight list
-//      until the end event has completed, so the caching allocator cannot hand their memory to
-//      later compute while the collective still reads or writes it.
+//      at least until the end event has completed (later operations of the group drop the completed
+//      ones), so the caching allocator cannot hand their memory to later compute while the
+//      collective still reads or writes it.
 // A failure (transport error, peer gone, timeout) fails the kernel: it surfaces at the next
 // synchronising call on the device, naming the collective, at wait() with blocking wait, and every
 // later operation of the group fails at once with the first error (DistBackendError).
@@ -202,16 +203,11 @@ class OcclBackend : public c10d::Backend {
   std::optional<c10::Device> coalesced_device_;
   std::vector<std::pair<Lane, c10::Device>> coalesced_lanes_;
 
-  // Works until their end event completed; shared with the watchdog thread, which is detached and
-  // outlives the backend by at most one period (a backend may be destroyed on any thread).
-  struct Inflight {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<c10::intrusive_ptr<OcclWork>> works;
-    bool stop = false;
-  };
-  std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
-  static void watchdog(std::shared_ptr<Inflight> inflight);
+  // Works (with their tensors) until their end event completed. They are released on the threads
+  // that call the backend, by later operations and at destruction, never by a thread of occl's own:
+  // a tensor Python owns, released from a foreign thread while the interpreter exits, aborts it.
+  std::mutex inflight_mu_;
+  std::deque<c10::intrusive_ptr<OcclWork>> inflight_;
 };
 
 }  // namespace openreg_distributed

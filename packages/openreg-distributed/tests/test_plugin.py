@@ -46,6 +46,23 @@ print(dist.get_backend_config(), tuple(local.shape), local.device)
 """
 
 
+# One rank is enough to see where a collective lands in a profiler trace.
+PROFILED = """
+import json, os, tempfile, torch, torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+dist.init_process_group("openreg:occl", store=dist.HashStore(), rank=0, world_size=1)
+x = torch.ones(1024, device="openreg")
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+    dist.all_reduce(x)
+    y = x * 2
+    torch.openreg.synchronize()
+path = os.path.join(tempfile.mkdtemp(), "trace.json")
+prof.export_chrome_trace(path)
+kernels = {e["name"]: e["tid"] for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"}
+print("occl::all_reduce" in kernels, kernels.get("occl::all_reduce") != kernels.get("aten::mul"))
+"""
+
+
 class TestPluginLoading(TestCase):
     def test_loaded_by_import_torch(self):
         r = run_python(PROBE)
@@ -85,3 +102,9 @@ class TestPluginLoading(TestCase):
         r = run_python(FAKE_GROUP)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "cpu:fake,openreg:fake (4, 4) openreg:0")
+
+    def test_profiler_shows_collectives_on_the_comm_stream(self):
+        # The collective is a kernel of its own name, on another stream track than the compute.
+        r = run_python(PROFILED)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip().splitlines()[-1], "True True")
