@@ -97,14 +97,24 @@ class TestMesh(OcclTestCase):
         x, _ = full_batch(0, self.device)
         self.assertEqual(model(x).cpu(), ref(x).cpu(), atol=1e-5, rtol=1e-5)
 
-    def fsdp_train(self, **kwargs):
+    def fsdp_train(self, meta=False, **kwargs):
         mesh = init_device_mesh("openreg", (2,))
         ref = make_model().to(self.device)
-        model = copy.deepcopy(ref)
+        if meta:
+            with torch.device("meta"):
+                model = make_model()
+        else:
+            model = copy.deepcopy(ref)
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh, **kwargs)
         fully_shard(model, mesh=mesh, **kwargs)
+        if meta:
+            # Materialised on the device, then given the reference's values, shard by shard.
+            model.to_empty(device=self.device)
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), ref.parameters()):
+                    p.copy_(distribute_tensor(q.detach(), p.device_mesh, p.placements))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
@@ -152,6 +162,11 @@ class TestMesh(OcclTestCase):
         dist.barrier()
         if self.rank == 0:
             shutil.rmtree(path[0])
+
+    def test_fsdp2_meta_device_init(self):
+        model, ref = self.fsdp_train(meta=True)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            self.assertEqual(p.full_tensor().cpu(), q.detach().cpu(), atol=1e-5, rtol=1e-5)
 
     def test_fsdp2_mixed_precision(self):
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
