@@ -112,6 +112,21 @@ class TestAttention(TestCase):
         for c, d in zip(cpu_in, dev_in):
             self.assertEqual(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
 
+    def test_results_match_the_fake_kernel(self):
+        # Compiled graphs are traced with the fake/meta kernel and assert the real results' sizes and
+        # strides: every result of the fused operator (Philox seed and offset were 1-dim, not 0-dim).
+        q = torch.randn(2, 5, 3, 8, device="openreg").transpose(1, 2)
+        op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+        real = op(q, q, q, is_causal=True)
+        with torch._subclasses.FakeTensorMode() as mode:
+            fq = mode.from_tensor(q)
+            fake = op(fq, fq, fq, is_causal=True)
+
+        def geometry(results):
+            return [(tuple(r.shape), r.stride()) if isinstance(r, torch.Tensor) else r for r in results]
+
+        self.assertEqual(geometry(real), geometry(fake))
+
     def test_unmasked_attention_runs_the_cpu_flash_kernels(self):
         # Without a mask the device runs the CPU's flash-attention kernels (forward and backward) on
         # the kernel views: the profiler sees them inside the fused operator's kernel; gradcheck holds.

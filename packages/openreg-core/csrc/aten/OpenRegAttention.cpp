@@ -135,16 +135,19 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
         at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
         return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
       });
-  auto empty = at::empty({0}, query.options().dtype(at::kLong));
+  // The other results as the meta kernel describes them (compiled graphs assert their sizes): no
+  // cumulative sequence lengths and no debug mask (undefined), and 0-dim Philox seed and offset
+  // (unused: openreg's fused attention has no dropout).
+  const auto philox = query.options().dtype(at::kLong);
   return {out,
           lse,
-          empty,
-          empty,
+          at::Tensor(),
+          at::Tensor(),
           c10::SymInt(query.size(-2)),
           c10::SymInt(key.size(-2)),
-          empty,
-          empty,
-          at::empty({0}, query.options())};
+          at::empty({}, philox),
+          at::empty({}, philox),
+          at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
