@@ -63,6 +63,30 @@ void check_same_dtype(const char* op, const at::Tensor& a, const at::Tensor& b) 
               " and ", b.scalar_type(), ")");
 }
 
+// The root's list of per-rank tensors of gather (outputs) and scatter (inputs), `role` naming them:
+// one list, world size tensors on `device`, each of `like`'s dtype and element count. A non-root
+// rank passes none.
+std::vector<at::Tensor> root_list(const char* op, const char* role, const std::vector<std::vector<at::Tensor>>& lists,
+                                  bool is_root, int root, int world_size, c10::Device device, const at::Tensor& like,
+                                  const char* like_role) {
+  if (!is_root) {
+    TORCH_CHECK(lists.empty() || lists[0].empty(), "occl ", op, ": only the root (rank ", root, ") takes ", role,
+                " tensors");
+    return {};
+  }
+  check_single(op, lists.size(), role);
+  const std::vector<at::Tensor>& ts = lists[0];
+  TORCH_CHECK(static_cast<int>(ts.size()) == world_size, "occl ", op, ": the root expects world size (", world_size,
+              ") ", role, " tensors, got ", ts.size());
+  for (const auto& t : ts) {
+    check_tensor(op, t, device);
+    check_same_dtype(op, like, t);
+    TORCH_CHECK(t.numel() == like.numel(), "occl ", op, ": ", role, " tensors must have the ", like_role, "'s ",
+                like.numel(), " elements, got ", t.numel());
+  }
+  return ts;
+}
+
 // The dtypes Gloo carries and reduces natively; others move as raw bytes and cannot be reduced.
 bool transport_dtype(c10::ScalarType t) {
   switch (t) {
@@ -786,22 +810,8 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
   check_single(op, inputs.size(), "input");
   const auto device = check_tensors(op, inputs);
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    check_single(op, outputs.size(), "output");
-    outs = outputs[0];
-    TORCH_CHECK(static_cast<int>(outs.size()) == size_, "occl ", op, ": the root expects world size (", size_,
-                ") output tensors, got ", outs.size());
-    for (const auto& o : outs) {
-      check_tensor(op, o, device);
-      check_same_dtype(op, inputs[0], o);
-      TORCH_CHECK(o.numel() == inputs[0].numel(), "occl ", op, ": output tensors must have the input's ",
-                  inputs[0].numel(), " elements, got ", o.numel());
-    }
-  } else {
-    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "occl ", op, ": only the root (rank ", root,
-                ") takes output tensors");
-  }
+  std::vector<at::Tensor> outs =
+      root_list(op, "output", outputs, rank_ == root, root, size_, device, inputs[0], "input");
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(c10d::OpType::GATHER, "occl::gather", Lane::kColl, device, inputs, outs,
@@ -820,22 +830,8 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
   check_single(op, outputs.size(), "output");
   const auto device = check_tensors(op, outputs);
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    check_single(op, inputs.size(), "input");
-    ins = inputs[0];
-    TORCH_CHECK(static_cast<int>(ins.size()) == size_, "occl ", op, ": the root expects world size (", size_,
-                ") input tensors, got ", ins.size());
-    for (const auto& x : ins) {
-      check_tensor(op, x, device);
-      check_same_dtype(op, outputs[0], x);
-      TORCH_CHECK(x.numel() == outputs[0].numel(), "occl ", op, ": input tensors must have the output's ",
-                  outputs[0].numel(), " elements, got ", x.numel());
-    }
-  } else {
-    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "occl ", op, ": only the root (rank ", root,
-                ") takes input tensors");
-  }
+  std::vector<at::Tensor> ins =
+      root_list(op, "input", inputs, rank_ == root, root, size_, device, outputs[0], "output");
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(c10d::OpType::SCATTER, "occl::scatter", Lane::kColl, device, ins, outputs,

@@ -314,6 +314,22 @@ class TestCollectives(OcclTestCase):
             dist.all_gather([torch.empty(4, device=d), torch.empty(4, device=other)], torch.ones(4, device=d))
         with self.assertRaisesRegex(RuntimeError, r"input split sizes add up to 3 but its dim 0 is 4"):
             dist.all_to_all_single(torch.empty(4, device=d), torch.ones(4, device=d), [2, 2], [1, 2])
+        # The root's list of per-rank tensors (each rank calls the backend as its own root here, so
+        # that every rank raises): world size tensors of the other side's dtype and size.
+        backend = dist.group.WORLD._get_backend(d)
+        gather_opts, scatter_opts = dist.GatherOptions(), dist.ScatterOptions()
+        gather_opts.rootRank = scatter_opts.rootRank = self.rank
+        x = torch.ones(3, device=d)
+        with self.assertRaisesRegex(
+            RuntimeError, r"occl gather: the root expects world size \(2\) output tensors, got 3"
+        ):
+            backend.gather([[torch.empty(3, device=d)] * 3], [x], gather_opts)
+        with self.assertRaisesRegex(
+            RuntimeError, "occl scatter: input tensors must have the output's 3 elements, got 4"
+        ):
+            backend.scatter([x], [[torch.ones(4, device=d)] * 2], scatter_opts)
+        with self.assertRaisesRegex(RuntimeError, r"occl gather: input and output dtypes differ \(Float and Int\)"):
+            backend.gather([[torch.empty(3, device=d, dtype=torch.int32)] * 2], [x], gather_opts)
         # The group still works.
         x = torch.ones(2, device=d)
         dist.all_reduce(x)
