@@ -27,6 +27,8 @@ import tempfile
 import time
 from typing import Callable, Dict, List
 
+from rows import ratio_row
+
 SIZES = {"1k": 1024, "256k": 256 * 1024, "16m": 16 * 1024 * 1024}
 IDS = (
     *(f"compile-chain-{s}" for s in SIZES),
@@ -121,21 +123,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
             o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
         if o is None or c is None:
             continue
-        goal = GOALS.get(id_)
-        rows.append(
-            {
-                "id": id_,
-                "group": "compile",
-                "measure": NAMES[id_],
-                "openreg": o * 1e6,
-                "cpu": c * 1e6,
-                "unit": "us",
-                "ratio": o / c,
-                "goal_spec": None if goal is None else {"on": "ratio", "op": "<=", "value": goal},
-                "met": None if goal is None else o / c <= goal,
-                "status": "ok",
-            }
-        )
+        rows.append(ratio_row("compile", id_, NAMES[id_], o, c, GOALS.get(id_)))
     return rows
 
 

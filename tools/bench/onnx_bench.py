@@ -29,6 +29,8 @@ import time
 from importlib import metadata
 from typing import Callable, Dict, List
 
+from rows import ratio_row
+
 IDS = ("onnx-first-export", "onnx-export-mlp", "onnx-export-block", "onnx-ort-mlp", "onnx-ort-block", "onnx-import")
 NAMES = {
     "onnx-first-export": "first export in a process (MLP, imports onnxscript)",
@@ -157,27 +159,13 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
         openreg, cpu = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
         if not openreg or not cpu:
             continue
-        o, c = statistics.median(openreg) * 1e6, statistics.median(cpu) * 1e6
-        goal = GOALS.get(id_)
-        rows.append(
-            {
-                "id": id_,
-                "group": "onnx",
-                "measure": NAMES[id_],
-                "openreg": o,
-                "cpu": c,
-                "unit": "us",
-                "ratio": o / c,
-                "goal_spec": None if goal is None else {"on": "ratio", "op": "<=", "value": goal},
-                "met": None if goal is None else o / c <= goal,
-                "status": "ok",
-                "details": {
-                    "rounds": rounds,
-                    "samples_us": {"openreg": [v * 1e6 for v in openreg], "cpu": [v * 1e6 for v in cpu]},
-                },
-            }
-        )
-        log(f"[onnx] {NAMES[id_]}: openreg {o / 1e3:.1f} ms, reference {c / 1e3:.1f} ms")
+        o, c = statistics.median(openreg), statistics.median(cpu)
+        details = {
+            "rounds": rounds,
+            "samples_us": {"openreg": [v * 1e6 for v in openreg], "cpu": [v * 1e6 for v in cpu]},
+        }
+        rows.append(ratio_row("onnx", id_, NAMES[id_], o, c, GOALS.get(id_), details))
+        log(f"[onnx] {NAMES[id_]}: openreg {o * 1e3:.1f} ms, reference {c * 1e3:.1f} ms")
     return rows
 
 

@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Callable, Dict, List
 
+from rows import ratio_row
+
 MS = (1, 32, 256)
 IDS = ("quant-qdq-256k", *(f"quant-qlinear-m{m}" for m in MS), *(f"quant-fp32-m{m}" for m in MS), "quant-cnn")
 NAMES = {
@@ -158,21 +160,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
         o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
         if o is None or c is None:
             continue
-        goal = GOALS.get(id_)
-        rows.append(
-            {
-                "id": id_,
-                "group": "quant",
-                "measure": NAMES[id_],
-                "openreg": o * 1e6,
-                "cpu": c * 1e6,
-                "unit": "us",
-                "ratio": o / c,
-                "goal_spec": None if goal is None else {"on": "ratio", "op": "<=", "value": goal},
-                "met": None if goal is None else o / c <= goal,
-                "status": "ok",
-            }
-        )
+        rows.append(ratio_row("quant", id_, NAMES[id_], o, c, GOALS.get(id_)))
     return rows
 
 
