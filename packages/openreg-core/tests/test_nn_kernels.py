@@ -150,6 +150,19 @@ class TestAttention(TestCase):
         dout.backward(grad.to("openreg"))
         for c, d in zip(cpu_in, dev_in):
             self.assertEqual(d.grad.cpu(), c.grad, atol=0, rtol=0)
+        # Inputs whose last dimension is strided (OpInfo's non-contiguous samples): the flash kernels
+        # read them as contiguous, so the device hands them contiguous copies (they were wrong).
+        full = [torch.randn(2, 3, 5, 16) for _ in range(3)]
+        cpu_in = [t[..., ::2].detach().requires_grad_() for t in full]
+        dev_in = [t.to("openreg")[..., ::2].detach().requires_grad_() for t in full]
+        self.assertEqual(dev_in[0].stride(-1), 2)
+        out = F.scaled_dot_product_attention(*cpu_in, is_causal=True)
+        dout = F.scaled_dot_product_attention(*dev_in, is_causal=True)
+        self.assertEqual(dout.cpu(), out, atol=1e-5, rtol=1e-5)
+        out.sum().backward()
+        dout.sum().backward()
+        for c, d in zip(cpu_in, dev_in):
+            self.assertEqual(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
 
     def test_fused_kernel_gradcheck_float64(self):
         # float64 is computed in float64 (16-bit types in float32), so gradcheck holds; an

@@ -81,10 +81,14 @@ at::Tensor empty_with_layout_of(const at::Tensor& query, at::IntArrayRef shape) 
   return at::empty_strided(shape, strides, query.options());
 }
 
-// Whether the CPU's flash-attention kernels serve a call: no mask, and one head size for Q, K and V.
-bool flash_applies(const at::Tensor& q, const at::Tensor& v, const at::Tensor& bias) {
-  return !bias.defined() && q.size(-1) == v.size(-1);
+// Whether the CPU's flash-attention kernels serve a call: no mask, one head size for Q, K and V, and
+// no empty input (the CPU's own choice, sdp::use_flash_attention_cpp, asks the same). They read
+// their inputs as contiguous in the last dimension: flash_input makes them so (on the device).
+bool flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias) {
+  return !bias.defined() && q.size(-1) == k.size(-1) && q.size(-1) == v.size(-1) && q.numel() > 0 && k.numel() > 0;
 }
+
+at::Tensor flash_input(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 // Scores S = scale * Q K^T + bias, with the causal mask applied (CPU tensors).
 at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias, bool is_causal, double scale) {
@@ -123,18 +127,19 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   at::Tensor out = empty_with_layout_of(query, sizes);
   at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(accumulate_type(query)));
   const double s = scale_of(query, scale);
-  launch_cpu_function(
-      "aten::_scaled_dot_product_fused_attention_overrideable", {query, key, value, attn_bias.value_or(at::Tensor())},
-      {out, lse}, [is_causal, s](const std::vector<at::Tensor>& a) {
-        if (flash_applies(a[0], a[2], a[3])) {  // the CPU's flash attention (see the top)
-          auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(a[0], a[1], a[2], 0.0, is_causal, {}, s);
-          return std::vector<at::Tensor>{o, l};
-        }
-        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(accumulate_type(a[0]));
-        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
-        at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
-        return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
-      });
+  launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable",
+                      {query, key, value, attn_bias.value_or(at::Tensor())}, {out, lse},
+                      [is_causal, s](const std::vector<at::Tensor>& a) {
+                        if (flash_applies(a[0], a[1], a[2], a[3])) {  // the CPU's flash attention (see the top)
+                          auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
+                              flash_input(a[0]), flash_input(a[1]), flash_input(a[2]), 0.0, is_causal, {}, s);
+                          return std::vector<at::Tensor>{o, l};
+                        }
+                        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(accumulate_type(a[0]));
+                        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
+                        at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
+                        return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
+                      });
   // The other results as the meta kernel describes them (compiled graphs assert their sizes): no
   // cumulative sequence lengths and no debug mask (undefined), and 0-dim Philox seed and offset
   // (unused: openreg's fused attention has no dropout).
@@ -167,9 +172,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
                       {grad_out, query, key, value, attn_bias, out, logsumexp}, {gq, gk, gv, gb},
                       [is_causal, s](const std::vector<at::Tensor>& a) {
                         const at::Tensor &dout = a[0], &q = a[1], &k = a[2], &v = a[3], &bias = a[4], &o = a[5];
-                        if (flash_applies(q, v, bias)) {  // the forward ran the CPU's flash attention: its backward
+                        if (flash_applies(q, k, v, bias)) {  // the forward ran the CPU's flash attention
                           auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-                              dout, q, k, v, o, a[6], 0.0, is_causal, {}, s);
+                              flash_input(dout), flash_input(q), flash_input(k), flash_input(v), flash_input(o),
+                              a[6].contiguous(), 0.0, is_causal, {}, s);
                           return std::vector<at::Tensor>{dq, dk, dv, at::Tensor()};
                         }
                         at::Tensor p =
