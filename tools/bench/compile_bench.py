@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Callable, Dict, List
 
-from rows import ratio_row
+from rows import ratio_row, serve_in_process
 
 SIZES = {"1k": 1024, "256k": 256 * 1024, "16m": 16 * 1024 * 1024}
 IDS = (
@@ -109,11 +108,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
         log(f"[compile] {device} process ...")
         with tempfile.TemporaryDirectory(prefix="openreg-bench-inductor-") as cache:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-            cmd = [sys.executable, __file__, "--serve", device] + (["--quick"] if quick else [])
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
-        samples.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+            samples.update(serve_in_process(__file__, device, quick, timeout=1800, env=env))
     rows = []
     for id_ in ids:
         if id_.startswith("compile-vs-eager-"):

@@ -29,7 +29,7 @@ import time
 from importlib import metadata
 from typing import Callable, Dict, List
 
-from rows import ratio_row
+from rows import ratio_row, serve_in_process
 
 IDS = ("onnx-first-export", "onnx-export-mlp", "onnx-export-block", "onnx-ort-mlp", "onnx-ort-block", "onnx-import")
 NAMES = {
@@ -141,11 +141,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     for r in range(rounds):
         for device in order if r % 2 == 0 else order[::-1]:
             log(f"[onnx] round {r + 1}/{rounds}: {device} process ...")
-            cmd = [sys.executable, __file__, "--serve", device] + (["--quick"] if quick else [])
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
-            for key, value in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+            for key, value in serve_in_process(__file__, device, quick, timeout=900).items():
                 key = key if ":" in key else f"{key}:{device}"
                 samples.setdefault(key, []).append(value)
     if "onnx-import" in ids:

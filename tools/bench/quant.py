@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, List
 
-from rows import ratio_row
+from rows import ratio_row, serve_in_process
 
 MS = (1, 32, 256)
 IDS = ("quant-qdq-256k", *(f"quant-qlinear-m{m}" for m in MS), *(f"quant-fp32-m{m}" for m in MS), "quant-cnn")
@@ -150,11 +149,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     samples: Dict[str, float] = {}
     for device in ("cpu", "openreg"):
         log(f"[quant] {device} process ...")
-        cmd = [sys.executable, __file__, "--serve", device] + (["--quick"] if quick else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
-        samples.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        samples.update(serve_in_process(__file__, device, quick, timeout=900))
     rows = []
     for id_ in ids:
         o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")

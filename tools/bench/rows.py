@@ -1,7 +1,11 @@
-"""The result row every benchmark group gives run.py: openreg against a reference, as a ratio."""
+"""What the benchmark groups share: the result row they give run.py (openreg against a reference,
+as a ratio) and running a device's measures in a process of its own."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Dict, Optional
 
 
@@ -32,3 +36,13 @@ def ratio_row(
     if details is not None:
         row["details"] = details
     return row
+
+
+def serve_in_process(script: str, device: str, quick: bool, timeout: float, env: Optional[Dict] = None) -> Dict:
+    """Runs `script --serve DEVICE [--quick]` in a fresh interpreter (each device measures in a
+    process of its own) and returns the JSON its last line of output holds."""
+    cmd = [sys.executable, script, "--serve", device] + (["--quick"] if quick else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
