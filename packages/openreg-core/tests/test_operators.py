@@ -277,6 +277,18 @@ class TestGenericPath(TestCase):
             self.assertEqual(out.cpu(), ref)
             self.assertEqual([t.cpu() for t in dev_state], cpu_state)  # resized to 6 values, as on the CPU
 
+    def test_out_resized_on_the_first_call_keeps_later_calls_asynchronous(self):
+        # An out= tensor the CPU kernel resizes is a returned alias, carried back as such; it is not
+        # an unreturned resized argument, which would keep its signature synchronous for good.
+        a, b = torch.randn(5, device="openreg"), torch.randn(5, device="openreg")
+        torch.atan2(a, b, out=torch.empty(0, device="openreg"))  # verified synchronously: 0 -> 5
+        torch.openreg.synchronize()
+        with StreamHold() as held:
+            out = torch.empty(0, device="openreg")
+            torch.atan2(a, b, out=out)
+            self.assertFalse(held.stream.query(), "the call waited for the device")
+        self.assertEqual(out.cpu(), torch.atan2(a.cpu(), b.cpu()))
+
     def test_in_place_resize_missed_by_the_asynchronous_path_fails_the_kernel(self):
         # A signature verified without a resize runs asynchronously afterwards; a later call whose
         # CPU kernel resizes a written argument fails at the next synchronisation, naming it.

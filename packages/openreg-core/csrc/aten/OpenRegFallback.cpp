@@ -685,8 +685,11 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       const Stack kernel_inputs = kernel_args;  // the same tensors: a resize inside the op shows in them
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
       const auto& schema = op.schema();
+      std::vector<bool> returned(kernel_inputs.size(), false);  // written arguments a return aliases (`moved`)
+      for (const auto& ret : schema.returns())
+        if (is_written(ret) && aliased_argument(schema, ret) >= 0) returned[aliased_argument(schema, ret)] = true;
       for (size_t i = 0; i < kernel_inputs.size(); ++i) {
-        if (!is_written(schema.arguments()[i]) || !kernel_inputs[i].isTensor()) continue;
+        if (returned[i] || !is_written(schema.arguments()[i]) || !kernel_inputs[i].isTensor()) continue;
         const at::Tensor& got = kernel_inputs[i].toTensor();
         if (!got.defined()) continue;
         const at::Tensor want = kernel_tensor(originals[i].toTensor());
