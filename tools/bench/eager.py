@@ -173,10 +173,15 @@ def gpt_forward_b1(device: str):
     torch.manual_seed(0)
     model = TinyGPT().to(device).eval()
     idx = torch.randint(0, 100, (1, 64), device=device)
+    sync = _sync(device)
 
     def forward():
+        # Latency: each forward's result is waited for, as a caller that needs the logits would.
+        # Without the wait the host queues the next forward while the device runs this one, which
+        # measures throughput (and the host's issuing then competes with the kernels for a core).
         with torch.no_grad():
             model(idx)
+        sync()
 
     return forward
 

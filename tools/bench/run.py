@@ -449,7 +449,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         d = lat["details"]
         print(
             f"  launch latency: per-run medians {d['per_run_median_us']} us, p90 {d.get('launch_latency_us_p90')} us,"
-            f" enqueue {d.get('launch_enqueue_us')} us, OPENREG_SPIN_US {d.get('spin_us')}"
+            f" enqueue {d.get('launch_enqueue_us')} us, OPENREG_SPIN_US {d.get('spin_us')},"
+            f" OPENREG_WAIT_SPIN_US {d.get('wait_spin_us')}"
         )
     if other is not None and other > 0.2:
         print(

@@ -143,6 +143,7 @@ def rows(runs: List[Dict]) -> List[Dict]:
                     if _median(runs, k) is not None
                 },
                 "spin_us": runs[-1].get("spin_us"),
+                "wait_spin_us": runs[-1].get("wait_spin_us"),
             },
         }
     ]

@@ -96,6 +96,7 @@ class TestDeviceModule(TestCase):
             ("OPENREG_DEVICE_MEMORY", "lots", "is not a size such as 512M or 8G"),
             ("OPENREG_DEVICE_MEMORY", "17179869184G", "is not a size such as 512M or 8G"),  # wrapped to 0
             ("OPENREG_SPIN_US", "abc", "is not a whole number of microseconds"),  # was read as 0
+            ("OPENREG_WAIT_SPIN_US", "2000000", "is not a whole number of microseconds"),
             ("OPENREG_DEVICE_COUNT", "0", "is not a whole number from 1 to 64"),
         ):
             r = run_python(

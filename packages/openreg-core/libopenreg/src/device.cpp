@@ -17,8 +17,11 @@ namespace {
 constexpr size_t kDefaultCapacity = size_t{8} << 30;  // 8 GiB per device
 constexpr int kDefaultDeviceCount = 2;
 constexpr int kMaxDeviceCount = 64;
-constexpr long kDefaultSpinUs = 50;
-constexpr long kMaxSpinUs = 1000000;  // a second
+// Spins are short because the device's kernels run on the same cores as the host: a spinning
+// thread takes a core from a kernel's OpenMP team (docs/benchmarks.md, "Thread budget").
+constexpr long kDefaultSpinUs = 20;     // an idle worker, for the next launch
+constexpr long kDefaultWaitSpinUs = 5;  // a thread waiting for progress (host sync, stream wait)
+constexpr long kMaxSpinUs = 1000000;    // a second
 
 // Parses a whole number from `lo` to `hi`. Returns false when malformed or out of range.
 bool parse_whole(const char* text, long lo, long hi, long* out) {
@@ -93,6 +96,9 @@ Runtime* create_runtime() {
   long spin_us = kDefaultSpinUs;
   read_whole_env("OPENREG_SPIN_US", 0, kMaxSpinUs, " of microseconds", &spin_us, &rt->config_error);
   rt->spin_ns = static_cast<uint64_t>(spin_us) * 1000;
+  long wait_spin_us = kDefaultWaitSpinUs;
+  read_whole_env("OPENREG_WAIT_SPIN_US", 0, kMaxSpinUs, " of microseconds", &wait_spin_us, &rt->config_error);
+  rt->wait_spin_ns = static_cast<uint64_t>(wait_spin_us) * 1000;
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
   platform::on_fork_child(mark_forked);

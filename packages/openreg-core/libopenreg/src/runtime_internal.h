@@ -7,8 +7,9 @@
 //
 // Waiting. Progress is a monotonically increasing 64-bit counter (a
 // Progress): a stream counts completed work items, an event counts
-// completed records. Waiters spin for a short while (launch latency on an
-// idle device is a few microseconds) and then sleep on a condition variable.
+// completed records. Waiters spin for a short while (OPENREG_WAIT_SPIN_US: a
+// kernel that completes within it is seen at once) and then sleep on a condition
+// variable.
 #pragma once
 
 #include <array>
@@ -34,7 +35,8 @@ namespace openreg::rt {
 orStatus fail(orStatus status, const std::string& message);
 
 // ---- configuration ----
-uint64_t spin_ns();  // how long waiters spin before sleeping (OPENREG_SPIN_US)
+uint64_t spin_ns();       // how long an idle worker spins before sleeping (OPENREG_SPIN_US)
+uint64_t wait_spin_ns();  // how long a waiter spins before sleeping (OPENREG_WAIT_SPIN_US)
 
 // ---- waiting on a counter ----
 class Progress {
@@ -267,7 +269,8 @@ struct Import {
 struct Runtime {
   int device_count = 0;
   size_t capacity = 0;
-  uint64_t spin_ns = 0;  // how long a waiting thread spins before it sleeps (OPENREG_SPIN_US)
+  uint64_t spin_ns = 0;       // how long an idle worker spins before it sleeps (OPENREG_SPIN_US)
+  uint64_t wait_spin_ns = 0;  // how long a waiting thread spins before it sleeps (OPENREG_WAIT_SPIN_US)
   std::string config_error;
   std::unique_ptr<Device[]> devices;
   HandleTable<Stream> streams;

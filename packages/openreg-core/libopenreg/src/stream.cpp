@@ -12,7 +12,7 @@
 // launching thread holds, e.g. the GIL for a custom op's Python kernel.)
 // The worker is only woken through the condition variable when it went to
 // sleep, because an idle worker first spins for OPENREG_SPIN_US microseconds
-// (default 50) watching `submitted`. That spin is what makes
+// (default 20) watching `submitted`. That spin is what makes
 // launch-to-completion latency a few microseconds.
 //
 // Everything a stream does is a work item: kernels, copies, memsets, event
@@ -41,6 +41,7 @@ constexpr int kGreatestPriority = -1;
 }  // namespace
 
 uint64_t spin_ns() { return runtime().spin_ns; }
+uint64_t wait_spin_ns() { return runtime().wait_spin_ns; }
 
 namespace {
 struct WaitHooks {
@@ -68,7 +69,7 @@ void Progress::advance_to(uint64_t v) {
 
 void Progress::wait_for(uint64_t v) {
   if (value() >= v) return;
-  const uint64_t deadline = platform::now_ns() + spin_ns();
+  const uint64_t deadline = platform::now_ns() + wait_spin_ns();
   do {
     for (int i = 0; i < 64; ++i) {
       if (value() >= v) return;

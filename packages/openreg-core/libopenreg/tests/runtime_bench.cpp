@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   OK(orStreamDestroy(stream));
 
   const char* spin = std::getenv("OPENREG_SPIN_US");
+  const char* wait_spin = std::getenv("OPENREG_WAIT_SPIN_US");
   std::printf(
       "{\"launch_iterations\": %d, \"launch_latency_us_median\": %.3f, \"launch_latency_us_p90\": %.3f, "
       "\"launch_latency_us_p99\": %.3f, \"launch_latency_us_min\": %.3f, \"launch_latency_us_mean\": %.3f, "
@@ -159,10 +160,10 @@ int main(int argc, char** argv) {
       "\"h2d_pageable_gbps\": %.3f, \"h2d_pinned_gbps\": %.3f, \"d2h_pageable_gbps\": %.3f, \"d2h_pinned_gbps\": %.3f, "
       "\"h2d_pageable_ratio\": %.3f, \"h2d_pinned_ratio\": %.3f, \"d2h_pageable_ratio\": %.3f, \"d2h_pinned_ratio\": "
       "%.3f, "
-      "\"h2d_cold_gbps\": %.3f, \"spin_us\": %s}\n",
+      "\"h2d_cold_gbps\": %.3f, \"spin_us\": %s, \"wait_spin_us\": %s}\n",
       iterations, percentile(latency_us, 0.5), percentile(latency_us, 0.9), percentile(latency_us, 0.99),
       percentile(latency_us, 0.0), mean_us, enqueue_us, bytes, reps, memcpy_gbps, h2d_pageable, h2d_pinned,
       d2h_pageable, d2h_pinned, h2d_pageable / memcpy_gbps, h2d_pinned / memcpy_gbps, d2h_pageable / memcpy_gbps,
-      d2h_pinned / memcpy_gbps, cold_gbps, spin ? spin : "50");
+      d2h_pinned / memcpy_gbps, cold_gbps, spin ? spin : "20", wait_spin ? wait_spin : "5");
   return 0;
 }

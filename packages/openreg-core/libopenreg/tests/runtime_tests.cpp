@@ -1578,12 +1578,14 @@ TEST(error_names_and_messages_are_per_thread) {
   CHECK_EQ(std::string(orGetLastErrorMessage()), mine);  // unchanged by the other thread
 }
 
-// With OPENREG_SPIN_US=0 every waiter and idle worker goes straight to sleep,
+// With OPENREG_SPIN_US=0 and OPENREG_WAIT_SPIN_US=0 every waiter and idle worker goes straight to sleep,
 // so each launch and each wait exercises the condition-variable hand-off: a
 // lost wake-up would hang here (the pytest timeout catches it).
 TEST(stream_wakeups_without_spinning) {
   const char* env = std::getenv("OPENREG_SPIN_US");
-  if (!env || std::atoi(env) != 0) skip_now("needs OPENREG_SPIN_US=0 (test_runtime.py sets it)");
+  const char* wait_env = std::getenv("OPENREG_WAIT_SPIN_US");
+  if (!env || std::atoi(env) != 0 || !wait_env || std::atoi(wait_env) != 0)
+    skip_now("needs OPENREG_SPIN_US=0 and OPENREG_WAIT_SPIN_US=0 (test_runtime.py sets them)");
   orStream_t a = nullptr, b = nullptr;
   CHECK_OK(orStreamCreate(&a));
   CHECK_OK(orStreamCreate(&b));
@@ -1626,6 +1628,7 @@ TEST(config_invalid_environment) { check_config_rejected("OPENREG_DEVICE_MEMORY"
 TEST(config_device_memory_overflow) { check_config_rejected("OPENREG_DEVICE_MEMORY", "17179869184G"); }
 // It used to be read as 0 (no spinning).
 TEST(config_invalid_spin) { check_config_rejected("OPENREG_SPIN_US", "abc"); }
+TEST(config_invalid_wait_spin) { check_config_rejected("OPENREG_WAIT_SPIN_US", "-1"); }
 
 // ===========================================================================
 // Thread safety stress: host threads x streams, kernels with per-stream

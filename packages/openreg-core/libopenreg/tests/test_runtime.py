@@ -33,10 +33,11 @@ SKIP_EXIT_CODE = 77  # a C++ case that lacks its environment skips with this cod
 CASE_ENV: dict[str, dict[str, str]] = {
     "capacity_out_of_memory": {"OPENREG_DEVICE_MEMORY": "64M"},
     "device_count_from_env": {"OPENREG_DEVICE_COUNT": "3"},
-    "stream_wakeups_without_spinning": {"OPENREG_SPIN_US": "0"},
+    "stream_wakeups_without_spinning": {"OPENREG_SPIN_US": "0", "OPENREG_WAIT_SPIN_US": "0"},
     "config_invalid_environment": {"OPENREG_DEVICE_MEMORY": "12X"},
     "config_device_memory_overflow": {"OPENREG_DEVICE_MEMORY": "17179869184G"},
     "config_invalid_spin": {"OPENREG_SPIN_US": "abc"},
+    "config_invalid_wait_spin": {"OPENREG_WAIT_SPIN_US": "-1"},
 }
 
 # Cases that pass only by dying with a signal.
