@@ -1,38 +1,55 @@
 """Small helpers shared by the ``torch.openreg`` submodules."""
 
+import sys
 from typing import Any, Optional, Union
 
 import torch
+
+from .. import _C
 
 _DeviceLike = Union[torch.device, str, int, None]
 
 
 def _get_device_index(device: _DeviceLike = None, optional: bool = True) -> int:
     """The index of an openreg device given as a device, string, int or None (current)."""
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "openreg":
-            raise ValueError(f"Expected an openreg device, but got: {device}")
-        index: Optional[int] = device.index
-    else:
+    if type(device) is int and device >= 0:
+        # The common case, and the one on compiled code's per-call path (its device guard and stream
+        # query): a plain index needs no conversion, only the checks below (~0.2 us, was ~1 us).
         index = device
-    if index is None:
-        if not optional:
-            raise ValueError(f"Expected an openreg device with a specified index, got: {device}")
-        from . import current_device
-
-        return current_device()
-    if not isinstance(index, int):
-        raise TypeError(f"Expected a device index as int, got {type(index).__name__}")
-    from .. import _C
-    from . import _lazy_init
-
-    _lazy_init()
-    if index < 0:
-        raise ValueError(f"Invalid openreg device index {index}: indices start at 0")
+    else:
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            if device.type != "openreg":
+                raise ValueError(f"Expected an openreg device, but got: {device}")
+            index: Optional[int] = device.index
+        else:
+            index = device
+        if index is None:
+            if not optional:
+                raise ValueError(f"Expected an openreg device with a specified index, got: {device}")
+            return _package().current_device()
+        if not isinstance(index, int):
+            raise TypeError(f"Expected a device index as int, got {type(index).__name__}")
+        if index < 0:
+            _package()._lazy_init()
+            raise ValueError(f"Invalid openreg device index {index}: indices start at 0")
+    package = _package()
+    if not package._initialized:
+        package._lazy_init()
     _C._check_device_index(index)
     return index
+
+
+def _package() -> Any:
+    """torch_openreg.openreg, which imports this module first (so it cannot be imported at the top)."""
+    global _PACKAGE
+    if _PACKAGE is None:
+        _PACKAGE = sys.modules[__package__]
+    return _PACKAGE
+
+
+_PACKAGE: Any = None
 
 
 def _dummy_type(name: str) -> Any:
