@@ -31,9 +31,17 @@ class TestGraphs(TestCase):
             g.capture_end()
         s.synchronize()
         self.assertEqual(x.cpu(), torch.full((1000,), 1.0))  # capturing recorded the work, it did not run it
+        before = torch.openreg._runtime_counters()
         for _ in range(3):
             g.replay()
         torch.openreg.synchronize()
+        after = torch.openreg._runtime_counters()
+        # A replay is one graph launch; its items are counted apart from kernel launches.
+        self.assertEqual(after["graphs_launched"] - before["graphs_launched"], 3)
+        self.assertEqual(after["kernels_launched"] - before["kernels_launched"], 0)
+        items = after["graph_items_launched"] - before["graph_items_launched"]
+        self.assertEqual(items % 3, 0)
+        self.assertGreaterEqual(items // 3, 2)  # at least the add_ and the mul
         self.assertEqual(x.cpu(), torch.full((1000,), 4.0))
         self.assertEqual(y.cpu(), torch.full((1000,), 8.0))  # the captured output is rewritten by each replay
         g.reset()

@@ -171,6 +171,8 @@ PYBIND11_MODULE(_C, m) {
     out["device_mallocs"] = c.deviceMallocs;
     out["device_frees"] = c.deviceFrees;
     out["wait_wakeups"] = c.waitWakeups;
+    out["graphs_launched"] = c.graphsLaunched;
+    out["graph_items_launched"] = c.graphItemsLaunched;
     return out;
   });
 

@@ -289,6 +289,8 @@ orStatus orGetCounters(orRuntimeCounters* out) {
   out->deviceMallocs = c.mallocs.load();
   out->deviceFrees = c.frees.load();
   out->waitWakeups = c.wait_wakeups.load();
+  out->graphsLaunched = c.graphs.load();
+  out->graphItemsLaunched = c.graph_items.load();
   return orSuccess;
 }
 

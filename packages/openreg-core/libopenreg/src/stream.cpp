@@ -604,6 +604,8 @@ orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
     item.deleter = nullptr;  // the graph keeps owning the arguments
     s->enqueue(item);
   }
+  runtime().counters.graphs.fetch_add(1, std::memory_order_relaxed);
+  runtime().counters.graph_items.fetch_add(g->items.size(), std::memory_order_relaxed);
   return orSuccess;
 }
 

@@ -107,8 +107,10 @@ typedef struct orRuntimeCounters {
   uint64_t bytesDeviceToDevice;
   uint64_t deviceMallocs;
   uint64_t deviceFrees;
-  uint64_t waitWakeups; /* times a thread asleep in a wait for the device (a synchronize, an event, a
-                           blocking copy) was woken; a wait for the end of a queue is woken once */
+  uint64_t waitWakeups;        /* times a thread asleep in a wait for the device (a synchronize, an event, a
+                                  blocking copy) was woken; a wait for the end of a queue is woken once */
+  uint64_t graphsLaunched;     /* orGraphLaunch calls that enqueued a graph */
+  uint64_t graphItemsLaunched; /* work items those launches enqueued (kernelsLaunched does not count them) */
 } orRuntimeCounters;
 
 /* An opaque handle to one device allocation, for another process (see orIpcGetMemHandle). */
