@@ -8,9 +8,12 @@ Installed, it is loaded by openreg-core's plugin discovery (entry point ``induct
 - Inductor's device op overrides (``codegen.op_overrides``) and backend for "openreg":
   ``codegen.scheduling.OpenRegScheduling`` (Inductor's CPU C++ kernels, packaged as
   launchers that run on openreg streams, see ``codegen.launch``), the Python wrapper
-  ``codegen.wrapper.OpenRegPythonWrapper`` and the config ``config`` (its
+  ``codegen.wrapper.OpenRegPythonWrapper``, the C++ wrapper ``codegen.cpp_wrapper.OpenRegCppWrapper``
+  (``cpp_wrapper=True``) and the config ``config`` (its
   ``codegen_version`` is part of Inductor's FX-graph cache key);
-- the torch 2.13 workarounds in ``_torch213``.
+- the torch 2.13 workarounds in ``_torch213``;
+- Inductor's graph policy ``graphs.OpenRegGraphPolicy``: ``mode="reduce-overhead"`` replays
+  openreg graphs as openreg device graphs (``torch.accelerator.Graph``).
 
 ``torch.compile(model)`` with the default backend then compiles openreg graphs into C++
 kernels launched asynchronously on the current openreg stream. See
@@ -47,8 +50,10 @@ def register() -> None:
     if _registered:
         return
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
+    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
 
-    from . import _torch213, config
+    from . import _torch213, config, graphs
+    from .codegen.cpp_wrapper import OpenRegCppWrapper
     from .codegen.op_overrides import OpenRegDeviceOpOverrides
     from .codegen.scheduling import OpenRegScheduling
     from .codegen.wrapper import OpenRegPythonWrapper
@@ -60,8 +65,12 @@ def register() -> None:
         DEVICE,
         OpenRegScheduling,
         OpenRegPythonWrapper,
+        device_cpp_wrapper_codegen=OpenRegCppWrapper,
         device_custom_config=config,
     )
+    # The C++ wrapper's device table (allocations, device checks): openreg is PrivateUse1.
+    DEVICE_TO_ATEN[DEVICE] = "at::kPrivateUse1"
+    graphs.install()
     _registered = True
 
 

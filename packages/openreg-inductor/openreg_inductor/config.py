@@ -10,6 +10,6 @@ import sys
 from torch.utils._config_module import install_config_module
 
 # Bump when the generated code (launch.py, scheduling.py, wrapper.py) changes shape.
-codegen_version: int = 1
+codegen_version: int = 2
 
 install_config_module(sys.modules[__name__])

@@ -52,11 +52,17 @@ def launcher_source(
     arg_defs: Sequence[str],
     arg_types: Sequence[str],
     host_scalars: Sequence[bool],
+    *,
+    body: str = KERNEL_BODY,
+    entry: str = "kernel",
+    namespace: str = "",
 ) -> str:
     """C++ appended to the generated body: argument block, device-side entry, host launcher.
 
     ``arg_defs``/``arg_types`` are Inductor's (``KernelArgs.cpp_argdefs``); ``host_scalars[i]``
-    says that pointer argument ``i`` is a CPU 0-dim tensor, passed by value.
+    says that pointer argument ``i`` is a CPU 0-dim tensor, passed by value. A kernel library of
+    its own (the Python wrapper) uses the default names; kernels that share one translation unit
+    (the C++ wrapper) pass their own ``body``/``entry`` function names and ``namespace``.
     """
     fields, fill, view, body_args = [], [], [], []
     params = ["uintptr_t openreg_stream"]
@@ -90,7 +96,7 @@ def launcher_source(
 #include <stdexcept>
 #include <string>
 
-namespace {{
+namespace {namespace} {{
 struct LaunchArgs {{
 {nl.join("  " + f for f in fields)}
 }};
@@ -99,7 +105,7 @@ orStatus run(void* raw) {{
   auto* a = static_cast<LaunchArgs*>(raw);
 {nl.join("  " + v for v in view)}
   try {{
-    {KERNEL_BODY}({", ".join(body_args)});
+    {body}({", ".join(body_args)});
   }} catch (const std::exception& e) {{
     return orKernelFail(e.what());
   }} catch (...) {{
@@ -109,11 +115,12 @@ orStatus run(void* raw) {{
 }}
 
 void release(void* raw) {{ delete static_cast<LaunchArgs*>(raw); }}
-}}  // namespace
+}}  // namespace {namespace}
 
-extern "C" void kernel({", ".join(params)}) {{
-  auto* a = new LaunchArgs{{{", ".join(fill)}}};
-  if (orLaunchKernel(reinterpret_cast<orStream_t>(openreg_stream), {label}, run, a, release) != orSuccess)
+extern "C" void {entry}({", ".join(params)}) {{
+  auto* a = new {namespace}::LaunchArgs{{{", ".join(fill)}}};
+  if (orLaunchKernel(reinterpret_cast<orStream_t>(openreg_stream), {label}, {namespace}::run, a,
+                     {namespace}::release) != orSuccess)
     throw std::runtime_error(std::string({label}) + ": launch failed: " + orGetLastErrorMessage());
 }}
 """

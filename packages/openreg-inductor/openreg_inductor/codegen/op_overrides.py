@@ -23,3 +23,12 @@ class OpenRegDeviceOpOverrides(DeviceOpOverrides):
 
     def stream_handle(self, stream_name: str) -> str:
         return f"{stream_name}.openreg_stream"
+
+    def cpp_aoti_device_guard(self) -> str:
+        return "openreg_inductor::DeviceGuard"  # defined in cpp_wrapper.PRELUDE
+
+    def cpp_aoti_stream_guard(self) -> str:
+        return "openreg_inductor::StreamGuard"  # AOTInductor's entry; defined in cpp_wrapper.PRELUDE
+
+    def cpp_kernel_type(self) -> str:
+        return "void*"  # AOTInductor's kernel table; openreg kernels are called directly, as the CPU's

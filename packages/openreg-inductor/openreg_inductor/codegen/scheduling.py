@@ -39,12 +39,19 @@ class OpenRegScheduling(CppScheduling):
         fused = get_fused_kernel_name(nodes, config.cpp.descriptive_names) if config.cpp.descriptive_names else ""
         kernel_name = "_".join(["openreg", fused, wrapper.next_kernel_suffix()])
         wrapper.src_to_kernel[src_code] = kernel_name
-        body = src_code.replace(str(Placeholder.KERNEL_NAME), launch.KERNEL_BODY)
+        # The C++ wrapper compiles every kernel into its own translation unit: names must be unique.
+        names = dict(body=f"{kernel_name}_body", entry=kernel_name, namespace=f"{kernel_name}_launch")
+        if not V.graph.cpp_wrapper:
+            names = {}
+        body = src_code.replace(str(Placeholder.KERNEL_NAME), names.get("body", launch.KERNEL_BODY))
         body = body.replace(str(Placeholder.DESCRIPTIVE_NAME), kernel_name).replace("#pragma CMT", "//")
         args = self.kernel_group.args if kernel_args is None else kernel_args
         arg_defs, call_args, arg_types = args.cpp_argdefs()
         host = [t.endswith("*") and _is_host_scalar(c) for c, t in zip(call_args, arg_types, strict=True)]
-        source = body + launch.launcher_source(kernel_name, arg_defs, arg_types, host)
+        source = body + launch.launcher_source(kernel_name, arg_defs, arg_types, host, **names)
+        if V.graph.cpp_wrapper:
+            wrapper.define_kernel(kernel_name, source, gpu=False)
+            return kernel_name
         argtypes = ["uintptr_t", *arg_types]
         wrapper.define_kernel(kernel_name, f"openreg_kernel(async_compile, {argtypes!r}, r'''\n{source}''')", gpu=False)
         return kernel_name

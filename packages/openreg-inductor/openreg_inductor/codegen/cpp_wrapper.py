@@ -1,0 +1,120 @@
+"""The C++ wrapper for openreg graphs (``torch.compile(..., options={"cpp_wrapper": True})``).
+
+Inductor's ``CppWrapperCpu`` writes the graph's ``call`` in C++ and compiles it, with the kernels,
+into one library. For openreg it differs from the CPU's in four places:
+
+- the header: the CPU's wrapper header (the kernels are Inductor's CPU C++), core's C ABI
+  ``<torch_openreg/runtime/OpenRegCApi.h>`` and a small prelude (``PRELUDE``): a device guard
+  for ``DeviceOpOverrides.cpp_aoti_device_guard`` and the current-stream accessor;
+- kernel calls: ``openreg_fused_..._0(openreg_inductor::current_stream(0), ptrs...)``: the launcher
+  (``launch.launcher_source``, with names unique in the translation unit) enqueues the kernel on
+  the calling thread's current stream (``openregCurrentStream``, core's C ABI);
+- fallback operators: their ``aoti_torch_openreg_*`` C shims are generated from torch's schemas
+  (``shims``) and their definitions written into the wrapper's source, once per shim used;
+- building: as CPU code (the CPU's flags and -O3, as for the Python wrapper's kernels), linked to
+  ``libopenreg`` and ``libtorch_openreg``.
+
+Buffers are allocated with ``aoti_torch_empty_strided`` on device type PrivateUse1 (the plugin maps
+"openreg" to ``at::kPrivateUse1`` in ``torch._inductor.codegen.cpp_utils.DEVICE_TO_ATEN``).
+"""
+
+from __future__ import annotations
+
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch._inductor.virtualized import V
+
+from . import launch, shims
+
+DEVICE = "openreg"
+
+PRELUDE = r"""
+#include <torch_openreg/runtime/OpenRegCApi.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
+using namespace torch::aot_inductor;
+
+namespace openreg_inductor {
+// The device guard generated code enters (DeviceOpOverrides.cpp_aoti_device_guard).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int32_t index) : guard_(c10::Device(c10::DeviceType::PrivateUse1, index)) {}
+  void set_index(int32_t index) { guard_.set_index(static_cast<c10::DeviceIndex>(index)); }
+
+ private:
+  c10::DeviceGuard guard_;
+};
+
+// AOTInductor's model entry guards the stream it is given (DeviceOpOverrides.cpp_aoti_stream_guard).
+// openreg kernels run on the calling thread's current stream: a given stream is not made current
+// (core has no C ABI for that yet), only the device is.
+class StreamGuard {
+ public:
+  StreamGuard(void* /*stream*/, int32_t index)
+      : guard_(c10::Device(c10::DeviceType::PrivateUse1, index < 0 ? 0 : index)) {}
+
+ private:
+  c10::DeviceGuard guard_;
+};
+
+// The calling thread's current stream on `device`, as the launchers take it.
+inline uintptr_t current_stream(int32_t device) { return reinterpret_cast<uintptr_t>(openregCurrentStream(device)); }
+}  // namespace openreg_inductor
+"""
+
+
+class OpenRegCppWrapper(CppWrapperCpu):
+    def __init__(self):
+        self.device = DEVICE
+        super().__init__()
+        self.needs_vec_isa = True  # the kernels are Inductor's CPU C++
+        self._shims_defined: set[str] = set()
+        for flag in (*launch.link_flags(), "-ltorch_openreg"):
+            self.external_kernel_libs.add(flag)
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        return OpenRegCppWrapper()
+
+    def add_device_include(self, device: str) -> None:
+        if device != DEVICE:
+            return super().add_device_include(device)
+        if device in self.included_devices:
+            return
+        super().add_device_include("cpu")
+        self.included_devices.add(device)
+        self.header.splice(PRELUDE)
+
+    def _generate_kernel_call_helper(
+        self, kernel_name, call_args, *, device=None, triton=True, arg_types=None, **kwargs
+    ):
+        device = device or V.graph.get_current_device_or_throw()
+        if triton or device.type != DEVICE:
+            return super()._generate_kernel_call_helper(
+                kernel_name, call_args, device=device, triton=triton, arg_types=arg_types, **kwargs
+            )
+        args = [f"openreg_inductor::current_stream({device.index or 0})"]
+        for arg, arg_type in zip(call_args, arg_types, strict=True):
+            is_pointer = isinstance(arg_type, str) and "*" in arg_type
+            args.append(f"({arg_type})({arg}.data_ptr())" if is_pointer else str(arg))
+        self.writeline(self.wrap_kernel_call(kernel_name, args))
+
+    def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs) -> None:
+        if device == DEVICE:
+            name = self.get_c_shim_func_name(kernel, device)
+            if name not in self._shims_defined:
+                shim = shims.shim_for(name)
+                if shim is None:
+                    raise NotImplementedError(f"openreg-inductor has no C shim for {kernel} ({name})")
+                self.add_device_include(DEVICE)
+                self.header.splice(shim.include)
+                self.header.splice(shim.definition)
+                self._shims_defined.add(name)
+        super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
+
+    def _generate_end_jit(self, result) -> None:
+        # Build the wrapper library as CPU code (CPU flags, -O3; Inductor builds other device types at -O1).
+        self.device = "cpu"
+        try:
+            super()._generate_end_jit(result)
+        finally:
+            self.device = DEVICE

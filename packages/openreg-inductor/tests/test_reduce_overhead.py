@@ -1,0 +1,195 @@
+"""mode="reduce-overhead" on openreg (openreg_inductor/graphs.py): compiled graphs recorded as openreg
+device graphs and replayed with one graph launch per call, each call compared with CPU Inductor on
+the same inputs; new input signatures record new graphs; graph-unsafe graphs run as ordinary compiled
+code with a warning that says why."""
+
+import copy
+
+import torch
+from torch._dynamo.utils import counters
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+RO = dict(mode="reduce-overhead")
+
+
+def delta(before, after):
+    return {k: after[k] - before[k] for k in ("kernels_launched", "memcpy_h2d", "memcpy_d2h", "memcpy_d2d")}
+
+
+@torch.library.custom_op("openreg_inductor_test::host_round_trip", mutates_args=())
+def host_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """Reads the tensor on the host: an openreg graph cannot capture that (the copy waits)."""
+    return x.cpu().to(x.device) + 1
+
+
+@host_round_trip.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class GraphModeTest(TestCase):
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        counters.clear()
+
+    def graphs(self):
+        return {k: counters["openreg_graphs"][k] for k in ("recorded", "replayed", "skipped")}
+
+
+class TestReplay(GraphModeTest):
+    def test_one_graph_launch_per_call(self):
+        """After the warm-up and the recording, a call is: the non-static input copied into the graph's
+        buffer, one graph launch, the outputs copied out; no kernel launched one by one, nothing copied
+        between host and device. Parameters are static inputs: used in place, not copied."""
+        torch.manual_seed(0)
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(32, 48)
+
+            def forward(self, x):
+                y = self.lin(x)
+                return torch.softmax(y, dim=-1) * 2, y.relu().sum()
+
+        cpu_model = M()
+        or_model = copy.deepcopy(cpu_model).to("openreg")
+        cpu_compiled, or_compiled = torch.compile(cpu_model, **RO), torch.compile(or_model, **RO)
+        with torch.no_grad():
+            for i in range(4):
+                x = torch.randn(16, 32)
+                expected = cpu_compiled(x)
+                x_or = x.to("openreg")
+                torch.openreg.synchronize()
+                before = torch.openreg._runtime_counters()
+                out = or_compiled(x_or)
+                after = torch.openreg._runtime_counters()
+                self.assertEqual([t.cpu() for t in out], list(expected), atol=1e-5, rtol=1e-5)
+        self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
+        # The last call replayed: 1 input + 2 outputs copied on the device, no kernel launched.
+        expected_delta = {"kernels_launched": 0, "memcpy_h2d": 0, "memcpy_d2h": 0, "memcpy_d2d": 3}
+        self.assertEqual(delta(before, after), expected_delta)
+
+    def test_new_shapes_record_new_graphs(self):
+        """dynamic=True: one compile, one graph per size, each size replayed afterwards."""
+
+        def f(x, y):
+            return (x.sin() * y + 1).sum(-1), x.cos()
+
+        cpu_f, or_f = torch.compile(f, dynamic=True, **RO), torch.compile(f, dynamic=True, **RO)
+        for n in (8, 8, 5, 5, 5, 8, 8):
+            x, y = torch.randn(n, 24), torch.randn(n, 24)
+            out = or_f(x.to("openreg"), y.to("openreg"))
+            self.assertEqual([t.cpu() for t in out], list(cpu_f(x, y)))
+        self.assertEqual(counters["stats"]["unique_graphs"], 2)  # one graph each for openreg and the CPU
+        self.assertEqual(self.graphs(), {"recorded": 2, "replayed": 5, "skipped": 0})
+
+    def test_input_mutation(self):
+        """A mutated input that is not static is copied into the graph and back to the caller's tensor."""
+
+        def f(x, y):
+            x.mul_(2).add_(y)
+            return x * y
+
+        cpu_f, or_f = torch.compile(f, **RO), torch.compile(f, **RO)
+        for _ in range(4):
+            x, y = torch.randn(40), torch.randn(40)
+            x_or, y_or = x.to("openreg"), y.to("openreg")
+            self.assertEqual(or_f(x_or, y_or).cpu(), cpu_f(x, y))
+            self.assertEqual(x_or.cpu(), x)
+        self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
+
+    def test_training_step(self):
+        """Forward and backward graphs (AOTAutograd) and the optimizer step, each replayed as a graph,
+        four SGD steps against CPU Inductor."""
+        torch.manual_seed(0)
+        cpu_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        or_model = copy.deepcopy(cpu_model).to("openreg")
+
+        def make(model):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            forward = torch.compile(model, **RO)
+
+            @torch.compile(**RO)
+            def step():
+                opt.step()
+                opt.zero_grad()
+
+            def train(x, y):
+                loss = torch.nn.functional.mse_loss(forward(x), y)
+                loss.backward()
+                step()
+                return loss.detach()
+
+            return train
+
+        cpu_train, or_train = make(cpu_model), make(or_model)
+        for _ in range(4):
+            x, y = torch.randn(8, 16), torch.randn(8, 4)
+            self.assertEqual(or_train(x.to("openreg"), y.to("openreg")).cpu(), cpu_train(x, y), atol=1e-5, rtol=1e-5)
+        for p_or, p_cpu in zip(or_model.parameters(), cpu_model.parameters(), strict=True):
+            self.assertEqual(p_or.cpu(), p_cpu, atol=1e-5, rtol=1e-5)
+        self.assertGreaterEqual(counters["openreg_graphs"]["recorded"], 3)  # forward, backward, step
+        self.assertEqual(counters["openreg_graphs"]["skipped"], 0)
+
+    def test_random_numbers_fresh_and_as_without_graphs(self):
+        """Replays draw fresh random numbers (core re-seeds captured random ops from the generator),
+        the same ones the ordinary compiled code draws under the same seed."""
+
+        def f(x):
+            return torch.nn.functional.dropout(x, 0.5, training=True) + 1
+
+        x = torch.randn(512, device="openreg")
+        graphed, plain = torch.compile(f, **RO), torch.compile(f)
+        graphed(x), graphed(x)  # warm-up, recording
+        torch.openreg.manual_seed(5)
+        replays = [graphed(x).cpu() for _ in range(3)]
+        torch.openreg.manual_seed(5)
+        ordinary = [plain(x).cpu() for _ in range(3)]
+        self.assertNotEqual(replays[0], replays[1])
+        self.assertEqual(replays, ordinary)
+        self.assertEqual(counters["openreg_graphs"]["recorded"], 1)
+
+
+class TestFallback(GraphModeTest):
+    def test_cpu_scalar_graph_runs_without_a_graph(self):
+        def f(x, s):
+            return x * s + 1
+
+        cpu_f, or_f = torch.compile(f, **RO), torch.compile(f, **RO)
+        with self.assertWarnsRegex(UserWarning, "runs this graph without an openreg graph: it uses cpu tensors"):
+            or_f(torch.ones(10, device="openreg"), torch.tensor(2.0))
+        for value in (3.0, 4.0, 5.0):  # a recorded graph would have kept the first scalar
+            x, s = torch.randn(10), torch.tensor(value)
+            self.assertEqual(or_f(x.to("openreg"), s).cpu(), cpu_f(x, s))
+        self.assertEqual(self.graphs(), {"recorded": 0, "replayed": 0, "skipped": 1})
+
+    def test_refused_capture_runs_without_a_graph(self):
+        """An operation that waits for the device inside the graph: the runtime refuses the capture,
+        the graph runs as ordinary compiled code from then on."""
+
+        def f(x):
+            return host_round_trip(x.sin()) * 2
+
+        cpu_f, or_f = torch.compile(f, **RO), torch.compile(f, **RO)
+        x = torch.randn(64)
+        self.assertEqual(or_f(x.to("openreg")).cpu(), cpu_f(x))  # warm-up
+        with self.assertWarnsRegex(UserWarning, "runs this graph without an openreg graph: the capture failed: "):
+            out = or_f(x.to("openreg"))
+        self.assertEqual(out.cpu(), cpu_f(x))
+        x = torch.randn(64)
+        self.assertEqual(or_f(x.to("openreg")).cpu(), cpu_f(x))
+        self.assertEqual(self.graphs(), {"recorded": 0, "replayed": 0, "skipped": 1})
+
+    def test_or_error(self):
+        from torch._inductor import config
+
+        with config.patch({"triton.cudagraph_or_error": True}):
+            f = torch.compile(lambda x, s: x + s, **RO)
+            with self.assertRaisesRegex(Exception, "runs this graph without an openreg graph: it uses cpu tensors"):
+                f(torch.ones(4, device="openreg"), torch.tensor(2.0))
+
+
+if __name__ == "__main__":
+    run_tests()
