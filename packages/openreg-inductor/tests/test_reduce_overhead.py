@@ -12,8 +12,11 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 RO = dict(mode="reduce-overhead")
 
 
+COUNTED = ("graphs_launched", "kernels_launched", "memcpy_h2d", "memcpy_d2h", "memcpy_d2d")
+
+
 def delta(before, after):
-    return {k: after[k] - before[k] for k in ("kernels_launched", "memcpy_h2d", "memcpy_d2h", "memcpy_d2d")}
+    return {k: after[k] - before[k] for k in COUNTED}
 
 
 @torch.library.custom_op("openreg_inductor_test::host_round_trip", mutates_args=())
@@ -67,8 +70,15 @@ class TestReplay(GraphModeTest):
                 after = torch.openreg._runtime_counters()
                 self.assertEqual([t.cpu() for t in out], list(expected), atol=1e-5, rtol=1e-5)
         self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
-        # The last call replayed: 1 input + 2 outputs copied on the device, no kernel launched.
-        expected_delta = {"kernels_launched": 0, "memcpy_h2d": 0, "memcpy_d2h": 0, "memcpy_d2d": 3}
+        # The last call replayed: one graph launched, 1 input + 2 outputs copied on the device, no kernel
+        # launched one by one.
+        expected_delta = {
+            "graphs_launched": 1,
+            "kernels_launched": 0,
+            "memcpy_h2d": 0,
+            "memcpy_d2h": 0,
+            "memcpy_d2d": 3,
+        }
         self.assertEqual(delta(before, after), expected_delta)
 
     def test_new_shapes_record_new_graphs(self):
