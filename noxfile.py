@@ -185,6 +185,11 @@ def inductor(session: nox.Session) -> None:
     shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
     session.run("pytest", str(ROOT / "packages" / "openreg-inductor" / "tests"), *session.posargs, env=env)
+    # PyTorch's dynamo-wrapped test mode over a curated part of core's suite: the device API and
+    # registration tests (the generated backend-type methods, autograd's device threads). The whole
+    # suite under it takes well over an hour on 2 cores: see docs/mechanisms/compiler.md.
+    wrapped = [str(CORE / "tests" / name) for name in ("test_device.py", "test_registration.py")]
+    session.run("pytest", *wrapped, env={**env, "PYTORCH_TEST_WITH_DYNAMO": "1"})
 
 
 @nox.session(python=PYTHON, requires=["build"])
