@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "aten/OpenRegFallback.h"
+#include "openreg/faults.h"
 #include "runtime/OpenRegCachingAllocator.h"
 #include "runtime/OpenRegException.h"
 #include "runtime/OpenRegFunctions.h"
@@ -175,6 +176,9 @@ PYBIND11_MODULE(_C, m) {
     out["graph_items_launched"] = c.graphItemsLaunched;
     return out;
   });
+
+  // fault injection (tests): the OPENREG_FAULTS syntax, "" disarms
+  m.def("_inject_faults", [](const std::string& spec) { OPENREG_CHECK(orInjectFaults(spec.c_str())); });
 
   // streams
   m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(d)); });

@@ -293,6 +293,7 @@ class DeviceCache {
     exchange_device(previous);
     if (st == orErrorMemoryAllocation) {
       stats_.num_ooms++;
+      const std::string cause = orGetLastErrorMessage();  // the runtime's reason (e.g. an injected fault)
       size_t free_bytes = 0, total = 0;
       const auto prev = exchange_device(device_);
       orMemGetInfo(&free_bytes, &total);
@@ -304,7 +305,8 @@ class DeviceCache {
                        format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ",
                        format_size(agg(stats_.reserved_bytes)),
                        " reserved by PyTorch. Free tensors, call torch.openreg.empty_cache(), or raise "
-                       "OPENREG_DEVICE_MEMORY.");
+                       "OPENREG_DEVICE_MEMORY. (The runtime said: ",
+                       cause, ")");
     }
     OPENREG_CHECK(st);
     stats_.num_device_alloc++;

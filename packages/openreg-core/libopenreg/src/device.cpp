@@ -99,6 +99,7 @@ Runtime* create_runtime() {
   long wait_spin_us = kDefaultWaitSpinUs;
   read_whole_env("OPENREG_WAIT_SPIN_US", 0, kMaxSpinUs, " of microseconds", &wait_spin_us, &rt->config_error);
   rt->wait_spin_ns = static_cast<uint64_t>(wait_spin_us) * 1000;
+  faults_from_env(rt->device_count, &rt->config_error);
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
   platform::on_fork_child(mark_forked);

@@ -101,6 +101,7 @@ struct CopyArgs {
   char* dst;
   const char* src;
   size_t count;
+  const char* fault = nullptr;  // an injected failure's message (see faults.cpp)
 };
 
 orStatus copy_kernel(void* p) {
@@ -108,6 +109,8 @@ orStatus copy_kernel(void* p) {
   std::memcpy(a->dst, a->src, a->count);
   return orSuccess;
 }
+
+orStatus failed_copy_kernel(void* p) { return orKernelFail(static_cast<CopyArgs*>(p)->fault); }
 
 struct SetArgs {
   char* dst;
@@ -173,6 +176,11 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   item.args = new CopyArgs{kernel_address(d, dst), kernel_address(s, src), count};
   item.deleter = delete_args<CopyArgs>;
   item.name = "openreg::memcpy";
+  if (g_faults_armed.load(std::memory_order_relaxed))
+    if (const char* fault = fault_on_copy(*str)) {
+      static_cast<CopyArgs*>(item.args)->fault = fault;
+      item.fn = failed_copy_kernel;
+    }
   uint64_t seq = str->enqueue(item);
   if (sync || pageable) str->completed.wait_for(seq);
   return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
@@ -213,6 +221,8 @@ orStatus orMalloc(void** ptr, size_t size) {
   Device* dev = nullptr;
   if (orStatus st = current_device(&dev)) return st;
   if (size == 0) return orSuccess;
+  if (g_faults_armed.load(std::memory_order_relaxed))
+    if (orStatus st = fault_on_malloc(dev->index)) return st;
   if (size > dev->arena.size) size = dev->arena.size + 1;  // fails below, without overflow
   const size_t need = round_up(size, kAlignment);
   std::lock_guard<std::mutex> lock(dev->mem_mu);

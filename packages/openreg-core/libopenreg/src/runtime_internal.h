@@ -326,6 +326,19 @@ inline void trace_prepare(WorkItem& item) {
   item.enqueue_ns = platform::now_ns();
 }
 
+// ---- fault injection (faults.cpp; syntax in include/openreg/faults.h) ----
+// Set while faults are armed: each hook below is called only then (one relaxed load when off).
+extern std::atomic<bool> g_faults_armed;
+// Arms the faults in OPENREG_FAULTS (read when the runtime is created); a malformed value sets `error`.
+void faults_from_env(int device_count, std::string* error);
+// orMalloc on `device`: an injected failure (fail() called), or orSuccess.
+orStatus fault_on_malloc(int device);
+// A copy issued on `stream`: the failure message its work item reports instead of copying, or nullptr.
+const char* fault_on_copy(Stream& stream);
+// On the worker, before `item` runs on `stream`: waits for slow clauses; true (and `message`) when
+// the item is to fail instead of running.
+bool fault_on_run(const Stream& stream, const WorkItem& item, std::string* message);
+
 // Device whose arena contains `ptr`, or nullptr.
 Device* device_of(const void* ptr);
 

@@ -164,22 +164,28 @@ void Stream::worker_loop() {
     current_device_index() = device;
     t_in_kernel = true;
     t_kernel_error.clear();
-    orStatus st;
+    orStatus st = orSuccess;
+    // An injected fault (faults.cpp) may delay the item or fail it instead of running it.
+    const bool injected = g_faults_armed.load(std::memory_order_relaxed) && fault_on_run(*this, item, &t_kernel_error);
     const uint64_t start_ns = item.traced ? platform::now_ns() : 0;
-    try {
-      st = item.fn(item.args);
-    } catch (const std::exception& e) {
-      t_kernel_error = e.what();
+    if (injected) {
       st = orErrorLaunchFailure;
+    } else {
+      try {
+        st = item.fn(item.args);
+      } catch (const std::exception& e) {
+        t_kernel_error = e.what();
+        st = orErrorLaunchFailure;
 #if defined(__GLIBCXX__)
-    } catch (abi::__forced_unwind&) {
-      // The thread is being ended (pthread_exit: Python ends a thread that asks for the GIL
-      // while the interpreter shuts down). Swallowing this would abort the process.
-      throw;
+      } catch (abi::__forced_unwind&) {
+        // The thread is being ended (pthread_exit: Python ends a thread that asks for the GIL
+        // while the interpreter shuts down). Swallowing this would abort the process.
+        throw;
 #endif
-    } catch (...) {
-      t_kernel_error = "unknown exception";
-      st = orErrorLaunchFailure;
+      } catch (...) {
+        t_kernel_error = "unknown exception";
+        st = orErrorLaunchFailure;
+      }
     }
     t_in_kernel = false;
     if (item.traced) trace_record(*this, item, start_ns, platform::now_ns());

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "openreg/faults.h"
 #include "openreg/runtime.h"
 #include "openreg/runtime.hpp"
 
@@ -1976,6 +1977,340 @@ TEST(ipc_handle_of_an_exited_process) {
   CHECK(p == nullptr);
   close(to_peer);
   close(from_peer);
+}
+
+// ===========================================================================
+// Fault injection (include/openreg/faults.h): each fault acts where documented,
+// names itself, and leaves the runtime working; other streams and devices run on.
+
+namespace {
+
+std::string hex_handle(orStream_t s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s)));
+  return buf;
+}
+
+void check_all_memory_free() {
+  int count = 0;
+  CHECK_OK(orGetDeviceCount(&count));
+  int previous = 0;
+  CHECK_OK(orGetDevice(&previous));
+  for (int d = 0; d < count; ++d) {
+    CHECK_OK(orSetDevice(d));
+    size_t free_b = 0, total = 0;
+    CHECK_OK(orMemGetInfo(&free_b, &total));
+    CHECK_EQ(free_b, total);
+  }
+  CHECK_OK(orSetDevice(previous));
+}
+
+}  // namespace
+
+TEST(faults_malformed_specs_are_refused) {
+  const char* bad[][2] = {
+      {"bogus:1", "unknown fault 'bogus'"},
+      {"alloc", "no ':'"},
+      {"alloc:0", "not N or N:K"},
+      {"alloc:1:0", "not N or N:K"},
+      {"alloc:-1", "not N or N:K"},
+      {"alloc@7:1", "not a device index from 0 to 1"},
+      {"alloc@0x200000001:1", "not a stream"},
+      {"copy:x", "not N or N:K"},
+      {"kernel:", "no kernel name"},
+      {"kernel:openreg::wait_event", "cannot be failed"},
+      {"slow:abc", "milliseconds"},
+      {"slow@0x:5", "not a stream handle"},
+      {"alloc:1,,copy:1", "an empty clause"},
+  };
+  for (auto& b : bad) {
+    CHECK_STATUS(orErrorInvalidValue, orInjectFaults(b[0]));
+    CHECK_MESSAGE_HAS(b[1]);
+    CHECK_MESSAGE_HAS(std::string("clause '"));
+  }
+  // A refused spec leaves the armed faults as they were.
+  CHECK_OK(orInjectFaults("alloc:1"));
+  CHECK_STATUS(orErrorInvalidValue, orInjectFaults("alloc:zero"));
+  void* p = nullptr;
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, 4096));
+  CHECK_OK(orInjectFaults(nullptr));
+  CHECK_OK(orMalloc(&p, 4096));
+  CHECK_OK(orFree(p));
+}
+
+TEST(faults_alloc_fails_the_nth_allocation) {
+  CHECK_OK(orInjectFaults("alloc@1:2:2"));  // the 2nd and 3rd allocations on device 1
+  void* on0[4] = {};
+  for (auto& p : on0) CHECK_OK(orMalloc(&p, 4096));  // device 0 is not counted
+  CHECK_OK(orSetDevice(1));
+  void* a = nullptr;
+  void* b = reinterpret_cast<void*>(0x1);
+  CHECK_OK(orMalloc(&a, 4096));
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&b, 4096));
+  CHECK(b == nullptr);
+  CHECK_MESSAGE_HAS("fault injected by OPENREG_FAULTS (alloc@1:2:2): allocation 2 on openreg device 1");
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&b, 4096));
+  CHECK_MESSAGE_HAS("allocation 3");
+  CHECK_OK(orMalloc(&b, 4096));  // the 4th works again
+  CHECK_OK(orFree(a));
+  CHECK_OK(orFree(b));
+  // Counts restart when armed again; an unqualified clause counts every device's allocations.
+  CHECK_OK(orInjectFaults("alloc:2"));
+  CHECK_OK(orMalloc(&a, 512));
+  CHECK_OK(orSetDevice(0));
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&b, 512));
+  CHECK_OK(orMalloc(&b, 512));
+  CHECK_OK(orFree(a));
+  CHECK_OK(orFree(b));
+  for (auto& p : on0) CHECK_OK(orFree(p));
+  CHECK_OK(orInjectFaults(""));
+  check_all_memory_free();
+}
+
+TEST(faults_kernel_fails_by_name_once) {
+  orStream_t a = nullptr, b = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  CHECK_OK(orInjectFaults(("kernel@" + hex_handle(a) + ":test::doomed").c_str()));
+  std::atomic<int> ran_a{0}, ran_b{0}, other{0};
+  CHECK_OK(openreg::launch(b, "test::doomed", [&] { ran_b++; }));  // another stream: not targeted
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK_EQ(ran_b.load(), 1);
+  CHECK_OK(openreg::launch(a, "test::before", [&] { other++; }));
+  CHECK_OK(openreg::launch(a, "test::doomed", [&] { ran_a++; }));
+  CHECK_OK(openreg::launch(a, "test::after", [&] { other++; }));
+  // Device 1 is not affected.
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(openreg::launch(nullptr, "test::doomed", [&] { other++; }));
+  CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orSetDevice(0));
+  // Deferred: the launch succeeded, the next synchronising call reports it, naming the kernel.
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(a));
+  CHECK_MESSAGE_HAS("kernel 'test::doomed' failed on openreg device 0: fault injected by OPENREG_FAULTS (kernel@");
+  CHECK_EQ(ran_a.load(), 0);  // it did not run
+  CHECK_EQ(other.load(), 3);  // the work around it did
+  CHECK_OK(orStreamSynchronize(a));
+  // Once: the next one runs.
+  CHECK_OK(openreg::launch(a, "test::doomed", [&] { ran_a++; }));
+  CHECK_OK(orStreamSynchronize(a));
+  CHECK_EQ(ran_a.load(), 1);
+  // Untargeted: the first kernel of that name on any stream; arming again re-arms it.
+  CHECK_OK(orInjectFaults("kernel:test::doomed"));
+  CHECK_OK(openreg::launch(b, "test::doomed", [&] { ran_b++; }));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_EQ(ran_b.load(), 1);
+  CHECK_OK(orInjectFaults(""));
+  check_stream_still_runs(a);
+  check_stream_still_runs(b);
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+}
+
+TEST(faults_copy_fails_on_the_device) {
+  const size_t n = 4096;
+  std::vector<unsigned char> host = pattern(n, 3), back(n, 0);
+  void* d = nullptr;
+  void* d2 = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  CHECK_OK(orMalloc(&d2, n));
+  CHECK_OK(orMemset(d2, 0, n));  // a memset is not a copy
+  CHECK_OK(orInjectFaults("copy:2"));
+  CHECK_OK(orMemcpy(d, host.data(), n, orMemcpyHostToDevice));  // copy 1
+  // Copy 2, synchronous: reported at the call, naming the copy; the host buffer is not written.
+  CHECK_STATUS(orErrorLaunchFailure, orMemcpy(back.data(), d, n, orMemcpyDeviceToHost));
+  CHECK_MESSAGE_HAS("kernel 'openreg::memcpy' failed on openreg device 0: fault injected by OPENREG_FAULTS (copy:2)");
+  CHECK(std::all_of(back.begin(), back.end(), [](unsigned char c) { return c == 0; }));
+  CHECK_OK(orMemcpy(back.data(), d, n, orMemcpyDeviceToHost));  // copy 3 works
+  CHECK(back == host);
+  // Asynchronous, on a targeted stream: reported at the next synchronisation.
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orInjectFaults(("copy@" + hex_handle(s) + ":1").c_str()));
+  CHECK_OK(orMemcpyAsync(d2, d, n, orMemcpyDeviceToDevice, nullptr));  // another stream: copies
+  CHECK_OK(orStreamSynchronize(nullptr));
+  CHECK_OK(orMemcpyAsync(d2, host.data(), 16, orMemcpyHostToDevice, s));  // fails on s
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("openreg::memcpy");
+  CHECK_OK(orMemcpy(back.data(), d2, n, orMemcpyDeviceToHost));
+  CHECK(back == host);  // the D2D copy landed, the failed H2D did not overwrite it
+  CHECK_OK(orInjectFaults(""));
+  CHECK_OK(orStreamDestroy(s));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orFree(d2));
+  check_all_memory_free();
+}
+
+// No timing assumption: the slowed item waits a minute unless disarming ends the wait, and the
+// test disarms as soon as it has seen the other stream and device finish meanwhile.
+TEST(faults_slow_stream_delays_only_its_stream) {
+  orStream_t a = nullptr, b = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  CHECK_OK(orInjectFaults(("slow@" + hex_handle(a) + ":60000").c_str()));
+  std::atomic<int> ran_a{0}, ran_b{0}, ran_1{0};
+  CHECK_OK(openreg::launch(a, "test::slowed", [&] { ran_a++; }));
+  CHECK_OK(openreg::launch(b, "test::quick", [&] { ran_b++; }));
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(openreg::launch(nullptr, "test::quick", [&] { ran_1++; }));
+  CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orSetDevice(0));
+  CHECK_EQ(ran_b.load(), 1);
+  CHECK_EQ(ran_1.load(), 1);
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(a));
+  CHECK_EQ(ran_a.load(), 0);
+  CHECK_OK(orInjectFaults(""));  // ends the wait
+  CHECK_OK(orStreamSynchronize(a));
+  CHECK_EQ(ran_a.load(), 1);
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+}
+
+// OPENREG_FAULTS is read when the runtime starts (test_runtime.py::CASE_ENV sets it).
+TEST(faults_from_environment) {
+  const char* env = std::getenv("OPENREG_FAULTS");
+  if (!env || std::string(env) != "alloc@0:1,kernel:test::from_env")
+    skip_now("needs OPENREG_FAULTS=alloc@0:1,kernel:test::from_env (test_runtime.py sets it)");
+  void* p = nullptr;
+  CHECK_STATUS(orErrorMemoryAllocation, orMalloc(&p, 512));
+  CHECK_MESSAGE_HAS("(alloc@0:1)");
+  CHECK_OK(orMalloc(&p, 512));
+  CHECK_OK(openreg::launch(nullptr, "test::from_env", [] {}));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("test::from_env");
+  CHECK_OK(orFree(p));
+  check_all_memory_free();
+}
+
+TEST(config_invalid_faults) { check_config_rejected("OPENREG_FAULTS", "alloc:zero"); }
+
+// ===========================================================================
+// Soak: host threads on both devices issue random work (allocations, memsets, copies in every
+// direction, kernels, events, short-lived streams) while a controller thread keeps arming and
+// disarming faults (a named kernel, allocations, slow streams). Every result that no fault
+// touched is checked; every error must be an injected one; at the end all memory is free and
+// every stream runs. Short under the sanitizers (OPENREG_TEST_SCALE scales it).
+
+TEST(soak_random_work_under_faults) {
+  const double scale = test_scale();
+  const int kThreads = 4;
+  const int iters = std::max(50, static_cast<int>(8000 * scale));
+  int device_count = 0;
+  CHECK_OK(orGetDeviceCount(&device_count));
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> injected_errors{0}, checked{0};
+  // An error must be one the controller injected; the work that got it is redone or dropped.
+  auto tolerate = [&](orStatus st) {
+    if (st == orSuccess) return true;
+    const std::string msg = orGetLastErrorMessage();
+    if ((st == orErrorLaunchFailure || st == orErrorMemoryAllocation) &&
+        contains(msg, "fault injected by OPENREG_FAULTS")) {
+      injected_errors++;
+      return false;
+    }
+    FAIL("an error no fault explains: " + status_str(st) + ": " + msg);
+  };
+  std::thread controller([&] {
+    const char* specs[] = {"kernel:soak::doomed",       "alloc:3", "slow@0:1", "kernel@1:soak::doomed,alloc@0:2:2", "",
+                           "slow:0,kernel:soak::doomed"};
+    unsigned k = 0;
+    while (!stop.load()) {
+      CHECK_OK(orInjectFaults(specs[k++ % (sizeof(specs) / sizeof(specs[0]))]));
+      std::this_thread::sleep_for(2ms);
+    }
+    CHECK_OK(orInjectFaults(""));
+  });
+  auto worker = [&](int t) {
+    unsigned rng = 12345u + 977u * static_cast<unsigned>(t);
+    auto next = [&rng] { return rng = rng * 1103515245u + 12345u, (rng >> 8) & 0xffffff; };
+    const int dev = t % device_count;
+    CHECK_OK(orSetDevice(dev));
+    orStream_t streams[2] = {};
+    for (auto& s : streams) CHECK_OK(orStreamCreate(&s));
+    for (int i = 0; i < iters; ++i) {
+      orStream_t s = streams[next() % 2];
+      switch (next() % 5) {
+        case 0: {  // a round trip through device memory, checked
+          const size_t n = 512 + next() % 65536;
+          void* d = nullptr;
+          if (!tolerate(orMalloc(&d, n))) break;
+          std::vector<unsigned char> in = pattern(n, next()), out(n);
+          bool ok = tolerate(orMemcpyAsync(d, in.data(), n, orMemcpyHostToDevice, s));
+          ok = tolerate(orMemcpyAsync(out.data(), d, n, orMemcpyDeviceToHost, s)) && ok;
+          // Pageable copies are done on return; a failed kernel's error may surface at this sync.
+          tolerate(orStreamSynchronize(s));
+          if (ok) {
+            if (out != in) FAIL("a round trip through device memory changed the data");
+            checked++;
+          }
+          CHECK_OK(orFree(d));
+          break;
+        }
+        case 1: {  // a device-to-device copy and a memset, checked by a kernel
+          const size_t n = 4096;
+          void* a = nullptr;
+          void* b = nullptr;
+          if (!tolerate(orMalloc(&a, n))) break;
+          if (!tolerate(orMalloc(&b, n))) {
+            CHECK_OK(orFree(a));
+            break;
+          }
+          const int v = static_cast<int>(next() % 250) + 1;
+          std::atomic<int>* seen = new std::atomic<int>(-1);
+          CHECK_OK(orMemsetAsync(a, v, n, s));
+          CHECK_OK(orMemcpyAsync(b, a, n, orMemcpyDeviceToDevice, s));
+          CHECK_OK(openreg::launch(s, "soak::check", [b, n, seen] {
+            auto* k = static_cast<unsigned char*>(openreg::kernel_pointer(b));
+            seen->store(k[0] == k[n - 1] ? k[0] : -2);
+          }));
+          tolerate(orStreamSynchronize(s));
+          if (seen->load() != v) FAIL("memset + copy on the device gave " + std::to_string(seen->load()));
+          checked++;
+          delete seen;
+          CHECK_OK(orFree(a));
+          CHECK_OK(orFree(b));
+          break;
+        }
+        case 2:  // a kernel the controller may fail: its result is not checked
+          CHECK_OK(openreg::launch(s, "soak::doomed", [] {}));
+          break;
+        case 3: {  // ordering between the two streams through an event
+          orEvent_t ev = nullptr;
+          CHECK_OK(orEventCreateWithFlags(&ev, orEventDisableTiming));
+          CHECK_OK(orEventRecord(ev, streams[0]));
+          CHECK_OK(orStreamWaitEvent(streams[1], ev, 0));
+          CHECK_OK(orEventDestroy(ev));
+          break;
+        }
+        default: {  // a short-lived stream
+          orStream_t tmp = nullptr;
+          CHECK_OK(orStreamCreate(&tmp));
+          CHECK_OK(openreg::launch(tmp, "soak::tmp", [] {}));
+          CHECK_OK(orStreamDestroy(tmp));
+          break;
+        }
+      }
+    }
+    for (auto& s : streams) {
+      tolerate(orStreamSynchronize(s));
+      CHECK_OK(orStreamDestroy(s));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  stop = true;
+  controller.join();
+  for (int d = 0; d < device_count; ++d) {  // report what is left, then every device is clean
+    CHECK_OK(orSetDevice(d));
+    tolerate(orDeviceSynchronize());
+    CHECK_OK(orDeviceSynchronize());
+    check_stream_still_runs(nullptr);
+  }
+  check_all_memory_free();
+  CHECK(checked.load() > 0);
+  std::printf("%d threads x %d iterations: %llu results checked, %llu injected errors reported\n", kThreads, iters,
+              static_cast<unsigned long long>(checked.load()), static_cast<unsigned long long>(injected_errors.load()));
 }
 
 // ===========================================================================

@@ -38,6 +38,8 @@ CASE_ENV: dict[str, dict[str, str]] = {
     "config_device_memory_overflow": {"OPENREG_DEVICE_MEMORY": "17179869184G"},
     "config_invalid_spin": {"OPENREG_SPIN_US": "abc"},
     "config_invalid_wait_spin": {"OPENREG_WAIT_SPIN_US": "-1"},
+    "config_invalid_faults": {"OPENREG_FAULTS": "alloc:zero"},
+    "faults_from_environment": {"OPENREG_FAULTS": "alloc@0:1,kernel:test::from_env"},
 }
 
 # Cases that pass only by dying with a signal.

@@ -287,6 +287,12 @@ def _runtime_counters() -> Dict[str, int]:
     return _C._runtime_counters()
 
 
+def _inject_faults(spec: str) -> None:
+    """Arms the runtime's fault injection with ``spec`` (the ``OPENREG_FAULTS`` syntax, see
+    docs/mechanisms/fault-injection.md; ``""`` disarms). For tests; replaces what was armed."""
+    _C._inject_faults(spec)
+
+
 def fallback_op_counts() -> Dict[str, int]:
     """How many calls of each operator went through the generic (fallback) path."""
     return dict(_C._fallback_counts())
