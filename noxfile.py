@@ -108,7 +108,8 @@ def build(session: nox.Session) -> None:
     """Builds every C++ package once per run: openreg-core, then the plugins against that core
     (sdists into dist/, and a wheel from each sdist)."""
     session.install(*BASE)
-    session.install(TORCH, "cmake", "ninja", "build")
+    # nlohmann-json: the JSON header openreg-distributed's flight recorder needs (torch ships none).
+    session.install(TORCH, "cmake", "ninja", "build", "nlohmann-json==3.12.0")
     DIST.mkdir(exist_ok=True)
     _sdist_then_wheel(session, CORE, "openreg_core")
     # Plugins compile against the installed core's headers and link its libraries.

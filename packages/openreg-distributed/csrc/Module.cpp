@@ -1,6 +1,7 @@
 // The Python face of occl (openreg_distributed._C): the backend class handed to
 // torch.distributed, and DDP's reducer timer for openreg.
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
@@ -63,8 +64,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<OcclBackend, c10d::Backend, c10::intrusive_ptr<OcclBackend>>(m, "OcclBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const c10::intrusive_ptr<c10d::Backend>& transport,
-                       const py::object& make_transport) {
+                       const py::object& make_transport, std::vector<uint64_t> global_ranks,
+                       const std::string& group_name) {
              auto options = c10::make_intrusive<OcclBackend::Options>(timeout);
+             options->global_ranks_in_group = std::move(global_ranks);
+             options->group_name = group_name;
              OcclBackend::TransportFactory factory;
              if (!make_transport.is_none()) {
                // The Python callable, released with the GIL whichever thread drops the last backend.
@@ -82,7 +86,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                      std::make_shared<GlooTransport>(transport), std::move(factory));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport"),
-           py::arg("make_transport") = py::none(),
+           py::arg("make_transport") = py::none(), py::arg("global_ranks") = std::vector<uint64_t>(),
+           py::arg("group_name") = "",
            "An occl backend over `transport`, a c10d Gloo backend of the same ranks; `make_transport(store, rank, "
            "size, timeout)` makes the transport of a split group.")
       .def_property_readonly("transport_name", [](const OcclBackend& b) { return b.transport()->name(); })
@@ -92,4 +97,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("options", [](OcclBackend&) { return py::none(); })
       // A rank outside a new group of a group bound to a device: Gloo's rendezvous needs nothing from it.
       .def("perform_nocolor_split", [](OcclBackend&, const c10::Device&) {});
+
+  // occl's flight recorder (see csrc/Trace.hpp), in the formats of torch's _dump_fr_trace(_json).
+  m.def(
+      "_dump_flight_recorder",
+      [](bool include_collectives, bool include_stack_traces, bool only_active) {
+        return py::bytes(openreg_distributed::trace::dump(include_collectives, include_stack_traces, only_active));
+      },
+      py::arg("include_collectives") = true, py::arg("include_stack_traces") = true, py::arg("only_active") = false);
+  m.def(
+      "_dump_flight_recorder_json",
+      [](bool include_collectives, bool only_active) {
+        return openreg_distributed::trace::dump_json(include_collectives, only_active);
+      },
+      py::arg("include_collectives") = true, py::arg("only_active") = false);
 }

@@ -4,14 +4,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -31,6 +34,24 @@ bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && (std::string(v) == "1" || std::string(v) == "true");
 }
+
+// TORCH_OCCL_ASYNC_ERROR_HANDLING (0-3, NCCL's values); unset: 3 (SkipCleanUp), NCCL's default.
+ErrorHandling error_handling_from_env(bool blocking_wait) {
+  // As NCCL: blocking wait reports errors at wait(), and the watchdog then does nothing more.
+  if (blocking_wait) return ErrorHandling::kNoHandling;
+  const char* v = std::getenv("TORCH_OCCL_ASYNC_ERROR_HANDLING");
+  if (v == nullptr || *v == '\0') return ErrorHandling::kSkipCleanUp;
+  const std::string s(v);
+  TORCH_CHECK(s.size() == 1 && s[0] >= '0' && s[0] <= '3',
+              "occl: TORCH_OCCL_ASYNC_ERROR_HANDLING must be 0 (no handling), 1 (tear down), 2 (clean up only) or 3 "
+              "(skip clean up), got '",
+              s, "'");
+  return static_cast<ErrorHandling>(s[0] - '0');
+}
+
+constexpr auto kWatchdogPoll = std::chrono::milliseconds(100);  // NCCL's watchdog sleeps as long
+
+std::atomic<size_t> next_pg_id{0};
 
 // ---- checks at the call: errors name the operation and surface where the user made the call ----
 
@@ -277,7 +298,7 @@ EventPool& events() {
 OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device, orEvent_t end,
                    std::shared_ptr<WorkOutcome> outcome, std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
                    c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout,
-                   bool blocking_wait)
+                   bool blocking_wait, std::shared_ptr<GroupError> group)
     : Work(rank, type),
       seq_(seq),
       device_(device),
@@ -287,7 +308,8 @@ OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device
       outputs_(std::move(outputs)),
       future_(std::move(future)),
       timeout_(timeout),
-      blocking_wait_(blocking_wait) {}
+      blocking_wait_(blocking_wait),
+      group_(std::move(group)) {}
 
 OcclWork::~OcclWork() { events().put(end_); }
 
@@ -320,7 +342,8 @@ bool OcclWork::host_wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   auto nap = std::chrono::microseconds(20);
-  while (orEventQuery(end_) == orErrorNotReady) {
+  // Until the end event, or the watchdog failed the operation (its kernel may still be blocked).
+  while (orEventQuery(end_) == orErrorNotReady && !outcome_->error.failed()) {
     if (std::chrono::steady_clock::now() > deadline) {
       C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(retrieveOpType()), " (seq ", seq_,
                                                  ") did not complete within ", limit.count(), " ms"));
@@ -329,6 +352,13 @@ bool OcclWork::host_wait(std::chrono::milliseconds timeout) {
     nap = std::min(nap * 2, std::chrono::microseconds(1000));
   }
   return true;
+}
+
+void OcclWork::abort() {
+  const std::string msg =
+      c10::str("occl: ", c10d::opTypeToString(retrieveOpType()), " (seq ", seq_, ") was aborted by Work.abort()");
+  outcome_->error.set(msg, /*by_user=*/true);
+  group_->set(msg, /*by_user=*/true);
 }
 
 bool OcclWork::wait(std::chrono::milliseconds timeout) {
@@ -352,9 +382,14 @@ OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
       options_(std::move(options)),
       transport_(std::move(transport)),
       factory_(std::move(factory)),
-      blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")) {}
+      blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")),
+      error_handling_(error_handling_from_env(blocking_wait_)),
+      pg_id_(next_pg_id++) {
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
 
 OcclBackend::~OcclBackend() {
+  stop_watchdog();
   // The in-flight works go with the backend (a Work the user still holds keeps its own tensors). The
   // streams are left to the runtime: destroying one waits for its queued work, which may be a
   // collective that a dead peer will never complete (until the transport's timeout).
@@ -374,11 +409,105 @@ c10d::ErrorType OcclBackend::getError() {
 }
 
 void OcclBackend::abort() {
-  error_->set(c10::str("occl: process group (rank ", rank_, ") was aborted"));
+  terminating_ = true;  // the failures this causes are not handed to TORCH_OCCL_ASYNC_ERROR_HANDLING
+  error_->set(c10::str("occl: process group (rank ", rank_, ") was aborted"), /*by_user=*/true);
   transport_->abort();
 }
 
-void OcclBackend::shutdown() { transport_->shutdown(); }
+void OcclBackend::shutdown() {
+  terminating_ = true;
+  stop_watchdog();
+  transport_->shutdown();
+}
+
+// ---- the watchdog ----
+
+void OcclBackend::stop_watchdog() {
+  {
+    std::lock_guard<std::mutex> g(watch_mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void OcclBackend::watch(Watched w) {
+  bool was_empty = false;
+  {
+    std::lock_guard<std::mutex> g(watch_mu_);
+    if (watch_stop_) return;  // shut down: nothing watches any more (the op still runs)
+    was_empty = watched_.empty();
+    watched_.push_back(std::move(w));
+  }
+  if (was_empty) watch_cv_.notify_one();  // from sleeping until there is work to polling
+}
+
+void OcclBackend::handle_failure(const std::string& message) {
+  if (failure_handled_ || terminating_) return;
+  failure_handled_ = true;
+  const auto mode = error_handling_;
+  if (mode == ErrorHandling::kNoHandling) return;
+  std::fprintf(stderr, "[occl rank %d] watchdog: %s\n", rank_, message.c_str());
+  if (mode == ErrorHandling::kTearDown || mode == ErrorHandling::kCleanUpOnly) transport_->abort();
+  if (mode == ErrorHandling::kTearDown || mode == ErrorHandling::kSkipCleanUp) {
+    std::fprintf(stderr,
+                 "[occl rank %d] Some occl operations have failed or timed out: later device work might run on "
+                 "incomplete data. To avoid data inconsistency, occl is taking the entire process down "
+                 "(TORCH_OCCL_ASYNC_ERROR_HANDLING=%d).\n",
+                 rank_, static_cast<int>(mode));
+    std::fflush(stderr);
+    std::abort();  // as NCCL's watchdog, whose exception terminates the process
+  }
+}
+
+void OcclBackend::watchdog_loop() {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!watch_stop_) {
+    if (watched_.empty()) {
+      watch_cv_.wait(lock, [this] { return watch_stop_ || !watched_.empty(); });
+    } else {
+      watch_cv_.wait_for(lock, kWatchdogPoll, [this] { return watch_stop_; });
+    }
+    if (watch_stop_) break;
+    std::deque<Watched> batch;
+    batch.swap(watched_);
+    lock.unlock();
+    const auto now = std::chrono::steady_clock::now();
+    std::deque<Watched> keep;
+    for (auto& w : batch) {
+      WorkOutcome& o = *w.outcome;
+      const bool finished = o.finished.load(std::memory_order_acquire);
+      if (!finished && !o.error.failed() && now - w.enqueued >= w.timeout) {
+        const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.enqueued).count();
+        const std::string msg =
+            c10::str(w.what, " failed: timed out after ", w.timeout.count(), " ms (not completed ", ran,
+                     " ms after it was enqueued", o.started ? "" : ", and not started", "; caught by occl's watchdog)");
+        o.error.set(msg);
+        error_->set(msg);
+      }
+      if (!w.started_seen && o.started.load(std::memory_order_acquire)) {
+        w.started_seen = true;
+        if (pg_status_->lastStartedSeq < static_cast<int64_t>(w.seq)) {
+          pg_status_->lastStartedSeq = static_cast<int64_t>(w.seq);
+          pg_status_->lastStartedWorkName = c10d::opTypeToString(w.type);
+        }
+      }
+      // A failure the user caused (abort()) is not handled: later operations fail, the process goes on.
+      if (o.error.failed() && !o.error.by_user() && !error_->by_user()) handle_failure(o.error.message());
+      if (finished) {
+        pg_status_->lastCompletedSeq = std::max(pg_status_->lastCompletedSeq, static_cast<int64_t>(w.seq));
+        pg_status_->lastCompletedWorkName = c10d::opTypeToString(w.type);
+        trace::retire(w.trace);
+      } else {
+        keep.push_back(std::move(w));
+      }
+    }
+    batch.clear();  // outcomes hold no tensors: safe to release on this thread
+    lock.lock();
+    // Still in flight, before what was enqueued meanwhile.
+    for (auto it = keep.rbegin(); it != keep.rend(); ++it) watched_.push_front(std::move(*it));
+  }
+}
 
 c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const std::vector<int>& ranks,
@@ -423,20 +552,48 @@ const CommStreams& OcclBackend::streams(c10::Device device) {
 void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
   std::vector<c10::intrusive_ptr<OcclWork>> done;  // released outside the lock
   std::lock_guard<std::mutex> g(inflight_mu_);
-  for (auto it = inflight_.begin(); it != inflight_.end();) {
-    if ((*it)->isCompleted()) {
-      done.push_back(std::move(*it));
-      it = inflight_.erase(it);
-    } else {
-      ++it;
-    }
+  // Oldest first, up to the first one still running: O(1) per operation in the steady state (a
+  // full scan per operation cost O(n) event queries with n operations queued). A send or receive
+  // that finished before an older operation of another stream waits for that one.
+  while (!inflight_.empty() && inflight_.front()->isCompleted()) {
+    done.push_back(std::move(inflight_.front()));
+    inflight_.pop_front();
   }
   inflight_.push_back(std::move(work));
 }
 
 c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
                                               std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
-                                              Start start, bool blocking) {
+                                              Start start, std::chrono::milliseconds timeout, bool blocking) {
+  timeout = effective(timeout);
+  if (!at::hasCallbacks()) {
+    return enqueue_impl(type, kernel, lane, device, std::move(stash), std::move(outputs), std::move(start), timeout,
+                        blocking);
+  }
+  // Profiling (or another RecordFunction observer): the host-side record of the collective, with
+  // its metadata, as NCCL's; the kernel it launches is correlated with it on the comm stream's track.
+  int64_t in_numel = 0, out_numel = 0;
+  for (const auto& t : outputs) out_numel += t.numel();
+  for (const auto& t : stash) in_numel += t.numel();
+  if (stash.empty()) in_numel = out_numel;  // in place
+  const at::ScalarType dtype =
+      !outputs.empty() ? outputs[0].scalar_type() : (!stash.empty() ? stash[0].scalar_type() : at::kByte);
+  const bool p2p = lane != Lane::kColl;
+  const std::string coll_name(kernel + std::string("occl::").size());
+  const auto& ranks = options_->global_ranks_in_group;
+  const int rank_start = ranks.empty() ? 0 : static_cast<int>(ranks[0]);
+  const int rank_stride = ranks.size() > 1 ? static_cast<int>(ranks[1] - ranks[0]) : 1;
+  RECORD_PARAM_COMMS(std::make_tuple(static_cast<int64_t>(seq_.load() + 1), p2p), pg_name(), rank_, coll_name.c_str(),
+                     in_numel, out_numel, dtype, std::vector<int64_t>(), std::vector<int64_t>(), rank_start,
+                     rank_stride, size_);
+  return enqueue_impl(type, kernel, lane, device, std::move(stash), std::move(outputs), std::move(start), timeout,
+                      blocking);
+}
+
+c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+                                                   std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
+                                                   Start start, std::chrono::milliseconds timeout, bool blocking) {
+  const auto enqueued = std::chrono::steady_clock::now();
   if (error_->failed()) {
     C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(type),
                                                " refused: the process group failed earlier: ", error_->message()));
@@ -445,6 +602,11 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
   orStream_t comm = lane == Lane::kColl ? s.coll : lane == Lane::kSend ? s.send : s.recv;
   orStream_t current = c10::openreg::current_stream_handle(device.index());
   const uint64_t seq = ++seq_;
+  const bool p2p = lane != Lane::kColl;
+  if (p2p)
+    ++p2p_seq_;
+  else
+    ++collective_seq_;
 
   // 1. The comm stream waits for what the caller queued before the collective.
   orEvent_t ready = events().get();
@@ -456,7 +618,38 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
   auto outcome = std::make_shared<WorkOutcome>();
   const std::string what =
       c10::str("occl ", c10d::opTypeToString(type), " (seq ", seq, ", rank ", rank_, " of ", size_, ")");
+
+  // The flight recorder's entry (with the Python stack of the call), before the kernel can run.
+  trace::Id trace_id;
+  if ((outcome->points = trace::acquire_points()) != nullptr) {
+    if (!pg_ranks_recorded_) {
+      pg_ranks_recorded_ = true;
+      std::vector<uint64_t> ranks = options_->global_ranks_in_group;
+      if (ranks.empty())
+        for (int r = 0; r < size_; ++r) ranks.push_back(static_cast<uint64_t>(r));
+      trace::record_pg_ranks(pg_name(), std::move(ranks));
+    }
+    trace_id = trace::record(pg_id_, pg_name(), collective_seq_, p2p_seq_, seq,
+                             std::string("occl:") + (kernel + std::string("occl::").size()),
+                             stash.empty() ? outputs : stash, outputs, outcome->points, timeout, pg_status_, p2p);
+  }
+  pg_status_->lastEnqueuedSeq = static_cast<int64_t>(seq);
+  pg_status_->lastEnqueuedWorkName = c10d::opTypeToString(type);
+
   OPENREG_CHECK(::openreg::launch(comm, kernel, [start = std::move(start), outcome, group = error_, what] {
+    // The stream reached the collective; whatever happens next, it also reaches its end.
+    struct Span {
+      WorkOutcome& o;
+      explicit Span(WorkOutcome& w) : o(w) {
+        if (o.points) o.points->start.mark();
+        o.started.store(true, std::memory_order_release);
+      }
+      ~Span() {
+        if (o.points) o.points->end.mark();
+        o.finished.store(true, std::memory_order_release);
+      }
+    } span(*outcome);
+    if (outcome->error.failed()) throw std::runtime_error(outcome->error.message());  // timed out while queued
     if (group->failed()) {
       const std::string msg = what + " not run: the process group failed earlier: " + group->message();
       outcome->error.set(msg);
@@ -468,10 +661,10 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
       if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
       if (st.post) st.post();
     } catch (const std::exception& e) {
-      const std::string msg = what + " failed: " + e.what();
-      outcome->error.set(msg);
-      group->set(msg);
-      throw std::runtime_error(msg);
+      // The first error wins: the watchdog's timeout, if it caught this collective first.
+      outcome->error.set(what + " failed: " + e.what());
+      group->set(outcome->error.message());
+      throw std::runtime_error(outcome->error.message());
     }
   }));
 
@@ -490,8 +683,9 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
   for (auto& t : outputs) stash.push_back(t);
   auto work =
       c10::make_intrusive<OcclWork>(rank_, type, seq, device, end, outcome, std::move(stash), std::move(outputs),
-                                    std::move(future), options_->timeout, blocking_wait_ || blocking);
+                                    std::move(future), timeout, blocking_wait_ || blocking, error_);
   keep_until_done(work);
+  watch(Watched{outcome, enqueued, timeout, what, seq, type, trace_id});
   if (coalescing_) {
     if (!coalesced_device_) coalesced_device_ = device;
     if (lane != Lane::kColl) coalesced_lanes_.emplace_back(lane, device);
@@ -533,11 +727,13 @@ c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors
   auto t = transport_;
   const int root = static_cast<int>(opts.rootRank);
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::BROADCAST, "occl::broadcast", Lane::kColl, device, {}, tensors,
-                 [t, a = args_of(tensors), root, timeout] {
-                   at::Tensor v = carried(a[0].materialize());
-                   return Started{{t->broadcast(v, root, timeout)}, {}};
-                 });
+  return enqueue(
+      c10d::OpType::BROADCAST, "occl::broadcast", Lane::kColl, device, {}, tensors,
+      [t, a = args_of(tensors), root, timeout] {
+        at::Tensor v = carried(a[0].materialize());
+        return Started{{t->broadcast(v, root, timeout)}, {}};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
@@ -547,15 +743,17 @@ c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors
   Reduction r = reduction("all_reduce", opts.reduceOp, tensors[0].scalar_type(), size_, stash);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::ALLREDUCE, "occl::all_reduce", Lane::kColl, device, std::move(stash), tensors,
-                 [t, a = args_of(tensors), r, timeout] {
-                   std::vector<at::Tensor> v = views(a);
-                   for (auto& x : v) x = r.scaled(x.view({-1}), /*in_place=*/true);
-                   WorkPtr w = t->allreduce(v, r.op, timeout);
-                   return Started{{w}, [v, r] {
-                                    for (const auto& x : v) r.finish(x);
-                                  }};
-                 });
+  return enqueue(
+      c10d::OpType::ALLREDUCE, "occl::all_reduce", Lane::kColl, device, std::move(stash), tensors,
+      [t, a = args_of(tensors), r, timeout] {
+        std::vector<at::Tensor> v = views(a);
+        for (auto& x : v) x = r.scaled(x.view({-1}), /*in_place=*/true);
+        WorkPtr w = t->allreduce(v, r.op, timeout);
+        return Started{{w}, [v, r] {
+                         for (const auto& x : v) r.finish(x);
+                       }};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -572,15 +770,17 @@ c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, c
   const int root = static_cast<int>(opts.rootRank);
   const bool is_root = root == rank_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, std::move(stash), tensors,
-                 [t, a = args_of(tensors), r, root, is_root, timeout] {
-                   // Off the root the tensor is an input only: PREMUL_SUM scales a copy.
-                   at::Tensor v = r.scaled(a[0].materialize().view({-1}), /*in_place=*/is_root);
-                   WorkPtr w = t->reduce(v, root, r.op, timeout);
-                   return Started{{w}, [v, r, is_root] {
-                                    if (is_root) r.finish(v);
-                                  }};
-                 });
+  return enqueue(
+      c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, std::move(stash), tensors,
+      [t, a = args_of(tensors), r, root, is_root, timeout] {
+        // Off the root the tensor is an input only: PREMUL_SUM scales a copy.
+        at::Tensor v = r.scaled(a[0].materialize().view({-1}), /*in_place=*/is_root);
+        WorkPtr w = t->reduce(v, root, r.op, timeout);
+        return Started{{w}, [v, r, is_root] {
+                         if (is_root) r.finish(v);
+                       }};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -605,15 +805,17 @@ c10::intrusive_ptr<Work> OcclBackend::allgather_into_tensor_coalesced(std::vecto
   }
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "occl::all_gather_into_tensor", Lane::kColl, device, inputs, outputs,
-                 [t, in = args_of(inputs), out = args_of(outputs), timeout] {
-                   Started st;
-                   for (size_t i = 0; i < in.size(); ++i) {
-                     at::Tensor o = carried(out[i].materialize()), x = carried(in[i].materialize());
-                     st.works.push_back(t->allgather(o, x, timeout));
-                   }
-                   return st;
-                 });
+  return enqueue(
+      c10d::OpType::_ALLGATHER_BASE, "occl::all_gather_into_tensor", Lane::kColl, device, inputs, outputs,
+      [t, in = args_of(inputs), out = args_of(outputs), timeout] {
+        Started st;
+        for (size_t i = 0; i < in.size(); ++i) {
+          at::Tensor o = carried(out[i].materialize()), x = carried(in[i].materialize());
+          st.works.push_back(t->allgather(o, x, timeout));
+        }
+        return st;
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -634,19 +836,20 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   const int n = size_;
-  return enqueue(c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
-                 [t, in = args_of(inputs), out = args_of(outs), n, timeout] {
-                   // Gathered into one staging buffer on the device side, then copied out.
-                   at::Tensor x = in[0].materialize();
-                   at::Tensor staging = at::empty({n * x.numel()}, x.options());
-                   at::Tensor s = carried(staging), cx = carried(x);
-                   WorkPtr w = t->allgather(s, cx, timeout);
-                   return Started{{w}, [staging, out, n] {
-                                    const int64_t k = staging.numel() / n;
-                                    for (int i = 0; i < n; ++i)
-                                      out[i].materialize().view({-1}).copy_(staging.narrow(0, i * k, k));
-                                  }};
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
+      [t, in = args_of(inputs), out = args_of(outs), n, timeout] {
+        // Gathered into one staging buffer on the device side, then copied out.
+        at::Tensor x = in[0].materialize();
+        at::Tensor staging = at::empty({n * x.numel()}, x.options());
+        at::Tensor s = carried(staging), cx = carried(x);
+        WorkPtr w = t->allgather(s, cx, timeout);
+        return Started{{w}, [staging, out, n] {
+                         const int64_t k = staging.numel() / n;
+                         for (int i = 0; i < n; ++i) out[i].materialize().view({-1}).copy_(staging.narrow(0, i * k, k));
+                       }};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -674,21 +877,23 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
   Reduction r = reduction(op, opts.reduceOp, inputs[0].scalar_type(), size_, stash);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "occl::reduce_scatter_tensor", Lane::kColl, device,
-                 std::move(stash), outputs, [t, in = args_of(inputs), out = args_of(outputs), r, timeout] {
-                   Started st;
-                   std::vector<at::Tensor> results;
-                   for (size_t i = 0; i < in.size(); ++i) {
-                     at::Tensor o = out[i].materialize().view({-1});
-                     at::Tensor x = r.scaled(in[i].materialize().view({-1}), /*in_place=*/false);
-                     st.works.push_back(t->reduce_scatter(o, x, r.op, timeout));
-                     results.push_back(o);
-                   }
-                   st.post = [results, r] {
-                     for (const auto& o : results) r.finish(o);
-                   };
-                   return st;
-                 });
+  return enqueue(
+      c10d::OpType::_REDUCE_SCATTER_BASE, "occl::reduce_scatter_tensor", Lane::kColl, device, std::move(stash), outputs,
+      [t, in = args_of(inputs), out = args_of(outputs), r, timeout] {
+        Started st;
+        std::vector<at::Tensor> results;
+        for (size_t i = 0; i < in.size(); ++i) {
+          at::Tensor o = out[i].materialize().view({-1});
+          at::Tensor x = r.scaled(in[i].materialize().view({-1}), /*in_place=*/false);
+          st.works.push_back(t->reduce_scatter(o, x, r.op, timeout));
+          results.push_back(o);
+        }
+        st.post = [results, r] {
+          for (const auto& o : results) r.finish(o);
+        };
+        return st;
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -711,15 +916,17 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
   Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, stash);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
-                 [t, in = args_of(ins), out = args_of(outputs), r, timeout] {
-                   std::vector<at::Tensor> parts;
-                   for (const auto& x : views(in)) parts.push_back(x.view({-1}));
-                   at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
-                   at::Tensor o = out[0].materialize().view({-1});
-                   WorkPtr w = t->reduce_scatter(o, staging, r.op, timeout);
-                   return Started{{w}, [o, r, staging] { r.finish(o); }};
-                 });
+  return enqueue(
+      c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
+      [t, in = args_of(ins), out = args_of(outputs), r, timeout] {
+        std::vector<at::Tensor> parts;
+        for (const auto& x : views(in)) parts.push_back(x.view({-1}));
+        at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
+        at::Tensor o = out[0].materialize().view({-1});
+        WorkPtr w = t->reduce_scatter(o, staging, r.op, timeout);
+        return Started{{w}, [o, r, staging] { r.finish(o); }};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -759,11 +966,13 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tens
   for (auto s : outputSplitSizes) out_splits.push_back(s * out_row * unit);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "occl::all_to_all_single", Lane::kColl, device, {input}, {output},
-                 [t, in = KernelTensorArg(input), out = KernelTensorArg(output), in_splits, out_splits, timeout] {
-                   at::Tensor o = carried(out.materialize()), x = carried(in.materialize());
-                   return Started{{t->alltoall(o, x, out_splits, in_splits, timeout)}, {}};
-                 });
+  return enqueue(
+      c10d::OpType::ALLTOALL_BASE, "occl::all_to_all_single", Lane::kColl, device, {input}, {output},
+      [t, in = KernelTensorArg(input), out = KernelTensorArg(output), in_splits, out_splits, timeout] {
+        at::Tensor o = carried(out.materialize()), x = carried(in.materialize());
+        return Started{{t->alltoall(o, x, out_splits, in_splits, timeout)}, {}};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -785,23 +994,25 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
   for (const auto& o : outputs) out_splits.push_back(o.numel() * unit);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::ALLTOALL, "occl::all_to_all", Lane::kColl, device, inputs, outputs,
-                 [t, in = args_of(inputs), out = args_of(outputs), in_splits, out_splits, timeout] {
-                   std::vector<at::Tensor> parts;
-                   for (const auto& x : views(in)) parts.push_back(carried(x));
-                   at::Tensor send = at::cat(parts);
-                   int64_t total = 0;
-                   for (auto s : out_splits) total += s;
-                   at::Tensor recv = at::empty({total}, send.options());
-                   WorkPtr w = t->alltoall(recv, send, out_splits, in_splits, timeout);
-                   return Started{{w}, [recv, send, out, out_splits] {
-                                    int64_t at = 0;
-                                    for (size_t i = 0; i < out.size(); ++i) {
-                                      carried(out[i].materialize()).copy_(recv.narrow(0, at, out_splits[i]));
-                                      at += out_splits[i];
-                                    }
-                                  }};
-                 });
+  return enqueue(
+      c10d::OpType::ALLTOALL, "occl::all_to_all", Lane::kColl, device, inputs, outputs,
+      [t, in = args_of(inputs), out = args_of(outputs), in_splits, out_splits, timeout] {
+        std::vector<at::Tensor> parts;
+        for (const auto& x : views(in)) parts.push_back(carried(x));
+        at::Tensor send = at::cat(parts);
+        int64_t total = 0;
+        for (auto s : out_splits) total += s;
+        at::Tensor recv = at::empty({total}, send.options());
+        WorkPtr w = t->alltoall(recv, send, out_splits, in_splits, timeout);
+        return Started{{w}, [recv, send, out, out_splits] {
+                         int64_t at = 0;
+                         for (size_t i = 0; i < out.size(); ++i) {
+                           carried(out[i].materialize()).copy_(recv.narrow(0, at, out_splits[i]));
+                           at += out_splits[i];
+                         }
+                       }};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -814,13 +1025,15 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
       root_list(op, "output", outputs, rank_ == root, root, size_, device, inputs[0], "input");
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::GATHER, "occl::gather", Lane::kColl, device, inputs, outs,
-                 [t, in = args_of(inputs), out = args_of(outs), root, timeout] {
-                   std::vector<at::Tensor> o;
-                   for (const auto& v : views(out)) o.push_back(carried(v));
-                   at::Tensor x = carried(in[0].materialize());
-                   return Started{{t->gather(o, x, root, timeout)}, {}};
-                 });
+  return enqueue(
+      c10d::OpType::GATHER, "occl::gather", Lane::kColl, device, inputs, outs,
+      [t, in = args_of(inputs), out = args_of(outs), root, timeout] {
+        std::vector<at::Tensor> o;
+        for (const auto& v : views(out)) o.push_back(carried(v));
+        at::Tensor x = carried(in[0].materialize());
+        return Started{{t->gather(o, x, root, timeout)}, {}};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -834,13 +1047,15 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
       root_list(op, "input", inputs, rank_ == root, root, size_, device, outputs[0], "output");
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
-  return enqueue(c10d::OpType::SCATTER, "occl::scatter", Lane::kColl, device, ins, outputs,
-                 [t, in = args_of(ins), out = args_of(outputs), root, timeout] {
-                   std::vector<at::Tensor> x;
-                   for (const auto& v : views(in)) x.push_back(carried(v));
-                   at::Tensor o = carried(out[0].materialize());
-                   return Started{{t->scatter(o, x, root, timeout)}, {}};
-                 });
+  return enqueue(
+      c10d::OpType::SCATTER, "occl::scatter", Lane::kColl, device, ins, outputs,
+      [t, in = args_of(ins), out = args_of(outputs), root, timeout] {
+        std::vector<at::Tensor> x;
+        for (const auto& v : views(in)) x.push_back(carried(v));
+        at::Tensor o = carried(out[0].materialize());
+        return Started{{t->scatter(o, x, root, timeout)}, {}};
+      },
+      timeout);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -894,7 +1109,7 @@ c10::intrusive_ptr<Work> OcclBackend::barrier(const c10d::BarrierOptions& opts) 
   // A barrier blocks the host in wait(), as NCCL's does: that is what callers use it for.
   return enqueue(
       c10d::OpType::BARRIER, "occl::barrier", Lane::kColl, device, {}, {},
-      [t, timeout] { return Started{{t->barrier(timeout)}, [] {}}; }, /*blocking=*/true);
+      [t, timeout] { return Started{{t->barrier(timeout)}, [] {}}; }, timeout, /*blocking=*/true);
 }
 
 void OcclBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {

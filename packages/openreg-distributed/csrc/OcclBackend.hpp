@@ -13,7 +13,9 @@
 //      collective still reads or writes it.
 // A failure (transport error, peer gone, timeout) fails the kernel: it surfaces at the next
 // synchronising call on the device, naming the collective, at wait() with blocking wait, and every
-// later operation of the group fails at once with the first error (DistBackendError).
+// later operation of the group fails at once with the first error (DistBackendError). A watchdog
+// thread per backend times operations out from the moment they were enqueued, as NCCL's does, and
+// applies TORCH_OCCL_ASYNC_ERROR_HANDLING to the first failure (see ErrorHandling).
 #pragma once
 
 #include <atomic>
@@ -29,6 +31,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "Trace.hpp"
 #include "Transport.hpp"
 #include "openreg/runtime.h"
 
@@ -42,23 +45,46 @@ class GroupError {
     std::lock_guard<std::mutex> g(mu_);
     return message_;
   }
-  void set(const std::string& message) {
+  // `by_user`: an abort() the user asked for, not a failure for the watchdog to handle.
+  void set(const std::string& message, bool by_user = false) {
     std::lock_guard<std::mutex> g(mu_);
     if (failed_.load(std::memory_order_relaxed)) return;  // the first error is the one users need
     message_ = message;
+    by_user_ = by_user;
     failed_.store(true, std::memory_order_release);
+  }
+  bool by_user() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return by_user_;
   }
 
  private:
   mutable std::mutex mu_;
   std::string message_;
+  bool by_user_ = false;
   std::atomic<bool> failed_{false};
 };
 
-// What the kernel of one Work tells the host: its error and, for recv_anysource, the sender.
+// What the kernel of one Work tells the host and the watchdog: its error, whether it started and
+// finished, and, for recv_anysource, the sender. Holds no tensor: the watchdog may drop the last
+// reference on its own thread.
 struct WorkOutcome {
   GroupError error;
   std::atomic<int> source_rank{-1};
+  std::atomic<bool> started{false}, finished{false};
+  TracePoints* points = nullptr;  // the flight recorder's view of the kernel (null when it is off)
+  ~WorkOutcome() { trace::release_points(points); }
+};
+
+// TORCH_OCCL_ASYNC_ERROR_HANDLING, with the values and meanings of TORCH_NCCL_ASYNC_ERROR_HANDLING
+// (ProcessGroupNCCL.hpp's ErrorHandlingMode): what the watchdog does with a group's first failure
+// (a timeout it caught, or an error a collective reported). In every mode the group refuses later
+// operations with that error.
+enum class ErrorHandling {
+  kNoHandling = 0,   // nothing more: the error surfaces at the next synchronisation or wait()
+  kTearDown = 1,     // abort the transport, then take the process down
+  kCleanUpOnly = 2,  // abort the transport; the process goes on
+  kSkipCleanUp = 3,  // take the process down without aborting the transport (NCCL's default)
 };
 
 // The three streams of a device: collectives run in program order on one (Gloo pairs collectives
@@ -72,7 +98,8 @@ class OcclWork : public c10d::Work {
  public:
   OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device, orEvent_t end,
            std::shared_ptr<WorkOutcome> outcome, std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
-           c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout, bool blocking_wait);
+           c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout, bool blocking_wait,
+           std::shared_ptr<GroupError> group);
   ~OcclWork() override;
 
   bool isCompleted() override;
@@ -84,7 +111,8 @@ class OcclWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   uint64_t getSequencenumber() const override { return seq_; }
-  void abort() override {}
+  // Fails this operation and its group (NCCL's Work.abort() aborts the communicator).
+  void abort() override;
 
  private:
   void throw_if_failed() const;
@@ -98,6 +126,7 @@ class OcclWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::chrono::milliseconds timeout_;
   bool blocking_wait_;
+  std::shared_ptr<GroupError> group_;
 };
 
 class OcclBackend : public c10d::Backend {
@@ -180,10 +209,34 @@ class OcclBackend : public c10d::Backend {
  private:
   c10::intrusive_ptr<Work> enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
                                    std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
-                                   bool blocking = false);
+                                   std::chrono::milliseconds timeout = c10d::kUnsetTimeout, bool blocking = false);
+  c10::intrusive_ptr<Work> enqueue_impl(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+                                        std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
+                                        std::chrono::milliseconds timeout, bool blocking);
   const CommStreams& streams(c10::Device device);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   void keep_until_done(c10::intrusive_ptr<OcclWork> work);
+  trace::PgName pg_name() const { return {getGroupUid(), getGroupDesc()}; }
+
+  // The watchdog (one thread per backend, as NCCL's): every 100 ms it looks at the operations in
+  // flight, times out those not finished `timeout` after they were enqueued (their Work and the
+  // group fail with a message naming the collective), hands the group's first failure to
+  // TORCH_OCCL_ASYNC_ERROR_HANDLING, and retires finished operations from the flight recorder.
+  // It never holds a tensor (see inflight_).
+  struct Watched {
+    std::shared_ptr<WorkOutcome> outcome;
+    std::chrono::steady_clock::time_point enqueued;
+    std::chrono::milliseconds timeout;
+    std::string what;
+    uint64_t seq;
+    c10d::OpType type;
+    trace::Id trace;
+    bool started_seen = false;
+  };
+  void watch(Watched w);
+  void watchdog_loop();
+  void handle_failure(const std::string& message);
+  void stop_watchdog();
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
@@ -192,7 +245,23 @@ class OcclBackend : public c10d::Backend {
   std::map<std::vector<int>, int> splits_;  // how often each rank list was split off this backend
   std::shared_ptr<GroupError> error_ = std::make_shared<GroupError>();
   std::atomic<uint64_t> seq_{0};
+  uint64_t collective_seq_ = 0, p2p_seq_ = 0;  // the flight recorder's counters
   bool blocking_wait_;
+  ErrorHandling error_handling_;
+
+  // Flight recorder: this backend's id in the process, and its status (last enqueued, started,
+  // completed operation).
+  size_t pg_id_;
+  bool pg_ranks_recorded_ = false;
+  std::shared_ptr<c10d::ProcessGroupStatus> pg_status_ = std::make_shared<c10d::ProcessGroupStatus>();
+
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::deque<Watched> watched_;
+  bool watch_stop_ = false;
+  std::atomic<bool> terminating_{false};  // abort()/shutdown(): failures are no longer handled
+  bool failure_handled_ = false;          // watchdog thread only
+  std::thread watchdog_;
 
   std::mutex streams_mu_;
   std::map<c10::DeviceIndex, CommStreams> streams_;

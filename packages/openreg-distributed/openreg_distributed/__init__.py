@@ -17,10 +17,11 @@ Gloo group as the transport (``csrc/Transport.hpp`` is the seam a vendor's fabri
 
 import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
 
+from . import flight_recorder
 from ._backend import BACKEND_NAME, create_occl_backend, register
 
 __version__ = "0.1.0"
-__all__ = ["BACKEND_NAME", "create_occl_backend", "register"]
+__all__ = ["BACKEND_NAME", "create_occl_backend", "flight_recorder", "register"]
 
 
 def _load() -> None:

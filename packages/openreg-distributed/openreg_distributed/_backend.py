@@ -25,7 +25,16 @@ def create_occl_backend(opts, backend_options=None):
     gloo = _make_transport(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     gloo.options.global_ranks_in_group = list(opts.global_ranks_in_group)
     gloo.options.group_name = f"{opts.group_id}:occl-transport"
-    return _C.OcclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, gloo, _make_transport)
+    return _C.OcclBackend(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        gloo,
+        _make_transport,
+        global_ranks=list(opts.global_ranks_in_group),
+        group_name=str(opts.group_id),
+    )
 
 
 def register() -> None:

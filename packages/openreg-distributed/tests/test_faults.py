@@ -1,5 +1,6 @@
 """Faults: nothing hangs, nothing is silently wrong. Short timeouts (3 s) on groups of their own,
-so the default group stays usable; a dead peer in processes of its own."""
+made with TORCH_OCCL_ASYNC_ERROR_HANDLING 0 or 2 so that the process goes on and the default group
+stays usable; a dead peer, and the modes that take the process down, in processes of their own."""
 
 import os
 import socket
@@ -12,41 +13,99 @@ import torch
 import torch.distributed as dist
 from conftest import OcclTestCase
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch_openreg.utils.testing import StreamHold
 
 TIMEOUT = timedelta(seconds=3)
 
 
+def fault_group(handling: str, **env: str):
+    """A group of its own with a short timeout, created under TORCH_OCCL_ASYNC_ERROR_HANDLING=handling
+    (and `env`): the backend reads its controls when it is made."""
+    env = dict(env, TORCH_OCCL_ASYNC_ERROR_HANDLING=handling)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group(backend="occl", timeout=TIMEOUT)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+def wait_until_failed(work, limit=30.0):
+    """Polls the Work (no synchronisation) until the watchdog has failed it; returns its error."""
+    t0 = time.monotonic()
+    while work.is_success():
+        if time.monotonic() - t0 > limit:
+            raise AssertionError("the watchdog did not fail the operation")
+        time.sleep(0.05)
+    return str(work.exception())
+
+
 class TestFaults(OcclTestCase):
-    def test_skipped_collective_fails_within_timeout(self):
-        group = dist.new_group(backend="occl", timeout=TIMEOUT)
-        if self.rank == 0:
-            x = torch.ones(4, device=self.device)
-            t0 = time.monotonic()
-            work = dist.all_reduce(x, group=group, async_op=True)
-            work.wait()  # orders the current stream only: returns at once
-            # The failure surfaces at the next synchronisation on the device, naming the collective.
-            with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed"):
-                x.cpu()
-            self.assertLess(time.monotonic() - t0, 30)
-            self.assertFalse(work.is_success())
-            # Every later operation of that group fails at once with the first error.
-            with self.assertRaisesRegex(dist.DistBackendError, "refused: the process group failed earlier: occl"):
-                dist.all_reduce(x, group=group)
-        # The default group (openreg and CPU parts) is still usable.
+    def assert_default_group_usable(self):
         y = torch.ones(2, device=self.device)
         dist.all_reduce(y)
         self.assertEqual(y.cpu(), torch.full((2,), 2.0))
         z = torch.ones(2)
         dist.all_reduce(z)
         self.assertEqual(z, torch.full((2,), 2.0))
+
+    def test_skipped_collective_fails_within_timeout(self):
+        group = fault_group("2")  # clean up only: the process goes on
+        x = torch.ones(4, device=self.device)
+        if self.rank == 0:
+            t0 = time.monotonic()
+            work = dist.all_reduce(x, group=group, async_op=True)
+            work.wait()  # orders the current stream only: returns at once
+            # The watchdog fails the Work (no synchronisation needed to see it) ...
+            self.assertRegex(wait_until_failed(work), r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed")
+            # ... and the failure surfaces at the next synchronisation on the device, naming the collective.
+            with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed"):
+                x.cpu()
+            self.assertLess(time.monotonic() - t0, 30)
+            # Every later operation of that group fails at once with the first error.
+            with self.assertRaisesRegex(dist.DistBackendError, "refused: the process group failed earlier: occl"):
+                dist.all_reduce(x, group=group)
+        dist.barrier()
+        if self.rank == 1:
+            # The rank that skipped it comes late: its collective must not pair with the one rank 0
+            # gave up on (it would add rank 0's data silently); it fails instead.
+            dist.all_reduce(x, group=group)
+            with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 1, rank 1 of 2\) failed"):
+                x.cpu()
+        dist.barrier()
+        self.assert_default_group_usable()  # its openreg and CPU parts
+        dist.destroy_process_group(group)
+
+    def test_timeout_counts_from_enqueue(self):
+        # As NCCL's watchdog: an operation that has not even started (its comm stream waits for
+        # compute that does not end) times out `timeout` after it was enqueued.
+        group = fault_group("0")  # no handling: the error surfaces at synchronisation
+        x = torch.ones(4, device=self.device)
+        if self.rank == 0:
+            with StreamHold(self.device.index, timeout=60) as held:
+                work = dist.all_reduce(x, group=group, async_op=True)
+                message = wait_until_failed(work)
+                self.assertFalse(held.stream.query())  # caught while the compute still runs
+            self.assertRegex(message, r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed: timed out after 3000 ms")
+            self.assertIn("not started; caught by occl's watchdog", message)
+            with self.assertRaisesRegex(RuntimeError, "not started; caught by occl's watchdog"):
+                x.cpu()
+            with self.assertRaisesRegex(dist.DistBackendError, "refused: the process group failed earlier"):
+                dist.broadcast(x, src=0, group=group)
+        else:
+            dist.all_reduce(x, group=group)  # its peer never comes: the transport's own timeout
+            with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 1, rank 1 of 2\) failed"):
+                x.cpu()
+        dist.barrier()
+        self.assert_default_group_usable()
         dist.destroy_process_group(group)
 
     def test_blocking_wait_raises_at_wait(self):
-        os.environ["TORCH_OCCL_BLOCKING_WAIT"] = "1"
-        try:
-            group = dist.new_group(backend="occl", timeout=TIMEOUT)
-        finally:
-            del os.environ["TORCH_OCCL_BLOCKING_WAIT"]
+        group = fault_group("3", TORCH_OCCL_BLOCKING_WAIT="1")  # blocking wait: the watchdog only reports
         x = torch.full((4,), float(self.rank + 1), device=self.device)
         dist.all_reduce(x, group=group)  # a healthy collective under blocking wait
         self.assertEqual(x.cpu(), torch.full((4,), 3.0))
@@ -59,8 +118,28 @@ class TestFaults(OcclTestCase):
         dist.barrier()
         dist.destroy_process_group(group)
 
+    def test_abort_and_shutdown_return(self):
+        group = fault_group("2")
+        x = torch.ones(4, device=self.device)
+        dist.all_reduce(x, group=group)
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+        backend = group._get_backend(self.device)
+        if self.rank == 0:
+            work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 never joins
+            backend.abort()  # returns at once
+            with self.assertRaisesRegex(dist.DistBackendError, "was aborted"):
+                dist.all_reduce(x, group=group)
+            # Not started yet: it runs nothing; started: it ends with the transport's timeout.
+            with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 2, rank 0 of 2\)"):
+                work.wait()
+                x.cpu()
+            self.assertFalse(work.is_success())
+        dist.barrier()
+        dist.destroy_process_group(group)  # shuts the backend down: returns
 
-# Each rank in a process of its own; rank 1 dies after the first collective.
+
+# Each rank in a process of its own; rank 1 dies after the first collective. The survivor runs
+# under the TORCH_OCCL_ASYNC_ERROR_HANDLING of its environment.
 DEAD_PEER = """
 import os, time
 from datetime import timedelta
@@ -74,6 +153,10 @@ if rank == 1:
     os._exit(0)  # then it dies without a word
 t0 = time.monotonic()
 dist.all_reduce(x)
+if os.environ.get("TORCH_OCCL_ASYNC_ERROR_HANDLING", "3") in ("1", "3"):
+    time.sleep(60)  # the watchdog takes the process down first
+    print("survived")
+    raise SystemExit
 try:
     x.cpu()
     first = "no error"
@@ -90,29 +173,78 @@ print("ALLREDUCE (seq 2, rank 0 of 2) failed" in first, "failed earlier" in late
 """
 
 
+# Rank 0 all-reduces 4 elements, rank 1 8: Gloo's I/O thread on the rank that receives more than
+# it expects aborts that process ("Received data size doesn't match expected size"), which occl
+# cannot catch; the other rank sees a dead peer and gets a clear error.
+SIZE_MISMATCH = """
+import os, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=5))
+x = torch.ones(4 * (rank + 1), device="openreg")
+t0 = time.monotonic()
+dist.all_reduce(x)
+try:
+    x.cpu()
+    first = "no error"
+except RuntimeError as e:
+    first = str(e)
+try:
+    dist.all_reduce(x)
+    later = "no error"
+except dist.DistBackendError as e:
+    later = str(e)
+dist.destroy_process_group()
+print(f"ALLREDUCE (seq 1, rank {rank} of 2) failed" in first, "failed earlier" in later, time.monotonic() - t0 < 20)
+"""
+
+
+def run_dead_peer(handling, script=DEAD_PEER, survivor=0):
+    """Both ranks of `script` under TORCH_OCCL_ASYNC_ERROR_HANDLING=handling (None: unset); returns
+    the survivor's (returncode, stdout, stderr)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("TORCH_OCCL_ASYNC_ERROR_HANDLING", None)
+    if handling is not None:
+        env["TORCH_OCCL_ASYNC_ERROR_HANDLING"] = handling
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    return procs[survivor].returncode, *outs[survivor]
+
+
 class TestDeadPeer(TestCase):
     def test_dead_peer_fails_fast_and_shuts_down(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", DEAD_PEER],
-                env=dict(env, RANK=str(r)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for r in (0, 1)
-        ]
-        (out, err), _ = [p.communicate(timeout=120) for p in procs]
-        self.assertEqual(procs[0].returncode, 0, err)
+        code, out, err = run_dead_peer("2")
+        self.assertEqual(code, 0, err)
         self.assertEqual(out.strip().splitlines()[-1], "True True True", out + err)
 
+    def test_size_mismatch_fails_the_other_rank(self):
+        code, out, err = run_dead_peer("2", SIZE_MISMATCH, survivor=1)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.strip().splitlines()[-1], "True True True", out + err)
 
-if __name__ == "__main__":
-    run_tests()
+    def test_tear_down_modes_end_the_process(self):
+        # Unset (3, NCCL's default: skip clean up) and 1 (tear down): the watchdog takes the survivor
+        # down at the failure, saying why.
+        for handling, mode in ((None, 3), ("1", 1)):
+            with self.subTest(handling=handling):
+                code, out, err = run_dead_peer(handling)
+                self.assertNotEqual(code, 0, out + err)
+                self.assertNotIn("survived", out)
+                self.assertIn("ALLREDUCE (seq 2, rank 0 of 2) failed", err)
+                self.assertIn(f"occl is taking the entire process down (TORCH_OCCL_ASYNC_ERROR_HANDLING={mode})", err)
 
 
 class TestDebugDetail(OcclTestCase):
@@ -137,3 +269,7 @@ class TestDebugDetail(OcclTestCase):
             dist.all_reduce(y)
         dist.all_reduce(x)  # and the group goes on
         self.assertEqual(x.cpu(), torch.full((4,), 6.0))
+
+
+if __name__ == "__main__":
+    run_tests()

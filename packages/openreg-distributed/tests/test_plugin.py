@@ -58,8 +58,15 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as
     torch.openreg.synchronize()
 path = os.path.join(tempfile.mkdtemp(), "trace.json")
 prof.export_chrome_trace(path)
-kernels = {e["name"]: e["tid"] for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"}
-print("occl::all_reduce" in kernels, kernels.get("occl::all_reduce") != kernels.get("aten::mul"))
+events = json.load(open(path))["traceEvents"]
+kernels = {e["name"]: e for e in events if e.get("cat") == "kernel"}
+comms = [e for e in events if e.get("name") == "record_param_comms"]
+kernel = kernels.get("occl::all_reduce", {})
+print("occl::all_reduce" in kernels, kernel.get("tid") != kernels.get("aten::mul", {}).get("tid"))
+# The host-side record of the collective, with its metadata, linked to the kernel it launched.
+args = comms[0]["args"] if comms else {}
+print(args.get("Collective name"), args.get("In msg nelems"), args.get("dtype"))
+print(kernel.get("args", {}).get("External id") == args.get("External id"))
 """
 
 
@@ -104,7 +111,8 @@ class TestPluginLoading(TestCase):
         self.assertEqual(r.stdout.strip(), "cpu:fake,openreg:fake (4, 4) openreg:0")
 
     def test_profiler_shows_collectives_on_the_comm_stream(self):
-        # The collective is a kernel of its own name, on another stream track than the compute.
+        # The collective is a kernel of its own name, on another stream track than the compute,
+        # and a host-side record_param_comms event (as NCCL's) with its metadata launched it.
         r = run_python(PROFILED)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.strip().splitlines()[-1], "True True")
+        self.assertEqual(r.stdout.strip().splitlines()[-3:], ["True True", "all_reduce 1024 Float", "True"])
