@@ -8,6 +8,7 @@
     nox -s quant        openreg-quant's tests (packages/openreg-quant/tests)
     nox -s onnx         openreg-onnx's tests (packages/openreg-onnx/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
+    nox -s soak         the full soak (long; not part of `tests`; the quick one is in `core`)
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
     nox -s lint         ruff and clang-format (not part of `tests`)
     nox -s docs         the integration guide (docs/): Sphinx build (warnings are errors) and its link test
@@ -41,7 +42,8 @@ TORCH = "torch==2.13.0"
 # A fresh venv seeds an old setuptools that cannot build core (`invalid command 'bdist_wheel'`).
 BASE = ("setuptools>=70.1", "wheel")
 # torch.testing._internal.common_utils (TestCase, run_tests) imports expecttest and numpy.
-CORE_TEST_DEPS = ("expecttest", "numpy")
+# psutil: the soak test's thread, file-descriptor and resident-size counts, on every OS.
+CORE_TEST_DEPS = ("expecttest", "numpy", "psutil==7.2.2")
 LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 # Pure-Python and torch-free (their dependency trees hold no torch); pinned like the lint tools.
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
@@ -153,6 +155,18 @@ def runtime_asan(session: nox.Session) -> None:
 def runtime_tsan(session: nox.Session) -> None:
     """libopenreg's tests under ThreadSanitizer."""
     _runtime(session, "thread")
+
+
+@nox.session(python=PYTHON, requires=["build"], default=False)
+def soak(session: nox.Session) -> None:
+    """The full soak, not part of `tests` (docs/mechanisms/reliability.md): 10,000 random operators and
+    1,000 training steps on 2 devices and 4 streams, then the runtime's soak under faults at 10 times
+    its size. `nox -s core` runs the quick profile of the first."""
+    _install_core(session, *CORE_TEST_DEPS)
+    session.run("pytest", str(CORE / "tests" / "test_soak.py"), *session.posargs, env=_env(OPENREG_SOAK_SCALE="10"))
+    session.install("cmake", "ninja")
+    env = _env(OPENREG_SANITIZER="", OPENREG_TEST_SCALE="10")
+    session.run("pytest", str(CORE / "libopenreg" / "tests"), "-k", "soak", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])
