@@ -10,11 +10,12 @@
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s soak         the full soak (long; not part of `tests`; the quick one is in `core`)
     nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
+    nox -s scenarios    cross-package scenarios (tests/scenarios) with every plugin installed
     nox -s lint         ruff and clang-format (not part of `tests`)
     nox -s docs         the integration guide (docs/): Sphinx build (warnings are errors) and its link test
     nox -s bench        benchmark smoke run (tools/bench, --quick; asserts nothing about speed)
 
-Session graph (`requires=`): build <- core, amp, packaging, bench <- tests; runtime, runtime_asan,
+Session graph (`requires=`): build <- core, amp, ..., packaging, bench, scenarios <- tests; runtime, runtime_asan,
 runtime_tsan and docs need no build and are required by tests too. Nox runs a required session once per
 invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
@@ -240,8 +241,21 @@ def packaging(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env={"OPENREG_DIST": str(DIST)})
 
 
+@nox.session(python=PYTHON, requires=["build"])
+def scenarios(session: nox.Session) -> None:
+    """The cross-package scenarios in tests/scenarios, with core and every plugin installed as a user
+    would (`openreg-core[all]`): each compares a workload on openreg with the same on the CPU and
+    prints a result line (pytest's summary, "openreg scenarios"). One Inductor cache per run."""
+    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, plugins=tuple(PLUGINS.values()))
+    session.install("--no-deps", TORCHAO)
+    cache = Path(session.create_tmp()) / "inductor-cache"
+    shutil.rmtree(cache, ignore_errors=True)  # cold, as in `inductor`
+    env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
+    session.run("pytest", str(ROOT / "tests" / "scenarios"), *session.posargs, env=env)
+
+
 @nox.session(
-    python=PYTHON,
+    python=False,
     requires=[
         "core",
         "amp",
@@ -255,12 +269,12 @@ def packaging(session: nox.Session) -> None:
         "packaging",
         "docs",
         "bench",
+        "scenarios",
     ],
 )
 def tests(session: nox.Session) -> None:
-    """Everything: the test sessions it requires, then the cross-package scenarios in tests/scenarios."""
-    _install_core(session, "numpy")  # as in the README's install: without numpy torch warns at import
-    session.run("pytest", str(ROOT / "tests" / "scenarios"), *session.posargs)
+    """Everything: the sessions it requires, the cross-package scenarios last (no venv of its own)."""
+    session.log("every session passed")
 
 
 @nox.session(python=PYTHON, requires=["build"], default=False)
