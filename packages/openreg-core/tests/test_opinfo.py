@@ -93,12 +93,8 @@ CPU_OUT_DIFFERS = {
     "fft.ihfftn": "upstream: torch.fft.ihfftn(x, out=o) on the CPU leaves o unwritten for most shapes",
     "fft.ihfft2": "upstream: torch.fft.ihfft2(x, out=o) on the CPU leaves o unwritten for some shapes",
 }
-# name -> (regex over the failing checks' labels, reason)
-EXPECTED_FAILURES = {
-    "sparse.sampled_addmm": ("", "sparse layouts are not supported on openreg"),
-    "sparse.mm.reduce": ("", "sparse layouts are not supported on openreg"),
-    "to_sparse": ("", "sparse layouts are not supported on openreg"),
-}
+# name -> (regex over the failing checks' labels, reason); empty since sparse layouts work
+EXPECTED_FAILURES: dict = {}
 # Operators with CPU dtypes in op_db that no CPU call accepts; the test checks that it stays so.
 NOT_TESTABLE = {
     name: "CUDA-only jiterator operator: the CPU rejects every sample, so there is no CPU result to compare"

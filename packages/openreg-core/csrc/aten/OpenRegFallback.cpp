@@ -26,6 +26,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -47,6 +48,7 @@
 #include "../runtime/OpenRegGenerator.h"
 #include "../runtime/OpenRegStream.h"
 #include "OpenRegKernelTensor.h"
+#include "OpenRegSparse.h"
 
 namespace c10::openreg {
 
@@ -319,7 +321,23 @@ struct Launch {
 
 // Arguments as the device sees them: openreg tensors become kernel tensors.
 void to_kernel_stack(Stack& stack, KernelStorages& storages) {
-  for (c10::IValue& v : stack) v = map_tensors(v, [&](const at::Tensor& t) { return kernel_tensor(t, &storages); });
+  for (c10::IValue& v : stack)
+    v = map_tensors(v, [&](const at::Tensor& t) {
+      return sparse::is_sparse(t) && t.is_privateuseone() ? sparse::kernel_tensor(t, &storages)
+                                                          : kernel_tensor(t, &storages);
+    });
+}
+
+// The CPU dispatch keys of a kernel stack: a sparse argument selects the CPU's sparse kernel.
+c10::DispatchKeySet cpu_keys(const Stack& stack) {
+  c10::DispatchKeySet keys(c10::DispatchKey::CPU);
+  for (const c10::IValue& v : stack)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (t.is_sparse()) keys = keys.add(c10::DispatchKey::SparseCPU);
+      if (sparse::is_compressed(t)) keys = keys.add(c10::DispatchKey::SparseCsrCPU);
+    });
+  return keys;
 }
 
 Stack LaunchStack::materialize() const {
@@ -590,6 +608,13 @@ std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::Arr
     result->data_dependent = true;
     return result;
   }
+  bool strided = true;
+  for (const c10::IValue& r : meta)
+    for_each_tensor(r, [&](const at::Tensor& t) { strided &= !t.defined() || t.layout() == c10::kStrided; });
+  if (!strided) {  // a sparse result (to_sparse of a dense tensor): its nnz depends on the data
+    result->data_dependent = true;
+    return result;
+  }
   const auto& schema = op.schema();
   for (size_t i = 0; i < meta.size(); ++i) {
     const c10::IValue& r = meta[i];
@@ -669,6 +694,14 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     // Written arguments the op does not return, which the CPU kernel resized or reallocated
     // (fused_moving_avg_obs_fake_quant grows its statistics): (argument index, host result).
     std::vector<std::pair<size_t, at::Tensor>> resized;
+    // Written sparse arguments (in place or out=): the argument index, the CPU sparse tensor after
+    // the kernel, and per member whether it is still the kernel view of the device member.
+    struct SparseWritten {
+      size_t index;
+      at::Tensor result;
+      std::vector<bool> same;
+    };
+    std::vector<SparseWritten> sparse_written;
     std::exception_ptr error;
   };
   auto state = std::make_shared<State>();
@@ -678,20 +711,35 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
     DeviceWarningGuard no_warnings;
+    // Below autograd, where the CPU's kernels run on the CPU too (its sparse kernels assert it).
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     try {
       const Stack originals = kernel_args;  // the device tensors, before the op
       KernelStorages storages;
       to_kernel_stack(kernel_args, storages);
       const Stack kernel_inputs = kernel_args;  // the same tensors: a resize inside the op shows in them
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_args);
+      op.redispatchBoxed(cpu_keys(kernel_inputs), &kernel_args);
       const auto& schema = op.schema();
       std::vector<bool> returned(kernel_inputs.size(), false);  // written arguments a return aliases (`moved`)
       for (const auto& ret : schema.returns())
         if (is_written(ret) && aliased_argument(schema, ret) >= 0) returned[aliased_argument(schema, ret)] = true;
       for (size_t i = 0; i < kernel_inputs.size(); ++i) {
-        if (returned[i] || !is_written(schema.arguments()[i]) || !kernel_inputs[i].isTensor()) continue;
+        if (!is_written(schema.arguments()[i]) || !kernel_inputs[i].isTensor()) continue;
         const at::Tensor& got = kernel_inputs[i].toTensor();
-        if (!got.defined()) continue;
+        if (sparse::is_sparse(got)) {  // returned or not, its members are carried back below
+          const auto device_members = sparse::members(originals[i].toTensor());
+          const auto host_members = sparse::members(got);
+          std::vector<bool> same;
+          for (size_t j = 0; j < host_members.size(); ++j) {
+            const at::Tensor want = kernel_tensor(device_members[j]);
+            const at::Tensor& m = host_members[j];
+            same.push_back(m.data_ptr() == want.data_ptr() && m.sizes() == want.sizes() &&
+                           m.strides() == want.strides());
+          }
+          state->sparse_written.push_back({i, got, std::move(same)});
+          continue;
+        }
+        if (returned[i] || !got.defined()) continue;
         const at::Tensor want = kernel_tensor(originals[i].toTensor());
         if (got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides())
           state->resized.emplace_back(i, got);
@@ -700,12 +748,18 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
         const auto& ret = schema.returns()[i];
         bool moved = false;
         if (is_written(ret)) {
-          const at::Tensor want = kernel_tensor(originals[aliased_argument(schema, ret)].toTensor());
-          const at::Tensor& got = kernel_args[i].toTensor();
-          moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
+          const at::Tensor& base = originals[aliased_argument(schema, ret)].toTensor();
+          if (!sparse::is_sparse(base)) {  // a sparse one is carried back with the written arguments
+            const at::Tensor want = kernel_tensor(base);
+            const at::Tensor& got = kernel_args[i].toTensor();
+            moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
+          }
         } else if (is_view_return(ret) && kernel_args[i].isTensor()) {  // a "view" that is not one
-          const at::Tensor want = kernel_tensor(originals[aliased_argument(schema, ret)].toTensor());
-          moved = kernel_args[i].toTensor().storage().data() != want.storage().data();
+          const at::Tensor& base = originals[aliased_argument(schema, ret)].toTensor();
+          const at::Tensor& got = kernel_args[i].toTensor();
+          // A view of or as a sparse tensor comes back as a copy (the structure views are native).
+          moved = sparse::is_sparse(base) || sparse::is_sparse(got) ||
+                  got.storage().data() != kernel_tensor(base).storage().data();
         }
         state->moved.push_back(moved);
       }
@@ -725,6 +779,36 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   // (device output as it is now, host result): described at launch, because the host may
   // resize or free the output before the copy runs.
   std::vector<std::pair<KernelTensorArg, at::Tensor>> copies;
+  auto launch_copies = [&](std::vector<std::pair<KernelTensorArg, at::Tensor>> batch) {
+    if (!batch.empty())
+      OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [batch = std::move(batch)] {
+        for (const auto& [out, host] : batch) out.materialize().copy_(host);
+      }));
+  };
+  // A new dense device tensor for a host result, filled by `fill`'s copy kernel.
+  auto empty_for = [&](const at::Tensor& h, std::vector<std::pair<KernelTensorArg, at::Tensor>>& fill) {
+    at::Tensor out = h.is_non_overlapping_and_dense()
+                         ? at::empty_strided(h.sizes(), h.strides(), h.options().device(device))
+                         : at::empty(h.sizes(), h.options().device(device));
+    fill.emplace_back(KernelTensorArg(out), h);
+    return out;
+  };
+  // The device members of a sparse host result, filled at once: making a sparse tensor of them
+  // may check its invariants on the device (torch.sparse.check_sparse_tensor_invariants).
+  auto members_on_device = [&](const std::vector<at::Tensor>& host, const std::vector<bool>& keep,
+                               const std::vector<at::Tensor>& kept) {
+    std::vector<std::pair<KernelTensorArg, at::Tensor>> fill;
+    std::vector<at::Tensor> members;
+    for (size_t j = 0; j < host.size(); ++j) members.push_back(keep[j] ? kept[j] : empty_for(host[j], fill));
+    launch_copies(std::move(fill));
+    return members;
+  };
+  // A new device tensor for a host result; a sparse one is made of new device members.
+  auto to_device = [&](const at::Tensor& host) {
+    if (!sparse::is_sparse(host)) return empty_for(host, copies);
+    const auto members = sparse::members(host);
+    return sparse::assemble(host, members_on_device(members, std::vector<bool>(members.size(), false), {}), device);
+  };
   // The meta kernel's geometry for tensor j of return i, if it describes `host`.
   auto meta_geometry = [&](size_t i, size_t j, const at::Tensor& host) -> const Geometry* {
     if (meta == nullptr || meta->data_dependent || j >= meta->returns[i].size()) return nullptr;
@@ -740,10 +824,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
         continue;
       }
       if (is_view_return(ret)) {  // a fresh result after all: copy it into a new device tensor
-        const at::Tensor& host = results[i].toTensor();
-        at::Tensor out = at::empty(host.sizes(), host.options().device(device));
-        copies.emplace_back(KernelTensorArg(out), host);
-        stack->push_back(out);
+        stack->push_back(to_device(results[i].toTensor()));
         continue;
       }
       if (state->moved[i]) {  // out= resized by the CPU kernel: give the device tensor its result
@@ -762,6 +843,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       const size_t index = j++;
       if (!host.defined()) return host;
       check_not_quantized(host.scalar_type());
+      if (sparse::is_sparse(host)) return to_device(host);
       at::Tensor out;
       if (const Geometry* g = meta_geometry(i, index, host)) out = alloc_like(*g);
       if (!out.defined() || !out.is_non_overlapping_and_dense())
@@ -772,6 +854,11 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       return out;
     }));
   }
+  // A written sparse argument takes its new structure; members the kernel wrote in place stay.
+  for (const auto& w : state->sparse_written) {
+    const at::Tensor& base = args[w.index].toTensor();
+    sparse::reassign(base, w.result, members_on_device(sparse::members(w.result), w.same, sparse::members(base)));
+  }
   // A written argument the kernel resized takes the new size, and its values, on the device; the
   // extra shape makes the first call's check disagree with the meta kernel, so every later call of
   // the signature also runs here (the asynchronous path could not carry the resize back).
@@ -781,10 +868,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     copies.emplace_back(KernelTensorArg(base), host);
     shapes.push_back(host.sizes().vec());
   }
-  if (!copies.empty())
-    OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [copies] {
-      for (const auto& [out, host] : copies) out.materialize().copy_(host);
-    }));
+  launch_copies(std::move(copies));
   return shapes;
 }
 
@@ -1191,6 +1275,18 @@ void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   const c10::Device device = common_device(op.schema(), args);
   c10::DeviceGuard guard(device);
   move_indices_to(op.schema(), args.data(), args.size(), device);
+  run_synchronously(op, stack, std::move(args), device);
+}
+
+void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  check_not_strict(schema);
+  const size_t n = schema.arguments().size();
+  sparse::check_cpu_kernel(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n));
+  Stack args = take_arguments(stack, n);
+  count(op);
+  const c10::Device device = common_device(schema, args);
+  c10::DeviceGuard guard(device);
   run_synchronously(op, stack, std::move(args), device);
 }
 

@@ -15,6 +15,9 @@ void generic_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
 // Runs the CPU implementation on the device and waits, for outputs whose
 // shapes depend on the data (registered per operator).
 void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+// The sparse path: the synchronous path for operators with sparse openreg arguments, which run the
+// CPU's sparse kernels on the device (registered as the fallback of the sparse keys; OpenRegSparse.cpp).
+void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 // Registers the generic path for the functional and in-place overloads of structured ops
 // (once, after every static registration of the backend ran); returns how many.
 size_t route_structured_ops();

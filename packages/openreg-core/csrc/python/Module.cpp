@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "aten/OpenRegFallback.h"
+#include "aten/OpenRegSparse.h"
 #include "openreg/faults.h"
 #include "runtime/OpenRegCachingAllocator.h"
 #include "runtime/OpenRegException.h"
@@ -103,6 +104,7 @@ void take_gil_back(void* state) {
 PYBIND11_MODULE(_C, m) {
   // After every static registration of libtorch_openreg (and before any op runs).
   route_structured_ops();
+  sparse::route_sparse_ops();
   OPENREG_CHECK(orSetBlockingWaitHooks(&release_gil_while_waiting, &take_gil_back));
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
