@@ -1,0 +1,85 @@
+"""Scenario: quantize -> export -> serve. A small CNN on openreg is quantized with openreg-quant's PT2E
+flow (OpenRegQuantizer, convert_pt2e) and lowered to its fused int8 kernels (lower_pt2e); the float
+and the quantized (Q/DQ) programs are exported to ONNX from openreg (openreg-onnx) and served in
+onnxruntime's CPU provider. The outputs agree with openreg eager, and openreg eager with the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
+
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+from openreg_quant import OpenRegQuantizer, lower_pt2e  # noqa: E402
+from report import report  # noqa: E402
+from torch.testing._internal.common_utils import TestCase, run_tests  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
+from workloads import SmallCNN, cnn_images  # noqa: E402
+
+qd = torch.ops.quantized_decomposed
+
+
+def serve(model, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """Exports `model` (on openreg, called on `x`) with the dynamo exporter and runs the ONNX model
+    in onnxruntime on the CPU: its output, and the ONNX op types of the graph."""
+    program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
+    proto = program.model_proto
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    [out] = session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})
+    return torch.from_numpy(out), sorted({n.op_type for n in proto.graph.node})
+
+
+def last_quantum(gm) -> float:
+    """The scale of the last activation quantization before the output: one step of its int8 grid."""
+    return float([n.args[1] for n in gm.graph.nodes if n.target == qd.quantize_per_tensor.default][-1])
+
+
+class TestQuantizeExportServe(TestCase):
+    def test_cnn(self):
+        torch.manual_seed(0)
+        cpu_model = SmallCNN().eval()
+        model = SmallCNN().eval().to("openreg")
+        model.load_state_dict(cpu_model.state_dict())
+        x = cnn_images(0).to("openreg")
+
+        # Float: openreg eager against the CPU, and the exported model in onnxruntime.
+        with torch.no_grad():
+            eager = model(x).cpu()
+            self.assertEqual(eager, cpu_model(x.cpu()), atol=1e-5, rtol=1e-5)
+        float_ort, float_ops = serve(model, x)
+        self.assertEqual(float_ort, eager, atol=1e-4, rtol=1e-4)
+        self.assertIn("Conv", float_ops)
+
+        # Quantized on openreg: calibrate, convert (Q/DQ graph), export that, then lower it.
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
+        for seed in range(1, 5):
+            prepared(cnn_images(seed).to("openreg"))
+        converted = convert_pt2e(prepared)
+        quantum = last_quantum(converted)
+        with torch.no_grad():
+            qdq = converted(x).cpu()
+        int8_ort, int8_ops = serve(converted, x)
+        self.assertTrue({"QuantizeLinear", "DequantizeLinear"} <= set(int8_ops), int8_ops)
+        lowered = lower_pt2e(converted)
+        self.assertTrue(any(str(n.target).startswith("openreg_quant.qconv2d") for n in lowered.graph.nodes))
+        with torch.no_grad():
+            int8 = lowered(x).cpu()
+
+        # Served int8 against openreg's fused int8 kernels: onnxruntime's int8 arithmetic may round an
+        # output to the neighbouring step of its grid (measured: 0.2 of a step); both near the float model.
+        diff_lowered = (int8_ort - int8).abs().max().item()
+        diff_qdq = (int8_ort - qdq).abs().max().item()
+        rel = ((int8 - eager).norm() / eager.norm()).item()
+        self.assertLessEqual(diff_lowered, quantum)
+        self.assertLessEqual(diff_qdq, quantum)
+        self.assertLess(rel, 0.05)
+        report(
+            f"quantize->export->serve: CNN float ORT vs openreg max |diff| {(float_ort - eager).abs().max():.1e}; "
+            f"int8 ORT vs openreg lowered {diff_lowered:.1e} (quantum {quantum:.1e}); int8 vs float rel {rel:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    run_tests()
