@@ -9,7 +9,7 @@
     nox -s onnx         openreg-onnx's tests (packages/openreg-onnx/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
     nox -s soak         the full soak (long; not part of `tests`; the quick one is in `core`)
-    nox -s packaging    what the wheel and the sdist contain, and that the wheel imports
+    nox -s packaging    what the wheels and sdists contain; `openreg-core[extras]` into a fresh venv
     nox -s scenarios    cross-package scenarios (tests/scenarios) with every plugin installed
     nox -s lint         ruff and clang-format (not part of `tests`)
     nox -s docs         the integration guide (docs/): Sphinx build (warnings are errors) and its link test
@@ -236,7 +236,8 @@ def onnx(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, requires=["build"])
 def packaging(session: nox.Session) -> None:
-    """Checks what the wheel and the sdist in dist/ contain, and that the installed wheel imports."""
+    """Checks what the wheels and sdists in dist/ contain and that the installed wheel imports; installs
+    `openreg-core[EXTRA]` from dist/ into a fresh venv for every extra (tests/packaging/test_extras.py)."""
     _install_core(session, plugins=tuple(PLUGINS.values()))
     session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env={"OPENREG_DIST": str(DIST)})
 
