@@ -1,0 +1,49 @@
+"""Injected faults (core's OPENREG_FAULTS, docs/mechanisms/reliability.md) under a 2-rank group: a
+collective kernel that fails on one rank fails that rank's collective, and its peer gets an error
+within the group's timeout instead of hanging."""
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from conftest import OcclTestCase
+from torch.testing._internal.common_utils import run_tests
+
+TIMEOUT = timedelta(seconds=3)
+
+
+class TestInjectedKernelFailure(OcclTestCase):
+    def test_failed_collective_kernel_on_one_rank_fails_both(self):
+        group = dist.new_group(backend="occl", timeout=TIMEOUT)
+        x = torch.ones(4, device=self.device)
+        dist.all_reduce(x, group=group)  # healthy first
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+        dist.barrier()
+        t0 = time.monotonic()
+        if self.rank == 0:
+            torch.openreg._inject_faults("kernel:occl::all_reduce")
+        try:
+            dist.all_reduce(x, group=group)
+            if self.rank == 0:
+                with self.assertRaisesRegex(
+                    RuntimeError,
+                    r"kernel 'occl::all_reduce' failed on openreg device 0: fault injected by OPENREG_FAULTS",
+                ):
+                    x.cpu()
+            else:
+                with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 2, rank 1 of 2\) failed"):
+                    x.cpu()
+        finally:
+            torch.openreg._inject_faults("")
+        self.assertLess(time.monotonic() - t0, 30)
+        dist.barrier()
+        # The default group is still usable.
+        y = torch.ones(2, device=self.device)
+        dist.all_reduce(y)
+        self.assertEqual(y.cpu(), torch.full((2,), 2.0))
+        dist.destroy_process_group(group)
+
+
+if __name__ == "__main__":
+    run_tests()
