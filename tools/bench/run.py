@@ -40,6 +40,7 @@ import first_use  # noqa: E402  (no torch here; its device processes import it)
 import onnx_bench  # noqa: E402  (no torch here; its device processes import it)
 import quant as quant_bench  # noqa: E402  (no torch here; its device processes import it)
 import runtime_bench  # noqa: E402  (no torch; eager is imported only when an eager measure runs)
+import scenarios as scenario_bench  # noqa: E402  (no torch here; its device processes import it)
 
 EAGER_IDS = (
     "alloc-free",
@@ -60,6 +61,7 @@ GROUPS = {
     "quant": quant_bench.IDS,
     "compile": compile_bench.IDS,
     "collectives": collectives.IDS,
+    "scenarios": scenario_bench.IDS,
 }
 ALL_IDS = (
     *runtime_bench.IDS,
@@ -69,6 +71,7 @@ ALL_IDS = (
     *quant_bench.IDS,
     *compile_bench.IDS,
     *collectives.IDS,
+    *scenario_bench.IDS,
 )
 
 
@@ -305,6 +308,7 @@ MODULE_GROUPS = {
     "quant": quant_bench,
     "compile": compile_bench,
     "collectives": collectives,
+    "scenarios": scenario_bench,
 }
 
 
