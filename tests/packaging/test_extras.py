@@ -115,6 +115,7 @@ def _assert_loaded(state: dict, plugins: tuple[str, ...]) -> None:
     assert sorted(loaded) == sorted(plugins), f"installed plugins {sorted(loaded)}, expected {sorted(plugins)}"
     for name, info in loaded.items():
         assert info["loaded"] and info["error"] is None, f"plugin {name} did not load: {info}"
+        assert info["requires"], f"plugin {name} declares no openreg-core range: {info}"
     assert state["warnings"] == [], state["warnings"]
     assert state["value"] == [3.0, 3.0] and state["torch"].startswith("2.13.0"), state
 

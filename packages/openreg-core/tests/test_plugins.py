@@ -1,14 +1,16 @@
 """Plugin discovery: core loads plugins from the `torch_openreg.plugins` entry-point group."""
 
 import os
+import tempfile
 import textwrap
 
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 
-def install_plugin(root, name: str, body: str) -> None:
-    """Installs a one-module distribution into `root` the way pip lays it out (module + dist-info)."""
+def install_plugin(root, name: str, body: str, requires: tuple = ()) -> None:
+    """Installs a one-module distribution into `root` the way pip lays it out (module + dist-info);
+    `requires` are its Requires-Dist lines."""
     module = f"openreg_test_{name}"
     with open(os.path.join(root, f"{module}.py"), "w") as f:
         f.write(textwrap.dedent(body))
@@ -16,6 +18,7 @@ def install_plugin(root, name: str, body: str) -> None:
     os.makedirs(info)
     with open(os.path.join(info, "METADATA"), "w") as f:
         f.write(f"Metadata-Version: 2.1\nName: openreg-test-{name}\nVersion: 1.2.3\n")
+        f.writelines(f"Requires-Dist: {r}\n" for r in requires)
     with open(os.path.join(info, "entry_points.txt"), "w") as f:
         f.write(f"[torch_openreg.plugins]\n{name} = {module}:load\n")
 
@@ -76,6 +79,111 @@ class TestPlugins(TestCase):
         self.assertEqual(
             r.stdout.strip().splitlines(), ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', False)]", "[]", "None"]
         )
+
+
+MARKED = """
+import torch
+IMPORTED_WITH = torch.openreg.device_count()
+def load():
+    pass
+"""
+
+VERSIONS = """
+import sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch
+import torch_openreg
+plugins = torch.openreg.plugins()
+print(torch_openreg.__version__)
+print(sorted((n, p["loaded"], p["requires"]) for n, p in plugins.items() if n.startswith("zz")))
+print(plugins["zzfuture"]["error"])
+print([str(w.message) for w in caught if "openreg plugin" in str(w.message)])
+print(sorted(m for m in sys.modules if m.startswith("openreg_test_")))
+print(torch.ones(2, device="openreg").add(1).cpu().tolist())
+"""
+
+
+class TestCoreVersions(TestCase):
+    """A plugin declares the core versions it works with as its requirement on openreg-core; core
+    skips one whose range excludes the installed core, with a warning, before importing it."""
+
+    def test_incompatible_plugin_is_skipped_with_a_warning(self):
+        from importlib import metadata
+
+        with tempfile.TemporaryDirectory() as root:
+            install_plugin(root, "zzfuture", MARKED, requires=("openreg-core<10,>=9.0", "torch>=2.13,<2.14"))
+            install_plugin(root, "zzcurrent", MARKED, requires=("openreg-core (>=0.1,<1000)",))
+            install_plugin(root, "zzany", MARKED, requires=("openreg-core",))
+            install_plugin(root, "zzextra", MARKED, requires=('openreg-core>=9; extra == "x"',))
+            r = run_python(VERSIONS, env={"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        core, status, error, warned, imported, values = r.stdout.strip().splitlines()
+        self.assertEqual(core, metadata.version("openreg-core"))  # the version checked is the installed one
+        self.assertEqual(
+            status,
+            str(
+                [
+                    ("zzany", True, ""),
+                    ("zzcurrent", True, ">=0.1,<1000"),
+                    ("zzextra", True, None),
+                    ("zzfuture", False, "<10,>=9.0"),
+                ]
+            ),
+        )
+        message = (
+            f"openreg-test-zzfuture 1.2.3 requires openreg-core<10,>=9.0, but openreg-core {core} is installed; "
+            "skipped (install a matching pair, e.g. pip install 'openreg-core[zzfuture]')"
+        )
+        self.assertEqual(error, f"incompatible: {message}")
+        self.assertEqual(warned, str([f"openreg plugin 'zzfuture' not loaded: {message}"]))
+        # never imported (a C++ plugin built against another core might not even import)
+        self.assertEqual(imported, str(["openreg_test_zzany", "openreg_test_zzcurrent", "openreg_test_zzextra"]))
+        self.assertEqual(values, "[2.0, 2.0]")  # and the device works
+
+    def test_version_specifiers(self):
+        from torch_openreg.openreg._plugins import core_requirement, version_satisfies
+
+        cases = [
+            (">=0.1,<0.2", "0.1.0", True),
+            (">=0.1,<0.2", "0.2.0", False),
+            (">=0.1,<0.2", "0.0.9", False),
+            ("~=0.1.0", "0.1.7", True),
+            ("~=0.1.0", "0.2.0", False),
+            ("~=0.1", "0.9", True),
+            ("==0.1.*", "0.1.3", True),
+            ("==0.1.*", "0.10.0", False),
+            ("!=0.1.*", "0.2", True),
+            ("==0.1", "0.1.0", True),
+            ("!=0.1.0", "0.1", False),
+            (">0.1", "0.1.1", True),
+            ("<=0.1", "0.1.1", False),
+            ("===0.1.0", "0.1.0", True),
+            ("", "7.0", True),
+        ]
+        for spec, version, want in cases:
+            self.assertEqual(version_satisfies(version, spec), want, f"{version} in {spec!r}")
+        with self.assertRaisesRegex(ValueError, "cannot read the version clause 'about 0.1'"):
+            version_satisfies("0.1", "about 0.1")
+        self.assertEqual(core_requirement(["torch>=2.13", "openreg_core (<0.2,>=0.1)"]), "<0.2,>=0.1")
+        self.assertEqual(core_requirement(["Openreg.Core"]), "")
+        self.assertIsNone(core_requirement(["torch", 'openreg-core>=1; extra == "dev"']))
+        self.assertIsNone(core_requirement(None))
+
+    def test_shipped_plugins_declare_this_core(self):
+        """Every plugin in the monorepo names a core range that includes this core's version."""
+        import tomllib
+        from pathlib import Path
+
+        from torch_openreg.openreg._plugins import core_requirement, version_satisfies
+
+        packages = Path(__file__).resolve().parents[2]
+        core = tomllib.loads((packages / "openreg-core" / "pyproject.toml").read_text())["project"]
+        for plugin in ("amp", "distributed", "inductor", "onnx", "quant"):
+            project = tomllib.loads((packages / f"openreg-{plugin}" / "pyproject.toml").read_text())["project"]
+            spec = core_requirement(project["dependencies"])
+            self.assertTrue(spec, f"openreg-{plugin} declares no openreg-core range: {project['dependencies']}")
+            self.assertTrue(version_satisfies(core["version"], spec), f"openreg-{plugin}: {spec} vs {core['version']}")
 
 
 if __name__ == "__main__":
