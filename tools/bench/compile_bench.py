@@ -18,15 +18,12 @@ as in eager.py.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from typing import Callable, Dict, List
 
-from rows import ratio_row, serve_in_process
+from rows import module_main, ratio_row, serve_each_device
 
 SIZES = {"1k": 1024, "256k": 256 * 1024, "16m": 16 * 1024 * 1024}
 IDS = (
@@ -103,12 +100,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     """Rows for run.py (same keys as its eager rows)."""
-    samples: Dict[str, float] = {}
-    for device in ("cpu", "openreg"):
-        log(f"[compile] {device} process ...")
-        with tempfile.TemporaryDirectory(prefix="openreg-bench-inductor-") as cache:
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-            samples.update(serve_in_process(__file__, device, quick, timeout=1800, env=env))
+    samples = serve_each_device(__file__, "compile", quick, log, timeout=1800, fresh_inductor_cache=True)
     rows = []
     for id_ in ids:
         if id_.startswith("compile-vs-eager-"):
@@ -123,11 +115,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
 
 
 def main(argv: List[str]) -> None:
-    if len(argv) >= 2 and argv[0] == "--serve":
-        print(json.dumps(serve(argv[1], "--quick" in argv)))
-        return
-    for row in run(list(IDS), "--quick" in argv, log=lambda m: print(m, file=sys.stderr)):
-        print(row)
+    module_main(argv, serve, run, IDS)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ Each device runs in a process of its own (this file with --serve DEVICE), as in 
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from typing import Callable, Dict, List
 
-from rows import ratio_row, serve_in_process
+from rows import module_main, ratio_row, serve_each_device
 
 MS = (1, 32, 256)
 IDS = ("quant-qdq-256k", *(f"quant-qlinear-m{m}" for m in MS), *(f"quant-fp32-m{m}" for m in MS), "quant-cnn")
@@ -146,10 +145,7 @@ def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     """Rows for run.py (same keys as its eager rows)."""
-    samples: Dict[str, float] = {}
-    for device in ("cpu", "openreg"):
-        log(f"[quant] {device} process ...")
-        samples.update(serve_in_process(__file__, device, quick, timeout=900))
+    samples = serve_each_device(__file__, "quant", quick, log, timeout=900)
     rows = []
     for id_ in ids:
         o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
@@ -160,11 +156,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
 
 
 def main(argv: List[str]) -> None:
-    if len(argv) >= 2 and argv[0] == "--serve":
-        print(json.dumps(serve(argv[1], "--quick" in argv)))
-        return
-    for row in run(list(IDS), "--quick" in argv, log=lambda m: print(m, file=sys.stderr)):
-        print(row)
+    module_main(argv, serve, run, IDS)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ as a ratio) and running a device's measures in a process of its own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from typing import Dict, Optional
+import tempfile
+from typing import Callable, Dict, List, Optional
 
 
 def ratio_row(
@@ -46,3 +48,30 @@ def serve_in_process(script: str, device: str, quick: bool, timeout: float, env:
     if proc.returncode != 0:
         raise RuntimeError(f"{device} process failed: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def serve_each_device(
+    script: str, group: str, quick: bool, log: Callable[[str], None], timeout: float, fresh_inductor_cache: bool = False
+) -> Dict:
+    """The samples of `script`'s CPU process, then of its openreg process (`serve_in_process`); with
+    `fresh_inductor_cache` each process compiles into an empty Inductor cache of its own."""
+    samples: Dict = {}
+    for device in ("cpu", "openreg"):
+        log(f"[{group}] {device} process ...")
+        if not fresh_inductor_cache:
+            samples.update(serve_in_process(script, device, quick, timeout=timeout))
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"openreg-bench-{group}-") as cache:
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+            samples.update(serve_in_process(script, device, quick, timeout=timeout, env=env))
+    return samples
+
+
+def module_main(argv: List[str], serve: Callable[[str, bool], Dict], run: Callable[..., List[Dict]], ids) -> None:
+    """A group module's command line: `--serve DEVICE [--quick]` prints that device's samples as
+    JSON (what serve_in_process reads); otherwise the group runs and prints its rows."""
+    if len(argv) >= 2 and argv[0] == "--serve":
+        print(json.dumps(serve(argv[1], "--quick" in argv)))
+        return
+    for row in run(list(ids), "--quick" in argv, log=lambda m: print(m, file=sys.stderr)):
+        print(row)

@@ -20,16 +20,14 @@ A process per device (this file with --serve DEVICE), each with a fresh Inductor
 from __future__ import annotations
 
 import io
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from rows import ratio_row, serve_in_process
+from rows import module_main, ratio_row, serve_each_device
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "tests" / "scenarios"
 IDS = ("scenario-gpt-step", "scenario-checkpoint", "scenario-int8-serve", "scenario-loader")
@@ -148,12 +146,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     """Rows for run.py (same keys as its eager rows)."""
-    samples: Dict[str, float] = {}
-    for device in ("cpu", "openreg"):
-        log(f"[scenarios] {device} process ...")
-        with tempfile.TemporaryDirectory(prefix="openreg-bench-scenarios-") as cache:
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-            samples.update(serve_in_process(__file__, device, quick, timeout=1800, env=env))
+    samples = serve_each_device(__file__, "scenarios", quick, log, timeout=1800, fresh_inductor_cache=True)
     rows = []
     for id_ in ids:
         o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
@@ -163,11 +156,7 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
 
 
 def main(argv: List[str]) -> None:
-    if len(argv) >= 2 and argv[0] == "--serve":
-        print(json.dumps(serve(argv[1], "--quick" in argv)))
-        return
-    for row in run(list(IDS), "--quick" in argv, log=lambda m: print(m, file=sys.stderr)):
-        print(row)
+    module_main(argv, serve, run, IDS)
 
 
 if __name__ == "__main__":
