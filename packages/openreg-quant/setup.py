@@ -28,6 +28,8 @@ setup(
                 "csrc/decomposed/ChooseQParams.cpp",
                 "csrc/fused/QLinearConv.cpp",
                 "csrc/fused/IntMM.cpp",
+                "csrc/qtensor/QTensorOps.cpp",
+                "csrc/qtensor/QLinear.cpp",
             ],
             extra_compile_args=FLAGS,
         )

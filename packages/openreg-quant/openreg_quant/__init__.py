@@ -12,7 +12,10 @@ Loading the C++ extension registers, for openreg:
   results bit-exact with the decomposition (``csrc/decomposed/``);
 - fused int8 operators ``torch.ops.openreg_quant.qlinear`` / ``qconv2d`` (relu post-op,
   quantized or float output) and ``qlinear_prepack``, and native ``aten::_int_mm`` /
-  ``aten::_weight_int8pack_mm`` (``csrc/fused/``).
+  ``aten::_weight_int8pack_mm`` (``csrc/fused/``);
+- quantized tensors on openreg (QuantizedPrivateUse1, allocated and copied by core):
+  ``torch.quantize_per_tensor`` / ``quantize_per_channel``, ``dequantize``, ``int_repr`` and
+  ``quantized::linear`` / ``linear_relu`` with weights packed on openreg (``csrc/qtensor/``).
 
 ``openreg_quant.OpenRegQuantizer`` and ``openreg_quant.lower_pt2e`` (``pt2e.py``) are the PT2E
 flow: a torchao quantizer and the FX pass that lowers a converted model to the fused ops

@@ -48,6 +48,7 @@
 #include "../runtime/OpenRegGenerator.h"
 #include "../runtime/OpenRegStream.h"
 #include "OpenRegKernelTensor.h"
+#include "OpenRegQuantized.h"
 #include "OpenRegSparse.h"
 
 namespace c10::openreg {
@@ -394,9 +395,10 @@ int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret
 }
 
 // ---- 2. geometry of results, and a cache of it ----
-void check_not_quantized(c10::ScalarType dtype) {
-  TORCH_CHECK(!c10::isQIntType(dtype), "quantized tensors (", dtype,
-              ") are not supported on openreg's generic operator path; see openreg-quant");
+// The generic path runs CPU kernels on plain tensors: a quantized result (a QTensorImpl and its
+// quantizer) has no place on it. Quantized openreg tensors are OpenRegQuantized.cpp's and openreg-quant's.
+void check_not_quantized(c10::ScalarType dtype, const c10::FunctionSchema& schema) {
+  if (c10::isQIntType(dtype)) reject_quantized(schema.operator_name(), dtype);
 }
 
 // What the meta kernel says about one result tensor.
@@ -459,9 +461,9 @@ at::Tensor view_like(const at::Tensor& base, const at::Tensor& meta) { return vi
 
 // A fresh device tensor (under the caller's device guard): straight from the
 // caching allocator, as openreg's empty_strided kernel would, without a dispatch.
-at::Tensor alloc_like(const Geometry& g) {
+at::Tensor alloc_like(const Geometry& g, const c10::FunctionSchema& schema) {
   if (!g.defined) return at::Tensor();
-  check_not_quantized(g.dtype);
+  check_not_quantized(g.dtype, schema);
   return at::detail::empty_strided_generic(g.sizes, g.strides, allocator::get(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), g.dtype);
 }
@@ -842,10 +844,10 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
       const size_t index = j++;
       if (!host.defined()) return host;
-      check_not_quantized(host.scalar_type());
+      check_not_quantized(host.scalar_type(), schema);
       if (sparse::is_sparse(host)) return to_device(host);
       at::Tensor out;
-      if (const Geometry* g = meta_geometry(i, index, host)) out = alloc_like(*g);
+      if (const Geometry* g = meta_geometry(i, index, host)) out = alloc_like(*g, schema);
       if (!out.defined() || !out.is_non_overlapping_and_dense())
         out = host.is_non_overlapping_and_dense()
                   ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
@@ -1153,10 +1155,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     } else {
       needs_kernel = true;
       if (!meta->is_list[i]) {
-        outputs.push_back(alloc_like(geometries[0]));
+        outputs.push_back(alloc_like(geometries[0], schema));
       } else {
         c10::List<at::Tensor> fresh;
-        for (const Geometry& g : geometries) fresh.push_back(alloc_like(g));
+        for (const Geometry& g : geometries) fresh.push_back(alloc_like(g, schema));
         outputs.push_back(fresh);
       }
     }

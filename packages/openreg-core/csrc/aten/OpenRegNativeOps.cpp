@@ -257,4 +257,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }
 
+// Quantized openreg tensors (OpenRegQuantized.cpp) take a storage (torch.load) and record streams the same way.
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("record_stream", record_stream);
+}
+
 }  // namespace c10::openreg

@@ -1,0 +1,174 @@
+// quantized::linear / quantized::linear_relu on quantized openreg tensors, with
+// weights packed on openreg by quantized::linear_prepack (the ops
+// torch.ao.nn.quantized.Linear calls).
+//
+// The packed parameters are an OpenRegLinearPackedParams: a
+// LinearPackedParamsBase (the class the quantized ops take) that keeps the
+// openreg weight and bias (for unpack) and device-side state: the CPU's own
+// packed form of a copy of the weight, made by a kernel on the device (the
+// prepack's launch, or the first linear that finds it missing). Each linear is
+// one launch that runs the CPU's packed apply (fbgemm or oneDNN, as the CPU
+// engine chooses) on the kernel views, so results are the CPU's bit for bit.
+//
+// A weight packed by the CPU (an nn.quantized.Linear built on the CPU and moved
+// with .to("openreg"), which does not move packed parameters) is a CPU packed
+// object: given an openreg input it raises, naming the op, and the other way round.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/quantized/PackedParams.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "KernelQTensor.h"
+
+namespace openreg_quant {
+namespace {
+
+using PackedPtr = c10::intrusive_ptr<LinearPackedParamsBase>;
+
+// Device side: the CPU's packed form, made once by whichever kernel needs it first.
+struct DeviceState {
+  std::mutex mutex;
+  PackedPtr cpu;
+};
+
+const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>& cpu_prepack() {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("quantized::linear_prepack", "")
+                                 .typed<PackedPtr(at::Tensor, std::optional<at::Tensor>)>();
+  return handle;
+}
+
+// Device side. The CPU packs copies of the weight and bias: the packed form owns its memory (the
+// CPU's packed objects keep their weight and bias tensors).
+LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weight,
+                               const std::optional<KernelTensorArg>& bias) {
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (!state.cpu) {
+    std::optional<at::Tensor> b;
+    if (bias) b = bias->materialize().clone();
+    state.cpu = cpu_prepack().call(weight.owned_copy(), b);
+  }
+  return *state.cpu;
+}
+
+[[noreturn]] void unsupported(const char* op) {
+  C10_THROW_ERROR(NotImplementedError,
+                  c10::str(op,
+                           ": not supported with openreg packed parameters (openreg-quant implements "
+                           "quantized::linear and quantized::linear_relu; see docs/mechanisms/quantization.md)."));
+}
+
+struct OpenRegLinearPackedParams : LinearPackedParamsBase {
+  OpenRegLinearPackedParams(at::Tensor weight, std::optional<at::Tensor> bias)
+      : weight_(std::move(weight)), bias_(std::move(bias)) {}
+
+  at::Tensor apply(at::Tensor input, double output_scale, int64_t output_zero_point) override {
+    return run(input, output_scale, output_zero_point, false);
+  }
+  at::Tensor apply_relu(at::Tensor input, double output_scale, int64_t output_zero_point) override {
+    return run(input, output_scale, output_zero_point, true);
+  }
+  at::Tensor apply_dynamic(at::Tensor, bool) override { unsupported("quantized::linear_dynamic"); }
+  at::Tensor apply_dynamic_relu(at::Tensor, bool) override { unsupported("quantized::linear_relu_dynamic"); }
+  std::tuple<at::Tensor, std::optional<at::Tensor>> unpack() override { return {weight_, bias_}; }
+  std::optional<at::Tensor> bias() override { return bias_; }
+
+  // One launch: packs on the device (unless packed already).
+  void prepack() {
+    if (weight_.numel() == 0) return;
+    OPENREG_CHECK(
+        ::openreg::launch(stream_of(weight_), "quantized::linear_prepack",
+                          [w = KernelQTensorArg(weight_), b = bias_arg(), state = state_] { packed(*state, w, b); }));
+  }
+
+ private:
+  std::optional<KernelTensorArg> bias_arg() const {
+    std::optional<KernelTensorArg> b;
+    if (bias_ && bias_->defined()) b.emplace(*bias_);
+    return b;
+  }
+
+  at::Tensor run(const at::Tensor& input, double output_scale, int64_t output_zero_point, bool relu) {
+    const char* name = relu ? "quantized::linear_relu" : "quantized::linear";
+    TORCH_CHECK(input.device() == weight_.device(), name, ": the weight was packed on ", weight_.device(),
+                " but the input is on ", input.device(), ".");
+    TORCH_CHECK(input.is_quantized() && input.qscheme() == c10::kPerTensorAffine && input.scalar_type() == at::kQUInt8,
+                name, ": the input must be a per-tensor quantized torch.quint8 tensor, got ",
+                input.is_quantized() ? c10::toString(input.qscheme()) + " " : std::string(), input.scalar_type(), ".");
+    TORCH_CHECK(input.dim() >= 2, name, ": the input must have at least 2 dimensions, got ", input.dim(), ".");
+    TORCH_CHECK(input.size(-1) == weight_.size(1), name, ": the input's last dimension (", input.size(-1),
+                ") must equal the weight's in_features (", weight_.size(1), ").");
+    std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+    shape.back() = weight_.size(0);
+    c10::DeviceGuard guard(input.device());
+    at::Tensor out = at::_empty_affine_quantized(shape, at::TensorOptions().dtype(at::kQUInt8).device(input.device()),
+                                                 output_scale, output_zero_point);
+    if (out.numel() == 0) return out;
+    OPENREG_CHECK(::openreg::launch(
+        stream_of(input), name,
+        [x = KernelQTensorArg(input), w = KernelQTensorArg(weight_), b = bias_arg(),
+         y = KernelTensorArg(plain_alias(out)), state = state_, output_scale, output_zero_point, relu] {
+          LinearPackedParamsBase& cpu = packed(*state, w, b);
+          at::Tensor r = relu ? cpu.apply_relu(x.materialize(), output_scale, output_zero_point)
+                              : cpu.apply(x.materialize(), output_scale, output_zero_point);
+          y.materialize().copy_(plain_alias(r).view(y.sizes));
+        }));
+    return out;
+  }
+
+  at::Tensor weight_;
+  std::optional<at::Tensor> bias_;
+  std::shared_ptr<DeviceState> state_ = std::make_shared<DeviceState>();
+};
+
+PackedPtr linear_prepack(at::Tensor weight, std::optional<at::Tensor> bias) {
+  const char* name = "quantized::linear_prepack";
+  TORCH_CHECK(weight.is_privateuseone() && weight.is_quantized(), name,
+              ": openreg packs quantized openreg weights, got a ", weight.is_quantized() ? "quantized " : "",
+              weight.device(), " weight.");
+  TORCH_CHECK(weight.scalar_type() == at::kQInt8, name, ": the weight must be torch.qint8, got ", weight.scalar_type(),
+              ".");
+  TORCH_CHECK(weight.dim() == 2, name, ": the weight must be 2-D [out_features, in_features], got ", weight.dim(),
+              "-D.");
+  const auto scheme = weight.qscheme();
+  TORCH_CHECK(scheme == c10::kPerTensorAffine || (scheme == c10::kPerChannelAffine && weight.q_per_channel_axis() == 0),
+              name, ": the weight must be quantized per tensor or per output channel (axis 0), got ",
+              c10::toString(scheme), ".");
+  if (bias && bias->defined()) {
+    check_on_device(*bias, weight, "bias", name);
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == weight.size(0), name,
+                ": the bias must be float32 with one value per output channel (", weight.size(0), ").");
+  }
+  c10::DeviceGuard guard(weight.device());
+  auto params = c10::make_intrusive<OpenRegLinearPackedParams>(weight, bias);
+  params->prepack();
+  return params;
+}
+
+template <bool relu>
+at::Tensor linear(at::Tensor input, const PackedPtr& packed_weight, double output_scale, int64_t output_zero_point) {
+  const char* name = relu ? "quantized::linear_relu" : "quantized::linear";
+  auto ours = c10::dynamic_intrusive_pointer_cast<OpenRegLinearPackedParams>(packed_weight);
+  TORCH_CHECK(ours, name, ": the input is on ", input.device(),
+              " but the weight was packed by the CPU (nn.quantized modules' .to() does not move packed weights); "
+              "pack an openreg weight with torch.ops.quantized.linear_prepack(weight.to('openreg'), bias) or "
+              "module.set_weight_bias(...).");
+  return relu ? ours->apply_relu(input, output_scale, output_zero_point)
+              : ours->apply(input, output_scale, output_zero_point);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(quantized, QuantizedPrivateUse1, m) {
+  m.impl("linear_prepack", TORCH_FN(linear_prepack));
+  m.impl("linear", TORCH_FN(linear<false>));
+  m.impl("linear_relu", TORCH_FN(linear<true>));
+}
+
+}  // namespace openreg_quant
