@@ -84,14 +84,13 @@ class TestQuantize(QTestCase):
                     )
 
     def test_quantize_per_channel_every_axis(self):
-        x = values(3, 4, 5, 6)
         for dtype in QDTYPES:
             for axis in range(4):
-                n = x.shape[axis]
                 for s_dtype in (torch.float32, torch.float64):
-                    scales = torch.linspace(0.03, 0.7, n, dtype=s_dtype)
-                    zps = torch.arange(n) - (0 if dtype == torch.quint8 else 2)
-                    for xl in layouts(x):
+                    for xl in layouts(values(3, 4, 5, 6)):
+                        n = xl.shape[axis]
+                        scales = torch.linspace(0.03, 0.7, n, dtype=s_dtype)
+                        zps = torch.arange(n) - (0 if dtype == torch.quint8 else 2)
                         msg = f"{dtype} axis={axis} {s_dtype} {xl.stride()}"
 
                         def on(device, xl=xl, scales=scales, zps=zps, axis=axis, dtype=dtype):
