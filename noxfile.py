@@ -14,6 +14,8 @@
     nox -s lint         ruff and clang-format (not part of `tests`)
     nox -s docs         the integration guide (docs/): Sphinx build (warnings are errors) and its link test
     nox -s bench        benchmark smoke run (tools/bench, --quick; asserts nothing about speed)
+    nox -s fuzz         differential fuzzing, openreg vs the CPU (tests/fuzz): the quick profile, part of `tests`;
+                        `nox -s fuzz -- --minutes N` the long profile for release checks, `-- --seed N` one seed again
 
 Session graph (`requires=`): build <- core, amp, ..., packaging, bench, scenarios <- tests; runtime, runtime_asan,
 runtime_tsan and docs need no build and are required by tests too. Nox runs a required session once per
@@ -255,6 +257,24 @@ def scenarios(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "tests" / "scenarios"), *session.posargs, env=env)
 
 
+# The differential fuzzer's one dependency, pinned: a derandomized hypothesis draws the same programs
+# only as long as its version stays the same.
+HYPOTHESIS = "hypothesis==6.155.2"
+
+
+@nox.session(python=PYTHON, requires=["build"], default=False)
+def fuzz(session: nox.Session) -> None:
+    """Differential fuzzing (tests/fuzz): random programs run on openreg and on the CPU must agree.
+    Without arguments the quick profile (a fixed set of programs; `nox -s tests` runs it);
+    `nox -s fuzz -- --minutes N` draws new programs for N minutes (release checks); `-- --seed N` reruns
+    the seed a long-profile failure names. Other arguments go to pytest."""
+    _install_core(session, *CORE_TEST_DEPS, HYPOTHESIS)
+    args = list(session.posargs)
+    for ours, pytest_option in (("--minutes", "--fuzz-minutes"), ("--seed", "--fuzz-seed")):
+        args = [pytest_option if a == ours else a for a in args]
+    session.run("pytest", str(ROOT / "tests" / "fuzz"), "-p", "no:cacheprovider", *args)
+
+
 @nox.session(
     python=False,
     requires=[
@@ -271,6 +291,7 @@ def scenarios(session: nox.Session) -> None:
         "docs",
         "bench",
         "scenarios",
+        "fuzz",
     ],
 )
 def tests(session: nox.Session) -> None:
