@@ -136,6 +136,16 @@ class TestDistributions(TestCase):
         self.assertLess(abs(n.var().item() - 1), 0.04)
         self.assertLess(ks_statistic(n, torch.special.ndtr), 1.63 / math.sqrt(n.numel()))
 
+    def test_dropout_refuses_complex_inputs_as_the_cpu_does(self):
+        # openreg's native_dropout drew a bool mask and returned a result (found by tests/fuzz).
+        for device in ("cpu", "openreg"):
+            x = torch.ones(4, dtype=torch.complex64, device=device)
+            with self.assertRaisesRegex(
+                NotImplementedError, "\"bernoulli_scalar_cpu_\" not implemented for 'ComplexFloat'"
+            ):
+                F.dropout(x, 0.5, training=True)
+            self.assertEqual(F.dropout(x, 0.5, training=False).cpu(), x.cpu())  # no mask drawn: allowed
+
     def test_bernoulli_randperm_dropout(self):
         torch.openreg.manual_seed(0)
         rate = torch.bernoulli(torch.full((20000,), 0.3, device="openreg")).mean().item()

@@ -20,6 +20,19 @@ def pair(*shape, dtype=torch.float32):
     return cpu, cpu.to("openreg")
 
 
+def outcome(call, device: str):
+    """What `call(device)` does: its result on the host, or its error's type and first line
+    (synchronising, so that an error found on the device counts too)."""
+    try:
+        result = call(device)
+        if device != "cpu":
+            torch.openreg.synchronize()
+        results = result if isinstance(result, tuple) else (result,)
+        return "result", tuple(r.cpu() if isinstance(r, torch.Tensor) else r for r in results)
+    except Exception as e:
+        return type(e).__name__, str(e).splitlines()[0]
+
+
 class TestNativeOps(TestCase):
     def test_factories_and_copies(self):
         x = torch.empty(3, 4, device="openreg")
@@ -33,6 +46,19 @@ class TestNativeOps(TestCase):
         self.assertEqual(d.t().cpu(), cpu.t())  # non-contiguous device to host
         self.assertEqual(d.to("openreg:1").cpu(), cpu)
         self.assertEqual(d[1, 2].item(), 6.0)
+
+    def test_copy_checks_shapes_like_the_cpu(self):
+        # Copying into an empty tensor returned before the broadcast check: a tensor of another
+        # shape was "copied" without an error. Found by tests/fuzz.
+        calls = (
+            lambda d: torch.ones(2, 3, device=d)[:, 0:0].copy_(torch.ones(2, 3, device=d)),
+            lambda d: torch.ones(2, 1, 0, device=d).copy_(torch.ones(2, 1, 3, 1, dtype=torch.int32, device=d)),
+            lambda d: torch.ones(2, 3, device=d).copy_(torch.ones(1, 0, device=d)),
+            lambda d: torch.ones(2, 0, device=d).copy_(torch.ones(1, 0)),  # from the host
+            lambda d: torch.ones(2, 0, device=d).copy_(torch.ones(0, device=d)),  # broadcasts: allowed
+        )
+        for i, call in enumerate(calls):
+            self.assertEqual(outcome(call, "openreg"), outcome(call, "cpu"), msg=f"call {i}")
 
     def test_views_share_storage(self):
         cpu, d = pair(4, 6)
@@ -153,6 +179,52 @@ class TestNativeOps(TestCase):
 
 
 class TestGenericPath(TestCase):
+    def test_fill_values_out_of_range_raise_at_the_call(self):
+        # The CPU kernels of fill_, masked_fill_ and index_fill_ refuse a value their dtype cannot
+        # hold; on the asynchronous path that error came at the next synchronising call, not at the
+        # call as on the CPU and CUDA. Found by tests/fuzz.
+        mask, index = torch.tensor([True, False, True]), torch.tensor([0])
+        calls = {
+            "fill_": lambda x, v: x.fill_(v),
+            "masked_fill_": lambda x, v: x.masked_fill_(mask.to(x.device), v),
+            "index_fill_": lambda x, v: x.index_fill_(0, index.to(x.device), v),
+            "full": lambda x, v: torch.full((2,), v, dtype=x.dtype, device=x.device),
+        }
+        for name, call in calls.items():
+            for dtype, value in ((torch.uint8, -1.25), (torch.int8, 200), (torch.float16, 1e10)):
+                for device in ("cpu", "openreg"):
+                    call(torch.zeros(3, dtype=dtype, device=device), 1)  # a first call of the signature
+                    with self.assertRaisesRegex(RuntimeError, "value cannot be converted to type .* without overflow"):
+                        call(torch.zeros(3, dtype=dtype, device=device), value)
+                torch.openreg.synchronize()  # nothing left to report
+            x = torch.zeros(3, dtype=torch.uint8, device="openreg")
+            self.assertEqual(call(x, -1).cpu(), call(torch.zeros(3, dtype=torch.uint8), -1))  # wraps, as on the CPU
+
+    def test_an_out_that_is_also_an_input_is_one_tensor_to_the_kernel(self):
+        # logical_and_'s composite calls logical_and_out(self, self, other). The CPU kernel refuses
+        # to resize self to the broadcast shape because out and self are one tensor; its kernel
+        # tensors were two, and openreg resized self silently. Found by tests/fuzz.
+        def logical_and_(d):
+            x = torch.ones(3, device=d)
+            x.logical_and_(torch.ones(2, 3, device=d))
+            return x
+
+        def out_is_input(d):  # the CPU resizes the input with its out=, then reduces the resized input
+            x = torch.arange(6.0, device=d).reshape(2, 3)
+            return torch.mean(x, 0, out=x), x
+
+        def out_is_a_view_of_an_input(d):  # the kernel refused the overlap the host made by resizing first
+            x = torch.full((), 2, dtype=torch.int8, device=d)
+            return torch.eq(torch.full((4, 1), 2, dtype=torch.int8, device=d), x.t(), out=x), x
+
+        for call in range(2):  # the second call of a signature after one that needs no resize
+            torch.ones(3, device="openreg").logical_and_(torch.ones(3, device="openreg"))
+            torch.mean(torch.ones(2, device="openreg"), 0, out=torch.ones((), device="openreg"))
+            for f in (logical_and_, out_is_input, out_is_a_view_of_an_input):
+                expected = outcome(f, "cpu")
+                self.assertEqual(outcome(f, "openreg"), expected, msg=f"{f.__name__}, call {call}")
+        self.assertEqual(outcome(logical_and_, "cpu")[0], "RuntimeError")
+
     def test_outputs_the_call_does_not_ask_for(self):
         # native_batch_norm_backward leaves the outputs its mask does not ask for undefined (None
         # in Python). The second call of a signature takes the asynchronous path.

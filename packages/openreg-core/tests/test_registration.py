@@ -1,5 +1,7 @@
 """Each operator registration form openreg shows, one test class per form (see csrc/aten/)."""
 
+import re
+
 import torch
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -30,9 +32,12 @@ class TestDispatchStub(TestCase):
 
     def test_unsupported_dtype_raises_at_the_call(self):
         # The CPU kernel's dtype check used to run on the device: torch.abs(bool) returned, and the
-        # error surfaced at some later, unrelated synchronising call.
+        # error surfaced at some later, unrelated synchronising call. The error's type is the CPU's,
+        # NotImplementedError (it was a RuntimeError; found by tests/fuzz).
+        with self.assertRaisesRegex(NotImplementedError, "\"abs_cpu\" not implemented for 'Bool'"):
+            torch.abs(torch.ones(2, dtype=torch.bool))
         for op in (torch.abs, torch.ops.openreg.custom_abs):
-            with self.assertRaisesRegex(RuntimeError, "\"abs_cpu\" not implemented for 'Bool'"):
+            with self.assertRaisesRegex(NotImplementedError, "\"abs_cpu\" not implemented for 'Bool'"):
                 op(torch.ones(2, dtype=torch.bool, device="openreg"))
             torch.openreg.synchronize()  # nothing left to report
         self.assertEqual(torch.abs(torch.tensor([-3], dtype=torch.uint8, device="openreg")).cpu().tolist(), [253])
@@ -59,6 +64,32 @@ class TestStructuredKernel(TestCase):
                 torch.ones(2, 2, device="openreg"),
                 out=torch.empty(2, 2, dtype=torch.float64, device="openreg"),
             )
+
+    def test_implementation_checks_raise_at_the_call(self):
+        # The CPU implementation's own checks (operand dtypes, dtypes it has no kernel for) ran only
+        # in the kernel, so the error came at a later synchronising call (found by tests/fuzz).
+        bool_ = {"dtype": torch.bool}
+        calls = {
+            "mixed dtypes": lambda d: torch.mm(
+                torch.ones(2, 2, device=d), torch.ones(2, 2, dtype=torch.int64, device=d)
+            ),
+            "bool": lambda d: torch.mm(torch.ones(2, 2, **bool_, device=d), torch.ones(2, 2, **bool_, device=d)),
+            "bool, out=": lambda d: torch.mm(
+                torch.ones(2, 2, **bool_, device=d),
+                torch.ones(2, 2, **bool_, device=d),
+                out=torch.empty(0, **bool_, device=d),
+            ),
+        }
+        for name, call in calls.items():
+            with self.assertRaises(Exception) as cpu:
+                call("cpu")
+            with self.assertRaisesRegex(type(cpu.exception), re.escape(str(cpu.exception).splitlines()[0]), msg=name):
+                call("openreg")
+            torch.openreg.synchronize()  # nothing left to report
+        # As on the CPU, an empty inner dimension or result needs no kernel for the dtype.
+        for shapes in (((2, 0), (0, 2)), ((0, 2), (2, 2))):
+            got = torch.mm(*(torch.ones(s, **bool_, device="openreg") for s in shapes))
+            self.assertEqual(got.cpu(), torch.mm(*(torch.ones(s, **bool_) for s in shapes)))
 
 
 class TestGlobalFallback(TestCase):

@@ -24,6 +24,7 @@
 // generator (see OpenRegGenerator.h).
 #include "OpenRegFallback.h"
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -79,6 +80,7 @@ struct OpFacts {
   bool mutates = false;                         // writes an argument, or returns nothing: always needs its kernel
   bool writes_argument = false;                 // in-place or out=: some argument is written
   const c10::OperatorHandle* out_op = nullptr;  // a routed structured op: the out= overload its kernel runs
+  int fill_value = -1;                          // fill, masked_fill, index_fill: their Scalar `value` argument
 };
 
 const OpFacts& facts_of(const c10::OperatorHandle& op) {
@@ -103,6 +105,12 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   for (const auto& a : schema.arguments()) f.writes_argument |= is_written(a);
   f.mutates = f.writes_argument || schema.returns().empty();
   f.out_op = out_overload(op);
+  const std::string& name = schema.name();
+  if (name == "aten::fill" || name == "aten::fill_" || name == "aten::masked_fill" || name == "aten::masked_fill_" ||
+      name == "aten::index_fill" || name == "aten::index_fill_")
+    for (size_t i = 0; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == "value" && schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType)
+        f.fill_value = static_cast<int>(i);
   return mine.emplace(&schema, f).first->second;
 }
 
@@ -320,12 +328,20 @@ struct Launch {
   }
 };
 
-// Arguments as the device sees them: openreg tensors become kernel tensors.
+// Arguments as the device sees them: openreg tensors become kernel tensors. A device tensor passed
+// twice becomes one kernel tensor: CPU kernels tell an out= argument that is also an input by
+// identity (TensorIterator's read-write operands, which may not be resized). With two kernel
+// tensors, logical_and_'s composite, logical_and_out(self, self, other), resized self to the
+// broadcast shape where the CPU refuses to.
 void to_kernel_stack(Stack& stack, KernelStorages& storages) {
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> seen;
   for (c10::IValue& v : stack)
     v = map_tensors(v, [&](const at::Tensor& t) {
-      return sparse::is_sparse(t) && t.is_privateuseone() ? sparse::kernel_tensor(t, &storages)
-                                                          : kernel_tensor(t, &storages);
+      if (!t.defined() || !t.is_privateuseone()) return t;
+      for (const auto& [impl, kernel] : seen)
+        if (impl == t.unsafeGetTensorImpl()) return kernel;
+      at::Tensor kernel = sparse::is_sparse(t) ? sparse::kernel_tensor(t, &storages) : kernel_tensor(t, &storages);
+      return seen.emplace_back(t.unsafeGetTensorImpl(), std::move(kernel)).second;
     });
 }
 
@@ -1091,6 +1107,45 @@ bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c1
   return overlaps;
 }
 
+// Whether an out= argument that must be resized shares memory with one of the call's inputs.
+// Itself (torch.logical_and(a, b, out=a) with b broadcasting a, as logical_and_ calls it): whether
+// the CPU kernel resizes it or refuses depends on the two being one tensor, which only the
+// synchronous path shows the kernel (to_kernel_stack); the meta kernel saw two tensors and resized.
+// A view of it (torch.eq(x, a.t(), out=a)): the CPU checks the overlap before it resizes, and the
+// asynchronous path resized first, so the kernel refused an overlap the CPU allows.
+bool resizes_an_input(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, const MetaResult& meta) {
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    const auto& ret = schema.returns()[i];
+    const int a = is_written(ret) && !meta.is_list[i] ? aliased_argument(schema, ret) : -1;
+    if (a < 0 || !args[a].isTensor()) continue;
+    const at::Tensor& out = args[a].toTensor();
+    if (out.sizes() == c10::IntArrayRef(meta.returns[i][0].sizes)) continue;
+    bool input = false;
+    for (size_t j = 0; j < args.size(); ++j)
+      if (static_cast<int>(j) != a)
+        for_each_tensor(args[j], [&](const at::Tensor& t) {
+          input |= t.defined() && t.has_storage() && out.has_storage() && t.storage().is_alias_of(out.storage());
+        });
+    if (input) return true;
+  }
+  return false;
+}
+
+// fill_, masked_fill_ and index_fill_ convert their `value` to self's dtype in the CPU kernel,
+// which refuses one out of range ("value cannot be converted to type uint8_t without overflow"),
+// even when nothing is filled. Checked here, on the host, so that the error comes at the call as
+// on the CPU and CUDA, not at a later synchronising call.
+void check_fill_value(const c10::IValue& value, const c10::IValue& self) {
+  if (!value.isScalar() || !self.isTensor() || !self.toTensor().defined()) return;
+  const c10::Scalar s = value.toScalar();
+  try {
+    AT_DISPATCH_V2(self.toTensor().scalar_type(), "fill", AT_WRAP([&] { (void)s.to<scalar_t>(); }),
+                   AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), c10::kBool, c10::kHalf, c10::kBFloat16, c10::kComplexHalf,
+                   AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  } catch (const c10::NotImplementedError&) {  // a dtype the CPU kernel refuses by itself
+  }
+}
+
 void check_not_strict(const c10::FunctionSchema& schema) {
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
               "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
@@ -1109,13 +1164,14 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
   move_indices_to(schema, first, num_args, device);
+  if (facts.fill_value >= 0) check_fill_value(args[facts.fill_value], args[0]);
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);
   using Check = MetaResult::Check;
   const Check check = meta->check->load(std::memory_order_relaxed);
   if (meta->data_dependent || check == Check::disagrees ||
-      (facts.writes_argument && written_memory_overlaps(schema, args))) {
+      (facts.writes_argument && (written_memory_overlaps(schema, args) || resizes_an_input(schema, args, *meta)))) {
     run_synchronously(op, stack, take_arguments(stack, num_args), device);
     return;
   }

@@ -13,10 +13,12 @@
 namespace c10::openreg {
 
 // The dtypes the CPU's abs kernel is not compiled for, refused at the call with the CPU's
-// message: found in the kernel, the error would surface at some later synchronising call.
+// message: found in the kernel, the error would surface at some later synchronising call. A
+// NotImplementedError, as the CPU's dtype dispatch raises (a RuntimeError was not caught by
+// `except NotImplementedError`).
 inline void check_abs_dtype(c10::ScalarType dtype) {
-  TORCH_CHECK(dtype != c10::ScalarType::Bool && !c10::isBarebonesUnsignedType(dtype),
-              "\"abs_cpu\" not implemented for '", dtype, "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(dtype != c10::ScalarType::Bool && !c10::isBarebonesUnsignedType(dtype),
+                              "\"abs_cpu\" not implemented for '", dtype, "'");
 }
 
 // Launches `fn` on the current stream of the outputs' device. On the device

@@ -3,6 +3,7 @@
 // copies across devices, reading a scalar). Registered with
 // TORCH_LIBRARY_IMPL(aten, PrivateUse1, ...).
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/core/Tensor.h>
@@ -190,6 +191,13 @@ bool is_same_data(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  // The CPU's broadcast check (TensorIterator's, with its messages), before anything else: an
+  // empty dst returned first, so copying a tensor of another shape into it passed silently.
+  if (self.sizes() != dst.sizes()) {
+    const auto shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
   if (dst.numel() == 0) return dst;
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand_as(dst);

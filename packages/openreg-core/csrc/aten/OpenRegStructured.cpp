@@ -55,9 +55,24 @@ struct StructuredMmOut final : at::meta::structured_mm {
   std::array<at::Tensor, 1> outputs_;
 };
 
+// The checks the CPU implementation makes after meta(), here on the host with its messages and
+// exception types: found in the kernel, they surfaced at a later synchronising call instead of at
+// the call (as on the CPU and CUDA). The CPU returns before its dtype dispatch when the result or
+// the inner dimension is empty.
+void check_mm_dtypes(const at::Tensor& self, const at::Tensor& mat2) {
+  TORCH_CHECK(self.dtype() == mat2.dtype(), "expected m1 and m2 to have the same dtype, but got: ", self.dtype(),
+              " != ", mat2.dtype());
+  if (self.size(0) == 0 || mat2.size(1) == 0 || self.size(1) == 0) return;
+  const c10::ScalarType dtype = self.scalar_type();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      dtype != c10::ScalarType::Bool && dtype != c10::ScalarType::ComplexHalf && !c10::isBarebonesUnsignedType(dtype),
+      "\"addmm_impl_cpu_\" not implemented for '", dtype, "'");
+}
+
 void launch_mm(const at::Tensor& out, const at::Tensor& self, const at::Tensor& mat2) {
   check_same_device(self.device(), mat2.device(), "aten::mm");
   check_same_device(self.device(), out.device(), "aten::mm");
+  check_mm_dtypes(self, mat2);
   OPENREG_CHECK(::openreg::launch(current_stream_handle(out.device().index()), "aten::mm",
                                   [out = KernelTensorArg(out), a = KernelTensorArg(self), b = KernelTensorArg(mat2)] {
                                     at::Tensor o = out.materialize();
