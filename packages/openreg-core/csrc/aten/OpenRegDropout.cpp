@@ -26,8 +26,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   // The CPU draws its mask in the input's dtype and has no bernoulli_ for complex ones (CUDA's fused
   // kernel takes floating types only): refused with the CPU's error, where openreg's bool mask
   // made a result (found by tests/fuzz).
-  TORCH_CHECK_NOT_IMPLEMENTED(!c10::isComplexType(input.scalar_type()), "\"bernoulli_scalar_cpu_\" not implemented for '",
-                              input.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(!c10::isComplexType(input.scalar_type()),
+                              "\"bernoulli_scalar_cpu_\" not implemented for '", input.scalar_type(), "'");
   const double keep = 1. - p;
   const double scale = keep == 0 ? 0. : 1. / keep;  // p == 1 drops everything, without dividing by zero
   at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
