@@ -41,3 +41,23 @@ class OcclTestCase(MultiProcContinuousTest):
     @property
     def device(self) -> torch.device:
         return torch.device("openreg", self.rank % torch.openreg.device_count())
+
+
+# Fault tests use groups of their own with a short timeout.
+TIMEOUT = timedelta(seconds=3)
+
+
+def fault_group(handling: str, **env: str):
+    """A group of its own with a short timeout, created under TORCH_OCCL_ASYNC_ERROR_HANDLING=handling
+    (and `env`): the backend reads its controls when it is made."""
+    env = dict(env, TORCH_OCCL_ASYNC_ERROR_HANDLING=handling)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group(backend="occl", timeout=TIMEOUT)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
