@@ -193,12 +193,17 @@ def quant(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
 
 
+# openreg-inductor's runtime dependencies beyond core and torch, as in its pyproject (its wheel installs
+# with --no-deps).
+INDUCTOR_DEPS = ("pyyaml>=6,<7",)
+
+
 @nox.session(python=PYTHON, requires=["build"])
 def inductor(session: nox.Session) -> None:
     """openreg-inductor's tests (torch.compile on openreg vs CPU Inductor), against the built core and
     inductor wheels. One Inductor cache per run, shared by the test processes (compiles dominate)."""
     # openreg-amp too: tests/test_autocast.py compiles autocast regions under its policies.
-    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_inductor", "openreg_amp"))
+    _install_core(session, *CORE_TEST_DEPS, *INDUCTOR_DEPS, plugins=("openreg_inductor", "openreg_amp"))
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
@@ -249,7 +254,7 @@ def scenarios(session: nox.Session) -> None:
     """The cross-package scenarios in tests/scenarios, with core and every plugin installed as a user
     would (`openreg-core[all]`): each compares a workload on openreg with the same on the CPU and
     prints a result line (pytest's summary, "openreg scenarios"). One Inductor cache per run."""
-    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, plugins=tuple(PLUGINS.values()))
+    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, *INDUCTOR_DEPS, plugins=tuple(PLUGINS.values()))
     session.install("--no-deps", TORCHAO)
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold, as in `inductor`
@@ -304,7 +309,9 @@ def bench(session: nox.Session) -> None:
     """Benchmark smoke run against the built wheel: the CLI's tests, then `run.py --quick` (writes
     bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
-    _install_core(session, "numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, plugins=tuple(PLUGINS.values()))
+    _install_core(
+        session, "numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, *INDUCTOR_DEPS, plugins=tuple(PLUGINS.values())
+    )
     session.install("--no-deps", TORCHAO)  # the quant group's PT2E measure
     bench = ROOT / "tools" / "bench"
     session.run("pytest", str(bench / "test_bench_cli.py"))
