@@ -9,6 +9,7 @@ soak_random_work_under_faults in packages/openreg-core/libopenreg/tests/runtime_
 """
 
 import threading
+from contextlib import nullcontext
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -36,7 +37,7 @@ def inputs_of(t):
 def work(model, x, device, stream=None):
     """One iteration: forward and backward (gradients by autograd.grad: the shared parameters'
     .grad is not touched), plus an in-place update and a reduction of the thread's own tensors."""
-    ctx = torch.openreg.stream(stream) if stream is not None else _Null()
+    ctx = torch.openreg.stream(stream) if stream is not None else nullcontext()
     with ctx:
         x = x.to(device).requires_grad_()
         y = model(x)
@@ -47,15 +48,26 @@ def work(model, x, device, stream=None):
         return [y.detach(), acc.sum(dim=(1, 2, 3)), *grads[1:]]
 
 
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 class TestConcurrency(TestCase):
+    def run_threads(self, body):
+        """Runs body(t) on THREADS threads at once; none may hang or raise (errors are reported here,
+        on the main thread)."""
+        errors = []
+
+        def guarded(t):
+            try:
+                body(t)
+            except BaseException as e:
+                errors.append((t, e))
+
+        threads = [threading.Thread(target=guarded, args=(t,)) for t in range(THREADS)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=300)
+        self.assertFalse(any(th.is_alive() for th in threads), "a thread hung")
+        self.assertEqual(errors, [])
+
     def test_threads_on_shared_streams_and_models_equal_serial_runs(self):
         # The shared parameters' gradient nodes are used from several streams on purpose.
         torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
@@ -73,35 +85,25 @@ class TestConcurrency(TestCase):
         cpu = [[work(cpu_models[t % 2], x, "cpu") for x in inputs[t]] for t in range(THREADS)]
 
         results = [None] * THREADS
-        errors = []
         start = threading.Barrier(THREADS)
 
         def run(t):
-            try:
-                d = t % 2
-                torch.openreg.set_device(d)  # the current device is per thread
-                start.wait()
-                out = []
-                for i, x in enumerate(inputs[t]):
-                    stream = streams[d][(t + i) % STREAMS]  # threads interleave in each stream
-                    out.append(work(models[d], x, f"openreg:{d}", stream))
-                    if i % 4 == 3:
-                        ev = torch.openreg.Event()
-                        ev.record(stream)
-                        ev.synchronize()
-                for s in streams[d]:
-                    s.synchronize()
-                results[t] = [[r.cpu() for r in it] for it in out]
-            except BaseException as e:  # reported on the main thread
-                errors.append((t, e))
+            d = t % 2
+            torch.openreg.set_device(d)  # the current device is per thread
+            start.wait()
+            out = []
+            for i, x in enumerate(inputs[t]):
+                stream = streams[d][(t + i) % STREAMS]  # threads interleave in each stream
+                out.append(work(models[d], x, f"openreg:{d}", stream))
+                if i % 4 == 3:
+                    ev = torch.openreg.Event()
+                    ev.record(stream)
+                    ev.synchronize()
+            for s in streams[d]:
+                s.synchronize()
+            results[t] = [[r.cpu() for r in it] for it in out]
 
-        threads = [threading.Thread(target=run, args=(t,)) for t in range(THREADS)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=300)
-        self.assertFalse(any(th.is_alive() for th in threads), "a thread hung")
-        self.assertEqual(errors, [])
+        self.run_threads(run)
         for t in range(THREADS):
             for i in range(ITERS):
                 self.assertEqual(results[t][i], serial[t][i], msg=f"thread {t}, iteration {i}: threaded != serial")
@@ -110,28 +112,18 @@ class TestConcurrency(TestCase):
     def test_threads_copy_between_devices_concurrently(self):
         # Cross-device copies order themselves against both devices' current streams: threads
         # doing them at once, in both directions, on their own streams.
-        errors = []
 
         def run(t):
-            try:
-                src, dst = t % 2, 1 - t % 2
-                s = torch.openreg.Stream(device=src)
-                with torch.openreg.stream(s):
-                    for i in range(20):
-                        host = torch.arange(1000.0) * (t + 1) + i
-                        a = host.to(f"openreg:{src}")
-                        b = (a * 2).to(f"openreg:{dst}")
-                        self.assertEqual(b.cpu(), host * 2)
-            except BaseException as e:
-                errors.append((t, e))
+            src, dst = t % 2, 1 - t % 2
+            s = torch.openreg.Stream(device=src)
+            with torch.openreg.stream(s):
+                for i in range(20):
+                    host = torch.arange(1000.0) * (t + 1) + i
+                    a = host.to(f"openreg:{src}")
+                    b = (a * 2).to(f"openreg:{dst}")
+                    self.assertEqual(b.cpu(), host * 2)
 
-        threads = [threading.Thread(target=run, args=(t,)) for t in range(THREADS)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=300)
-        self.assertFalse(any(th.is_alive() for th in threads), "a thread hung")
-        self.assertEqual(errors, [])
+        self.run_threads(run)
 
 
 if __name__ == "__main__":

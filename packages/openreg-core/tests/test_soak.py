@@ -10,6 +10,7 @@ counts come from psutil (every OS), or from /proc on Linux without it.
 import gc
 import os
 import random
+from contextlib import nullcontext
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -128,19 +129,11 @@ def train(models, pool, steps):
         x = torch.randn(16, 32, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
         y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(step))
         for model, opt, dev in ((dev_model, dev_opt, f"openreg:{d}"), (cpu_model, cpu_opt, "cpu")):
-            with torch.openreg.stream(stream) if dev != "cpu" else _null():
+            with torch.openreg.stream(stream) if dev != "cpu" else nullcontext():
                 opt.zero_grad(set_to_none=True)
                 loss = torch.nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
                 loss.backward()
                 opt.step()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _mlp(seed):
