@@ -77,16 +77,7 @@ def train_steps(model, opt, steps: int, device, first: int = 0, rows=slice(None)
 def train_cpu_reference(steps: int, lr: float, batch: int = 8, optimizer: str = "sgd") -> list:
     """Single-process float32 CPU training on the full batch of every step: the losses."""
     model = make_gpt()
-    opt = make_optimizer(model, optimizer, lr)
-    losses = []
-    for step in range(steps):
-        idx, target = gpt_batch(step, batch)
-        loss = gpt_loss(model, idx, target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return train_steps(model, make_optimizer(model, optimizer, lr), steps, "cpu", batch=batch)
 
 
 def make_optimizer(model, name: str, lr: float):
