@@ -9,6 +9,7 @@ import io
 import torch
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch_openreg.utils.testing import assert_same_quantization
 
 DOCS = "docs/mechanisms/quantization.md"
 
@@ -31,21 +32,7 @@ def cpu_qtensors():
 class QTestCase(TestCase):
     def assertSameQ(self, got: torch.Tensor, want: torch.Tensor, msg=None):
         """Two quantized tensors with the same dtype, scheme, parameters, geometry and integer values."""
-        self.assertTrue(got.is_quantized, msg)
-        self.assertEqual(got.dtype, want.dtype, msg=msg)
-        self.assertEqual(got.qscheme(), want.qscheme(), msg=msg)
-        self.assertEqual(got.shape, want.shape, msg=msg)
-        self.assertEqual(got.stride(), want.stride(), msg=msg)
-        if want.qscheme() == torch.per_tensor_affine:
-            self.assertEqual((got.q_scale(), got.q_zero_point()), (want.q_scale(), want.q_zero_point()), msg=msg)
-        else:
-            self.assertEqual(got.q_per_channel_axis(), want.q_per_channel_axis(), msg=msg)
-            for a, b in (
-                (got.q_per_channel_scales(), want.q_per_channel_scales()),
-                (got.q_per_channel_zero_points(), want.q_per_channel_zero_points()),
-            ):
-                self.assertEqual(a.device, got.device, msg=msg)  # the parameters live with the tensor
-                self.assertTrue(torch.equal(a.cpu(), b.cpu()), msg)
+        assert_same_quantization(self, got, want, msg)
         g = got.cpu() if got.device.type != "cpu" else got
         self.assertTrue(torch.equal(g.int_repr(), want.cpu().int_repr()), msg)
 

@@ -9,7 +9,7 @@ import re
 
 import torch
 from torch.testing._internal.common_utils import TestCase
-from torch_openreg.utils.testing import StreamHold
+from torch_openreg.utils.testing import StreamHold, assert_same_quantization
 
 QDTYPES = {torch.quint8: (0, 255), torch.qint8: (-128, 127), torch.qint32: (-(2**31), 2**31 - 1)}
 DOCS = "docs/mechanisms/quantization.md"
@@ -38,22 +38,7 @@ class QTestCase(TestCase):
     def assertSameQ(self, got: torch.Tensor, want: torch.Tensor, msg=None):
         """got (openreg) equals want (CPU): dtype, scheme, parameters, shape, strides and integer values."""
         self.assertEqual(got.device.type, "openreg", msg=msg)
-        self.assertTrue(got.is_quantized, msg)
-        self.assertEqual(got.dtype, want.dtype, msg=msg)
-        self.assertEqual(got.qscheme(), want.qscheme(), msg=msg)
-        self.assertEqual(got.shape, want.shape, msg=msg)
-        self.assertEqual(got.stride(), want.stride(), msg=msg)
-        if want.qscheme() == torch.per_tensor_affine:
-            self.assertEqual((got.q_scale(), got.q_zero_point()), (want.q_scale(), want.q_zero_point()), msg=msg)
-        else:
-            self.assertEqual(got.q_per_channel_axis(), want.q_per_channel_axis(), msg=msg)
-            for a, b in (
-                (got.q_per_channel_scales(), want.q_per_channel_scales()),
-                (got.q_per_channel_zero_points(), want.q_per_channel_zero_points()),
-            ):
-                self.assertEqual(a.device, got.device, msg=msg)
-                self.assertEqual(a.dtype, b.dtype, msg=msg)
-                self.assertTrue(torch.equal(a.cpu(), b), msg)
+        assert_same_quantization(self, got, want, msg)
         r = got.int_repr()
         self.assertEqual(r.device, got.device)
         self.assertTrue(torch.equal(r.cpu(), want.int_repr()), f"{msg}: {r.cpu()} != {want.int_repr()}")

@@ -89,3 +89,28 @@ class StreamHold:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def assert_same_quantization(test, got, want, msg=None) -> None:
+    """Checks with ``test`` (a TestCase) that quantized tensors ``got`` and ``want`` are quantized
+    alike: dtype, scheme, quantization parameters (those of ``got`` on its own device, with
+    ``want``'s dtypes and values), shape and strides. The integer values are the caller's to compare:
+    without openreg-quant an openreg tensor's can only be read through ``.cpu()``."""
+    import torch
+
+    test.assertTrue(got.is_quantized, msg)
+    test.assertEqual(got.dtype, want.dtype, msg=msg)
+    test.assertEqual(got.qscheme(), want.qscheme(), msg=msg)
+    test.assertEqual(got.shape, want.shape, msg=msg)
+    test.assertEqual(got.stride(), want.stride(), msg=msg)
+    if want.qscheme() == torch.per_tensor_affine:
+        test.assertEqual((got.q_scale(), got.q_zero_point()), (want.q_scale(), want.q_zero_point()), msg=msg)
+        return
+    test.assertEqual(got.q_per_channel_axis(), want.q_per_channel_axis(), msg=msg)
+    for a, b in (
+        (got.q_per_channel_scales(), want.q_per_channel_scales()),
+        (got.q_per_channel_zero_points(), want.q_per_channel_zero_points()),
+    ):
+        test.assertEqual(a.device, got.device, msg=msg)  # the parameters live with the tensor
+        test.assertEqual(a.dtype, b.dtype, msg=msg)
+        test.assertTrue(torch.equal(a.cpu(), b.cpu()), msg)
