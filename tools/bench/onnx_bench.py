@@ -20,7 +20,6 @@ Module name: ``onnx_bench`` (a tools/bench/onnx.py would shadow the onnx package
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ import time
 from importlib import metadata
 from typing import Callable, Dict, List
 
-from rows import ratio_row, serve_in_process
+from rows import module_main, ratio_row, serve_in_process
 
 IDS = ("onnx-first-export", "onnx-export-mlp", "onnx-export-block", "onnx-ort-mlp", "onnx-ort-block", "onnx-import")
 NAMES = {
@@ -166,9 +165,4 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    quick = "--quick" in sys.argv
-    if "--serve" in sys.argv:
-        print(json.dumps(serve(sys.argv[sys.argv.index("--serve") + 1], quick)))
-    else:
-        for row in run(list(IDS), quick, log=lambda s: print(s, file=sys.stderr)):
-            print(row)
+    module_main(sys.argv[1:], serve, run, IDS)
