@@ -112,11 +112,15 @@ class TestFaults(OcclTestCase):
             backend.abort()  # returns at once
             with self.assertRaisesRegex(dist.DistBackendError, "was aborted"):
                 dist.all_reduce(x, group=group)
-            # Not started yet: it runs nothing; started: it ends with the transport's timeout.
+            # Not started yet: it runs nothing; started: it ends with the transport's timeout. Either
+            # way its kernel fails, and the device's synchronisation reports that (once) ...
             with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 2, rank 0 of 2\)"):
-                work.wait()
-                x.cpu()
+                torch.openreg.synchronize()
+            torch.openreg.synchronize()  # ... so the next test's device starts clean
+            # ... and the Work, now ended, raises its error at wait().
             self.assertFalse(work.is_success())
+            with self.assertRaisesRegex(dist.DistBackendError, r"occl ALLREDUCE \(seq 2, rank 0 of 2\)"):
+                work.wait()
         dist.barrier()
         dist.destroy_process_group(group)  # shuts the backend down: returns
 
