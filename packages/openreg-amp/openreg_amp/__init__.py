@@ -17,12 +17,16 @@ Loading the C++ extension registers, for openreg:
 ``docs/mechanisms/amp.md`` in the repository.
 """
 
-import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
-
-from . import _C  # noqa: F401  (static registrations run when the library loads)
-
 __version__ = "0.1.0"
 
 
 def _load() -> None:
-    """Entry point of core's plugin group: importing the package did the work."""
+    """Entry point of core's plugin group: loads the extension (its static registrations)."""
+    from . import _C  # noqa: F401, F811
+
+
+# Defined before this import: `import openreg_amp` first imports core, whose plugin discovery
+# then calls _load on this (still importing) module.
+import torch_openreg  # noqa: E402, F401  (the device, and the libraries the extension links against)
+
+from . import _C  # noqa: E402, F401  (static registrations run when the library loads)

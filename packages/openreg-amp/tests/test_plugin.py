@@ -36,14 +36,18 @@ class TestPluginLoading(TestCase):
         self.assertEqual(r.stdout.strip(), "0.1.0 True torch.float16 False 2.0", r.stderr)
 
     def test_direct_import_loads_core_first(self):
-        r = run_python(
-            """
-            import openreg_amp, torch
-            a = torch.ones(2, 2, device="openreg")
-            with torch.autocast("openreg", dtype=torch.bfloat16):
-                print((a @ a).dtype, openreg_amp.__version__)
-            """,
-            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-        )
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.strip(), "torch.bfloat16 0.1.0")
+        # With autoload too: then `import openreg_amp` imports core, which loads the plugins while
+        # openreg_amp is still importing.
+        for autoload in ("0", "1"):
+            r = run_python(
+                """
+                import openreg_amp, torch
+                a = torch.ones(2, 2, device="openreg")
+                with torch.autocast("openreg", dtype=torch.bfloat16):
+                    print((a @ a).dtype, openreg_amp.__version__, torch.openreg.plugins()["amp"]["loaded"])
+                """,
+                env={"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload},
+            )
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), "torch.bfloat16 0.1.0 True", autoload)
+            self.assertNotIn("openreg plugin", r.stderr)

@@ -80,6 +80,51 @@ class TestPlugins(TestCase):
             r.stdout.strip().splitlines(), ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', False)]", "[]", "None"]
         )
 
+    def test_plugin_imported_before_torch(self):
+        # `import plugin` imports core (here through `import torch`), which loads the plugins while
+        # the plugin's own module is still importing: an entry point defined before that import is
+        # found and called; one defined after it is not, and the warning says why.
+        early = """
+        def load():
+            import torch  # the module's own `import torch` below has not bound the name yet
+
+            global LOADED
+            LOADED = torch.ones(1, device="openreg").device.type
+        import torch
+        """
+        late = """
+        import torch
+        def load():
+            pass
+        """
+        install_plugin(self.dir.name, "zzearly", early)
+        install_plugin(self.dir.name, "zzlate", late)
+        probe = """
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import openreg_test_zzearly
+        print(openreg_test_zzearly.LOADED, openreg_test_zzearly.torch.openreg.plugins()["zzearly"]["loaded"])
+        print([str(w.message) for w in caught if "zzearly" in str(w.message)])
+        """
+        env = {**self.env, "OPENREG_PLUGINS": "zzearly"}
+        r = run_python(probe, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip().splitlines(), ["openreg True", "[]"])
+        r = run_python(
+            "import warnings\nwarnings.simplefilter('always')\nimport openreg_test_zzlate, torch\n"
+            "print(torch.openreg.plugins()['zzlate']['error'])",
+            env={**self.env, "OPENREG_PLUGINS": "zzlate"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("has no attribute 'load'", r.stdout)
+        self.assertIn(
+            "(`import openreg_test_zzlate` came first and imported core: define the entry point before the package "
+            "imports torch_openreg)",
+            r.stdout,
+        )
+        self.assertIn("openreg plugin 'zzlate' failed to load", r.stderr)
+
 
 MARKED = """
 import torch

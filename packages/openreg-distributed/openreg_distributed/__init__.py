@@ -15,15 +15,20 @@ Gloo group as the transport (``csrc/Transport.hpp`` is the seam a vendor's fabri
 ``docs/mechanisms/distributed.md`` in the repository.
 """
 
-import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
-
-from . import flight_recorder
-from ._backend import BACKEND_NAME, create_occl_backend, register
-
 __version__ = "0.1.0"
 __all__ = ["BACKEND_NAME", "create_occl_backend", "flight_recorder", "register"]
 
 
 def _load() -> None:
     """Entry point of core's plugin group: registers occl with torch.distributed (once)."""
+    from ._backend import register
+
     register()
+
+
+# Defined before this import: `import openreg_distributed` first imports core, whose plugin
+# discovery then calls _load on this (still importing) module.
+import torch_openreg  # noqa: E402, F401  (the device, and the libraries the extension links against)
+
+from . import flight_recorder  # noqa: E402
+from ._backend import BACKEND_NAME, create_occl_backend, register  # noqa: E402

@@ -82,16 +82,22 @@ class TestPluginLoading(TestCase):
         self.assertEqual(r.stdout.strip(), "0.1.0 False ValueError")
 
     def test_direct_import_loads_core_first(self):
-        r = run_python(
-            """
-            import openreg_distributed, torch, torch.distributed as dist
-            openreg_distributed.register()  # idempotent
-            print(dist.get_default_backend_for_device("openreg"), openreg_distributed.__version__)
-            """,
-            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-        )
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.strip(), "occl 0.1.0")
+        # With autoload too: then `import openreg_distributed` imports core, which loads the plugins
+        # while openreg_distributed is still importing.
+        for autoload in ("0", "1"):
+            r = run_python(
+                """
+                import openreg_distributed, torch, torch.distributed as dist
+                print(dist.get_default_backend_for_device("openreg"), openreg_distributed.__version__,
+                      torch.openreg.plugins()["distributed"]["loaded"])
+                openreg_distributed.register()  # idempotent
+                print(dist.get_default_backend_for_device("openreg"))
+                """,
+                env={"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload},
+            )
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip().splitlines(), ["occl 0.1.0 True", "occl"], autoload)
+            self.assertNotIn("openreg plugin", r.stderr)
 
     def test_group_selection_and_names(self):
         # device_id alone picks the device's default backend, as cuda:nccl does upstream; the mixed

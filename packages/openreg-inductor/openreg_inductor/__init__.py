@@ -25,8 +25,6 @@ import importlib.util
 import sys
 import warnings
 
-import torch_openreg  # noqa: F401  (the device)
-
 __version__ = "0.1.0"
 
 DEVICE = "openreg"
@@ -35,6 +33,7 @@ _registered = False
 
 def register_dynamo() -> None:
     """Registers the Dynamo device interface (idempotent)."""
+    import torch_openreg  # noqa: F811  (this module's own import of it may not have run yet: see the end)
     from torch._dynamo.device_interface import register_interface_for_device
 
     from .device_interface import OpenRegInterface
@@ -116,3 +115,8 @@ def _load() -> None:
     """Entry point of core's plugin group."""
     _when_imported("torch._dynamo", register_dynamo)
     _when_imported("torch._inductor.compile_fx", register)
+
+
+# Imported after _load is defined: `import openreg_inductor` first imports core, whose plugin
+# discovery then calls _load on this (still importing) module.
+import torch_openreg  # noqa: E402, F401  (the device)

@@ -24,6 +24,15 @@ class TestPluginLoading(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "True True [2.0, 2.0, 2.0, 2.0]")
 
+    def test_direct_import_loads_core_first(self):
+        # With autoload too: then `import openreg_inductor` imports core, which loads the plugins
+        # while openreg_inductor is still importing.
+        for autoload in ("0", "1"):
+            r = run_python("import openreg_inductor\n" + PROBE, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), "True True [2.0, 2.0, 2.0, 2.0]", autoload)
+            self.assertNotIn("openreg plugin", r.stderr)
+
     def test_excluded_by_openreg_plugins(self):
         r = run_python(PROBE, env={"OPENREG_PLUGINS": "none"})
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -32,6 +41,7 @@ class TestPluginLoading(TestCase):
 
     def test_registrations(self):
         import openreg_inductor
+        import torch._inductor.compile_fx  # noqa: F401  (registration waits for its import)
         from openreg_inductor.codegen.scheduling import OpenRegScheduling
         from openreg_inductor.codegen.wrapper import OpenRegPythonWrapper
         from torch._dynamo.device_interface import get_interface_for_device

@@ -28,11 +28,19 @@ owns that namespace), so ``torch.ops.quantized_decomposed.*`` exist right away.
 See ``docs/mechanisms/quantization.md`` in the repository.
 """
 
-import torch_openreg  # noqa: F401  (the device, and the libraries the extension links against)
-
-from . import _C  # noqa: F401  (static registrations run when the library loads)
-
 __version__ = "0.1.0"
+
+
+def _load() -> None:
+    """Entry point of core's plugin group: loads the extension (its static registrations)."""
+    from . import _C  # noqa: F401, F811
+
+
+# Defined before this import: `import openreg_quant` first imports core, whose plugin discovery
+# then calls _load on this (still importing) module.
+import torch_openreg  # noqa: E402, F401  (the device, and the libraries the extension links against)
+
+from . import _C  # noqa: E402, F401  (static registrations run when the library loads)
 
 
 def _define_decomposed_schemas() -> None:
@@ -55,7 +63,3 @@ def __getattr__(name: str):
 
         return getattr(torchao_configs, name)
     raise AttributeError(f"module 'openreg_quant' has no attribute '{name}'")
-
-
-def _load() -> None:
-    """Entry point of core's plugin group: importing the package did the work."""

@@ -32,6 +32,18 @@ class TestPluginLoading(TestCase):
         r = run_python(PROBE, env={"OPENREG_PLUGINS": "quant"})
         self.assertEqual(r.stdout.strip(), "0.1.0 True False torch.int8", r.stderr)
 
+    def test_direct_import_loads_core_first(self):
+        # With autoload too: then `import openreg_quant` imports core, which loads the plugins while
+        # openreg_quant is still importing.
+        for autoload in ("0", "1"):
+            r = run_python(
+                "import openreg_quant\n" + PROBE,
+                env={"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload},
+            )
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), "0.1.0 True False torch.int8", autoload)
+            self.assertNotIn("openreg plugin", r.stderr)
+
     def test_python_namespace_first_then_plugin(self):
         # The schemas defined by Python before the C++ kernels register: the kernels still win.
         r = run_python(

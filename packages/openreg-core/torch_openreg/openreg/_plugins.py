@@ -17,6 +17,7 @@ versions, and ``import torch`` goes on.
 
 import os
 import re
+import sys
 import warnings
 from importlib import metadata
 from typing import Dict, List, Optional
@@ -123,6 +124,12 @@ def _incompatibility(name: str, dist: Optional[metadata.Distribution]) -> Option
     )
 
 
+def _importing(module: str) -> bool:
+    """Whether `module` is being imported right now (its import imported core, which loads plugins)."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
 def load_plugins() -> None:
     """Load the installed, selected plugins (called once by ``import torch_openreg``)."""
     eps = {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
@@ -149,6 +156,11 @@ def load_plugins() -> None:
             entry["loaded"] = True
         except Exception as e:  # a broken plugin must not break `import torch`
             entry["error"] = f"{type(e).__name__}: {e}"
+            if _importing(ep.module):
+                entry["error"] += (
+                    f" (`import {ep.module.split('.')[0]}` came first and imported core: define the entry point "
+                    "before the package imports torch_openreg)"
+                )
             warnings.warn(f"openreg plugin '{name}' failed to load: {entry['error']}", RuntimeWarning, stacklevel=2)
 
 
