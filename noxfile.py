@@ -21,7 +21,9 @@ Session graph (`requires=`): build <- core, amp, ..., packaging, bench, scenario
 runtime_tsan and docs need no build and are required by tests too. Nox runs a required session once per
 invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
-`nox -r` reuses the session venvs (torch is not reinstalled; the wheel is). To rerun one session
+Torch is installed once per machine, into .nox/_layer-torch-2.13.0, which every session's venv sees
+through a .pth file (`_install_torch`). core's and inductor's tests run in two processes (pytest-xdist).
+`nox -r` reuses the session venvs (the wheel is reinstalled). To rerun one session
 against the wheel already in dist/ without rebuilding: `nox -r -s core --no-dependencies`.
 """
 
@@ -47,6 +49,11 @@ BASE = ("setuptools>=70.1", "wheel")
 # torch.testing._internal.common_utils (TestCase, run_tests) imports expecttest and numpy.
 # psutil: the soak test's thread, file-descriptor and resident-size counts, on every OS.
 CORE_TEST_DEPS = ("expecttest", "numpy", "psutil==7.2.2")
+# The suites that are most of a run's time and whose tests are independent run in two processes
+# (one per core of CI's machine): pytest-xdist, grouped where a file needs one process
+# (pytest.mark.xdist_group). `nox -s core -- -n 0` runs them in one process.
+XDIST = "pytest-xdist==3.8.0"
+TWO_PROCESSES = ("-n", "2", "--dist", "loadgroup")
 LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 # Pure-Python and torch-free (their dependency trees hold no torch); pinned like the lint tools.
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
@@ -79,11 +86,32 @@ def _one(pattern: str, session: nox.Session) -> Path:
     return found[0]
 
 
+# Torch and its dependencies (about 900 MB unpacked) are installed once per machine into a shared
+# folder that every session's venv sees through a .pth file: unpacking them into each of the dozen
+# venvs cost about 25 s apiece, 5 minutes of a 2-core CI run. Each venv still installs its own
+# packages; pip sees the layer's torch as installed (it is on sys.path) and leaves it alone.
+TORCH_LAYER = ROOT / ".nox" / ("_layer-" + TORCH.replace("==", "-"))
+
+
+def _install_torch(session: nox.Session, *extra: str) -> None:
+    """Makes the shared torch layer (once) visible in the session's venv, then installs `extra`."""
+    session.install(*BASE)
+    if not (TORCH_LAYER / ".complete").exists():
+        partial = TORCH_LAYER.with_name(TORCH_LAYER.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        session.run("python", "-m", "pip", "install", "--quiet", "--target", str(partial), TORCH)
+        (partial / ".complete").touch()
+        shutil.rmtree(TORCH_LAYER, ignore_errors=True)
+        partial.rename(TORCH_LAYER)
+    site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True).strip()
+    Path(site, "_openreg_torch_layer.pth").write_text(f"{TORCH_LAYER}\n")
+    session.install(TORCH, *extra)  # torch itself: already satisfied by the layer
+
+
 def _install_core(session: nox.Session, *extra: str, plugins: tuple[str, ...] = ()) -> None:
     """Installs torch and the wheels that the `build` session left in dist/: openreg-core and
     the named plugins (distribution file prefixes, e.g. "openreg_amp")."""
-    session.install(*BASE)
-    session.install(TORCH, "pytest", *extra)
+    _install_torch(session, "pytest", *extra)
     wheels = [_one(f"{name}-*.whl", session) for name in ("openreg_core", *plugins)]
     # --force-reinstall: a rebuilt wheel keeps its version, and a reused venv must take it anyway.
     session.install("--no-deps", "--force-reinstall", *map(str, wheels))
@@ -112,9 +140,8 @@ def _sdist_then_wheel(session: nox.Session, package: Path, dist_name: str) -> No
 def build(session: nox.Session) -> None:
     """Builds every C++ package once per run: openreg-core, then the plugins against that core
     (sdists into dist/, and a wheel from each sdist)."""
-    session.install(*BASE)
     # nlohmann-json: the JSON header openreg-distributed's flight recorder needs (torch ships none).
-    session.install(TORCH, "cmake", "ninja", "build", "nlohmann-json==3.12.0")
+    _install_torch(session, "cmake", "ninja", "build", "nlohmann-json==3.12.0")
     DIST.mkdir(exist_ok=True)
     _sdist_then_wheel(session, CORE, "openreg_core")
     # Plugins compile against the installed core's headers and link its libraries.
@@ -126,12 +153,12 @@ def build(session: nox.Session) -> None:
 @nox.session(python=PYTHON, requires=["build"])
 def core(session: nox.Session) -> None:
     """openreg-core's PyTorch tests, against the built wheel."""
-    _install_core(session, "ninja", *CORE_TEST_DEPS)
+    _install_core(session, "ninja", *CORE_TEST_DEPS, XDIST)
     tests = CORE / "tests"
     # An empty test folder fails loudly here (pytest itself would exit with 5, "no tests ran").
     if not any(tests.rglob("test_*.py")):
         session.error(f"{tests.relative_to(ROOT)} has no test_*.py files: core's tests are missing")
-    session.run("pytest", str(tests), *session.posargs)
+    session.run("pytest", *TWO_PROCESSES, str(tests), *session.posargs)
 
 
 def _runtime(session: nox.Session, sanitizer: str) -> None:
@@ -203,16 +230,17 @@ def inductor(session: nox.Session) -> None:
     """openreg-inductor's tests (torch.compile on openreg vs CPU Inductor), against the built core and
     inductor wheels. One Inductor cache per run, shared by the test processes (compiles dominate)."""
     # openreg-amp too: tests/test_autocast.py compiles autocast regions under its policies.
-    _install_core(session, *CORE_TEST_DEPS, *INDUCTOR_DEPS, plugins=("openreg_inductor", "openreg_amp"))
+    _install_core(session, *CORE_TEST_DEPS, *INDUCTOR_DEPS, XDIST, plugins=("openreg_inductor", "openreg_amp"))
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
-    session.run("pytest", str(ROOT / "packages" / "openreg-inductor" / "tests"), *session.posargs, env=env)
+    tests = ROOT / "packages" / "openreg-inductor" / "tests"
+    session.run("pytest", *TWO_PROCESSES, str(tests), *session.posargs, env=env)
     # PyTorch's dynamo-wrapped test mode over a curated part of core's suite: the device API and
     # registration tests (the generated backend-type methods, autograd's device threads). The whole
     # suite under it takes well over an hour on 2 cores: see docs/mechanisms/compiler.md.
     wrapped = [str(CORE / "tests" / name) for name in ("test_device.py", "test_registration.py")]
-    session.run("pytest", *wrapped, env={**env, "PYTORCH_TEST_WITH_DYNAMO": "1"})
+    session.run("pytest", *TWO_PROCESSES, *wrapped, env={**env, "PYTORCH_TEST_WITH_DYNAMO": "1"})
 
 
 @nox.session(python=PYTHON, requires=["build"])

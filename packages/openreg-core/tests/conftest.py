@@ -1,6 +1,8 @@
 """Shared helpers for openreg-core's tests."""
 
+import collections
 import os
+import sys
 from typing import Optional
 
 import pytest
@@ -21,3 +23,45 @@ def _sync_and_reset_device():
     for i in range(torch.openreg.device_count()):
         torch.openreg.synchronize(i)
     torch.openreg.set_device(0)
+
+
+# ---- the OpInfo suite's report: test_opinfo.py records each operator's checks; the count of all of
+# them is printed at the end of the run, summed over pytest-xdist's processes when there are several.
+
+_opinfo_total: collections.Counter = collections.Counter()
+
+
+def _opinfo_counts() -> Optional[dict]:
+    module = sys.modules.get("test_opinfo")
+    if module is None or not module.RESULTS:
+        return None
+    counts = {f"kind:{k}": module.KINDS[k] for k in ("all", *module.CHECK_KINDS)}
+    counts["operators"] = len(module.RESULTS)
+    counts["passed"] = sum(p for p, _ in module.RESULTS.values())
+    counts["failed"] = sum(f for _, f in module.RESULTS.values())
+    return counts
+
+
+def pytest_sessionfinish(session):
+    counts = _opinfo_counts()
+    if counts is None:
+        return
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller reports
+        session.config.workeroutput["opinfo"] = counts
+    else:
+        _opinfo_total.update(counts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # xdist's controller: a worker's counts
+    _opinfo_total.update(getattr(node, "workeroutput", {}).get("opinfo", {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    t = _opinfo_total
+    if t["operators"]:
+        kinds = {k[len("kind:") :]: v for k, v in t.items() if k.startswith("kind:")}
+        terminalreporter.write_line(
+            f"opinfo: {t['operators']} operators, {t['passed']} of {t['passed'] + t['failed']} checks passed; "
+            f"checks by kind: {kinds}"
+        )

@@ -108,7 +108,7 @@ NOT_TESTABLE = {
 }
 
 OPS = [op for op in op_db if op.supported_dtypes("cpu")]  # op_db's 3 others have no CPU implementation
-RESULTS: dict = {}  # op name -> [passed, failed]
+RESULTS: dict = {}  # op name -> [passed, failed], summed up by conftest.py's report
 MANUAL_SEED = torch.manual_seed  # our_seed_only() patches torch.manual_seed
 CHECK_KINDS = ("non-contiguous", "out=", "backward", "CPU rejects", "random: metadata")
 KINDS: collections.Counter = collections.Counter()  # checks per kind, printed by the summary
@@ -480,18 +480,6 @@ class TestOpInfo(TestCase):
             self.assertEqual(
                 tally.failures, [], f"{name}: {len(tally.failures)} of {tally.passed + len(tally.failures)} failed"
             )
-
-
-class TestOpInfoSummary(TestCase):
-    def test_pass_rate(self):
-        self.assertEqual(len(RESULTS), len(OPS), "run the whole file: the summary needs every operator's result")
-        passed = sum(p for p, _ in RESULTS.values())
-        total = passed + sum(f for _, f in RESULTS.values())
-        self.assertGreater(total, 0, "no check ran")
-        print(
-            f"\nopinfo: {passed} of {total} checks passed ({100 * passed / total:.2f} %); checks by kind: {dict(KINDS)}"
-        )
-        self.assertGreaterEqual(passed / total, 0.98, f"{passed} of {total} checks passed")
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ class TestTensors(SerializationTestCase):
         ]
         for map_location, expected_device in cases:
             for weights_only in (True, False):
-                with self.subTest(map_location=map_location, weights_only=weights_only):
+                with self.subTest(map_location=repr(map_location), weights_only=weights_only):
                     loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
                     for key, orig in payload.items():
                         self.assertEqual(loaded[key].device, expected_device(orig.device), key)
@@ -160,7 +160,7 @@ class TestTensors(SerializationTestCase):
         )
         for map_location in ("openreg:5", torch.device("openreg", 5), {"openreg:0": "openreg:5"}):
             for weights_only in (True, False):
-                with self.subTest(map_location=map_location, weights_only=weights_only):
+                with self.subTest(map_location=repr(map_location), weights_only=weights_only):
                     with self.assertRaisesRegex(RuntimeError, message):
                         torch.load(path, map_location=map_location, weights_only=weights_only)
         # nothing was left half-initialised

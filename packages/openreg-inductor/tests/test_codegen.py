@@ -39,7 +39,7 @@ class TestPointwise(TestCase):
             return (a * b + a).abs(), a > b, (a - b).to(torch.float32)
 
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64):
-            with self.subTest(dtype=dtype):
+            with self.subTest(dtype=str(dtype)):
                 a = torch.randn(5, 37).mul(8).to(dtype)
                 b = torch.randn(5, 37).mul(8).to(dtype)
                 compare_with_cpu_inductor(self, f, a, b)
