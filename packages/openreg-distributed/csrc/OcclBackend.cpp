@@ -562,6 +562,29 @@ void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
   inflight_.push_back(std::move(work));
 }
 
+namespace {
+
+// Travels in a collective's kernel: when the runtime discards the kernel without running it (a
+// device error, or a fault injected by OPENREG_FAULTS), the collective and its group fail at once,
+// as when its body raises, instead of the Work reporting success (and its peer timing out alone).
+struct UnrunKernel {
+  std::shared_ptr<WorkOutcome> outcome;
+  std::shared_ptr<GroupError> group;
+  std::string what;
+  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w)
+      : outcome(std::move(o)), group(std::move(g)), what(std::move(w)) {}
+  UnrunKernel(UnrunKernel&&) = default;
+  UnrunKernel(const UnrunKernel&) = delete;
+  ~UnrunKernel() {
+    if (!outcome || outcome->started.load(std::memory_order_acquire)) return;  // moved from, or it ran
+    outcome->error.set(what + " not run: the device failed its kernel before it started");
+    group->set(outcome->error.message());
+    outcome->finished.store(true, std::memory_order_release);  // over: the watchdog retires it
+  }
+};
+
+}  // namespace
+
 c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
                                               std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
                                               Start start, std::chrono::milliseconds timeout, bool blocking) {
@@ -636,37 +659,39 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   pg_status_->lastEnqueuedSeq = static_cast<int64_t>(seq);
   pg_status_->lastEnqueuedWorkName = c10d::opTypeToString(type);
 
-  OPENREG_CHECK(::openreg::launch(comm, kernel, [start = std::move(start), outcome, group = error_, what] {
-    // The stream reached the collective; whatever happens next, it also reaches its end.
-    struct Span {
-      WorkOutcome& o;
-      explicit Span(WorkOutcome& w) : o(w) {
-        if (o.points) o.points->start.mark();
-        o.started.store(true, std::memory_order_release);
-      }
-      ~Span() {
-        if (o.points) o.points->end.mark();
-        o.finished.store(true, std::memory_order_release);
-      }
-    } span(*outcome);
-    if (outcome->error.failed()) throw std::runtime_error(outcome->error.message());  // timed out while queued
-    if (group->failed()) {
-      const std::string msg = what + " not run: the process group failed earlier: " + group->message();
-      outcome->error.set(msg);
-      throw std::runtime_error(msg);
-    }
-    try {
-      Started st = start();
-      for (auto& w : st.works) w->wait();
-      if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
-      if (st.post) st.post();
-    } catch (const std::exception& e) {
-      // The first error wins: the watchdog's timeout, if it caught this collective first.
-      outcome->error.set(what + " failed: " + e.what());
-      group->set(outcome->error.message());
-      throw std::runtime_error(outcome->error.message());
-    }
-  }));
+  OPENREG_CHECK(::openreg::launch(
+      comm, kernel,
+      [start = std::move(start), outcome, group = error_, what, unrun = UnrunKernel{outcome, error_, what}] {
+        // The stream reached the collective; whatever happens next, it also reaches its end.
+        struct Span {
+          WorkOutcome& o;
+          explicit Span(WorkOutcome& w) : o(w) {
+            if (o.points) o.points->start.mark();
+            o.started.store(true, std::memory_order_release);
+          }
+          ~Span() {
+            if (o.points) o.points->end.mark();
+            o.finished.store(true, std::memory_order_release);
+          }
+        } span(*outcome);
+        if (outcome->error.failed()) throw std::runtime_error(outcome->error.message());  // timed out while queued
+        if (group->failed()) {
+          const std::string msg = what + " not run: the process group failed earlier: " + group->message();
+          outcome->error.set(msg);
+          throw std::runtime_error(msg);
+        }
+        try {
+          Started st = start();
+          for (auto& w : st.works) w->wait();
+          if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
+          if (st.post) st.post();
+        } catch (const std::exception& e) {
+          // The first error wins: the watchdog's timeout, if it caught this collective first.
+          outcome->error.set(what + " failed: " + e.what());
+          group->set(outcome->error.message());
+          throw std::runtime_error(outcome->error.message());
+        }
+      }));
 
   // 3. Its end, and a future completed on the comm stream (as NCCL's: callbacks and waits are
   //    ordered after the collective by device events, not by the host).

@@ -23,14 +23,27 @@ class TestInjectedKernelFailure(OcclTestCase):
         if self.rank == 0:
             torch.openreg._inject_faults("kernel:occl::all_reduce")
         try:
-            dist.all_reduce(x, group=group)
+            work = dist.all_reduce(x, group=group, async_op=True)
             if self.rank == 0:
                 with self.assertRaisesRegex(
                     RuntimeError,
                     r"kernel 'occl::all_reduce' failed on openreg device 0: fault injected by OPENREG_FAULTS",
                 ):
-                    x.cpu()
+                    torch.openreg.synchronize()  # the comm stream's failure, reported once
+                # The kernel never ran: its Work failed, and so did its group (the peer's timeout
+                # is not needed for this rank to know).
+                self.assertTrue(work.is_completed())
+                self.assertFalse(work.is_success())
+                not_run = (
+                    r"occl ALLREDUCE \(seq 2, rank 0 of 2\) not run: the device failed its kernel before it started"
+                )
+                self.assertRegex(str(work.exception()), not_run)
+                with self.assertRaisesRegex(
+                    dist.DistBackendError, "refused: the process group failed earlier: " + not_run
+                ):
+                    dist.all_reduce(x, group=group)
             else:
+                work.wait()
                 with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 2, rank 1 of 2\) failed"):
                     x.cpu()
         finally:
