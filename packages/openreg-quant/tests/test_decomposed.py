@@ -47,6 +47,15 @@ class TestPerTensor(QuantTestCase):
                         self.assertSame(got, want, f"{in_dtype} {out_dtype} {x.stride()} {scale}")
                         self.assertEqual(got.stride(), want.stride())
 
+    def test_large_and_non_finite_values_match_decomposition(self):
+        # Beyond 2^23 every float32 is an integer; infinities clamp; NaN converts as the CPU's does.
+        big = [2.0**23 + 1, -(2.0**23) - 1, 2.0**24 + 2, 1e10, -1e10, 3e38]
+        x = torch.tensor([float("nan"), float("inf"), -float("inf"), *big] * 700)  # long enough to vectorise
+        for out_dtype, (lo, hi) in BOUNDS.items():
+            for scale in (1.0, 0.5):
+                want = qd.quantize_per_tensor(x, scale, 3, lo, hi, out_dtype)
+                self.assertSame(qd.quantize_per_tensor(x.to("openreg"), scale, 3, lo, hi, out_dtype), want, out_dtype)
+
     def test_ties_round_half_to_even_before_the_zero_point(self):
         # aten::quantize_per_tensor rounds round(x / s + zp); the decomposition round(x / s) + zp:
         # with an odd zero point they differ at ties, and openreg follows the decomposition.
