@@ -2,6 +2,7 @@
 openreg devices each, the interface chosen with GLOO_SOCKET_IFNAME (what occl's Gloo transport uses)."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +17,8 @@ local = int(os.environ["LOCAL_RANK"])
 dist.init_process_group(device_id=torch.device("openreg", local))
 x = torch.full((4,), float(dist.get_rank() + 1), device="openreg")
 dist.all_reduce(x)
-print(f"rank {dist.get_rank()}/{dist.get_world_size()} local {local} {dist.get_backend()}: {x.cpu().tolist()}")
+rank, world = dist.get_rank(), dist.get_world_size()
+print(f"rank {rank}/{world} local {local} {dist.get_backend()}: {x.cpu().tolist()}", flush=True)
 dist.destroy_process_group()
 """
 
@@ -45,10 +47,13 @@ class TestTorchrun(TestCase):
             outs = [p.communicate(timeout=180) for p in nodes]
         for p, (_, err) in zip(nodes, outs):
             self.assertEqual(p.returncode, 0, err[-2000:])
-        lines = sorted(line for out, _ in outs for line in out.splitlines() if line.startswith("rank "))
+        # The ranks of a node share its stdout, where other libraries write too (Gloo's connection
+        # messages): each result is looked for anywhere in it, not only at the start of a line.
+        lines = sorted(m for out, _ in outs for m in re.findall(r"rank \d+/\d+ local \d+ \w+: \[[^\]]*\]", out))
         self.assertEqual(
             lines,
             [f"rank {r}/4 local {r % 2} occl: [10.0, 10.0, 10.0, 10.0]" for r in range(4)],
+            msg="\n---\n".join(out for out, _ in outs),
         )
 
 
