@@ -13,6 +13,7 @@ from contextlib import nullcontext
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch_openreg.utils.testing import run_threads
 
 THREADS = 4
 STREAMS = 2  # per device, shared by every thread
@@ -49,25 +50,6 @@ def work(model, x, device, stream=None):
 
 
 class TestConcurrency(TestCase):
-    def run_threads(self, body):
-        """Runs body(t) on THREADS threads at once; none may hang or raise (errors are reported here,
-        on the main thread)."""
-        errors = []
-
-        def guarded(t):
-            try:
-                body(t)
-            except BaseException as e:
-                errors.append((t, e))
-
-        threads = [threading.Thread(target=guarded, args=(t,)) for t in range(THREADS)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=300)
-        self.assertFalse(any(th.is_alive() for th in threads), "a thread hung")
-        self.assertEqual(errors, [])
-
     def test_threads_on_shared_streams_and_models_equal_serial_runs(self):
         # The shared parameters' gradient nodes are used from several streams on purpose.
         torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
@@ -103,7 +85,7 @@ class TestConcurrency(TestCase):
                 s.synchronize()
             results[t] = [[r.cpu() for r in it] for it in out]
 
-        self.run_threads(run)
+        run_threads(run, THREADS)
         for t in range(THREADS):
             for i in range(ITERS):
                 self.assertEqual(results[t][i], serial[t][i], msg=f"thread {t}, iteration {i}: threaded != serial")
@@ -123,7 +105,7 @@ class TestConcurrency(TestCase):
                     b = (a * 2).to(f"openreg:{dst}")
                     self.assertEqual(b.cpu(), host * 2)
 
-        self.run_threads(run)
+        run_threads(run, THREADS)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Dict, Optional
+import threading
+from typing import Callable, Dict, Optional
 
 
 def run_python(
@@ -114,3 +115,25 @@ def assert_same_quantization(test, got, want, msg=None) -> None:
         test.assertEqual(a.device, got.device, msg=msg)  # the parameters live with the tensor
         test.assertEqual(a.dtype, b.dtype, msg=msg)
         test.assertTrue(torch.equal(a.cpu(), b.cpu()), msg)
+
+
+def run_threads(body: Callable[[int], None], count: int, timeout: float = 300) -> None:
+    """Runs body(t) for t in range(count) on that many threads at once. Raises AssertionError if a
+    thread is still running after `timeout` seconds, or with every (t, exception) the threads raised."""
+    errors = []
+
+    def guarded(t):
+        try:
+            body(t)
+        except BaseException as e:
+            errors.append((t, e))
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=timeout)
+    if any(th.is_alive() for th in threads):
+        raise AssertionError("a thread hung")
+    if errors:
+        raise AssertionError(f"threads raised: {errors}")
