@@ -50,10 +50,9 @@ BASE = ("setuptools>=70.1", "wheel")
 # psutil: the soak test's thread, file-descriptor and resident-size counts, on every OS.
 CORE_TEST_DEPS = ("expecttest", "numpy", "psutil==7.2.2")
 # The suites that are most of a run's time and whose tests are independent run in two processes
-# (one per core of CI's machine): pytest-xdist, grouped where a file needs one process
-# (pytest.mark.xdist_group). `nox -s core -- -n 0` runs them in one process.
+# (one per core of CI's machine) with pytest-xdist. `nox -s core -- -n 0` runs them in one process.
 XDIST = "pytest-xdist==3.8.0"
-TWO_PROCESSES = ("-n", "2", "--dist", "loadgroup")
+TWO_PROCESSES = ("-n", "2")
 LINT_TOOLS = ("ruff==0.17.6", "clang-format==23.1.5")
 # Pure-Python and torch-free (their dependency trees hold no torch); pinned like the lint tools.
 DOCS_TOOLS = ("sphinx==9.0.4", "myst-parser==5.2.0")
