@@ -102,5 +102,11 @@ std::string dump_json(bool include_collectives, bool only_active) {
   return Recorder::get()->dump_json(Extra{}, include_collectives, only_active);
 }
 
+std::string dump_to_writer(int global_rank) {
+  auto& writer = c10d::DebugInfoWriter::getWriter(global_rank);
+  writer.write(dump(/*include_collectives=*/true, /*include_stack_traces=*/true, /*only_active=*/false));
+  return writer.getWriterTarget();
+}
+
 }  // namespace trace
 }  // namespace openreg_distributed

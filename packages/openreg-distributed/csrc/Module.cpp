@@ -92,6 +92,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "size, timeout)` makes the transport of a split group.")
       .def_property_readonly("transport_name", [](const OcclBackend& b) { return b.transport()->name(); })
       .def_property_readonly("timeout", [](OcclBackend& b) { return b.getBackendOptions()->timeout; })
+      .def_property_readonly("first_error", &OcclBackend::first_error,
+                             "The group's first failure (None while it is healthy): what later operations are "
+                             "refused with.")
       // split_group deep-copies `options` of the parent backend and hands it back to split(): None
       // lets split() take the parent's (c10d's Options has no Python copy).
       .def_property_readonly("options", [](OcclBackend&) { return py::none(); })

@@ -51,6 +51,10 @@ ErrorHandling error_handling_from_env(bool blocking_wait) {
 
 constexpr auto kWatchdogPoll = std::chrono::milliseconds(100);  // NCCL's watchdog sleeps as long
 
+// The key under which a rank reports its group's first failure to the peers (the group's store is
+// already prefixed by the group's name).
+constexpr const char* kPeerErrorKey = "occl/first_error";
+
 std::atomic<size_t> next_pg_id{0};
 
 // ---- checks at the call: errors name the operation and surface where the user made the call ----
@@ -384,6 +388,8 @@ OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
       factory_(std::move(factory)),
       blocking_wait_(env_flag("TORCH_OCCL_BLOCKING_WAIT")),
       error_handling_(error_handling_from_env(blocking_wait_)),
+      dump_on_failure_(env_flag("TORCH_OCCL_DUMP_ON_TIMEOUT")),
+      propagate_error_(env_flag("TORCH_OCCL_PROPAGATE_ERROR")),
       pg_id_(next_pg_id++) {
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
@@ -442,9 +448,55 @@ void OcclBackend::watch(Watched w) {
   if (was_empty) watch_cv_.notify_one();  // from sleeping until there is work to polling
 }
 
-void OcclBackend::handle_failure(const std::string& message) {
+int OcclBackend::global_rank() const {
+  const auto& ranks = options_->global_ranks_in_group;
+  return ranks.empty() ? rank_ : static_cast<int>(ranks.at(rank_));
+}
+
+void OcclBackend::dump_flight_recorder(const std::string& message) {
+  try {
+    const std::string target = trace::dump_to_writer(global_rank());
+    std::fprintf(stderr, "[occl rank %d] watchdog: flight recorder dumped to %s after: %s\n", rank_, target.c_str(),
+                 message.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[occl rank %d] watchdog: could not dump the flight recorder: %s\n", rank_, e.what());
+  }
+}
+
+void OcclBackend::report_failure_to_peers(const std::string& message) {
+  const std::string text =
+      c10::str("rank ", global_rank(), " (rank ", rank_, " of ", size_, " in the group) failed: ", message);
+  try {
+    // The first report stays: a later one (a peer failing in turn) must not replace the cause.
+    store_->compareSet(kPeerErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[occl rank %d] watchdog: could not report the failure to the peers: %s\n", rank_, e.what());
+  }
+}
+
+void OcclBackend::check_peer_failure(std::deque<Watched>& in_flight) {
+  if (!propagate_error_ || !store_usable_ || error_->failed() || terminating_) return;
+  std::string report;
+  try {
+    if (!store_->check({kPeerErrorKey})) return;
+    const auto bytes = store_->get(kPeerErrorKey);
+    report.assign(bytes.begin(), bytes.end());
+  } catch (const std::exception&) {
+    store_usable_ = false;  // the store is gone (its host left): nothing more to learn from it
+    return;
+  }
+  const std::string msg = c10::str("occl: a peer reported a failure of this process group: ", report);
+  for (auto& w : in_flight)
+    if (!w.outcome->finished.load(std::memory_order_acquire)) w.outcome->error.set(c10::str(w.what, " failed: ", msg));
+  error_->set(msg);
+  handle_failure(msg, /*from_peer=*/true);
+}
+
+void OcclBackend::handle_failure(const std::string& message, bool from_peer) {
   if (failure_handled_ || terminating_) return;
   failure_handled_ = true;
+  if (dump_on_failure_) dump_flight_recorder(message);
+  if (propagate_error_ && !from_peer) report_failure_to_peers(message);
   const auto mode = error_handling_;
   if (mode == ErrorHandling::kNoHandling) return;
   std::fprintf(stderr, "[occl rank %d] watchdog: %s\n", rank_, message.c_str());
@@ -463,7 +515,8 @@ void OcclBackend::handle_failure(const std::string& message) {
 void OcclBackend::watchdog_loop() {
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!watch_stop_) {
-    if (watched_.empty()) {
+    // Idle, it sleeps until there is work, unless it must keep looking for the peers' failures.
+    if (watched_.empty() && !propagate_error_) {
       watch_cv_.wait(lock, [this] { return watch_stop_ || !watched_.empty(); });
     } else {
       watch_cv_.wait_for(lock, kWatchdogPoll, [this] { return watch_stop_; });
@@ -472,6 +525,7 @@ void OcclBackend::watchdog_loop() {
     std::deque<Watched> batch;
     batch.swap(watched_);
     lock.unlock();
+    check_peer_failure(batch);
     const auto now = std::chrono::steady_clock::now();
     std::deque<Watched> keep;
     for (auto& w : batch) {

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -157,6 +158,10 @@ class OcclBackend : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   c10d::ErrorType getError() override;
+  // The group's first failure, if it failed (what later operations are refused with).
+  std::optional<std::string> first_error() const {
+    return error_->failed() ? std::optional<std::string>(error_->message()) : std::nullopt;
+  }
   void abort() override;
   void shutdown() override;
 
@@ -235,8 +240,17 @@ class OcclBackend : public c10d::Backend {
   };
   void watch(Watched w);
   void watchdog_loop();
-  void handle_failure(const std::string& message);
+  // The group's first failure, once: dump the flight recorder (TORCH_OCCL_DUMP_ON_TIMEOUT), tell the
+  // peers (TORCH_OCCL_PROPAGATE_ERROR; not for a failure a peer reported), then apply
+  // TORCH_OCCL_ASYNC_ERROR_HANDLING.
+  void handle_failure(const std::string& message, bool from_peer = false);
   void stop_watchdog();
+  // TORCH_OCCL_PROPAGATE_ERROR: a failure of this group that a peer wrote to the group's store, if
+  // any (watchdog thread only). Fails the group and the operations in `in_flight` with it.
+  void check_peer_failure(std::deque<Watched>& in_flight);
+  void report_failure_to_peers(const std::string& message);
+  void dump_flight_recorder(const std::string& message);
+  int global_rank() const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
@@ -248,6 +262,9 @@ class OcclBackend : public c10d::Backend {
   uint64_t collective_seq_ = 0, p2p_seq_ = 0;  // the flight recorder's counters
   bool blocking_wait_;
   ErrorHandling error_handling_;
+  bool dump_on_failure_;      // TORCH_OCCL_DUMP_ON_TIMEOUT
+  bool propagate_error_;      // TORCH_OCCL_PROPAGATE_ERROR
+  bool store_usable_ = true;  // watchdog thread only: false once the store failed a check
 
   // Flight recorder: this backend's id in the process, and its status (last enqueued, started,
   // completed operation).

@@ -57,6 +57,9 @@ void record_pg_ranks(const PgName& pg_name, std::vector<uint64_t> ranks);
 // The formats of torch's dump_fr_trace (pickle) and dump_fr_trace_json.
 std::string dump(bool include_collectives, bool include_stack_traces, bool only_active);
 std::string dump_json(bool include_collectives, bool only_active);
+// Writes dump(true, true, false) through torch's c10d::DebugInfoWriter for `global_rank` (the file
+// $TORCH_FR_DUMP_TEMP_FILE<rank>, or a writer the program registered); returns the writer's target.
+std::string dump_to_writer(int global_rank);
 
 }  // namespace trace
 }  // namespace openreg_distributed

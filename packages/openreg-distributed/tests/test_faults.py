@@ -3,9 +3,11 @@ made with TORCH_OCCL_ASYNC_ERROR_HANDLING 0 or 2 so that the process goes on and
 stays usable; a dead peer, and the modes that take the process down, in processes of their own."""
 
 import os
+import pickle
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -123,6 +125,60 @@ class TestFaults(OcclTestCase):
                 work.wait()
         dist.barrier()
         dist.destroy_process_group(group)  # shuts the backend down: returns
+
+    def test_failure_reaches_peers_and_dumps_the_flight_recorder(self):
+        # TORCH_OCCL_PROPAGATE_ERROR: rank 0's timeout reaches rank 1, which skipped the collective and
+        # has nothing in flight, through the group's store; TORCH_OCCL_DUMP_ON_TIMEOUT: each rank
+        # writes its flight recorder when its group fails, through torch's DebugInfoWriter.
+        dump_dir = tempfile.mkdtemp(prefix=f"occl-fr-rank{self.rank}-")
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "trace_rank_")  # read at the first dump
+        group = fault_group("2", TORCH_OCCL_PROPAGATE_ERROR="1", TORCH_OCCL_DUMP_ON_TIMEOUT="1")
+        backend = group._get_backend(self.device)
+        x = torch.ones(4, device=self.device)
+        dist.all_reduce(x, group=group)  # a completed entry first
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+        self.assertIsNone(backend.first_error)
+        timed_out = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) failed: timed out after 3000 ms"
+        if self.rank == 0:
+            # Queued behind compute that does not end: only the watchdog can time it out, and the
+            # dump then shows it scheduled (a collective blocked in the transport could also end by
+            # the transport's own timeout first).
+            with StreamHold(self.device.index, timeout=60):
+                work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 never joins
+                self.assertRegex(wait_until_failed(work), timed_out)
+            with self.assertRaisesRegex(RuntimeError, timed_out):
+                torch.openreg.synchronize()
+            self.assertRegex(backend.first_error, "^" + timed_out)
+        else:
+            t0 = time.monotonic()
+            while backend.first_error is None:
+                self.assertLess(time.monotonic() - t0, 30, "rank 0's failure did not reach rank 1")
+                time.sleep(0.05)
+            reported = r"occl: a peer reported a failure of this process group: rank 0 \(rank 0 of 2 in the group\) "
+            self.assertRegex(backend.first_error, "^" + reported + "failed: " + timed_out)
+            with self.assertRaisesRegex(dist.DistBackendError, "the process group failed earlier: " + reported):
+                dist.all_reduce(x, group=group)
+        # Both ranks dumped when their group failed: rank 0's shows the collective that timed out.
+        path = os.path.join(dump_dir, f"trace_rank_{self.rank}")
+        t0 = time.monotonic()
+        while True:  # written by the watchdog after it failed the group: wait until it is whole
+            try:
+                with open(path, "rb") as f:
+                    dump = pickle.load(f)
+                break
+            except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+                self.assertLess(time.monotonic() - t0, 30, f"no flight recorder dump at {path}")
+                time.sleep(0.05)
+        del os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+        mine = [e for e in dump["entries"] if e["process_group"][0] == group.group_name]
+        states = [(e["profiling_name"], e["collective_seq_id"], e["state"]) for e in mine]
+        expected = [("occl:all_reduce", 1, "completed")]
+        if self.rank == 0:
+            expected.append(("occl:all_reduce", 2, "scheduled"))
+        self.assertEqual(states, expected)
+        dist.barrier()
+        self.assert_default_group_usable()
+        dist.destroy_process_group(group)
 
 
 # Each rank in a process of its own; rank 1 dies after the first collective. The survivor runs

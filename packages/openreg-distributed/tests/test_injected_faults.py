@@ -56,6 +56,35 @@ class TestInjectedKernelFailure(OcclTestCase):
         self.assertEqual(y.cpu(), torch.full((2,), 2.0))
         dist.destroy_process_group(group)
 
+    def test_failed_kernel_is_reported_to_the_peer(self):
+        # TORCH_OCCL_PROPAGATE_ERROR: the peer's collective fails with rank 0's cause, read from the
+        # group's store, rather than with a timeout of its own that says nothing about rank 0.
+        group = fault_group("2", TORCH_OCCL_PROPAGATE_ERROR="1")
+        x = torch.ones(4, device=self.device)
+        dist.all_reduce(x, group=group)
+        dist.barrier()
+        not_run = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) not run: the device failed its kernel before it started"
+        if self.rank == 0:
+            torch.openreg._inject_faults("kernel:occl::all_reduce")
+        try:
+            work = dist.all_reduce(x, group=group, async_op=True)
+            if self.rank == 0:
+                with self.assertRaisesRegex(RuntimeError, "fault injected by OPENREG_FAULTS"):
+                    torch.openreg.synchronize()
+                self.assertRegex(str(work.exception()), not_run)
+            else:
+                work.wait()
+                with self.assertRaisesRegex(
+                    RuntimeError,
+                    r"occl ALLREDUCE \(seq 2, rank 1 of 2\) failed: occl: a peer reported a failure of this process "
+                    r"group: rank 0 \(rank 0 of 2 in the group\) failed: " + not_run,
+                ):
+                    x.cpu()
+        finally:
+            torch.openreg._inject_faults("")
+        dist.barrier()
+        dist.destroy_process_group(group)
+
 
 if __name__ == "__main__":
     run_tests()
