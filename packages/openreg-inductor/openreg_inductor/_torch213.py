@@ -68,6 +68,24 @@ def _device_need_guard(original, device: str) -> bool:
     return device == DEVICE or original(device)
 
 
+# 6. torch/_inductor/lowering.py, use_two_step_variance(): only device type "cpu" gets the C++
+#    backend's threshold (``config.cpp.use_two_step_variance_threshold``, 1024) below which a
+#    variance takes two passes (mean, then squared deviations); other devices get
+#    ``config.unroll_reductions_threshold`` (8). openreg's C++ kernels then computed a layer_norm
+#    row of 1024 with Welford's algorithm where CPU Inductor's take two passes: other roundings,
+#    and 1.6 times CPU Inductor's time (tools/bench/compile_bench.py, compile-layer-norm).
+#    Test: tests/test_codegen.py::TestReductions::test_variance_takes_two_passes_as_on_the_cpu.
+def _use_two_step_variance(original, x, *args, **kwargs) -> bool:
+    device = x.get_device()
+    if device is None or device.type != DEVICE:
+        return original(x, *args, **kwargs)
+    from torch._inductor import config
+
+    # The CPU's branch of that function, for openreg: its threshold, no split check.
+    with config.patch(unroll_reductions_threshold=config.cpp.use_two_step_variance_threshold):
+        return original(x, *args, **kwargs)
+
+
 class WrapperFixes:
     """Fixes that live in openreg's wrapper classes (subclass overrides, no patching).
 
@@ -93,7 +111,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4 (5 is in the wrapper classes). Idempotent."""
+    """Installs workarounds 1-4 and 6 (5 is in the wrapper classes). Idempotent."""
     global _applied
     if _applied:
         return
@@ -115,4 +133,5 @@ def apply() -> None:
     scheduler.BaseSchedulerNode.is_cpu = _is_cpu
     lowering.is_gpu = functools.partial(_lowering_is_gpu, utils.is_gpu)
     scheduler.device_need_guard = functools.partial(_device_need_guard, utils.device_need_guard)
+    lowering.use_two_step_variance = functools.partial(_use_two_step_variance, lowering.use_two_step_variance)
     _applied = True

@@ -5,11 +5,20 @@ Inductor hashes a device's custom config into the FX-graph cache key, so bumping
 makes a new plugin never reuse code cached by an older one.
 """
 
+import os
 import sys
 
 from torch.utils._config_module import install_config_module
 
 # Bump when the generated code (launch.py, scheduling.py, wrapper.py) changes shape.
-codegen_version: int = 2
+codegen_version: int = 3
+
+# Elements per thread below which an openreg pointwise kernel runs its loops on the stream's worker alone
+# instead of opening an OpenMP parallel region (Inductor's ``cpp.min_chunk_size``, 512, for openreg
+# kernels only). A region wakes the worker's OpenMP team, whose threads compete with the host thread
+# and the worker for the cores: on 2 cores a 1K-element fused kernel took 56 to 67 us per call
+# with the region and 36 to 41 us without (docs/mechanisms/compiler.md, "Benchmark"). Reductions
+# keep Inductor's threshold: splitting one over threads changes its rounding.
+min_chunk_size: int = int(os.environ.get("OPENREG_INDUCTOR_MIN_CHUNK_SIZE", "4096"))
 
 install_config_module(sys.modules[__name__])

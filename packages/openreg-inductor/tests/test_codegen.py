@@ -34,6 +34,22 @@ class TestPointwise(TestCase):
         self.assertIn("orKernelPointer(", code)
         self.assertRegex(code, r"openreg_fused_add_cos_0\(raw_stream0, ")
 
+    def test_small_kernels_run_without_a_parallel_region(self):
+        # openreg_inductor.config.min_chunk_size: below it per thread, a kernel's loops run on the
+        # stream's worker alone (no OpenMP region to wake); above it, they are parallel as on the CPU.
+        from openreg_inductor import config as openreg_config
+        from torch._inductor.utils import parallel_num_threads
+
+        threads = parallel_num_threads()
+        small = openreg_config.min_chunk_size * threads // 2
+        large = openreg_config.min_chunk_size * threads * 2
+        for n, parallel in ((small, False), (large, True)):
+            with self.subTest(n=str(n)):
+                torch._dynamo.reset()
+                code = kernels_of(lambda x: (x * 2).sin(), torch.randn(n, device="openreg"))
+                self.assertEqual("#pragma omp parallel" in code, parallel and threads > 1)
+                compare_with_cpu_inductor(self, lambda x: (x * 2).sin(), torch.randn(n))
+
     def test_dtypes(self):
         def f(a, b):
             return (a * b + a).abs(), a > b, (a - b).to(torch.float32)
@@ -81,6 +97,21 @@ class TestReductions(TestCase):
         # The mean divides by a constant: a reciprocal multiply on openreg (see test_division_by_constant...).
         args = torch.randn(4, 10, 96), ln.weight.detach() + 0.5, torch.randn(96)
         compare_with_cpu_inductor(self, f, *args, exact=False)
+
+    def test_variance_takes_two_passes_as_on_the_cpu(self):
+        # A row of <= 1024 elements: CPU Inductor takes two passes (no Welford), and so must openreg
+        # (openreg_inductor/_torch213.py, workaround 6).
+        def f(x, w, b):
+            return torch.nn.functional.layer_norm(x, (1024,), w, b), torch.var_mean(x, dim=-1)
+
+        args = torch.randn(8, 1024), torch.randn(1024), torch.randn(1024)
+        cpu_code = kernels_of(f, *args)
+        torch._dynamo.reset()
+        or_code = kernels_of(f, *(a.to("openreg") for a in args))
+        self.assertNotIn("welford", cpu_code.lower())
+        self.assertNotIn("welford", or_code.lower())
+        torch._dynamo.reset()
+        compare_with_cpu_inductor(self, f, *args, exact=False, atol=1e-5, rtol=1e-5)
 
     def test_var_mean_low_precision(self):
         def f(x):

@@ -1,10 +1,12 @@
 """Inductor's scheduling for openreg: CPU C++ kernel generation, openreg launch.
 
 Everything about *what* a kernel computes (fusion, loop nests, vectorisation, reductions,
-indirect indexing, random numbers) is Inductor's ``CppScheduling``. This subclass changes only
-how a finished kernel is packaged (``define_kernel``): the generated function becomes the body
-of a launcher (``launch.launcher_source``) that runs it on an openreg stream. A vendor with its
-own code generator replaces this class (see docs/mechanisms/compiler.md).
+indirect indexing, random numbers) is Inductor's ``CppScheduling``. This subclass changes how
+small a pointwise kernel must be to run without an OpenMP parallel region
+(``config.min_chunk_size``) and how a finished kernel is packaged (``define_kernel``): the
+generated function becomes the body of a launcher (``launch.launcher_source``) that runs it on an
+openreg stream. A vendor with its own code generator replaces this class (see
+docs/mechanisms/compiler.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.utils import Placeholder, get_fused_kernel_name
 from torch._inductor.virtualized import V
 
+from .. import config as openreg_config
 from . import launch
 
 
@@ -32,6 +35,16 @@ def _is_host_scalar(name: str) -> bool:
 
 
 class OpenRegScheduling(CppScheduling):
+    # Loop nests are generated (and their parallel depth decided, CppKernelProxy.decide_parallel_depth)
+    # when a node is code-generated: openreg's threshold for small kernels applies there, to
+    # pointwise kernels only. A reduction split over threads sums in another order, so reductions
+    # keep the CPU's choice, and with it CPU Inductor's results bit for bit.
+    def codegen_node(self, node):
+        if node.is_reduction():
+            return super().codegen_node(node)
+        with config.patch({"cpp.min_chunk_size": openreg_config.min_chunk_size}):
+            return super().codegen_node(node)
+
     def define_kernel(self, src_code, nodes, kernel_args=None):
         wrapper = V.graph.wrapper_code
         if src_code in wrapper.src_to_kernel:
