@@ -6,6 +6,12 @@ Rows (openreg column / reference column; ratio = openreg / reference):
   CPU Inductor on CPU tensors (goal <= 1.05 from 256K elements up; at 1K the launch dominates);
 - compile-vs-eager-{1k,256k,16m}: the same compiled chain on openreg against the chain run op by op
   in openreg eager (goal <= 0.67, i.e. at least 1.5x faster, on the fused sizes);
+- compile-softmax, compile-layer-norm: softmax and layer_norm (with weight and bias) over the last
+  dimension of a 256 x 1024 float32 tensor, compiled, openreg against CPU Inductor (goal <= 1.05);
+- compile-mlp: forward and backward of the 3 x 1024 MLP of eager.py's MLP step (batch 64), the
+  model compiled (AOTAutograd compiles the backward), openreg against CPU Inductor (goal <= 1.05);
+- compile-gpt-step: eager.py's small GPT training step (forward, backward, AdamW) in one compiled
+  function, openreg against CPU Inductor (goal <= 1.05);
 - compile-cold: the first compile of the chain with an empty Inductor cache, openreg against CPU
   (goal <= 1.2); compile-warm: the same compile after ``torch._dynamo.reset()`` (FX-graph cache
   hit), openreg against CPU (report).
@@ -29,12 +35,20 @@ SIZES = {"1k": 1024, "256k": 256 * 1024, "16m": 16 * 1024 * 1024}
 IDS = (
     *(f"compile-chain-{s}" for s in SIZES),
     *(f"compile-vs-eager-{s}" for s in SIZES),
+    "compile-softmax",
+    "compile-layer-norm",
+    "compile-mlp",
+    "compile-gpt-step",
     "compile-cold",
     "compile-warm",
 )
 NAMES = {
     **{f"compile-chain-{s}": f"16-op chain {s}: openreg Inductor vs CPU Inductor" for s in SIZES},
     **{f"compile-vs-eager-{s}": f"16-op chain {s}: openreg Inductor vs openreg eager" for s in SIZES},
+    "compile-softmax": "softmax 256x1024: openreg Inductor vs CPU Inductor",
+    "compile-layer-norm": "layer_norm 256x1024: openreg Inductor vs CPU Inductor",
+    "compile-mlp": "MLP 3x1024 batch 64 fwd+bwd: openreg Inductor vs CPU Inductor",
+    "compile-gpt-step": "small GPT training step: openreg Inductor vs CPU Inductor",
     "compile-cold": "first compile, empty cache: openreg vs CPU",
     "compile-warm": "compile after dynamo reset (FX cache hit): openreg vs CPU",
 }
@@ -43,6 +57,10 @@ GOALS = {
     "compile-chain-16m": 1.05,
     "compile-vs-eager-256k": 0.67,
     "compile-vs-eager-16m": 0.67,
+    "compile-softmax": 1.05,
+    "compile-layer-norm": 1.05,
+    "compile-mlp": 1.05,
+    "compile-gpt-step": 1.05,
     "compile-cold": 1.2,
 }
 
@@ -95,7 +113,64 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         out[f"compile-chain-{name}:{device}"] = _time(lambda: compiled(x), sync, iters, reps)
         if device == "openreg":
             out[f"compile-vs-eager-{name}:eager"] = _time(lambda: chain(x), sync, iters, reps)
+    for id_, (fn, iters) in _models(device).items():
+        torch._dynamo.reset()
+        out[f"{id_}:{device}"] = _time(fn(), sync, *((2, 3) if quick else (iters, 7)))
     return out
+
+
+def _models(device: str) -> Dict[str, tuple]:
+    """Row id -> (factory of the compiled call to time, calls per repetition in a full run); the
+    factories build and compile on first use, after the previous row's ``torch._dynamo.reset()``."""
+    import eager  # this directory's module: the MLP and the small GPT of the eager rows
+    import torch
+
+    f = torch.nn.functional
+
+    def rows_op(op):
+        def make():
+            torch.manual_seed(0)
+            x = torch.randn(256, 1024, device=device)
+            w, b = torch.randn(1024, device=device), torch.randn(1024, device=device)
+            compiled = torch.compile(op, dynamic=False)
+            return lambda: compiled(x, w, b)
+
+        return make
+
+    def mlp():
+        torch.manual_seed(0)
+        net = eager.mlp(device)
+        compiled = torch.compile(net, dynamic=False)
+        x, y = torch.randn(64, 1024, device=device), torch.randn(64, 1024, device=device)
+
+        def fwd_bwd():
+            net.zero_grad(set_to_none=True)
+            f.mse_loss(compiled(x), y).backward()
+
+        return fwd_bwd
+
+    def gpt_step():
+        torch.manual_seed(0)
+        model = eager.TinyGPT().to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        idx = torch.randint(0, 100, (16, 64), device=device)
+        target = torch.randint(0, 100, (16, 64), device=device)
+
+        @torch.compile(dynamic=False)
+        def step():
+            loss = f.cross_entropy(model(idx).flatten(0, 1), target.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step
+
+    return {
+        "compile-softmax": (rows_op(lambda x, w, b: torch.softmax(x, dim=-1)), 200),
+        "compile-layer-norm": (rows_op(lambda x, w, b: f.layer_norm(x, (1024,), w, b)), 200),
+        "compile-mlp": (mlp, 20),
+        "compile-gpt-step": (gpt_step, 10),
+    }
 
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:

@@ -84,15 +84,20 @@ def alloc_free(device: str):
     return lambda: torch.empty(256 * 1024, device=dev)  # 1 MiB, freed at once
 
 
-def mlp_step(device: str):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
+def mlp(device: str) -> torch.nn.Module:
+    """Three 1024 x 1024 linear layers with ReLUs between them (the MLP step's model)."""
+    return torch.nn.Sequential(
         torch.nn.Linear(1024, 1024),
         torch.nn.ReLU(),
         torch.nn.Linear(1024, 1024),
         torch.nn.ReLU(),
         torch.nn.Linear(1024, 1024),
     ).to(device)
+
+
+def mlp_step(device: str):
+    torch.manual_seed(0)
+    model = mlp(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 1024, device=device), torch.randn(64, 1024, device=device)
 
