@@ -2,8 +2,10 @@
 once per device) and eager work on its results, into shared streams of both devices at once. Each
 thread's results must equal the same work run serially, and the CPU's.
 
-A thread sometimes compiles the model again (Dynamo's `unique_graphs` grows by one in about one run
-in seven here, cause not yet known); that costs time, not correctness, so it is not asserted.
+A thread sometimes compiles the model again: torch 2.13's Dynamo, whose per-code cache is not locked,
+recompiles now and then when threads call one compiled function with inputs that select different
+cache entries (here the two devices), on the CPU alone as well ("Unexpected recompilation";
+reproduction in docs/mechanisms/reliability.md). That costs time, not correctness, so it is not asserted.
 
 Core's `packages/openreg-core/tests/test_concurrency.py` does the same for eager code alone.
 """
