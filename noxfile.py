@@ -162,10 +162,11 @@ def core(session: nox.Session) -> None:
 
 def _runtime(session: nox.Session, sanitizer: str) -> None:
     session.install(*BASE)
-    session.install("pytest", "cmake", "ninja")
+    session.install("pytest", XDIST, "cmake", "ninja")
     # Set even when empty, so a sanitizer chosen in the caller's shell doesn't leak into `runtime`.
     env = _env(OPENREG_SANITIZER=sanitizer)
-    session.run("pytest", str(CORE / "libopenreg" / "tests"), *session.posargs, env=env)
+    # Each case is a process of its own: two at a time (the build is locked, the first worker builds).
+    session.run("pytest", *TWO_PROCESSES, str(CORE / "libopenreg" / "tests"), *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON)
