@@ -4,6 +4,7 @@ stays usable; a dead peer, and the modes that take the process down, in processe
 
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -170,6 +171,7 @@ class TestFaults(OcclTestCase):
                 self.assertLess(time.monotonic() - t0, 30, f"no flight recorder dump at {path}")
                 time.sleep(0.05)
         del os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+        shutil.rmtree(dump_dir)
         mine = [e for e in dump["entries"] if e["process_group"][0] == group.group_name]
         states = [(e["profiling_name"], e["collective_seq_id"], e["state"]) for e in mine]
         expected = [("occl:all_reduce", 1, "completed")]
