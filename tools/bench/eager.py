@@ -157,12 +157,18 @@ class TinyGPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
-def gpt_step(device: str):
+def gpt_training(device: str):
+    """The GPT step's state: the model, its AdamW, a batch of 16 x 64 tokens and their targets."""
     torch.manual_seed(0)
     model = TinyGPT().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     idx = torch.randint(0, 100, (16, 64), device=device)
     target = torch.randint(0, 100, (16, 64), device=device)
+    return model, opt, idx, target
+
+
+def gpt_step(device: str):
+    model, opt, idx, target = gpt_training(device)
 
     def step():
         opt.zero_grad(set_to_none=True)
