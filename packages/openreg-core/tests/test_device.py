@@ -54,6 +54,20 @@ class TestRegistration(TestCase):
         (lib,) = torch_openreg.library_paths()
         self.assertTrue(any(n.startswith("libtorch_openreg") for n in os.listdir(lib)), os.listdir(lib))
 
+    def test_plugin_extension_flags(self):
+        """OpenRegExtension: core's headers and libraries, no debug information by default (Python's
+        CFLAGS carry -g), and a plugin's own flags after that, so that its "-g" wins."""
+        import torch_openreg
+        from torch_openreg.utils.cpp_extension import OpenRegExtension
+
+        ext = OpenRegExtension("p._C", ["a.cpp"])
+        self.assertEqual(ext.extra_compile_args, ["-g0", "-O2", "-Wall", "-Wno-unused-parameter"])
+        self.assertTrue({"torch_openreg", "openreg"} <= set(ext.libraries), ext.libraries)
+        self.assertTrue(set(torch_openreg.include_paths()) <= set(ext.include_dirs))
+        self.assertTrue(set(torch_openreg.library_paths()) <= set(ext.library_dirs))
+        ext = OpenRegExtension("p._C", ["a.cpp"], extra_compile_args=["-O3", "-g"])
+        self.assertEqual(ext.extra_compile_args, ["-g0", "-O3", "-g"])
+
     def test_backend_name_and_module(self):
         self.assertEqual(torch._C._get_privateuse1_backend_name(), "openreg")
         self.assertIs(torch.openreg, torch.get_device_module("openreg"))
