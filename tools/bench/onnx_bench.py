@@ -28,7 +28,7 @@ import time
 from importlib import metadata
 from typing import Callable, Dict, List
 
-from rows import module_main, ratio_row, serve_in_process
+from rows import module_main, ratio_row, serve_devices
 
 IDS = ("onnx-first-export", "onnx-export-mlp", "onnx-export-block", "onnx-ort-mlp", "onnx-ort-block", "onnx-import")
 NAMES = {
@@ -138,9 +138,11 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     samples: Dict[str, List[float]] = {}
     order = ["cpu", "openreg"]
     for r in range(rounds):
-        for device in order if r % 2 == 0 else order[::-1]:
-            log(f"[onnx] round {r + 1}/{rounds}: {device} process ...")
-            for key, value in serve_in_process(__file__, device, quick, timeout=900).items():
+        devices = order if r % 2 == 0 else order[::-1]
+        log(f"[onnx] round {r + 1}/{rounds}")
+        by_device = serve_devices(__file__, "onnx", quick, log, timeout=900, devices=devices)
+        for device, got in by_device.items():
+            for key, value in got.items():
                 key = key if ":" in key else f"{key}:{device}"
                 samples.setdefault(key, []).append(value)
     if "onnx-import" in ids:

@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence
 
 
 def ratio_row(
@@ -50,20 +51,47 @@ def serve_in_process(script: str, device: str, quick: bool, timeout: float, env:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def serve_devices(
+    script: str,
+    group: str,
+    quick: bool,
+    log: Callable[[str], None],
+    timeout: float,
+    fresh_inductor_cache: bool = False,
+    devices: Sequence[str] = ("cpu", "openreg"),
+) -> Dict[str, Dict]:
+    """Each device's samples from a process of its own (`serve_in_process`), by device; with
+    `fresh_inductor_cache` each process compiles into an empty Inductor cache of its own.
+
+    A full run takes the processes one after the other, so that none measures while another runs.
+    --quick (a smoke run whose timings mean nothing) runs them side by side: the groups that compile
+    cold spent minutes of CI's time otherwise."""
+
+    def one(device: str) -> Dict:
+        if not fresh_inductor_cache:
+            return serve_in_process(script, device, quick, timeout=timeout)
+        with tempfile.TemporaryDirectory(prefix=f"openreg-bench-{group}-") as cache:
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+            return serve_in_process(script, device, quick, timeout=timeout, env=env)
+
+    if not quick:
+        results = {}
+        for device in devices:
+            log(f"[{group}] {device} process ...")
+            results[device] = one(device)
+        return results
+    log(f"[{group}] {' and '.join(devices)} processes side by side ...")
+    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+        return dict(zip(devices, pool.map(one, devices)))
+
+
 def serve_each_device(
     script: str, group: str, quick: bool, log: Callable[[str], None], timeout: float, fresh_inductor_cache: bool = False
 ) -> Dict:
-    """The samples of `script`'s CPU process, then of its openreg process (`serve_in_process`); with
-    `fresh_inductor_cache` each process compiles into an empty Inductor cache of its own."""
+    """The samples of `script`'s CPU process and of its openreg process in one dict (`serve_devices`)."""
     samples: Dict = {}
-    for device in ("cpu", "openreg"):
-        log(f"[{group}] {device} process ...")
-        if not fresh_inductor_cache:
-            samples.update(serve_in_process(script, device, quick, timeout=timeout))
-            continue
-        with tempfile.TemporaryDirectory(prefix=f"openreg-bench-{group}-") as cache:
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-            samples.update(serve_in_process(script, device, quick, timeout=timeout, env=env))
+    for result in serve_devices(script, group, quick, log, timeout, fresh_inductor_cache).values():
+        samples.update(result)
     return samples
 
 

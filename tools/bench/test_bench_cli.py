@@ -22,10 +22,13 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(RUN), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_quick_json_structure(tmp_path: Path):
+def test_quick_json_structure_and_plot(tmp_path: Path):
+    """--json writes rows and environment; --plot writes a PNG (the bench session installs matplotlib)."""
     out = tmp_path / "nested" / "bench.json"  # the parent directory is created
-    proc = _run("--quick", "--json", str(out), "--only", CHEAP)
+    png = tmp_path / "bench.png"
+    proc = _run("--quick", "--json", str(out), "--plot", str(png), "--only", CHEAP)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(out.read_text())
 
     env = data["environment"]
@@ -60,14 +63,6 @@ def test_list():
     proc = _run("--list", timeout=60)
     assert proc.returncode == 0
     assert CHEAP in proc.stdout and "launch-latency" in proc.stdout
-
-
-def test_plot(tmp_path: Path):
-    """--plot writes a PNG (the bench session installs matplotlib)."""
-    png = tmp_path / "bench.png"
-    proc = _run("--quick", "--plot", str(png), "--only", CHEAP)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_runtime_output_parsing():
