@@ -41,17 +41,14 @@ def _fuzz(max_examples: int, derandomize: bool, run_seed: int | None = None):
     program()
 
 
-def test_quick_profile(fuzz_options):
-    minutes, one_seed = fuzz_options
-    if minutes or one_seed is not None:
-        pytest.skip("the long profile runs instead (--fuzz-minutes / --fuzz-seed)")
+def test_quick_profile():
+    """Deselected when the long profile's options are given (conftest.py)."""
     _fuzz(QUICK_EXAMPLES, derandomize=True)
 
 
 def test_long_profile(fuzz_options):
+    """Runs only with --fuzz-minutes N or --fuzz-seed N (nox -s fuzz -- --minutes N); deselected otherwise."""
     minutes, one_seed = fuzz_options
-    if not minutes and one_seed is None:
-        pytest.skip("the long profile runs with --fuzz-minutes N or --fuzz-seed N (nox -s fuzz -- --minutes N)")
     if one_seed is not None:
         _fuzz(LONG_EXAMPLES_PER_SEED, derandomize=False, run_seed=one_seed)
         return
