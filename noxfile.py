@@ -22,7 +22,7 @@ runtime_tsan and docs need no build and are required by tests too. Nox runs a re
 invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
 Torch is installed once per machine, into .nox/_layer-torch-2.13.0, which every session's venv sees
-through a .pth file (`_install_torch`). core's and inductor's tests run in two processes (pytest-xdist).
+through a .pth file (`_install_torch`). core's, inductor's and onnx's tests run in two processes (pytest-xdist).
 `nox -r` reuses the session venvs (the wheel is reinstalled). To rerun one session
 against the wheel already in dist/ without rebuilding: `nox -r -s core --no-dependencies`.
 """
@@ -265,8 +265,8 @@ ONNX_DEPS = (
 def onnx(session: nox.Session) -> None:
     """openreg-onnx's tests (lazy export hooks, translation table in both modes, models verified in
     onnxruntime, export checks, CLI), against the built core and onnx wheels."""
-    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, plugins=("openreg_onnx",))
-    session.run("pytest", str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
+    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, XDIST, plugins=("openreg_onnx",))
+    session.run("pytest", *TWO_PROCESSES, str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
 
 
 @nox.session(python=PYTHON, requires=["build"])
