@@ -8,6 +8,8 @@
     nox -s quant        openreg-quant's tests (packages/openreg-quant/tests)
     nox -s onnx         openreg-onnx's tests (packages/openreg-onnx/tests)
     nox -s runtime      libopenreg's own tests (no torch); runtime_asan / runtime_tsan under a sanitizer
+    nox -s core_asan    all of core built with AddressSanitizer: its runtime, memory and concurrency tests
+                        and the short soak
     nox -s soak         the full soak (long; not part of `tests`; the quick one is in `core`)
     nox -s packaging    what the wheels and sdists contain; `openreg-core[extras]` into a fresh venv
     nox -s scenarios    cross-package scenarios (tests/scenarios) with every plugin installed
@@ -18,8 +20,8 @@
                         `nox -s fuzz -- --minutes N` the long profile for release checks, `-- --seed N` one seed again
 
 Session graph (`requires=`): build <- core, amp, ..., packaging, bench, scenarios <- tests; runtime, runtime_asan,
-runtime_tsan and docs need no build and are required by tests too. Nox runs a required session once per
-invocation, so `nox -s tests` builds core once and every session installs that one wheel.
+runtime_tsan, core_asan (a build of its own) and docs need no build and are required by tests too. Nox runs a
+required session once per invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
 Torch is installed once per machine, into .nox/_layer-torch-2.13.0, which every session's venv sees
 through a .pth file (`_install_torch`). core's, inductor's and onnx's tests run in two processes (pytest-xdist).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import nox
@@ -73,7 +76,9 @@ nox.options.sessions = ["tests"]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {"MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    # OPENREG_SANITIZER empty unless a session asks for one: a sanitizer chosen in the caller's shell
+    # must not instrument the wheels every session installs.
+    env = {"MAX_JOBS": os.environ.get("MAX_JOBS", "2"), "OPENREG_SANITIZER": ""}
     env.update(extra)
     return env
 
@@ -116,17 +121,22 @@ def _install_core(session: nox.Session, *extra: str, plugins: tuple[str, ...] = 
     session.install("--no-deps", "--force-reinstall", *map(str, wheels))
 
 
-def _sdist_then_wheel(session: nox.Session, package: Path, dist_name: str) -> None:
-    """Builds `package`'s sdist into dist/, then a wheel from that sdist (proving the sdist builds)."""
-    for old in [*DIST.glob(f"{dist_name}-*.tar.gz"), *DIST.glob(f"{dist_name}-*.whl")]:
-        old.unlink()
-    # The sdist is built from a copy of the package so that build/ and *.egg-info/ in the
-    # developer's tree can't leak into it, and the tree is left as it was.
+def _staged_copy(session: nox.Session, package: Path) -> Path:
+    """A copy of `package` in the session's tmp folder without build products, so that build/ and
+    *.egg-info/ in the developer's tree can't leak into what is built, and the tree is left as it was."""
     staging = Path(session.create_tmp()) / f"{package.name}-src"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(
         package, staging, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so", "*.o", "*.pyc")
     )
+    return staging
+
+
+def _sdist_then_wheel(session: nox.Session, package: Path, dist_name: str) -> None:
+    """Builds `package`'s sdist into dist/, then a wheel from that sdist (proving the sdist builds)."""
+    for old in [*DIST.glob(f"{dist_name}-*.tar.gz"), *DIST.glob(f"{dist_name}-*.whl")]:
+        old.unlink()
+    staging = _staged_copy(session, package)
     session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(DIST), str(staging), env=_env())
     sdist = _one(f"{dist_name}-*.tar.gz", session)
     session.run(
@@ -185,6 +195,53 @@ def runtime_asan(session: nox.Session) -> None:
 def runtime_tsan(session: nox.Session) -> None:
     """libopenreg's tests under ThreadSanitizer."""
     _runtime(session, "thread")
+
+
+# core's tests that exercise its runtime, threads and memory; run under AddressSanitizer by core_asan
+# (the OpInfo sweep and the operator tests would take it from 2 to over 6 minutes).
+ASAN_CORE_TESTS = (
+    "test_soak.py",
+    "test_streams.py",
+    "test_memory.py",
+    "test_concurrency.py",
+    "test_faults.py",
+    "test_graphs.py",
+    "test_ipc.py",
+    "test_generators.py",
+    "test_accelerator.py",
+)
+
+
+def _compiler_file(name: str, session: nox.Session) -> str:
+    """The path of one of the C++ compiler's runtime libraries (`c++ -print-file-name=NAME`)."""
+    proc = subprocess.run(["c++", f"-print-file-name={name}"], capture_output=True, text=True)
+    path = proc.stdout.strip()
+    if proc.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
+        session.error(f"the C++ compiler has no {name} (`c++ -print-file-name={name}` gave {path!r})")
+    return path
+
+
+@nox.session(python=PYTHON)
+def core_asan(session: nox.Session) -> None:
+    """All of core (runtime, PyTorch layer, binding) built with AddressSanitizer, then its runtime,
+    memory and concurrency tests and the short soak (ASAN_CORE_TESTS) in an uninstrumented Python
+    and libtorch: docs/mechanisms/reliability.md."""
+    _install_torch(session, "pytest", "cmake", "ninja", *CORE_TEST_DEPS, XDIST)
+    # Built from a copy, into a build directory of its own, so neither the tree nor dist/ sees it.
+    staging = _staged_copy(session, CORE)
+    build_dir = Path(session.create_tmp()) / "core-asan-build"
+    env = _env(OPENREG_SANITIZER="address", OPENREG_BUILD_DIR=str(build_dir))
+    session.run("python", "-m", "pip", "install", "--no-build-isolation", "--no-deps", str(staging), env=env)
+    # The ASan runtime must come first in the process; libstdc++ with it, or ASan's interceptor of
+    # C++ throws finds no real __cxa_throw (Python itself does not link libstdc++) and aborts.
+    preload = " ".join(_compiler_file(name, session) for name in ("libasan.so", "libstdc++.so.6"))
+    # Leaks: Python and libtorch keep what they allocate until exit (libopenreg's leaks are checked in
+    # runtime_asan). handle_segv=0: a host read of device memory must die by SIGSEGV, as tested.
+    options = ":".join(filter(None, ["detect_leaks=0:handle_segv=0", os.environ.get("ASAN_OPTIONS", "")]))
+    tests = [str(CORE / "tests" / name) for name in ASAN_CORE_TESTS]
+    session.run(
+        "pytest", *TWO_PROCESSES, *tests, *session.posargs, env={"LD_PRELOAD": preload, "ASAN_OPTIONS": options}
+    )
 
 
 @nox.session(python=PYTHON, requires=["build"], default=False)
@@ -320,6 +377,7 @@ def fuzz(session: nox.Session) -> None:
         "runtime",
         "runtime_asan",
         "runtime_tsan",
+        "core_asan",
         "packaging",
         "docs",
         "bench",

@@ -2,7 +2,8 @@
 
 Install with ``pip install --no-build-isolation .`` so the build uses the
 torch already installed (a build-isolation environment would fetch another
-torch). MAX_JOBS (default 2) sets the number of parallel compile jobs.
+torch). MAX_JOBS (default 2) sets the number of parallel compile jobs; OPENREG_SANITIZER=address
+builds all of core with AddressSanitizer (see noxfile.py::core_asan).
 """
 
 import os
@@ -38,6 +39,8 @@ class CMakeBuild(build_ext):
                 f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
                 f"-DPython3_EXECUTABLE={sys.executable}",
                 f"-DCMAKE_INSTALL_PREFIX={package_dir}",
+                # Always passed, so that a build directory configured with a sanitizer is reset.
+                f"-DOPENREG_SANITIZER={os.environ.get('OPENREG_SANITIZER', '').strip()}",
                 "-Wno-dev",
             ],
             cwd=build_dir,
