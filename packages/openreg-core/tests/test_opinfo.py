@@ -111,7 +111,7 @@ OPS = [op for op in op_db if op.supported_dtypes("cpu")]  # op_db's 3 others hav
 RESULTS: dict = {}  # op name -> [passed, failed], summed up by conftest.py's report
 
 
-def seed_cpu_and_openreg(seed: int) -> None:
+def seed_cpu_and_openreg(seed: int) -> torch.Generator:
     """torch.manual_seed for the two devices compared here, which the tests put in its place. The
     real one also defers a seeding of CUDA, XPU and MTIA (none initialised here) and formats the
     caller's stack for each of them, on every call; OpInfo reseeds before every sample and so do
