@@ -8,7 +8,11 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 
 def warm_up(fn, stream):
-    """As on CUDA: run the work once before capturing it (first calls of an op signature synchronise)."""
+    """As on CUDA: run the work once before capturing it (first calls of an op signature synchronise).
+
+    The inputs were made on the current stream: the side stream waits for it first, as a CUDA program's
+    must (without the wait, in-place work of the warm-up could run before the inputs' fill)."""
+    stream.wait_stream(torch.openreg.current_stream(stream.device_index))
     with torch.openreg.stream(stream):
         fn()
     stream.synchronize()
@@ -311,6 +315,29 @@ class TestGraphs(TestCase):
             if b["state"] != "inactive" and seg["device"] == 0
         )
         self.assertEqual(active, torch.openreg.memory_stats(0)["active_bytes.all.current"])
+        g.reset()
+
+    def test_warmed_up_op_is_captured_after_the_meta_cache_fills(self):
+        # The generic path caches meta results per exact signature (16,384 of them) and drops the
+        # cache when it is full. The flush dropped the first-call verdicts too, so a warmed-up op
+        # whose exact signature had gone was verified again, synchronously, inside the capture:
+        # "cannot synchronize a stream while the stream is being captured".
+        x = torch.zeros(1000, device="openreg")
+        s = torch.openreg.Stream()
+        warm_up(lambda: x.add_(1), s)
+        pool = torch.zeros(100_000, device="openreg")
+        for n in range(16_400):  # as many new exact signatures as the cache holds, and more
+            pool.as_strided((n % 97 + 1,), (1,), n // 97).neg()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            x.add_(1)
+            g.capture_end()
+        s.synchronize()
+        self.assertEqual(x.cpu(), torch.full((1000,), 1.0))  # recorded, not run
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(x.cpu(), torch.full((1000,), 2.0))
         g.reset()
 
     def test_debug_dump_and_errors(self):

@@ -125,6 +125,30 @@ class TestStreams(TestCase):
         s2.synchronize()
         self.assertEqual(b.cpu(), torch.full((256, 256), 2.0))
 
+    def test_side_stream_is_not_ordered_after_the_current_stream(self):
+        # As on CUDA: a side stream does not wait for work queued on another stream unless told to.
+        # The graph tests' warm-ups ran in-place work on a side stream without waiting for the fill
+        # of its input on the default stream, and lost it whenever that fill ran late.
+        s = torch.openreg.Stream()
+        x = torch.zeros(16, device="openreg")
+        x.fill_(5.0), x.add_(1)  # first calls of a signature run synchronously: not under the hold
+        torch.openreg.synchronize()
+        with StreamHold() as held:  # the current (default) stream is busy from here
+            x.fill_(5.0)  # queued behind the hold
+            with torch.openreg.stream(s):
+                x.add_(1)  # not ordered after the fill: runs now
+            s.synchronize()
+            self.assertFalse(held.stream.query())
+        torch.openreg.synchronize()
+        self.assertEqual(x.cpu(), torch.full((16,), 5.0))  # the fill overwrote the add
+        with StreamHold():
+            x.fill_(5.0)
+            s.wait_stream(torch.openreg.current_stream())  # ordered: s waits for the fill
+            with torch.openreg.stream(s):
+                x.add_(1)
+        s.synchronize()
+        self.assertEqual(x.cpu(), torch.full((16,), 6.0))
+
     def test_priorities(self):
         hi = torch.openreg.Stream(priority=-1)
         lo = torch.openreg.Stream(priority=0)
