@@ -595,7 +595,11 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::ex
   return true;
 }
 
+// Exact signatures (shapes, offsets, scalar values) come and go: their cache is dropped when full.
+// Verdicts are per coarse signature, far fewer, and survive that: a signature verified once never
+// makes the host wait again (a warmed-up op captured into a graph after a flush failed to wait).
 constexpr size_t kMetaCacheCapacity = 16384;
+constexpr size_t kCheckCapacity = 65536;
 std::mutex& g_meta_mu = *new std::mutex();
 auto& g_meta_cache = *new std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash>();
 auto& g_checks = *new std::unordered_map<MetaKey, std::shared_ptr<std::atomic<MetaResult::Check>>, MetaKeyHash>();
@@ -676,10 +680,8 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
     MetaKey coarse{key.op, {}};
     for (const c10::IValue& v : args) key_value(v, coarse.words, Key::coarse);
     std::lock_guard<std::mutex> lock(g_meta_mu);
-    if (g_meta_cache.size() >= kMetaCacheCapacity) {
-      g_meta_cache.clear();
-      g_checks.clear();
-    }
+    if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
+    if (g_checks.size() >= kCheckCapacity) g_checks.clear();
     auto& check = g_checks[std::move(coarse)];
     if (!check) check = result->check;
     result->check = check;
