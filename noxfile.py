@@ -20,9 +20,8 @@
                         `nox -s fuzz -- --minutes N` the long profile for release checks, `-- --seed N` one seed again
 
 Session graph (`requires=`): build <- core, amp, ..., packaging, bench, scenarios <- tests; runtime, runtime_asan,
-runtime_tsan and docs need no build and are required by tests too (core_asan, a build of its own, not yet: see
-docs/mechanisms/reliability.md). Nox runs a required session once per invocation, so `nox -s tests` builds core once
-and every session installs that one wheel.
+runtime_tsan, core_asan (a build of its own) and docs need no build and are required by tests too. Nox runs a
+required session once per invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
 Torch is installed once per machine, into .nox/_layer-torch-2.13.0, which every session's venv sees
 through a .pth file (`_install_torch`). core's, inductor's and onnx's tests run in two processes (pytest-xdist).
@@ -378,6 +377,7 @@ def fuzz(session: nox.Session) -> None:
         "runtime",
         "runtime_asan",
         "runtime_tsan",
+        "core_asan",
         "packaging",
         "docs",
         "bench",
