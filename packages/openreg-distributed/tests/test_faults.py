@@ -56,10 +56,16 @@ class TestFaults(OcclTestCase):
         dist.barrier()
         if self.rank == 1:
             # The rank that skipped it comes late: its collective must not pair with the one rank 0
-            # gave up on (it would add rank 0's data silently); it fails instead.
-            dist.all_reduce(x, group=group)
+            # gave up on (it would add rank 0's data silently); it fails instead, at once here (rank 0
+            # closed its connections). Asynchronously, so that where it surfaces does not depend on
+            # timing: a synchronous call's wait() raised when the failure came first, and the test
+            # expected it at the next synchronisation (a flake in CI).
+            work = dist.all_reduce(x, group=group, async_op=True)
+            self.assertRegex(wait_until_failed(work), r"occl ALLREDUCE \(seq 1, rank 1 of 2\) failed")
+            with self.assertRaisesRegex(dist.DistBackendError, r"occl ALLREDUCE \(seq 1, rank 1 of 2\) failed"):
+                work.wait()  # a Work whose failure is known raises it at wait()
             with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 1, rank 1 of 2\) failed"):
-                x.cpu()
+                torch.openreg.synchronize()
         dist.barrier()
         self.assert_default_group_usable()  # its openreg and CPU parts
         dist.destroy_process_group(group)
