@@ -9,6 +9,9 @@ Installed, it is loaded by openreg-core's plugin discovery (entry point ``distri
   and ``torch.distributed.get_default_backend_for_device("openreg") == "occl"``;
 - registers DDP's reducer timer for openreg (C++, ``csrc/Module.cpp``).
 
+``openreg_distributed.comm_hooks`` has DDP's bfloat16 compression hook for openreg (torch's own is
+allowed on CUDA and XPU only).
+
 occl runs every collective as a kernel on a communication stream of the tensors' device, ordered
 with the caller's stream by events, over kernel views of device memory (no copies), with a private
 Gloo group as the transport (``csrc/Transport.hpp`` is the seam a vendor's fabric replaces). See
@@ -16,7 +19,7 @@ Gloo group as the transport (``csrc/Transport.hpp`` is the seam a vendor's fabri
 """
 
 __version__ = "0.1.0"
-__all__ = ["BACKEND_NAME", "create_occl_backend", "flight_recorder", "register"]
+__all__ = ["BACKEND_NAME", "comm_hooks", "create_occl_backend", "flight_recorder", "register"]
 
 
 def _load() -> None:
@@ -30,5 +33,5 @@ def _load() -> None:
 # discovery then calls _load on this (still importing) module.
 import torch_openreg  # noqa: E402, F401  (the device, and the libraries the extension links against)
 
-from . import flight_recorder  # noqa: E402
+from . import comm_hooks, flight_recorder  # noqa: E402
 from ._backend import BACKEND_NAME, create_occl_backend, register  # noqa: E402

@@ -1,5 +1,6 @@
 """DistributedDataParallel over occl on 2 ranks: training equals single-process training on the
-full batch, with gradient compression hooks, no_sync, and DDP's timer for openreg."""
+full batch, with gradient compression hooks (torch's fp16 and openreg's bf16), no_sync, and DDP's timer
+for openreg."""
 
 import copy
 import warnings
@@ -8,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from conftest import OcclTestCase
+from openreg_distributed.comm_hooks import occl_bf16_compress_hook
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing._internal.common_utils import run_tests
@@ -80,9 +82,19 @@ class TestDDP(OcclTestCase):
     def test_compression_hooks(self):
         model, ref = self.train(hook=default_hooks.fp16_compress_hook)
         self.assert_same_parameters(model, ref, atol=2e-2, rtol=2e-2)
-        # torch 2.13's DDP allows the bf16 hook only for CUDA/NCCL and XPU/XCCL, by name.
+        # torch 2.13's DDP allows the bf16 hook only for CUDA/NCCL and XPU/XCCL, by name ...
         with self.assertRaisesRegex(TypeError, "BF16 all reduce communication hook required CUDA"):
             self.train(hook=default_hooks.bf16_compress_hook)
+        # ... so openreg ships its own: gradients all-reduced in bfloat16 (not equal to float32
+        # DDP's parameters, which equal the reference's), within bfloat16's precision.
+        model, ref = self.train(hook=occl_bf16_compress_hook)
+        self.assert_same_parameters(model, ref, atol=3e-2, rtol=3e-2)
+        exact, _ = self.train()
+        differs = any(
+            not torch.equal(p.detach().cpu(), q.detach().cpu())
+            for p, q in zip(model.module.parameters(), exact.module.parameters())
+        )
+        self.assertTrue(differs, "the hook did not compress: parameters equal float32 DDP's")
 
 
 if __name__ == "__main__":
