@@ -176,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
     out["wait_wakeups"] = c.waitWakeups;
     out["graphs_launched"] = c.graphsLaunched;
     out["graph_items_launched"] = c.graphItemsLaunched;
+    out["memcpy_on_caller"] = c.memcpyOnCaller;
     return out;
   });
 

@@ -292,6 +292,7 @@ orStatus orGetCounters(orRuntimeCounters* out) {
   out->waitWakeups = c.wait_wakeups.load();
   out->graphsLaunched = c.graphs.load();
   out->graphItemsLaunched = c.graph_items.load();
+  out->memcpyOnCaller = c.copies_on_caller.load();
   return orSuccess;
 }
 

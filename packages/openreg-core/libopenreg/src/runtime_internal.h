@@ -203,6 +203,15 @@ struct Stream {
   }
   void synchronize() { completed.wait_for(submitted.load(std::memory_order_acquire)); }
   bool idle() const { return completed.value() >= submitted.load(std::memory_order_acquire); }
+  // Runs f on the calling thread if nothing is queued or running on the stream, and returns true;
+  // the lock keeps launches out until f returns, so f takes the place of an item in stream order.
+  template <typename F>
+  bool run_if_idle(F&& f) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (capture != nullptr || completed.value() < submitted_locked) return false;
+    f();
+    return true;
+  }
 
  private:
   void worker_loop();
@@ -252,7 +261,7 @@ struct Device {
 
 struct Counters {
   std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, mallocs{0},
-      frees{0}, wait_wakeups{0}, graphs{0}, graph_items{0};
+      frees{0}, wait_wakeups{0}, graphs{0}, graph_items{0}, copies_on_caller{0};
 };
 
 // Device memory of another process, mapped here by orIpcOpenMemHandle.

@@ -550,6 +550,55 @@ TEST(memory_async_memcpy_pageable_completes_on_return) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+TEST(memory_blocking_copy_on_an_idle_stream_runs_on_the_caller) {
+  // A small blocking copy that finds its stream idle runs on the calling thread (memcpyOnCaller);
+  // one that finds work queued waits behind it, in stream order, and sees what that work wrote.
+  const size_t n = 4096;
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  const auto src = pattern(n, 6);
+  std::vector<unsigned char> out(n, 0);
+  orRuntimeCounters c0{}, c1{}, c2{};
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orGetCounters(&c0));
+  CHECK_OK(orMemcpyAsync(d, src.data(), n, orMemcpyHostToDevice, s));  // pageable: blocking
+  CHECK_OK(orMemcpyAsync(out.data(), d, n, orMemcpyDeviceToHost, s));
+  CHECK(out == src);
+  CHECK_OK(orGetCounters(&c1));
+  CHECK_EQ(c1.memcpyOnCaller - c0.memcpyOnCaller, uint64_t{2});
+  CHECK_EQ(c1.memcpyHostToDevice - c0.memcpyHostToDevice, uint64_t{1});  // counted as copies too
+  CHECK_EQ(c1.memcpyDeviceToHost - c0.memcpyDeviceToHost, uint64_t{1});
+
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gate", [&] { gate.wait(); }));
+  CHECK_OK(orMemsetAsync(d, 0x5a, n, s));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(20ms);
+    gate.release();
+  });
+  CHECK_OK(orMemcpyAsync(out.data(), d, n, orMemcpyDeviceToHost, s));  // waits for the gate and the memset
+  opener.join();
+  CHECK(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0x5a; }));
+  CHECK_OK(orGetCounters(&c2));
+  CHECK_EQ(c2.memcpyOnCaller - c1.memcpyOnCaller, uint64_t{0});
+
+  // Larger than 1 MiB: queued even on an idle stream (it would keep other launches waiting).
+  const size_t big = (size_t{1} << 20) + 4096;
+  void* b = nullptr;
+  CHECK_OK(orMalloc(&b, big));
+  std::vector<unsigned char> host_big(big, 7);
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orMemcpyAsync(b, host_big.data(), big, orMemcpyHostToDevice, s));
+  orRuntimeCounters c3{};
+  CHECK_OK(orGetCounters(&c3));
+  CHECK_EQ(c3.memcpyOnCaller - c2.memcpyOnCaller, uint64_t{0});
+  CHECK_OK(orFree(b));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(memory_pointer_attributes) {
   void* d = nullptr;
   CHECK_OK(orMalloc(&d, 8192));

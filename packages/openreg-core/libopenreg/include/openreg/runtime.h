@@ -111,6 +111,8 @@ typedef struct orRuntimeCounters {
                                   blocking copy) was woken; a wait for the end of a queue is woken once */
   uint64_t graphsLaunched;     /* orGraphLaunch calls that enqueued a graph */
   uint64_t graphItemsLaunched; /* work items those launches enqueued (kernelsLaunched does not count them) */
+  uint64_t memcpyOnCaller;     /* blocking copies that found their stream idle and ran on the calling thread
+                                  (counted in memcpy* too) */
 } orRuntimeCounters;
 
 /* An opaque handle to one device allocation, for another process (see orIpcGetMemHandle). */
