@@ -203,13 +203,15 @@ if rank == 1:
     x.cpu()  # its part of the first collective is done
     os._exit(0)  # then it dies without a word
 t0 = time.monotonic()
-dist.all_reduce(x)
+# Asynchronous, so that where the failure surfaces does not depend on timing: a synchronous call's
+# wait() raises a failure that came before it (rank 1 may be gone before this is enqueued).
+work = dist.all_reduce(x, async_op=True)
 if os.environ.get("TORCH_OCCL_ASYNC_ERROR_HANDLING", "3") in ("1", "3"):
     time.sleep(60)  # the watchdog takes the process down first
     print("survived")
     raise SystemExit
 try:
-    x.cpu()
+    torch.openreg.synchronize()
     first = "no error"
 except RuntimeError as e:
     first = str(e)
@@ -235,9 +237,9 @@ rank = int(os.environ["RANK"])
 dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=5))
 x = torch.ones(4 * (rank + 1), device="openreg")
 t0 = time.monotonic()
-dist.all_reduce(x)
+work = dist.all_reduce(x, async_op=True)  # asynchronous: see DEAD_PEER
 try:
-    x.cpu()
+    torch.openreg.synchronize()
     first = "no error"
 except RuntimeError as e:
     first = str(e)
