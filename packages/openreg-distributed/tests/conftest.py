@@ -1,6 +1,7 @@
 """Shared helpers for openreg-distributed's tests."""
 
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -61,3 +62,14 @@ def fault_group(handling: str, **env: str):
                 del os.environ[k]
             else:
                 os.environ[k] = v
+
+
+def wait_until_failed(work, limit=30.0):
+    """Polls the Work (no synchronisation) until it has failed (the watchdog or the transport failed
+    it); returns its error."""
+    t0 = time.monotonic()
+    while work.is_success():
+        if time.monotonic() - t0 > limit:
+            raise AssertionError("the watchdog did not fail the operation")
+        time.sleep(0.05)
+    return str(work.exception())

@@ -13,19 +13,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from conftest import OcclTestCase, fault_group
+from conftest import OcclTestCase, fault_group, wait_until_failed
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch_openreg.utils.testing import StreamHold
-
-
-def wait_until_failed(work, limit=30.0):
-    """Polls the Work (no synchronisation) until the watchdog has failed it; returns its error."""
-    t0 = time.monotonic()
-    while work.is_success():
-        if time.monotonic() - t0 > limit:
-            raise AssertionError("the watchdog did not fail the operation")
-        time.sleep(0.05)
-    return str(work.exception())
 
 
 class TestFaults(OcclTestCase):

@@ -6,7 +6,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from conftest import OcclTestCase, fault_group
+from conftest import OcclTestCase, fault_group, wait_until_failed
 from torch.testing._internal.common_utils import run_tests
 
 
@@ -43,9 +43,14 @@ class TestInjectedKernelFailure(OcclTestCase):
                 ):
                     dist.all_reduce(x, group=group)
             else:
-                work.wait()
-                with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 2, rank 1 of 2\) failed"):
-                    x.cpu()
+                # Waited for until it failed, then read at wait() and at the device's synchronisation:
+                # where a failure that comes before wait() surfaces depends on timing otherwise.
+                failed = r"occl ALLREDUCE \(seq 2, rank 1 of 2\) failed"
+                self.assertRegex(wait_until_failed(work), failed)
+                with self.assertRaisesRegex(dist.DistBackendError, failed):
+                    work.wait()
+                with self.assertRaisesRegex(RuntimeError, failed):
+                    torch.openreg.synchronize()
         finally:
             torch.openreg._inject_faults("")
         self.assertLess(time.monotonic() - t0, 30)
@@ -73,13 +78,13 @@ class TestInjectedKernelFailure(OcclTestCase):
                     torch.openreg.synchronize()
                 self.assertRegex(str(work.exception()), not_run)
             else:
-                work.wait()
-                with self.assertRaisesRegex(
-                    RuntimeError,
+                reported = (
                     r"occl ALLREDUCE \(seq 2, rank 1 of 2\) failed: occl: a peer reported a failure of this process "
-                    r"group: rank 0 \(rank 0 of 2 in the group\) failed: " + not_run,
-                ):
-                    x.cpu()
+                    r"group: rank 0 \(rank 0 of 2 in the group\) failed: " + not_run
+                )
+                self.assertRegex(wait_until_failed(work), reported)  # as in the test above
+                with self.assertRaisesRegex(RuntimeError, reported):
+                    torch.openreg.synchronize()
         finally:
             torch.openreg._inject_faults("")
         dist.barrier()
