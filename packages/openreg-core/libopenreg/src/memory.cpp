@@ -152,7 +152,8 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   Stream* str = nullptr;
   if (orStatus st = resolve_stream(stream, &str)) return st;
   const bool pageable = (!dd && d.type == orMemoryTypeUnregistered) || (!sd && s.type == orMemoryTypeUnregistered);
-  if ((sync || pageable) && str->capturing())
+  const bool blocking = sync || pageable;  // the call returns once the copy is done
+  if (blocking && str->capturing())
     return fail(orErrorStreamCaptureUnsupported,
                 "a copy that must finish before the call returns (synchronous, or to/from pageable host memory) "
                 "cannot be captured into a graph; use pinned memory and an asynchronous copy");
@@ -179,10 +180,10 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   // sleep, against about 2 us for a small copy (`.item()`, `.cpu()` of a loss, torch.save's
   // storages). Small copies only: a large one would keep other threads' launches waiting, and the
   // wake-ups are small beside it. Not while faults or tracing are armed: they act on queued items.
-  if ((sync || pageable) && count <= kCopyOnCallerMaxBytes && !g_faults_armed.load(std::memory_order_relaxed) &&
+  char* const to = kernel_address(d, dst);
+  const char* const from = kernel_address(s, src);
+  if (blocking && count <= kCopyOnCallerMaxBytes && !g_faults_armed.load(std::memory_order_relaxed) &&
       !g_tracing.load(std::memory_order_relaxed)) {
-    char* to = kernel_address(d, dst);
-    const char* from = kernel_address(s, src);
     if (str->run_if_idle([&] { std::memcpy(to, from, count); })) {
       c.copies_on_caller.fetch_add(1, std::memory_order_relaxed);
       return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
@@ -190,7 +191,7 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   }
   WorkItem item;
   item.fn = copy_kernel;
-  item.args = new CopyArgs{kernel_address(d, dst), kernel_address(s, src), count};
+  item.args = new CopyArgs{to, from, count};
   item.deleter = delete_args<CopyArgs>;
   item.name = "openreg::memcpy";
   if (g_faults_armed.load(std::memory_order_relaxed))
@@ -199,7 +200,7 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
       item.fn = failed_copy_kernel;
     }
   uint64_t seq = str->enqueue(item);
-  if (sync || pageable) str->completed.wait_for(seq);
+  if (blocking) str->completed.wait_for(seq);
   return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
 }
 
