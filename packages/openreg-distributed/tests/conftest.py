@@ -70,6 +70,6 @@ def wait_until_failed(work, limit=30.0):
     t0 = time.monotonic()
     while work.is_success():
         if time.monotonic() - t0 > limit:
-            raise AssertionError("the watchdog did not fail the operation")
+            raise AssertionError(f"the operation did not fail within {limit} s")
         time.sleep(0.05)
     return str(work.exception())
