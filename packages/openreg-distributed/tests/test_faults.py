@@ -123,6 +123,16 @@ class TestFaults(OcclTestCase):
         dist.barrier()
         dist.destroy_process_group(group)  # shuts the backend down: returns
 
+    def _read_dump(self, path):
+        t0 = time.monotonic()
+        while True:  # written by the watchdog after it failed the group: wait until it is whole
+            try:
+                with open(path, "rb") as f:
+                    return pickle.load(f)
+            except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+                self.assertLess(time.monotonic() - t0, 30, f"no flight recorder dump at {path}")
+                time.sleep(0.05)
+
     def test_failure_reaches_peers_and_dumps_the_flight_recorder(self):
         # TORCH_OCCL_PROPAGATE_ERROR: rank 0's timeout reaches rank 1, which skipped the collective and
         # has nothing in flight, through the group's store; TORCH_OCCL_DUMP_ON_TIMEOUT: each rank
@@ -136,6 +146,8 @@ class TestFaults(OcclTestCase):
         self.assertEqual(x.cpu(), torch.full((4,), 2.0))
         self.assertIsNone(backend.first_error)
         timed_out = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) failed: timed out after 3000 ms"
+        # Both ranks dump when their group fails: rank 0's shows the collective that timed out.
+        path = os.path.join(dump_dir, f"trace_rank_{self.rank}")
         if self.rank == 0:
             # Queued behind compute that does not end: only the watchdog can time it out, and the
             # dump then shows it scheduled (a collective blocked in the transport could also end by
@@ -143,6 +155,9 @@ class TestFaults(OcclTestCase):
             with StreamHold(self.device.index, timeout=60):
                 work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 never joins
                 self.assertRegex(wait_until_failed(work), timed_out)
+                # Read while the collective is still held: once released, its kernel starts (and
+                # ends at once, refusing to run), and a dump written after that shows it completed.
+                dump = self._read_dump(path)
             with self.assertRaisesRegex(RuntimeError, timed_out):
                 torch.openreg.synchronize()
             self.assertRegex(backend.first_error, "^" + timed_out)
@@ -155,17 +170,7 @@ class TestFaults(OcclTestCase):
             self.assertRegex(backend.first_error, "^" + reported + "failed: " + timed_out)
             with self.assertRaisesRegex(dist.DistBackendError, "the process group failed earlier: " + reported):
                 dist.all_reduce(x, group=group)
-        # Both ranks dumped when their group failed: rank 0's shows the collective that timed out.
-        path = os.path.join(dump_dir, f"trace_rank_{self.rank}")
-        t0 = time.monotonic()
-        while True:  # written by the watchdog after it failed the group: wait until it is whole
-            try:
-                with open(path, "rb") as f:
-                    dump = pickle.load(f)
-                break
-            except (FileNotFoundError, EOFError, pickle.UnpicklingError):
-                self.assertLess(time.monotonic() - t0, 30, f"no flight recorder dump at {path}")
-                time.sleep(0.05)
+            dump = self._read_dump(path)
         del os.environ["TORCH_FR_DUMP_TEMP_FILE"]
         shutil.rmtree(dump_dir)
         mine = [e for e in dump["entries"] if e["process_group"][0] == group.group_name]
