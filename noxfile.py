@@ -98,8 +98,8 @@ TORCH_LAYER = ROOT / ".nox" / ("_layer-" + TORCH.replace("==", "-"))
 
 
 def _install_torch(session: nox.Session, *extra: str) -> None:
-    """Makes the shared torch layer (once) visible in the session's venv, then installs `extra`."""
-    session.install(*BASE)
+    """Makes the shared torch layer (once) visible in the session's venv, then installs `extra`
+    (with BASE, in one pip call: each call costs seconds, times a dozen sessions)."""
     if not (TORCH_LAYER / ".complete").exists():
         partial = TORCH_LAYER.with_name(TORCH_LAYER.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -109,16 +109,19 @@ def _install_torch(session: nox.Session, *extra: str) -> None:
         partial.rename(TORCH_LAYER)
     site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True).strip()
     Path(site, "_openreg_torch_layer.pth").write_text(f"{TORCH_LAYER}\n")
-    session.install(TORCH, *extra)  # torch itself: already satisfied by the layer
+    session.install(*BASE, TORCH, *extra)  # torch itself: already satisfied by the layer
 
 
-def _install_core(session: nox.Session, *extra: str, plugins: tuple[str, ...] = ()) -> None:
+def _install_core(
+    session: nox.Session, *extra: str, plugins: tuple[str, ...] = (), no_deps: tuple[str, ...] = ()
+) -> None:
     """Installs torch and the wheels that the `build` session left in dist/: openreg-core and
-    the named plugins (distribution file prefixes, e.g. "openreg_amp")."""
+    the named plugins (distribution file prefixes, e.g. "openreg_amp"); `no_deps`: requirements
+    installed without their dependencies, with the wheels."""
     _install_torch(session, "pytest", *extra)
     wheels = [_one(f"{name}-*.whl", session) for name in ("openreg_core", *plugins)]
     # --force-reinstall: a rebuilt wheel keeps its version, and a reused venv must take it anyway.
-    session.install("--no-deps", "--force-reinstall", *map(str, wheels))
+    session.install("--no-deps", "--force-reinstall", *map(str, wheels), *no_deps)
 
 
 def _staged_copy(session: nox.Session, package: Path) -> Path:
@@ -171,8 +174,7 @@ def core(session: nox.Session) -> None:
 
 
 def _runtime(session: nox.Session, sanitizer: str) -> None:
-    session.install(*BASE)
-    session.install("pytest", XDIST, "cmake", "ninja")
+    session.install(*BASE, "pytest", XDIST, "cmake", "ninja")
     env = _env(OPENREG_SANITIZER=sanitizer)
     # Each case is a process of its own: two at a time (the build is locked, the first worker builds).
     session.run("pytest", *TWO_PROCESSES, str(CORE / "libopenreg" / "tests"), *session.posargs, env=env)
@@ -271,8 +273,7 @@ TORCHAO = "torchao==0.18.0"
 def quant(session: nox.Session) -> None:
     """openreg-quant's tests (decomposed q/dq kernels, fused int8 ops, PT2E lowering, plugin loading),
     against the built core and quant wheels."""
-    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_quant",))
-    session.install("--no-deps", TORCHAO)
+    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_quant",), no_deps=(TORCHAO,))
     session.run("pytest", str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
 
 
@@ -338,8 +339,9 @@ def scenarios(session: nox.Session) -> None:
     """The cross-package scenarios in tests/scenarios, with core and every plugin installed as a user
     would (`openreg-core[all]`): each compares a workload on openreg with the same on the CPU and
     prints a result line (pytest's summary, "openreg scenarios"). One Inductor cache per run."""
-    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, *INDUCTOR_DEPS, plugins=tuple(PLUGINS.values()))
-    session.install("--no-deps", TORCHAO)
+    _install_core(
+        session, *CORE_TEST_DEPS, *ONNX_DEPS, *INDUCTOR_DEPS, plugins=tuple(PLUGINS.values()), no_deps=(TORCHAO,)
+    )
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold, as in `inductor`
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
@@ -395,9 +397,11 @@ def bench(session: nox.Session) -> None:
     bench-results/bench.json; asserts nothing about speed). For real numbers run tools/bench/run.py
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
     _install_core(
-        session, "numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, *INDUCTOR_DEPS, plugins=tuple(PLUGINS.values())
+        session,
+        *("numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, *INDUCTOR_DEPS),
+        plugins=tuple(PLUGINS.values()),
+        no_deps=(TORCHAO,),  # the quant group's PT2E measure
     )
-    session.install("--no-deps", TORCHAO)  # the quant group's PT2E measure
     bench = ROOT / "tools" / "bench"
     session.run("pytest", str(bench / "test_bench_cli.py"))
     session.run(

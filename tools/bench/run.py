@@ -421,21 +421,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict] = []
     runtime_ids = [i for i in runtime_bench.IDS if i in selected]
     eager_ids = [i for i in EAGER_IDS if i in selected]
+    group_times: Dict[str, float] = {}  # wall time per group (where a run's time goes)
+
+    def timed_group(group: str, fn) -> List[Dict]:
+        start = time.perf_counter()
+        out = fn()
+        group_times[group] = round(time.perf_counter() - start, 2)
+        log(f"[{group}] group done in {group_times[group]:.1f} s")
+        return out
+
     if runtime_ids:
-        rows += run_runtime(runtime_ids, args.quick)
+        rows += timed_group("runtime", lambda: run_runtime(runtime_ids, args.quick))
     if eager_ids:
-        rows += run_eager(eager_ids, args.quick, args.rounds, args.threads, env)
+        rows += timed_group("eager", lambda: run_eager(eager_ids, args.quick, args.rounds, args.threads, env))
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
     for group, module in MODULE_GROUPS.items():
         group_ids = [i for i in module.IDS if i in selected]
         if group_ids:
-            rows += run_module_group(group, group_ids, args.quick)
+            rows += timed_group(group, lambda: run_module_group(group, group_ids, args.quick))  # noqa: B023
     for r in rows:
         r["goal"] = goal_text(r["goal_spec"], r["unit"], r["group"])
     env["loadavg_end"] = _loadavg()
     other = background.cpus()
     env["background_cpus"] = None if other is None else round(other, 2)
     env["wall_time_s"] = round(time.perf_counter() - t0, 2)
+    env["group_wall_time_s"] = group_times
 
     print(table(rows))
     graded = [r for r in rows if r["met"] is not None]
