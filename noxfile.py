@@ -163,12 +163,12 @@ def build(session: nox.Session) -> None:
     # Side by side: each plugin has few translation units (2 to 8), so one at a time left a core idle
     # for much of their 2.5 minutes.
     with ThreadPoolExecutor(max_workers=len(PLUGINS)) as pool:
-        builds = [
+        jobs = [
             pool.submit(_sdist_then_wheel, session, ROOT / "packages" / name, dist_name, True)
             for name, dist_name in PLUGINS.items()
         ]
-        for build in builds:
-            build.result()
+        for job in jobs:
+            job.result()  # raises the first plugin's failure
 
 
 @nox.session(python=PYTHON, requires=["build"])
