@@ -11,7 +11,8 @@ lower is better; bandwidths: higher is better); the launch latency has an absolu
 * eager: eager.py, openreg and CPU each in a process of its own, warm-up, interleaved repetitions,
   three rounds of fresh processes (one with --quick), medians over all repetitions.
 
---quick is a smoke run for CI (well under a minute): fewer iterations and repetitions; nothing is
+--quick is a smoke run for CI (3-4 minutes on 2 cores, most of it the compile and scenario groups' cold
+Inductor compiles, logged per group): fewer iterations and repetitions; nothing is
 asserted about speed. The exit code is 0 whether or not the goals are met (this is a report);
 it is non-zero only when a measure could not be taken (build failure, crash, bad output) or an
 output could not be written. Progress goes to stderr, the table to stdout.
