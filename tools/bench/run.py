@@ -238,7 +238,6 @@ def _error_row(group: str, id_: str, measure: str, status: str, exc: BaseExcepti
 
 
 def run_runtime(ids: List[str], quick: bool) -> List[Dict]:
-    t0 = time.perf_counter()
     log("[runtime] building and running openreg_runtime_bench ...")
     try:
         rows = runtime_bench.run(quick, log=lambda s: log(f"[runtime] {s}"))
@@ -251,7 +250,6 @@ def run_runtime(ids: List[str], quick: bool) -> List[Dict]:
             row.update(group="runtime", status="ok")
             out.append(row)
             log(f"[runtime] {row['measure']}: {fmt_value(row['openreg'], row['unit'])}")
-    log(f"[runtime] done in {time.perf_counter() - t0:.1f} s")
     return out
 
 
@@ -424,22 +422,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     eager_ids = [i for i in EAGER_IDS if i in selected]
     group_times: Dict[str, float] = {}  # wall time per group (where a run's time goes)
 
-    def timed_group(group: str, fn) -> List[Dict]:
+    def timed_group(group: str, fn, *fn_args) -> List[Dict]:
         start = time.perf_counter()
-        out = fn()
+        out = fn(*fn_args)
         group_times[group] = round(time.perf_counter() - start, 2)
         log(f"[{group}] group done in {group_times[group]:.1f} s")
         return out
 
     if runtime_ids:
-        rows += timed_group("runtime", lambda: run_runtime(runtime_ids, args.quick))
+        rows += timed_group("runtime", run_runtime, runtime_ids, args.quick)
     if eager_ids:
-        rows += timed_group("eager", lambda: run_eager(eager_ids, args.quick, args.rounds, args.threads, env))
+        rows += timed_group("eager", run_eager, eager_ids, args.quick, args.rounds, args.threads, env)
         env["openreg_version"] = getattr(sys.modules.get("torch_openreg"), "__version__", env["openreg_version"])
     for group, module in MODULE_GROUPS.items():
         group_ids = [i for i in module.IDS if i in selected]
         if group_ids:
-            rows += timed_group(group, lambda: run_module_group(group, group_ids, args.quick))  # noqa: B023
+            rows += timed_group(group, run_module_group, group, group_ids, args.quick)
     for r in rows:
         r["goal"] = goal_text(r["goal_spec"], r["unit"], r["group"])
     env["loadavg_end"] = _loadavg()
