@@ -345,7 +345,8 @@ def packaging(session: nox.Session) -> None:
     """Checks what the wheels and sdists in dist/ contain and that the installed wheel imports; installs
     `openreg-core[EXTRA]` from dist/ into a fresh venv for every extra (tests/packaging/test_extras.py)."""
     _install_core(session, plugins=tuple(PLUGINS.values()))
-    session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env={"OPENREG_DIST": str(DIST)})
+    env = {"OPENREG_DIST": str(DIST), "OPENREG_TORCH_LAYER": str(TORCH_LAYER)}  # the fresh venv's torch: the layer
+    session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])
