@@ -12,7 +12,8 @@ lower is better; bandwidths: higher is better); the launch latency has an absolu
   three rounds of fresh processes (one with --quick), medians over all repetitions.
 
 --quick is a smoke run for CI (3-4 minutes on 2 cores, most of it the compile and scenario groups' cold
-Inductor compiles, logged per group): fewer iterations and repetitions; nothing is
+Inductor compiles, logged per group): fewer iterations and repetitions, and without the measures a
+group names FULL_ONLY (listed at the end and in the JSON's left_out_of_quick); nothing is
 asserted about speed. The exit code is 0 whether or not the goals are met (this is a report);
 it is non-zero only when a measure could not be taken (build failure, crash, bad output) or an
 output could not be written. Progress goes to stderr, the table to stdout.
@@ -413,8 +414,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             selected.add(name)
         else:
             parser.error(f"unknown measure {name!r}; choose from {', '.join([*GROUPS, *ALL_IDS])}")
+    # A smoke run leaves out the measures whose cost it should not pay (a group module's FULL_ONLY).
+    left_out = []
+    if args.quick:
+        left_out = [i for m in MODULE_GROUPS.values() for i in getattr(m, "FULL_ONLY", ()) if i in selected]
+        selected.difference_update(left_out)
 
     env = environment(args)
+    env["left_out_of_quick"] = left_out
     background = BackgroundLoad()
     t0 = time.perf_counter()
     rows: List[Dict] = []
@@ -457,6 +464,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in rows:
         if r["status"] != "ok":
             print(f"  {r['id']}: {r['status']}: {r['error']}")
+    if left_out:
+        print(f"  left out of --quick (full runs only): {', '.join(left_out)}")
     lat = next((r for r in rows if r["id"] == "launch-latency" and r["status"] == "ok"), None)
     if lat:
         d = lat["details"]

@@ -53,6 +53,19 @@ def test_quick_json_structure_and_plot(tmp_path: Path):
     assert row["measure"] in proc.stdout
 
 
+def test_quick_leaves_out_full_only_measures(tmp_path: Path):
+    """A measure a group keeps for full runs (compile_bench.FULL_ONLY) is not taken by --quick, and the
+    run says so on stdout and in the JSON; the rest of the selection runs."""
+    out = tmp_path / "bench.json"
+    proc = _run("--quick", "--json", str(out), "--only", "compile-gpt-step", CHEAP)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads(out.read_text())
+    assert [r["id"] for r in data["rows"]] == [CHEAP]
+    assert data["environment"]["left_out_of_quick"] == ["compile-gpt-step"]
+    assert "left out of --quick (full runs only): compile-gpt-step" in proc.stdout
+    assert "[compile]" not in proc.stderr  # the group had nothing left to run: no processes started
+
+
 def test_unknown_measure_is_an_error():
     proc = _run("--only", "no-such-measure", timeout=60)
     assert proc.returncode == 2
