@@ -10,6 +10,9 @@ import torch
 from torch.testing._internal.common_methods_invocations import binary_ufuncs, reduction_ops, unary_ufuncs
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.utils._pytree import tree_map
+from torch_openreg.utils.testing import fast_opinfo_samples
+
+fast_opinfo_samples()  # the same samples, without inspect.stack() per sample_inputs call
 
 GROUP = 100
 EXPECTED_FAILURES = {
