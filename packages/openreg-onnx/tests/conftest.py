@@ -1,14 +1,39 @@
 """Shared models and helpers for openreg-onnx's tests.
 
 Exports cost about a second each (the exporter rebuilds its registry every time), so tests
-that look at one exported model share it through module-scoped fixtures.
+that look at one exported model share it through module-scoped fixtures. Most of that second is
+onnxscript listing torchlib's functions (``get_torchlib_ops`` parses the source of each of its
+~500 functions to read their domain); the list depends only on the installed onnxscript, so the
+tests compute it once per process (``_torchlib_ops_once``): the exporter still builds its registry,
+and openreg-onnx still adds its translations, on every export.
 """
+
+import functools
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch_openreg.utils.testing import run_python  # noqa: F401  (used by the tests)
+
+
+def _torchlib_ops_once() -> None:
+    # torch calls it through the module of its version (onnxscript._framework_apis.torch_2_11 for
+    # torch 2.13), which re-exports torch_2_5's function: every module that has it gets the cached one.
+    import importlib
+    import pkgutil
+
+    import onnxscript._framework_apis as apis
+
+    original = importlib.import_module("onnxscript._framework_apis.torch_2_5").get_torchlib_ops
+    cached = functools.cache(original)
+    for info in pkgutil.iter_modules(apis.__path__):
+        module = importlib.import_module(f"{apis.__name__}.{info.name}")
+        if getattr(module, "get_torchlib_ops", None) is original:
+            module.get_torchlib_ops = cached
+
+
+_torchlib_ops_once()
 
 
 def pytest_configure(config):
