@@ -11,7 +11,7 @@ lower is better; bandwidths: higher is better); the launch latency has an absolu
 * eager: eager.py, openreg and CPU each in a process of its own, warm-up, interleaved repetitions,
   three rounds of fresh processes (one with --quick), medians over all repetitions.
 
---quick is a smoke run for CI (3-4 minutes on 2 cores, most of it the compile and scenario groups' cold
+--quick is a smoke run for CI (2-3 minutes on 2 cores, most of it the compile and scenario groups' cold
 Inductor compiles, logged per group): fewer iterations and repetitions, and without the measures a
 group names FULL_ONLY (listed at the end and in the JSON's left_out_of_quick); nothing is
 asserted about speed. The exit code is 0 whether or not the goals are met (this is a report);
