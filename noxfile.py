@@ -356,7 +356,10 @@ def scenarios(session: nox.Session) -> None:
     prints a result line (pytest's summary, "openreg scenarios"). One Inductor cache per run."""
     _install_core(
         session,
-        *(*CORE_TEST_DEPS, *ONNX_DEPS, *INDUCTOR_DEPS, XDIST),
+        *CORE_TEST_DEPS,
+        *ONNX_DEPS,
+        *INDUCTOR_DEPS,
+        XDIST,
         plugins=tuple(PLUGINS.values()),
         no_deps=(TORCHAO,),
     )
