@@ -155,6 +155,32 @@ class TestDeviceModule(TestCase):
         self.assertEqual(torch.openreg.current_device(), 0)
         self.assertEqual(torch.ones(1, device="openreg").add(1).cpu().item(), 2.0)
 
+    def test_indices_past_the_8_bit_range_are_refused(self):
+        # A device index is 8 bits in C++: checked after the cast, 257 became 1 and passed.
+        o = torch.openreg
+        calls = {
+            "set_device": lambda d: o.set_device(d),
+            "Stream": lambda d: o.Stream(d),
+            "current_stream": lambda d: o.current_stream(d),
+            "default_stream": lambda d: o.default_stream(d),
+            "synchronize": lambda d: o.synchronize(d),
+            "memory_allocated": lambda d: o.memory_allocated(d),
+            "memory_stats": lambda d: o.memory_stats(d),
+            "reset_peak_memory_stats": lambda d: o.reset_peak_memory_stats(d),
+            "mem_get_info": lambda d: o.mem_get_info(d),
+            "get_rng_state": lambda d: o.get_rng_state(d),
+            "device": lambda d: o.device(d).__enter__(),
+        }
+        for index in (255, 256, 257):
+            for name, call in calls.items():
+                with self.subTest(call=name, index=index):
+                    with self.assertRaisesRegex(
+                        RuntimeError, f"Invalid openreg device index {index}: there are 2 openreg devices"
+                    ):
+                        call(index)
+                    self.assertEqual(o.current_device(), 0)
+        self.assertEqual(torch.ones(1, device="openreg").add(1).cpu().item(), 2.0)
+
     def test_wrong_device_type(self):
         with self.assertRaisesRegex(ValueError, "Expected an openreg device"):
             torch.openreg.set_device(torch.device("cpu"))

@@ -88,6 +88,18 @@ class TestState(TestCase):
             torch.randn(100, device="openreg")
         self.assertEqual(torch.openreg.get_rng_state(), before)
 
+    def test_default_generators(self):
+        # As torch.cuda.default_generators: one per device, the generators the device's ops use.
+        gens = torch.openreg.default_generators
+        self.assertEqual(len(gens), torch.openreg.device_count())
+        self.assertEqual([g.device for g in gens], [torch.device("openreg", i) for i in range(len(gens))])
+        gens[1].manual_seed(7)
+        a = torch.randn(8, device="openreg:1")
+        torch.openreg.manual_seed_all(0)
+        gens[1].manual_seed(7)
+        self.assertEqual(torch.randn(8, device="openreg:1"), a)
+        self.assertEqual(gens[1].initial_seed(), 7)
+
 
 class TestReproducibility(TestCase):
     def draw(self):

@@ -651,6 +651,22 @@ class TestGenericPath(TestCase):
             torch.openreg.synchronize()
         self.assertEqual((d + 1).cpu().tolist(), [1.0] * 4)
 
+    def test_kernel_failure_message_has_no_cpp_backtrace(self):
+        # The kernel's c10::Error carries a C++ backtrace in what(); Python shows PyTorch's own errors
+        # without one (unless TORCH_SHOW_CPP_STACKTRACES=1), and so must the device's report.
+        with self.assertRaises(RuntimeError) as cpu:
+            torch.multinomial(torch.tensor([0.0, 1.0, -1.0]), 1)
+        cpu_message = str(cpu.exception).splitlines()[0]
+        torch.multinomial(torch.tensor([0.0, 1.0, 1.0], device="openreg"), 1)  # later calls: asynchronous
+        with self.assertRaises(RuntimeError) as dev:
+            torch.multinomial(torch.tensor([0.0, 1.0, -1.0], device="openreg"), 1)
+            torch.openreg.synchronize()
+        message = str(dev.exception)
+        self.assertIn("kernel 'aten::multinomial' failed on openreg device 0: ", message)
+        self.assertIn(cpu_message, message)
+        self.assertNotIn("Exception raised from", message)
+        self.assertNotIn("frame #", message)
+
 
 class TestRandom(TestCase):
     def test_manual_seed_reproducible(self):

@@ -150,6 +150,27 @@ class TestSparseCOO(SparseTestCase):
         self.assertSparseEqual(target, s)
         self.assertSparseEqual(d.clone(), s.clone())
 
+    def test_on_a_device_that_is_not_current(self):
+        # The structure operators run under a guard of their device, as CUDA's: without it the CPU's
+        # kernel made the members on the current device (an internal assert, or the wrong device).
+        s = coo_sample().coalesce()
+        self.assertEqual(torch.openreg.current_device(), 0)
+        built = torch.sparse_coo_tensor(s.indices().to("openreg:1"), s.values().to("openreg:1"), s.shape)
+        moved = s.to("openreg").to("openreg:1")  # device to device
+        empty = torch.empty((2, 2), layout=torch.sparse_coo, device="openreg:1")
+        buffer = io.BytesIO()
+        torch.save(built, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer)
+        for name, t in {"built": built, "moved": moved, "empty": empty, "loaded": loaded}.items():
+            with self.subTest(name):
+                self.assertEqual(t.device, torch.device("openreg:1"))
+                self.assertTrue(all(m.device == torch.device("openreg:1") for m in members(t)))
+        self.assertSparseEqual(built, torch.sparse_coo_tensor(s.indices(), s.values(), s.shape))
+        self.assertSparseEqual(loaded, torch.sparse_coo_tensor(s.indices(), s.values(), s.shape))
+        self.assertSparseEqual(moved, s)
+        self.assertEqual(torch.openreg.current_device(), 0)
+
     def test_no_host_device_copies(self):
         # Members stay in device memory: the operators run the CPU's kernels on their kernel views.
         d, m = coo_sample().to("openreg"), torch.randn(4, 3, device="openreg")
@@ -281,6 +302,23 @@ class TestSparseErrors(SparseTestCase):
             NotImplementedError, "'aten::sparse_sampled_addmm' is not supported for torch.sparse_coo tensors"
         ):
             torch.sparse.sampled_addmm(coo, a, b)
+
+    def test_collectives_refuse_sparse_tensors(self):
+        # A c10d operator on the sparse path would reduce CPU copies of the members and leave the
+        # openreg tensor as it was: refused at the call instead.
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            s = coo_sample().coalesce().to("openreg")
+            before = s.to_dense().cpu()
+            with self.assertRaisesRegex(
+                NotImplementedError, "'c10d::allreduce_' is not supported for torch.sparse_coo tensors on openreg"
+            ):
+                dist.all_reduce(s)
+            torch.testing.assert_close(s.to_dense().cpu(), before)
+        finally:
+            dist.destroy_process_group()
 
     def test_wrong_arguments_raise_the_cpus_error_at_the_call(self):
         # Every sparse call is synchronous: the CPU kernel's argument errors come at the call.

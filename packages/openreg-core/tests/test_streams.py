@@ -34,6 +34,37 @@ class TestStreams(TestCase):
         self.assertEqual(torch.openreg.current_stream(), s)
         torch.openreg.set_stream(torch.openreg.default_stream())
 
+    def test_set_stream_makes_the_stream_device_current(self):
+        # As torch.cuda.set_stream: left on device 0, the work that follows would ignore the stream.
+        s1 = torch.openreg.Stream(device=1)
+        try:
+            torch.openreg.set_stream(s1)
+            self.assertEqual(torch.openreg.current_device(), 1)
+            self.assertEqual(torch.openreg.current_stream(), s1)
+            self.assertEqual(torch.ones(1, device="openreg").device, torch.device("openreg:1"))
+        finally:
+            torch.openreg.set_stream(torch.openreg.default_stream(1))
+            torch.openreg.set_stream(torch.openreg.default_stream(0))  # and back to device 0
+        self.assertEqual(torch.openreg.current_device(), 0)
+        self.assertEqual(torch.openreg.current_stream(1), torch.openreg.default_stream(1))
+
+    def test_streams_hash_as_torch_streams(self):
+        # Equal to the torch.Stream of the same stream, so the hashes must agree (sets, dict keys).
+        a, b = torch.openreg.current_stream(), torch.accelerator.current_stream()
+        self.assertEqual(a, b)
+        self.assertEqual(hash(a), hash(b))
+        self.assertIn(b, {a})
+        self.assertEqual(len({a, b, torch.openreg.Stream()}), 2)
+
+    def test_wrong_stream_types_are_named(self):
+        cpu_stream = torch.Stream(device="cpu")
+        with self.assertRaisesRegex(ValueError, "Expected an openreg stream, got a stream of device cpu"):
+            torch.openreg.stream(cpu_stream).__enter__()
+        with self.assertRaisesRegex(ValueError, "Expected an openreg stream, got a stream of device cpu"):
+            torch.openreg.set_stream(cpu_stream)
+        self.assertEqual(torch.openreg.current_device(), 0)
+        self.assertEqual(torch.openreg.current_stream(), torch.openreg.default_stream())
+
     def test_set_stream_refuses_an_unknown_stream(self):
         # A made-up stream id used to be accepted, and then every op on the thread failed.
         with self.assertRaisesRegex(RuntimeError, "invalid openreg stream id 12345"):
@@ -154,6 +185,12 @@ class TestStreams(TestCase):
         lo = torch.openreg.Stream(priority=0)
         self.assertNotEqual(hi, lo)
         self.assertEqual(torch.Stream(device="openreg", priority=-1).device_type, hi.device_type)
+        self.assertEqual((hi.priority, lo.priority), (-1, 0))
+        # As on CUDA: the range can be asked for, and values outside it are clamped to it.
+        least, greatest = torch.openreg.Stream.priority_range()
+        self.assertEqual((least, greatest), (0, -1))
+        self.assertEqual(torch.openreg.Stream(priority=3).priority, least)
+        self.assertEqual(torch.openreg.Stream(priority=-5).priority, greatest)
 
 
 class TestEvents(TestCase):
@@ -184,6 +221,8 @@ class TestEvents(TestCase):
         c, d = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)
         with self.assertRaisesRegex(RuntimeError, "must be recorded"):
             c.elapsed_time(d)
+        with self.assertRaisesRegex(ValueError, "Expected an openreg event, got an event of device cpu"):
+            c.elapsed_time(torch.Event(device="cpu"))
         # the device still works
         self.assertEqual((torch.ones(2, device="openreg") + 1).cpu().tolist(), [2.0, 2.0])
 

@@ -22,8 +22,10 @@
 
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
 #include <ATen/ops/_sparse_coo_tensor_unsafe.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -58,9 +60,26 @@ const char* layout_name(c10::Layout layout) {
   }
 }
 
-// A structure operator: the CPU's sparse kernel, device-generic, run on the openreg tensors themselves.
+// A structure operator: the CPU's sparse kernel, device-generic, run on the openreg tensors
+// themselves, under a guard of the operator's device, as CUDA's generated kernels have (the CPU's
+// kernel makes the members on the current device): its `device` argument, else its first tensor's.
 template <c10::DispatchKey CPUKey>
 void on_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  std::optional<c10::Device> device;
+  for (const c10::IValue& v : torch::jit::last(*stack, n))
+    if (v.isDevice()) {
+      device = v.toDevice();
+      break;
+    }
+  if (!device)
+    for (const c10::IValue& v : torch::jit::last(*stack, n))
+      if (v.isTensor() && v.toTensor().defined()) {
+        device = v.toTensor().device();
+        break;
+      }
+  c10::OptionalDeviceGuard guard;
+  if (device && device->is_privateuseone() && device->has_index()) guard.reset_device(*device);
   op.redispatchBoxed(c10::DispatchKeySet(CPUKey), stack);
 }
 
@@ -112,6 +131,11 @@ void check_cpu_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
       for (const at::Tensor& t : v.toTensorList()) note(t);
   }
   if (!layout) return;  // a factory that asked for a sparse layout: the CPU decides
+  // c10d's operators hand their tensors to a process group: on the sparse path's CPU copies of the
+  // members, a collective would reduce the copies and leave the openreg tensor as it was.
+  TORCH_CHECK_NOT_IMPLEMENTED(op.schema().name().rfind("c10d::", 0) != 0, "'", op.operator_name(),
+                              "' is not supported for ", layout_name(*layout),
+                              " tensors on openreg: its process groups take dense tensors (use to_dense())");
   const auto key = *layout == c10::kSparse ? c10::DispatchKey::SparseCPU : c10::DispatchKey::SparseCsrCPU;
   TORCH_CHECK_NOT_IMPLEMENTED(
       op.hasKernelForDispatchKey(key) || op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd), "'",

@@ -24,6 +24,19 @@ using namespace c10::openreg;
 
 namespace {
 
+// A device index from Python, checked as the int it is: cast first to the 8-bit DeviceIndex,
+// 257 would become 1 and pass the check.
+c10::DeviceIndex device_index(int d) {
+  check_device_index(d);
+  return static_cast<c10::DeviceIndex>(d);
+}
+
+// The stream a Python stream names (its id and device index).
+OpenRegStream stream_of(int64_t id, int d) {
+  return OpenRegStream(
+      c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_index(d)), id));
+}
+
 py::tuple pack(const OpenRegStream& s) {
   return py::make_tuple(s.id(), s.device_index(), static_cast<int>(c10::DeviceType::PrivateUse1));
 }
@@ -59,6 +72,18 @@ py::dict stats_dict(c10::DeviceIndex device) {
   out["num_ooms"] = stats.num_ooms;
   out["num_device_alloc"] = stats.num_device_alloc;
   out["num_device_free"] = stats.num_device_free;
+  // The other keys torch.accelerator.memory_stats() gives, from the same stats (openreg's allocator
+  // has no split-size limit and never synchronises all streams: these stay 0).
+  auto add_stat = [&](const std::string& name, const c10::CachingAllocator::Stat& stat) {
+    out[py::str(name + ".current")] = stat.current;
+    out[py::str(name + ".peak")] = stat.peak;
+    out[py::str(name + ".allocated")] = stat.allocated;
+    out[py::str(name + ".freed")] = stat.freed;
+  };
+  add_stat("oversize_allocations", stats.oversize_allocations);
+  add_stat("oversize_segments", stats.oversize_segments);
+  out["num_sync_all_streams"] = stats.num_sync_all_streams;
+  out["max_split_size"] = stats.max_split_size;
   return out;
 }
 
@@ -116,12 +141,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
   m.def("_device_count_error", [] { return device_count_error(); });
   m.def("_get_device", [] { return static_cast<int>(current_device()); });
-  m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_set_device", [](int d) { set_device(device_index(d)); });
   m.def("_exchange_device", [](int d) {
     if (d < 0) return -1;
-    return static_cast<int>(exchange_device(static_cast<c10::DeviceIndex>(d)));
+    return static_cast<int>(exchange_device(device_index(d)));
   });
-  m.def("_check_device_index", [](int d) { check_device_index(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_check_device_index", [](int d) { check_device_index(d); });
   // A one-element backward per device, queued behind what autograd's device threads still hold of
   // earlier passes (see torch_openreg/openreg/__init__.py::_finish_queued_work_at_exit). Built in
   // C++, without the GIL, so that none of its tensors has a Python object for a device thread to
@@ -132,15 +157,14 @@ PYBIND11_MODULE(_C, m) {
     at::AutoGradMode grad(true);
     for (int d = 0; d < count; ++d) {
       at::Tensor leaf =
-          at::zeros({}, at::TensorOptions().device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d)))
-              .requires_grad_(true);
+          at::zeros({}, at::TensorOptions().device(c10::DeviceType::PrivateUse1, device_index(d))).requires_grad_(true);
       at::Tensor out = leaf.mul(2);
       torch::autograd::backward({out}, {at::ones_like(out)});
     }
   });
   m.def("_synchronize", [](int d) {
     py::gil_scoped_release no_gil;
-    const auto previous = exchange_device(static_cast<c10::DeviceIndex>(d));
+    const auto previous = exchange_device(device_index(d));
     orStatus st = orDeviceSynchronize();
     exchange_device(previous);
     OPENREG_CHECK(st);
@@ -157,7 +181,7 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("_mem_get_info", [](int d) {
-    const auto previous = exchange_device(static_cast<c10::DeviceIndex>(d));
+    const auto previous = exchange_device(device_index(d));
     size_t free_bytes = 0, total = 0;
     orStatus st = orMemGetInfo(&free_bytes, &total);
     exchange_device(previous);
@@ -188,26 +212,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("_inject_faults", [](const std::string& spec) { OPENREG_CHECK(orInjectFaults(spec.c_str())); });
 
   // streams
-  m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(d)); });
-  m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(d)); });
+  m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(device_index(d))); });
+  m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(device_index(d))); });
   m.def("_set_current_stream", [](int64_t id, int d, int) {
-    const OpenRegStream stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id));
+    const OpenRegStream stream = stream_of(id, d);
     int device = 0;  // an unknown or destroyed stream is refused here, not by every later op on the thread
     OPENREG_CHECK(orStreamGetDevice(stream.handle(), &device));
+    // As torch.cuda.set_stream: the stream's device becomes current too, so that the work that
+    // follows on the current device goes to the stream.
+    if (current_device() != stream.device_index()) set_device(stream.device_index());
     setCurrentOpenRegStream(stream);
   });
   // The runtime handle (orStream_t as an integer) of a stream and of the current one: what compiled
   // code passes to orLaunchKernel (openreg-inductor's wrapper asks once per graph).
-  m.def("_stream_handle", [](int64_t id, int d) {
-    return reinterpret_cast<uintptr_t>(
-        OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).handle());
-  });
-  m.def("_current_raw_stream", [](int d) {
-    return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(static_cast<c10::DeviceIndex>(d)).handle());
-  });
-  m.def("_stream_priority", [](int64_t id, int d) {
-    return OpenRegStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, d), id)).priority();
-  });
+  m.def("_stream_handle", [](int64_t id, int d) { return reinterpret_cast<uintptr_t>(stream_of(id, d).handle()); });
+  m.def("_current_raw_stream",
+        [](int d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(device_index(d)).handle()); });
+  m.def("_stream_priority", [](int64_t id, int d) { return stream_of(id, d).priority(); });
   m.def("_stream_priority_range", [] {
     int least = 0, greatest = 0;
     OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));
@@ -222,7 +243,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // memory
-  m.def("_memory_stats", [](int d) { return stats_dict(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_memory_stats", [](int d) { return stats_dict(device_index(d)); });
   m.def("_memory_snapshot", [] { return snapshot_list(); });
   m.def("_empty_cache", [] {
     py::gil_scoped_release no_gil;
@@ -230,17 +251,15 @@ PYBIND11_MODULE(_C, m) {
     host_allocator::empty_cache();
   });
   m.def(
-      "_reset_peak_memory_stats", [](int d) { allocator::resetPeakStats(static_cast<c10::DeviceIndex>(d)); },
+      "_reset_peak_memory_stats", [](int d) { allocator::resetPeakStats(device_index(d)); },
       py::call_guard<py::gil_scoped_release>());
   m.def(
-      "_reset_accumulated_memory_stats",
-      [](int d) { allocator::resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); },
+      "_reset_accumulated_memory_stats", [](int d) { allocator::resetAccumulatedStats(device_index(d)); },
       py::call_guard<py::gil_scoped_release>());
 
   // random
   m.def("_get_default_generator", [](int d) {
-    return py::reinterpret_steal<py::object>(
-        THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(d))));
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(device_index(d))));
   });
 
   // the generic operator path
@@ -277,7 +296,7 @@ PYBIND11_MODULE(_C, m) {
     const std::string raw = data;
     TORCH_CHECK(raw.size() == sizeof(orIpcMemHandle_t), "an openreg IPC handle has ", sizeof(orIpcMemHandle_t),
                 " bytes, got ", raw.size());
-    check_device_index(static_cast<c10::DeviceIndex>(device));
+    device_index(device);
     orIpcMemHandle_t handle;
     std::memcpy(handle.reserved, raw.data(), raw.size());
     void* base = nullptr;

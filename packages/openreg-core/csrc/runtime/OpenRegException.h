@@ -3,19 +3,38 @@
 
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
+#include <c10/util/env.h>
+
+#include <string>
 
 #include "openreg/runtime.h"
+
+namespace c10::openreg {
+
+// The runtime's message for the call that just failed. A kernel that failed with a c10::Error
+// reported its what(), which ends in a C++ backtrace; Python shows PyTorch's own errors without
+// theirs unless TORCH_SHOW_CPP_STACKTRACES=1, and so does this.
+inline std::string last_error_message() {
+  std::string msg = orGetLastErrorMessage();
+  const size_t backtrace = msg.find("\nException raised from ");
+  if (backtrace != std::string::npos && !c10::utils::check_env("TORCH_SHOW_CPP_STACKTRACES").value_or(false))
+    msg.erase(backtrace);
+  return msg;
+}
+
+}  // namespace c10::openreg
 
 // Checks an orStatus; on failure raises with the runtime's detailed message
 // (it names the device, sizes and limits). Out of memory becomes
 // torch.OutOfMemoryError, anything else RuntimeError.
-#define OPENREG_CHECK(expr)                                                                                \
-  do {                                                                                                     \
-    orStatus __or_status = (expr);                                                                         \
-    if (C10_UNLIKELY(__or_status != orSuccess)) {                                                          \
-      TORCH_CHECK_WITH(OutOfMemoryError, __or_status != orErrorMemoryAllocation, orGetLastErrorMessage()); \
-      TORCH_CHECK(false, orGetLastErrorMessage());                                                         \
-    }                                                                                                      \
+#define OPENREG_CHECK(expr)                                                                     \
+  do {                                                                                          \
+    orStatus __or_status = (expr);                                                              \
+    if (C10_UNLIKELY(__or_status != orSuccess)) {                                               \
+      const std::string __or_message = ::c10::openreg::last_error_message();                    \
+      TORCH_CHECK_WITH(OutOfMemoryError, __or_status != orErrorMemoryAllocation, __or_message); \
+      TORCH_CHECK(false, __or_message);                                                         \
+    }                                                                                           \
   } while (0)
 
 namespace c10::openreg {

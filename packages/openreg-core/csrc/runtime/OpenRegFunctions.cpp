@@ -30,9 +30,9 @@ const DeviceCount& counted() {
 c10::DeviceIndex device_count() noexcept { return counted().n; }
 const std::string& device_count_error() { return counted().error; }
 
-void check_device_index(c10::DeviceIndex device) {
+void check_device_index(int64_t device) {
   const auto count = device_count();
-  TORCH_CHECK(device >= 0 && device < count, "Invalid openreg device index ", static_cast<int>(device), ": there are ",
+  TORCH_CHECK(device >= 0 && device < count, "Invalid openreg device index ", device, ": there are ",
               static_cast<int>(count), " openreg devices (valid indices 0..", static_cast<int>(count) - 1,
               "; OPENREG_DEVICE_COUNT sets the count)");
 }

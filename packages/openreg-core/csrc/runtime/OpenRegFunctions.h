@@ -15,6 +15,6 @@ c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex device);
 c10::DeviceIndex exchange_device(c10::DeviceIndex device);
 // Raises a clear error unless 0 <= device < device_count().
-void check_device_index(c10::DeviceIndex device);
+void check_device_index(int64_t device);  // wide: an index from Python is checked before any narrowing
 
 }  // namespace c10::openreg

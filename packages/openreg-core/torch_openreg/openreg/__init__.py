@@ -311,3 +311,12 @@ def set_strict_mode(strict: bool) -> None:
 def is_strict_mode() -> bool:
     """Whether strict mode is on."""
     return _C._get_strict_mode()
+
+
+def __getattr__(name: str) -> Any:
+    # Computed at use, as torch.cuda.default_generators is filled at CUDA's initialisation.
+    if name == "default_generators":
+        from .random import _default_generators
+
+        return _default_generators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

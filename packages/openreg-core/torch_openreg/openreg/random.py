@@ -19,6 +19,11 @@ def _count() -> int:
     return _C._device_count()
 
 
+def _default_generators() -> tuple:
+    """Every device's default generator, as ``torch.cuda.default_generators``."""
+    return tuple(_generator(i) for i in range(_count()))
+
+
 def get_rng_state(device: _DeviceLike = "openreg") -> torch.Tensor:
     """The state of a device's generator as a ByteTensor."""
     return _generator(device).get_state()

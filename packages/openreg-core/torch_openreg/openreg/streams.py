@@ -15,7 +15,8 @@ from ._utils import _DeviceLike, _get_device_index
 class Stream(torch.Stream):
     """An openreg stream: work on it runs in order, asynchronously to the host.
 
-    ``priority`` is 0 (low, default) or negative (high).
+    ``priority`` is 0 (low, default) or negative (high); values outside ``priority_range()`` are
+    clamped to it, as on CUDA.
     """
 
     def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
@@ -50,11 +51,17 @@ class Stream(torch.Stream):
         """The stream's priority."""
         return _C._stream_priority(self.stream_id, self.device_index)
 
+    @staticmethod
+    def priority_range() -> tuple:
+        """(least, greatest) priority, as ``torch.cuda.Stream.priority_range()``: (0, -1)."""
+        return _C._stream_priority_range()
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, torch.Stream) and super().__eq__(other)
 
     def __hash__(self) -> int:
-        return hash((self.stream_id, self.device_index, self.device_type))
+        # torch.Stream's: equal to a torch.Stream of the same stream, so hashes must agree too.
+        return super().__hash__()
 
     def __repr__(self) -> str:
         return f"<torch.openreg.Stream device=openreg:{self.device_index} stream_id={self.stream_id}>"
@@ -85,6 +92,8 @@ class Event(torch.Event):
         """Milliseconds between this event and ``end_event`` (both recorded with timing enabled)."""
         if not isinstance(end_event, torch.Event):
             raise TypeError(f"expected a torch.Event, got {type(end_event).__name__}")
+        if end_event.device is not None and end_event.device.type != "openreg":
+            raise ValueError(f"Expected an openreg event, got an event of device {end_event.device}")
         return _C._event_elapsed_time(self.event_id, end_event.event_id)
 
     def __repr__(self) -> str:
@@ -108,12 +117,17 @@ def default_stream(device: _DeviceLike = None) -> Stream:
     return _wrap(_C._get_default_stream(_get_device_index(device)))
 
 
+def _check_openreg_stream(stream: torch.Stream) -> None:
+    if str(stream.device.type) != "openreg":
+        raise ValueError(f"Expected an openreg stream, got a stream of device {stream.device}")
+
+
 def set_stream(stream: torch.Stream) -> None:
-    """Make ``stream`` the current stream of its device, for this thread."""
+    """Make ``stream`` the current stream of its device, and its device the current device (as
+    ``torch.cuda.set_stream`` does), for this thread."""
     if stream is None:
         return
-    if stream.device_type != torch._C._get_privateuse1_backend_name() and str(stream.device.type) != "openreg":
-        raise ValueError(f"Expected an openreg stream, got a stream of device {stream.device}")
+    _check_openreg_stream(stream)
     _C._set_current_stream(stream.stream_id, stream.device_index, stream.device_type)
 
 
@@ -129,6 +143,7 @@ class StreamContext:
     def __enter__(self) -> None:
         if self.stream is None:
             return
+        _check_openreg_stream(self.stream)
         self.prev_device = _C._exchange_device(self.stream.device_index)
         self.src_prev_stream = current_stream(self.prev_device)
         self.dst_prev_stream = current_stream(self.stream.device_index)
