@@ -60,6 +60,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using openreg_distributed::GlooTransport;
   using openreg_distributed::OcclBackend;
   m.doc() = "occl, the c10d backend for openreg tensors";
+  // Joining a watchdog that waits for the GIL (to drop a tensor Python owned) must not hold it.
+  openreg_distributed::set_without_gil([](const std::function<void()>& fn) {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      fn();
+    } else {
+      fn();
+    }
+  });
+  m.def("_stop_foreign_releases", &openreg_distributed::stop_foreign_releases, py::call_guard<py::gil_scoped_release>(),
+        "At exit, before the interpreter finalizes: no occl thread drops a tensor from now on (it would take "
+        "the GIL).");
   py::module_::import("torch._C._distributed_c10d");  // the base class c10d::Backend
   py::class_<OcclBackend, c10d::Backend, c10::intrusive_ptr<OcclBackend>>(m, "OcclBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -200,8 +200,19 @@ struct Reduction {
   }
 };
 
+// The 1-D view a reduction works on: complex tensors as their real and imaginary parts
+// (view_as_real), which SUM, AVG and PREMUL_SUM by a real factor reduce exactly.
+at::Tensor reduced_view(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t).view({-1}) : t.view({-1}); }
+
 Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType dtype, int size,
                     std::vector<at::Tensor>& stash) {
+  if (c10::isComplexType(dtype)) {
+    // What Gloo and torch.distributed allow on complex tensors: the ops that act on each part alone.
+    const auto o = rop.op_;
+    TORCH_CHECK(o == c10d::ReduceOp::SUM || o == c10d::ReduceOp::AVG || o == c10d::ReduceOp::PREMUL_SUM, "occl ", op,
+                ": ReduceOp.", op_name(o), " is not supported on complex tensors (SUM, AVG and PREMUL_SUM are)");
+    dtype = c10::toRealValueType(dtype);
+  }
   TORCH_CHECK(transport_dtype(dtype), "occl ", op, ": reductions of ", dtype,
               " are not supported (data movement of it is)");
   const bool integral = c10::isIntegralType(dtype, /*includeBool=*/true);
@@ -237,6 +248,7 @@ Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType d
       r.premul = true;
       if (sup->tensor_factor.defined()) {
         const at::Tensor& f = sup->tensor_factor;
+        TORCH_CHECK(!f.is_complex(), "occl ", op, ": ReduceOp.PREMUL_SUM with a complex factor is not supported");
         if (f.is_privateuseone()) {
           check_tensor(op, f);
           r.factor_tensor.emplace(f);
@@ -289,6 +301,23 @@ class EventPool {
   std::deque<orEvent_t> retired_;
 };
 
+// Releases off the caller's threads happen under this lock, and not once stopped (see
+// stop_foreign_releases in the header).
+std::mutex foreign_release_mu;
+bool foreign_releases_stopped = false;
+
+std::function<void(const std::function<void()>&)>& without_gil_hook() {
+  static auto* hook = new std::function<void(const std::function<void()>&)>();
+  return *hook;
+}
+
+void without_gil(const std::function<void()>& fn) {
+  if (without_gil_hook())
+    without_gil_hook()(fn);
+  else
+    fn();
+}
+
 // One pool per process: events outlive groups (a Work may outlive its backend).
 EventPool& events() {
   static EventPool* pool = new EventPool();  // never destroyed: works may be freed at exit
@@ -297,14 +326,22 @@ EventPool& events() {
 
 }  // namespace
 
+void stop_foreign_releases() {
+  std::lock_guard<std::mutex> g(foreign_release_mu);
+  foreign_releases_stopped = true;
+}
+
+void set_without_gil(std::function<void(const std::function<void()>&)> hook) { without_gil_hook() = std::move(hook); }
+
 // ---- OcclWork ----
 
-OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device, orEvent_t end,
+OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, std::string what, c10::Device device, orEvent_t end,
                    std::shared_ptr<WorkOutcome> outcome, std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
                    c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout,
                    bool blocking_wait, std::shared_ptr<GroupError> group)
     : Work(rank, type),
       seq_(seq),
+      what_(std::move(what)),
       device_(device),
       end_(end),
       outcome_(std::move(outcome)),
@@ -317,7 +354,26 @@ OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device
 
 OcclWork::~OcclWork() { events().put(end_); }
 
-bool OcclWork::isCompleted() { return orEventQuery(end_) != orErrorNotReady; }
+bool OcclWork::isCompleted() { return outcome_->error.failed() || ended(); }
+
+bool OcclWork::ended() const { return orEventQuery(end_) != orErrorNotReady; }
+
+void OcclWork::release_stash() {
+  std::vector<at::Tensor> dropped;  // outside the lock
+  std::lock_guard<std::mutex> g(stash_mu_);
+  dropped.swap(stash_);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> OcclWork::getFuture() {
+  if (!outcome_->error.failed()) return future_;
+  // The value future was completed at enqueue (device-aware, as NCCL's): once the failure is known,
+  // callers get one that raises it.
+  if (!failed_future_) {
+    failed_future_ = c10::make_intrusive<c10::ivalue::Future>(future_->elementType(), future_->devices());
+    failed_future_->setError(exception());
+  }
+  return failed_future_;
+}
 
 bool OcclWork::isSuccess() const { return !outcome_->error.failed(); }
 
@@ -332,7 +388,10 @@ void OcclWork::throw_if_failed() const {
 }
 
 int OcclWork::sourceRank() const {
-  const_cast<OcclWork*>(this)->host_wait(kNoTimeout);
+  if (!const_cast<OcclWork*>(this)->host_wait(timeout_)) {
+    C10_THROW_ERROR(DistBackendError, c10::str(what_, ": the sender is not known: the receive did not complete within ",
+                                               timeout_.count(), " ms"));
+  }
   throw_if_failed();
   return outcome_->source_rank.load();
 }
@@ -342,16 +401,12 @@ void OcclWork::synchronize() {
   OPENREG_CHECK(orStreamWaitEvent(c10::openreg::current_stream_handle(device_.index()), end_, 0));
 }
 
-bool OcclWork::host_wait(std::chrono::milliseconds timeout) {
-  const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+bool OcclWork::host_wait(std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   auto nap = std::chrono::microseconds(20);
   // Until the end event, or the watchdog failed the operation (its kernel may still be blocked).
-  while (orEventQuery(end_) == orErrorNotReady && !outcome_->error.failed()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(retrieveOpType()), " (seq ", seq_,
-                                                 ") did not complete within ", limit.count(), " ms"));
-    }
+  while (!ended() && !outcome_->error.failed()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds(1000));
   }
@@ -366,14 +421,31 @@ void OcclWork::abort() {
 }
 
 bool OcclWork::wait(std::chrono::milliseconds timeout) {
-  if (blocking_wait_) {
-    host_wait(timeout);
+  // As NCCL's: the host blocks under blocking wait, and whenever the caller gives a timeout.
+  if (blocking_wait_ || timeout != kNoTimeout) {
+    const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+    if (!host_wait(limit)) {
+      if (timeout == kNoTimeout) {
+        // The group's timeout: the watchdog fails the operation (and handles that) at the same time.
+        C10_THROW_ERROR(DistBackendError, c10::str(what_, " did not complete within ", limit.count(), " ms"));
+      }
+      // The caller's own timeout: the operation and its group fail, as NCCL aborts the communicator
+      // (a started transport operation cannot be cancelled: later ones must not pair with it). The
+      // caller gets the error here: it is not handed to TORCH_OCCL_ASYNC_ERROR_HANDLING.
+      const std::string msg =
+          c10::str(what_, " failed: Work.wait(timeout=", limit.count(), " ms) expired before the operation completed");
+      outcome_->timed_out = true;
+      outcome_->error.set(msg, /*by_user=*/true);
+      group_->set(msg, /*by_user=*/true);
+    }
     throw_if_failed();
     synchronize();  // free after completion: later work on the current stream is ordered anyway
+    if (ended()) release_stash();
     return true;
   }
   throw_if_failed();
   synchronize();
+  if (ended()) release_stash();
   return true;
 }
 
@@ -434,7 +506,8 @@ void OcclBackend::stop_watchdog() {
     watch_stop_ = true;
   }
   watch_cv_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  // The watchdog may be waiting for the GIL to drop a tensor: the caller may hold it.
+  if (watchdog_.joinable()) without_gil([this] { watchdog_.join(); });
 }
 
 void OcclBackend::watch(Watched w) {
@@ -512,11 +585,24 @@ void OcclBackend::handle_failure(const std::string& message, bool from_peer) {
   }
 }
 
+namespace {
+
+// Work.get_future_result(): NCCL's WorkResult, once the operation finished or failed.
+void complete_result(WorkOutcome& o) {
+  const auto result = !o.error.failed() ? c10d::WorkResult::SUCCESS
+                      : o.timed_out     ? c10d::WorkResult::TIMEOUT
+                                        : c10d::WorkResult::COMM_ERROR;
+  std::lock_guard<std::mutex> g(foreign_release_mu);  // its callbacks may be Python's
+  if (!foreign_releases_stopped) o.result->markCompleted(c10::IValue(static_cast<int64_t>(result)));
+}
+
+}  // namespace
+
 void OcclBackend::watchdog_loop() {
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!watch_stop_) {
     // Idle, it sleeps until there is work, unless it must keep looking for the peers' failures.
-    if (watched_.empty() && !propagate_error_) {
+    if (watched_.empty() && !propagate_error_ && inflight_count_.load() == 0) {
       watch_cv_.wait(lock, [this] { return watch_stop_ || !watched_.empty(); });
     } else {
       watch_cv_.wait_for(lock, kWatchdogPoll, [this] { return watch_stop_; });
@@ -536,9 +622,11 @@ void OcclBackend::watchdog_loop() {
         const std::string msg =
             c10::str(w.what, " failed: timed out after ", w.timeout.count(), " ms (not completed ", ran,
                      " ms after it was enqueued", o.started ? "" : ", and not started", "; caught by occl's watchdog)");
+        o.timed_out = true;
         o.error.set(msg);
         error_->set(msg);
       }
+      if (!o.result->completed() && (finished || o.error.failed())) complete_result(o);
       if (!w.started_seen && o.started.load(std::memory_order_acquire)) {
         w.started_seen = true;
         if (pg_status_->lastStartedSeq < static_cast<int64_t>(w.seq)) {
@@ -557,6 +645,7 @@ void OcclBackend::watchdog_loop() {
       }
     }
     batch.clear();  // outcomes hold no tensors: safe to release on this thread
+    release_ended();
     lock.lock();
     // Still in flight, before what was enqueued meanwhile.
     for (auto it = keep.rbegin(); it != keep.rend(); ++it) watched_.push_front(std::move(*it));
@@ -589,31 +678,67 @@ c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c1
   return backend;
 }
 
-const CommStreams& OcclBackend::streams(c10::Device device) {
+orStream_t OcclBackend::comm_stream(c10::Device device, Route route) {
   std::lock_guard<std::mutex> g(streams_mu_);
-  auto it = streams_.find(device.index());
-  if (it != streams_.end()) return it->second;
-  // Dedicated streams, not pool ones: the pool is shared round robin with users' streams, and a
-  // collective occupies its stream's worker while it waits for the peers.
-  c10::DeviceGuard guard(device);
-  CommStreams s;
-  OPENREG_CHECK(orStreamCreate(&s.coll));
-  OPENREG_CHECK(orStreamCreate(&s.send));
-  OPENREG_CHECK(orStreamCreate(&s.recv));
-  return streams_.emplace(device.index(), s).first->second;
+  CommStreams& s = streams_[device.index()];
+  orStream_t* slot = route.lane == Lane::kColl      ? &s.coll
+                     : route.lane == Lane::kRecvAny ? &s.recv_any
+                     : route.lane == Lane::kSend    ? &s.send[route.peer]
+                                                    : &s.recv[route.peer];
+  if (*slot == nullptr) {
+    // Dedicated streams, not pool ones: the pool is shared round robin with users' streams, and an
+    // operation occupies its stream's worker while it waits for the peers.
+    c10::DeviceGuard guard(device);
+    OPENREG_CHECK(orStreamCreate(slot));
+  }
+  return *slot;
+}
+
+void OcclBackend::check_rank(const char* op, const char* role, int64_t rank) const {
+  TORCH_CHECK_VALUE(rank >= 0 && rank < size_, "occl ", op, ": ", role, " rank ", rank,
+                    " is not a rank of this process group of size ", size_, " (rank ", rank_,
+                    " calling; valid ranks are 0 to ", size_ - 1, ")");
 }
 
 void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
   std::vector<c10::intrusive_ptr<OcclWork>> done;  // released outside the lock
   std::lock_guard<std::mutex> g(inflight_mu_);
-  // Oldest first, up to the first one still running: O(1) per operation in the steady state (a
-  // full scan per operation cost O(n) event queries with n operations queued). A send or receive
-  // that finished before an older operation of another stream waits for that one.
-  while (!inflight_.empty() && inflight_.front()->isCompleted()) {
+  // Oldest first, up to the first one still running: O(1) per operation in the steady state; the
+  // watchdog releases the others that ended.
+  while (!inflight_.empty() && inflight_.front()->ended()) {
     done.push_back(std::move(inflight_.front()));
     inflight_.pop_front();
   }
   inflight_.push_back(std::move(work));
+  inflight_count_ = inflight_.size();
+}
+
+void OcclBackend::release_ended() {
+  std::vector<c10::intrusive_ptr<OcclWork>> done;
+  {
+    std::lock_guard<std::mutex> g(inflight_mu_);
+    if (inflight_.empty()) return;
+    std::deque<c10::intrusive_ptr<OcclWork>> running;
+    for (auto& w : inflight_) {
+      if (w->ended())
+        done.push_back(std::move(w));
+      else
+        running.push_back(std::move(w));
+    }
+    inflight_.swap(running);
+    inflight_count_ = inflight_.size();
+  }
+  // A Work the user still holds keeps its outputs (result(), its future), not the rest.
+  std::lock_guard<std::mutex> g(foreign_release_mu);
+  if (foreign_releases_stopped) {
+    // The interpreter is exiting: hand them back, for the backend's destructor (or the exit).
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    for (auto& w : done) inflight_.push_back(std::move(w));
+    inflight_count_ = 0;  // nothing more to poll for
+    return;
+  }
+  for (auto& w : done) w->release_stash();
+  done.clear();
 }
 
 namespace {
@@ -639,12 +764,12 @@ struct UnrunKernel {
 
 }  // namespace
 
-c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                               std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
                                               Start start, std::chrono::milliseconds timeout, bool blocking) {
   timeout = effective(timeout);
   if (!at::hasCallbacks()) {
-    return enqueue_impl(type, kernel, lane, device, std::move(stash), std::move(outputs), std::move(start), timeout,
+    return enqueue_impl(type, kernel, route, device, std::move(stash), std::move(outputs), std::move(start), timeout,
                         blocking);
   }
   // Profiling (or another RecordFunction observer): the host-side record of the collective, with
@@ -655,7 +780,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
   if (stash.empty()) in_numel = out_numel;  // in place
   const at::ScalarType dtype =
       !outputs.empty() ? outputs[0].scalar_type() : (!stash.empty() ? stash[0].scalar_type() : at::kByte);
-  const bool p2p = lane != Lane::kColl;
+  const bool p2p = route.lane != Lane::kColl;
   const std::string coll_name(kernel + std::string("occl::").size());
   const auto& ranks = options_->global_ranks_in_group;
   const int rank_start = ranks.empty() ? 0 : static_cast<int>(ranks[0]);
@@ -663,23 +788,23 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
   RECORD_PARAM_COMMS(std::make_tuple(static_cast<int64_t>(seq_.load() + 1), p2p), pg_name(), rank_, coll_name.c_str(),
                      in_numel, out_numel, dtype, std::vector<int64_t>(), std::vector<int64_t>(), rank_start,
                      rank_stride, size_);
-  return enqueue_impl(type, kernel, lane, device, std::move(stash), std::move(outputs), std::move(start), timeout,
+  return enqueue_impl(type, kernel, route, device, std::move(stash), std::move(outputs), std::move(start), timeout,
                       blocking);
 }
 
-c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
-                                                   std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
-                                                   Start start, std::chrono::milliseconds timeout, bool blocking) {
+c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char* kernel, Route route,
+                                                   c10::Device device, std::vector<at::Tensor> stash,
+                                                   std::vector<at::Tensor> outputs, Start start,
+                                                   std::chrono::milliseconds timeout, bool blocking) {
   const auto enqueued = std::chrono::steady_clock::now();
   if (error_->failed()) {
     C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(type),
                                                " refused: the process group failed earlier: ", error_->message()));
   }
-  const CommStreams& s = streams(device);
-  orStream_t comm = lane == Lane::kColl ? s.coll : lane == Lane::kSend ? s.send : s.recv;
+  orStream_t comm = comm_stream(device, route);
   orStream_t current = c10::openreg::current_stream_handle(device.index());
   const uint64_t seq = ++seq_;
-  const bool p2p = lane != Lane::kColl;
+  const bool p2p = route.lane != Lane::kColl;
   if (p2p)
     ++p2p_seq_;
   else
@@ -761,13 +886,14 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   // 4. The tensors stay referenced until the end event completed.
   for (auto& t : outputs) stash.push_back(t);
   auto work =
-      c10::make_intrusive<OcclWork>(rank_, type, seq, device, end, outcome, std::move(stash), std::move(outputs),
+      c10::make_intrusive<OcclWork>(rank_, type, seq, what, device, end, outcome, std::move(stash), std::move(outputs),
                                     std::move(future), timeout, blocking_wait_ || blocking, error_);
   keep_until_done(work);
   watch(Watched{outcome, enqueued, timeout, what, seq, type, trace_id});
   if (coalescing_) {
     if (!coalesced_device_) coalesced_device_ = device;
-    if (lane != Lane::kColl) coalesced_lanes_.emplace_back(lane, device);
+    if (p2p && std::find(coalesced_streams_.begin(), coalesced_streams_.end(), comm) == coalesced_streams_.end())
+      coalesced_streams_.push_back(comm);
   }
   return work;
 }
@@ -775,7 +901,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
 void OcclBackend::startCoalescing() {
   coalescing_ = true;
   coalesced_device_.reset();
-  coalesced_lanes_.clear();
+  coalesced_streams_.clear();
 }
 
 c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
@@ -784,17 +910,16 @@ c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
   OPENREG_CHECK(orGetDevice(&current));
   const c10::Device device =
       coalesced_device_.value_or(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current)));
-  const CommStreams& s = streams(device);
-  // The coalesced Work ends on the collective stream once the send and receive streams have run
-  // what was queued on them meanwhile.
-  for (const auto& [lane, dev] : coalesced_lanes_) {
-    const CommStreams& ls = streams(dev);
+  orStream_t coll = comm_stream(device, Lane::kColl);
+  // The coalesced Work ends on the collective stream once every send and receive stream used
+  // meanwhile has run what was queued on it.
+  for (orStream_t used : coalesced_streams_) {
     orEvent_t e = events().get();
-    OPENREG_CHECK(orEventRecord(e, lane == Lane::kSend ? ls.send : ls.recv));
-    OPENREG_CHECK(orStreamWaitEvent(s.coll, e, 0));
+    OPENREG_CHECK(orEventRecord(e, used));
+    OPENREG_CHECK(orStreamWaitEvent(coll, e, 0));
     events().put(e);
   }
-  coalesced_lanes_.clear();
+  coalesced_streams_.clear();
   return enqueue(c10d::OpType::COALESCED, "occl::coalesced", Lane::kColl, device, {}, {}, [] { return Started{}; });
 }
 
@@ -803,6 +928,7 @@ c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
 c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   check_single("broadcast", tensors.size(), "");
   const auto device = check_tensors("broadcast", tensors);
+  check_rank("broadcast", "root", opts.rootRank);
   auto t = transport_;
   const int root = static_cast<int>(opts.rootRank);
   const ms timeout = effective(opts.timeout);
@@ -818,19 +944,38 @@ c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors
 c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   const auto device = check_tensors("all_reduce", tensors);
   std::vector<at::Tensor> stash;
-  for (const auto& x : tensors) check_same_dtype("all_reduce", tensors[0], x);
-  Reduction r = reduction("all_reduce", opts.reduceOp, tensors[0].scalar_type(), size_, stash);
+  // A coalesced all-reduce may mix dtypes; the transport reduces one dtype at a time: one of its
+  // all-reduces per dtype, in order of first appearance (the same on every rank).
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<std::vector<size_t>> members;
+  std::vector<Reduction> reductions;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto dtype = tensors[i].scalar_type();
+    const size_t k = std::find(dtypes.begin(), dtypes.end(), dtype) - dtypes.begin();
+    if (k == dtypes.size()) {
+      dtypes.push_back(dtype);
+      members.emplace_back();
+      reductions.push_back(reduction("all_reduce", opts.reduceOp, dtype, size_, stash));
+    }
+    members[k].push_back(i);
+  }
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::ALLREDUCE, "occl::all_reduce", Lane::kColl, device, std::move(stash), tensors,
-      [t, a = args_of(tensors), r, timeout] {
+      [t, a = args_of(tensors), members, reductions, timeout] {
         std::vector<at::Tensor> v = views(a);
-        for (auto& x : v) x = r.scaled(x.view({-1}), /*in_place=*/true);
-        WorkPtr w = t->allreduce(v, r.op, timeout);
-        return Started{{w}, [v, r] {
-                         for (const auto& x : v) r.finish(x);
-                       }};
+        Started st;
+        std::vector<std::vector<at::Tensor>> parts(members.size());
+        for (size_t k = 0; k < members.size(); ++k) {
+          for (size_t i : members[k]) parts[k].push_back(reductions[k].scaled(reduced_view(v[i]), /*in_place=*/true));
+          st.works.push_back(t->allreduce(parts[k], reductions[k].op, timeout));
+        }
+        st.post = [parts, reductions] {
+          for (size_t k = 0; k < parts.size(); ++k)
+            for (const auto& x : parts[k]) reductions[k].finish(x);
+        };
+        return st;
       },
       timeout);
 }
@@ -843,6 +988,7 @@ c10::intrusive_ptr<Work> OcclBackend::allreduce_coalesced(std::vector<at::Tensor
 c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   check_single("reduce", tensors.size(), "");
   const auto device = check_tensors("reduce", tensors);
+  check_rank("reduce", "root", opts.rootRank);
   std::vector<at::Tensor> stash;
   Reduction r = reduction("reduce", opts.reduceOp, tensors[0].scalar_type(), size_, stash);
   auto t = transport_;
@@ -853,7 +999,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, c
       c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, std::move(stash), tensors,
       [t, a = args_of(tensors), r, root, is_root, timeout] {
         // Off the root the tensor is an input only: PREMUL_SUM scales a copy.
-        at::Tensor v = r.scaled(a[0].materialize().view({-1}), /*in_place=*/is_root);
+        at::Tensor v = r.scaled(reduced_view(a[0].materialize()), /*in_place=*/is_root);
         WorkPtr w = t->reduce(v, root, r.op, timeout);
         return Started{{w}, [v, r, is_root] {
                          if (is_root) r.finish(v);
@@ -962,8 +1108,8 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
         Started st;
         std::vector<at::Tensor> results;
         for (size_t i = 0; i < in.size(); ++i) {
-          at::Tensor o = out[i].materialize().view({-1});
-          at::Tensor x = r.scaled(in[i].materialize().view({-1}), /*in_place=*/false);
+          at::Tensor o = reduced_view(out[i].materialize());
+          at::Tensor x = r.scaled(reduced_view(in[i].materialize()), /*in_place=*/false);
           st.works.push_back(t->reduce_scatter(o, x, r.op, timeout));
           results.push_back(o);
         }
@@ -999,9 +1145,9 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
       c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
       [t, in = args_of(ins), out = args_of(outputs), r, timeout] {
         std::vector<at::Tensor> parts;
-        for (const auto& x : views(in)) parts.push_back(x.view({-1}));
+        for (const auto& x : views(in)) parts.push_back(reduced_view(x));
         at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
-        at::Tensor o = out[0].materialize().view({-1});
+        at::Tensor o = reduced_view(out[0].materialize());
         WorkPtr w = t->reduce_scatter(o, staging, r.op, timeout);
         return Started{{w}, [o, r, staging] { r.finish(o); }};
       },
@@ -1099,6 +1245,7 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
   const char* op = "gather";
   check_single(op, inputs.size(), "input");
   const auto device = check_tensors(op, inputs);
+  check_rank(op, "root", opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> outs =
       root_list(op, "output", outputs, rank_ == root, root, size_, device, inputs[0], "input");
@@ -1121,6 +1268,7 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
   const char* op = "scatter";
   check_single(op, outputs.size(), "output");
   const auto device = check_tensors(op, outputs);
+  check_rank(op, "root", opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> ins =
       root_list(op, "input", inputs, rank_ == root, root, size_, device, outputs[0], "output");
@@ -1140,8 +1288,9 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   check_single("send", tensors.size(), "");
   const auto device = check_tensors("send", tensors);
+  check_rank("send", "destination", dstRank);
   auto t = transport_;
-  return enqueue(c10d::OpType::SEND, "occl::send", Lane::kSend, device, tensors, {},
+  return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank), device, tensors, {},
                  [t, a = KernelTensorArg(tensors[0]), dstRank, tag] {
                    at::Tensor v = carried(a.materialize());
                    return Started{{t->send(v, dstRank, tag)}, [] {}};
@@ -1151,8 +1300,9 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
 c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   check_single("recv", tensors.size(), "");
   const auto device = check_tensors("recv", tensors);
+  check_rank("recv", "source", srcRank);
   auto t = transport_;
-  return enqueue(c10d::OpType::RECV, "occl::recv", Lane::kRecv, device, {}, tensors,
+  return enqueue(c10d::OpType::RECV, "occl::recv", Route(Lane::kRecv, srcRank), device, {}, tensors,
                  [t, a = KernelTensorArg(tensors[0]), srcRank, tag] {
                    at::Tensor v = carried(a.materialize());
                    return Started{{t->recv(v, srcRank, tag)}, [] {}};
@@ -1163,7 +1313,7 @@ c10::intrusive_ptr<Work> OcclBackend::recvAnysource(std::vector<at::Tensor>& ten
   check_single("recv", tensors.size(), "");
   const auto device = check_tensors("recv", tensors);
   auto t = transport_;
-  return enqueue(c10d::OpType::RECVANYSOURCE, "occl::recv_anysource", Lane::kRecv, device, {}, tensors,
+  return enqueue(c10d::OpType::RECVANYSOURCE, "occl::recv_anysource", Lane::kRecvAny, device, {}, tensors,
                  [t, a = KernelTensorArg(tensors[0]), tag] {
                    at::Tensor v = carried(a.materialize());
                    return Started{{t->recv_anysource(v, tag)}, {}, /*anysource=*/true};

@@ -8,11 +8,11 @@
 //   3. an end event recorded after it; OcclWork::wait() makes the caller's current stream wait for
 //      it (the host blocks only with TORCH_OCCL_BLOCKING_WAIT=1, or for barrier());
 //   4. the tensors stay referenced by the Work, which the backend keeps in its in-flight list
-//      at least until the end event has completed (later operations of the group drop the completed
-//      ones), so the caching allocator cannot hand their memory to later compute while the
-//      collective still reads or writes it.
+//      until the end event has completed (the watchdog, later operations of the group and wait()
+//      then release them), so the caching allocator cannot hand their memory to later compute
+//      while the collective still reads or writes it.
 // A failure (transport error, peer gone, timeout) fails the kernel: it surfaces at the next
-// synchronising call on the device, naming the collective, at wait() with blocking wait, and every
+// synchronising call on the device, naming the collective, at wait() with blocking wait or a timeout, and every
 // later operation of the group fails at once with the first error (DistBackendError). A watchdog
 // thread per backend times operations out from the moment they were enqueued, as NCCL's does, and
 // applies TORCH_OCCL_ASYNC_ERROR_HANDLING to the first failure (see ErrorHandling).
@@ -73,6 +73,9 @@ struct WorkOutcome {
   GroupError error;
   std::atomic<int> source_rank{-1};
   std::atomic<bool> started{false}, finished{false};
+  std::atomic<bool> timed_out{false};  // the failure is a timeout (Work.get_future_result())
+  // c10d::WorkResult once known, completed by the watchdog (an int future: no tensors).
+  c10::intrusive_ptr<c10::ivalue::Future> result = c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get());
   TracePoints* points = nullptr;  // the flight recorder's view of the kernel (null when it is off)
   ~WorkOutcome() { trace::release_points(points); }
 };
@@ -88,43 +91,68 @@ enum class ErrorHandling {
   kSkipCleanUp = 3,  // take the process down without aborting the transport (NCCL's default)
 };
 
-// The three streams of a device: collectives run in program order on one (Gloo pairs collectives
-// by the order they are started); sends and receives have their own, so that a rank's isend to a
-// peer, blocked until the peer posts the matching receive, cannot hold back its own irecv.
+// The streams of a device: collectives run in program order on one (Gloo pairs collectives by the
+// order they are started). Point-to-point has a send and a receive stream per peer, made on first
+// use, and recv_anysource one of its own, as NCCL keys its p2p communicators by peer: a send or
+// receive blocked until its peer posts the matching operation holds back only later operations
+// with that peer, never those with another one.
 struct CommStreams {
-  orStream_t coll = nullptr, send = nullptr, recv = nullptr;
+  orStream_t coll = nullptr, recv_any = nullptr;
+  std::map<int, orStream_t> send, recv;  // by peer
 };
+
+// Releasing tensors off the caller's threads (the watchdog does, once their operation ended).
+// Dropping a tensor Python owned takes the GIL; once the interpreter finalizes, a foreign thread that
+// takes it aborts the process, so Python's atexit stops such releases first (what remains is left
+// to the backend's destructor).
+void stop_foreign_releases();
+// How occl runs `fn` without holding the GIL when its caller may hold it (set by the Python module):
+// joining the watchdog while it waits for the GIL would deadlock.
+void set_without_gil(std::function<void(const std::function<void()>&)> hook);
 
 class OcclWork : public c10d::Work {
  public:
-  OcclWork(int rank, c10d::OpType type, uint64_t seq, c10::Device device, orEvent_t end,
+  OcclWork(int rank, c10d::OpType type, uint64_t seq, std::string what, c10::Device device, orEvent_t end,
            std::shared_ptr<WorkOutcome> outcome, std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
            c10::intrusive_ptr<c10::ivalue::Future> future, std::chrono::milliseconds timeout, bool blocking_wait,
            std::shared_ptr<GroupError> group);
   ~OcclWork() override;
 
+  // True once the end event completed, or once the operation failed (as NCCL's, once its exception
+  // is set: the kernel may still be blocked in the transport).
   bool isCompleted() override;
+  // The end event completed: the device is done with the tensors.
+  bool ended() const;
+  // Drops the tensors kept only for the allocator's sake (not result()'s); after ended() only.
+  void release_stash();
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   int sourceRank() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
   void synchronize() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Completed at enqueue on the comm stream, as NCCL's; fetched after the operation failed, a future
+  // holding its error.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return outcome_->result; }
   uint64_t getSequencenumber() const override { return seq_; }
   // Fails this operation and its group (NCCL's Work.abort() aborts the communicator).
   void abort() override;
 
  private:
   void throw_if_failed() const;
-  bool host_wait(std::chrono::milliseconds timeout);
+  // Blocks the host until the operation ended or failed; false if `limit` passed first.
+  bool host_wait(std::chrono::milliseconds limit);
 
   uint64_t seq_;
+  std::string what_;  // "occl ALLREDUCE (seq 3, rank 0 of 2)"
   c10::Device device_;
   orEvent_t end_;
   std::shared_ptr<WorkOutcome> outcome_;
-  std::vector<at::Tensor> stash_, outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex stash_mu_;  // release_stash() runs on the watchdog and on callers' threads
+  std::vector<at::Tensor> stash_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_, failed_future_;
   std::chrono::milliseconds timeout_;
   bool blocking_wait_;
   std::shared_ptr<GroupError> group_;
@@ -209,25 +237,36 @@ class OcclBackend : public c10d::Backend {
     bool anysource = false;  // record works[0]->sourceRank() in the work's outcome
   };
   using Start = std::function<Started()>;
-  enum class Lane { kColl, kSend, kRecv };
+  enum class Lane { kColl, kSend, kRecv, kRecvAny };
+  // Which comm stream an operation runs on: the lane, and the peer of a send or receive.
+  struct Route {
+    Lane lane;
+    int peer = -1;
+    Route(Lane l, int p = -1) : lane(l), peer(p) {}  // NOLINT: a lane alone is a route
+  };
 
  private:
-  c10::intrusive_ptr<Work> enqueue(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+  c10::intrusive_ptr<Work> enqueue(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                    std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
                                    std::chrono::milliseconds timeout = c10d::kUnsetTimeout, bool blocking = false);
-  c10::intrusive_ptr<Work> enqueue_impl(c10d::OpType type, const char* kernel, Lane lane, c10::Device device,
+  c10::intrusive_ptr<Work> enqueue_impl(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                         std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
                                         std::chrono::milliseconds timeout, bool blocking);
-  const CommStreams& streams(c10::Device device);
+  orStream_t comm_stream(c10::Device device, Route route);
+  // A root or peer rank given to `op`: raises ValueError at the call when it is not in the group.
+  void check_rank(const char* op, const char* role, int64_t rank) const;
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   void keep_until_done(c10::intrusive_ptr<OcclWork> work);
+  // The watchdog's part: releases every in-flight Work whose end event completed, and its tensors.
+  void release_ended();
   trace::PgName pg_name() const { return {getGroupUid(), getGroupDesc()}; }
 
   // The watchdog (one thread per backend, as NCCL's): every 100 ms it looks at the operations in
   // flight, times out those not finished `timeout` after they were enqueued (their Work and the
   // group fail with a message naming the collective), hands the group's first failure to
-  // TORCH_OCCL_ASYNC_ERROR_HANDLING, and retires finished operations from the flight recorder.
-  // It never holds a tensor (see inflight_).
+  // TORCH_OCCL_ASYNC_ERROR_HANDLING, retires finished operations from the flight recorder, and
+  // releases the in-flight Works (and tensors) whose end event completed. Its own list holds no
+  // tensor.
   struct Watched {
     std::shared_ptr<WorkOutcome> outcome;
     std::chrono::steady_clock::time_point enqueued;
@@ -287,13 +326,14 @@ class OcclBackend : public c10d::Backend {
   // enqueued as they come; endCoalescing returns one Work that completes after all of them.
   bool coalescing_ = false;
   std::optional<c10::Device> coalesced_device_;
-  std::vector<std::pair<Lane, c10::Device>> coalesced_lanes_;
+  std::vector<orStream_t> coalesced_streams_;  // the p2p streams used meanwhile
 
-  // Works (with their tensors) until their end event completed. They are released on the threads
-  // that call the backend, by later operations and at destruction, never by a thread of occl's own:
-  // a tensor Python owns, released from a foreign thread while the interpreter exits, aborts it.
+  // Works (with their tensors) until their end event completed. The watchdog releases the ended
+  // ones every poll (see stop_foreign_releases), later operations of the group those at the front,
+  // and the rest go with the backend.
   std::mutex inflight_mu_;
   std::deque<c10::intrusive_ptr<OcclWork>> inflight_;
+  std::atomic<size_t> inflight_count_{0};  // the watchdog polls while it is not 0
 };
 
 }  // namespace openreg_distributed

@@ -5,9 +5,10 @@
 // a Transport only moves and reduces bytes. Its methods are called on the
 // communication stream's worker with CPU tensors over the kernel views of
 // device memory (contiguous, already checked by occl), start the operation and
-// return a c10d::Work that occl waits on from the same worker. Operations of
-// one transport are started in program order, one stream per group, so tags
-// and pairing stay consistent between ranks.
+// return a c10d::Work that occl waits on from the same worker. Collectives of
+// one transport are started in program order, from one stream per group, so
+// pairing stays consistent between ranks; sends and receives are started in
+// program order per peer (a stream per peer and direction).
 //
 // GlooTransport drives a c10d Gloo backend (TCP, multi-node). A vendor with an
 // RDMA or NVLink-like fabric implements this class over their library and

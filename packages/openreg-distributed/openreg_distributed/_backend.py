@@ -1,5 +1,7 @@
 """Registration of occl with torch.distributed, and the creator it calls for each group."""
 
+import atexit
+
 import torch.distributed as dist
 
 BACKEND_NAME = "occl"
@@ -42,8 +44,11 @@ def register() -> None:
     becomes its default backend, so this runs at plugin load, before any user code)."""
     if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    from . import _C  # noqa: F401  (loads the extension: DDP's timer for openreg)
+    from . import _C  # loads the extension: DDP's timer for openreg
 
+    # occl's watchdog drops the tensors of ended operations, taking the GIL when Python owned them:
+    # it must stop before the interpreter finalizes (a foreign thread taking the GIL then aborts).
+    atexit.register(_C._stop_foreign_releases)
     dist.Backend.register_backend(BACKEND_NAME, create_occl_backend, extended_api=True, devices=["openreg"])
     _name_mixed_groups()
 

@@ -5,6 +5,8 @@ Every rank r holds r + 1 (times a ramp), so the expected results are simple func
 current stream), in place and out of place, over the dtypes occl carries.
 """
 
+import time
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -84,6 +86,51 @@ class TestCollectives(OcclTestCase):
         dist.all_reduce_coalesced(xs)
         for x, n in zip(xs, (3, 5)):
             self.assertEqual(x.cpu(), ramp(0, torch.float32, n) * 3)
+        # Mixed dtypes in one coalesced all-reduce: each reduced in its own dtype (AVG truncates integers).
+        dtypes = (torch.float32, torch.int64, torch.bfloat16, torch.int64)
+        for op, want in ((R.SUM, lambda a, b: a + b), (R.AVG, lambda a, b: (a + b) / 2)):
+            xs = [ramp(self.rank, dt, 4).to(self.device) for dt in dtypes]
+            with dist._coalescing_manager(device=self.device):
+                for x in xs:
+                    dist.all_reduce(x, op=op)
+            for x, dt in zip(xs, dtypes):
+                ref = want(ramp(0, torch.float64, 4), ramp(1, torch.float64, 4))
+                ref = ref if dt.is_floating_point else ref.trunc()
+                self.assertEqual(x.cpu(), ref.to(dt), msg=f"{op} {dt}")
+
+    def test_reductions_of_complex(self):
+        # As Gloo on CPU: SUM and AVG (and PREMUL_SUM by a real factor) reduce the real and
+        # imaginary parts; MIN, MAX and PRODUCT are refused, at the call, on every rank.
+        def mine(n=4):
+            return ramp(self.rank, torch.float32, n) * (1 + 2j) + 1j * self.rank
+
+        a = ramp(0, torch.float32, 4) * (1 + 2j)
+        b = ramp(1, torch.float32, 4) * (1 + 2j) + 1j
+        cases = ((R.SUM, a + b), (R.AVG, (a + b) / 2), (dist._make_nccl_premul_sum(0.5), (a + b) * 0.5))
+        for op, want in cases:
+            for root in (0, 1):
+                x = mine().to(self.device)
+                dist.reduce(x, dst=root, op=op)
+                if self.rank == root:  # elsewhere the transport may use it as scratch space
+                    self.assertEqual(x.cpu(), want, msg=f"reduce {op} root {root}")
+            out = torch.empty(2, dtype=torch.complex64, device=self.device)
+            dist.reduce_scatter_single(out, mine().to(self.device), op=op)
+            self.assertEqual(out.cpu(), want[2 * self.rank : 2 * self.rank + 2], msg=f"reduce_scatter_single {op}")
+            out = torch.empty(2, dtype=torch.complex64, device=self.device)
+            dist.reduce_scatter(out, list(mine().to(self.device).chunk(2)), op=op)
+            self.assertEqual(out.cpu(), want[2 * self.rank : 2 * self.rank + 2], msg=f"reduce_scatter {op}")
+        x = mine().to(self.device)
+        out = torch.empty(2, dtype=torch.complex64, device=self.device)
+        for op in (R.MIN, R.MAX, R.PRODUCT):
+            name = str(op).split(".")[-1]
+            msg = rf"ReduceOp.{name} is not supported on complex tensors \(SUM, AVG and PREMUL_SUM are\)"
+            with self.assertRaisesRegex(RuntimeError, "occl reduce: " + msg):
+                dist.reduce(x, dst=0, op=op)
+            with self.assertRaisesRegex(RuntimeError, "occl reduce_scatter_tensor: " + msg):
+                dist.reduce_scatter_single(out, x, op=op)
+            with self.assertRaisesRegex(RuntimeError, "occl reduce_scatter: " + msg):
+                dist.reduce_scatter(out, list(x.chunk(2)), op=op)
+        self.assertEqual(x.cpu(), mine())  # nothing ran
 
     def test_broadcast(self):
         for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float8_e4m3fn, torch.bool):
@@ -279,6 +326,27 @@ class TestCollectives(OcclTestCase):
         self.assertTrue(work.is_success())
         self.assertEqual(x.cpu(), torch.full((4,), 3.0))
 
+    def test_ended_operations_release_their_tensors(self):
+        # Without any later operation of the group, the memory of tensors the user dropped comes
+        # back once their collective ended; a Work still held keeps its outputs only.
+        torch.openreg.synchronize()
+        n = 1 << 18  # 1 MiB of float32
+        base = torch.openreg.memory_allocated(self.device)
+        x = torch.ones(n, device=self.device)
+        dist.all_reduce(x)
+        inp = torch.ones(n, device=self.device)
+        out = torch.empty(n // 2, device=self.device)
+        work = dist.reduce_scatter_single(out, inp, async_op=True)
+        work.wait()
+        torch.openreg.synchronize()
+        self.assertEqual(x.cpu(), torch.full((n,), 2.0))
+        del x, inp
+        t0 = time.monotonic()
+        while torch.openreg.memory_allocated(self.device) > base + out.nbytes:
+            self.assertLess(time.monotonic() - t0, 10, "the ended collectives' tensors were not released")
+            time.sleep(0.02)
+        self.assertEqual(work.result()[0].cpu(), torch.full((n // 2,), 2.0))
+
     def test_object_collectives(self):
         objs = [None, None]
         dist.all_gather_object(objs, {"rank": self.rank})
@@ -286,6 +354,40 @@ class TestCollectives(OcclTestCase):
         lst = [self.rank * 10 + 1]
         dist.broadcast_object_list(lst, src=1)
         self.assertEqual(lst, [11])
+
+    def test_out_of_range_ranks_raise_at_the_call(self):
+        # Refused before anything is enqueued, on every rank (nothing for the watchdog to fail), so
+        # the group stays usable.
+        d = self.device
+        x = torch.ones(4, device=d)
+        outs = [torch.empty(4, device=d) for _ in (0, 1)]
+        calls = (
+            ("broadcast", "root", 9, lambda: dist.broadcast(x, src=9)),
+            ("reduce", "root", 5, lambda: dist.reduce(x, dst=5)),
+            ("gather", "root", 5, lambda: dist.gather(x, None, dst=5)),
+            ("scatter", "root", -1, lambda: self.pg._get_backend(d).scatter([x], [], self._scatter_opts(-1))),
+            ("scatter", "root", 2, lambda: dist.scatter(x, None, src=2)),
+            ("send", "destination", 7, lambda: dist.send(x, dst=7)),
+            ("recv", "source", 7, lambda: dist.recv(x, src=7)),
+            ("send", "destination", 2, lambda: dist.isend(x, dst=2)),
+        )
+        for op, role, r, call in calls:
+            msg = (
+                rf"occl {op}: {role} rank {r} is not a rank of this process group of size 2 "
+                rf"\(rank {self.rank} calling"
+            )
+            with self.assertRaisesRegex(ValueError, msg):
+                call()
+        dist.all_gather(outs, x)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+        torch.openreg.synchronize()  # no kernel failed
+
+    @staticmethod
+    def _scatter_opts(root):
+        opts = dist.ScatterOptions()
+        opts.rootRank = root
+        return opts
 
     def test_functional_collectives(self):
         x = ramp(self.rank, torch.float32, 4).to(self.device)

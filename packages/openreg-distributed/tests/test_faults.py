@@ -10,10 +10,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from conftest import OcclTestCase, fault_group, wait_until_failed
+from torch._C._distributed_c10d import WorkResult
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch_openreg.utils.testing import StreamHold
 
@@ -72,6 +74,12 @@ class TestFaults(OcclTestCase):
                 self.assertFalse(held.stream.query())  # caught while the compute still runs
             self.assertRegex(message, r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed: timed out after 3000 ms")
             self.assertIn("not started; caught by occl's watchdog", message)
+            # Failed is completed (as NCCL's Work once its exception is set), though its kernel is
+            # still queued; its futures say why.
+            self.assertTrue(work.is_completed())
+            with self.assertRaisesRegex(RuntimeError, "timed out after 3000 ms"):
+                work.get_future().wait()
+            self.assertEqual(work.get_future_result().wait(), int(WorkResult.TIMEOUT))
             # The current stream never waited for the failed collective (async_op, no wait()), so
             # a copy on it need not see the failure; the device's synchronisation does, as on CUDA.
             with self.assertRaisesRegex(RuntimeError, "not started; caught by occl's watchdog"):
@@ -84,6 +92,36 @@ class TestFaults(OcclTestCase):
                 x.cpu()
         dist.barrier()
         self.assert_default_group_usable()
+        dist.destroy_process_group(group)
+
+    def test_wait_with_a_timeout_blocks_and_raises(self):
+        # As NCCL's: given a timeout, wait() blocks the host until the operation ended, and raises
+        # once the timeout expired, failing the operation and its group (NCCL aborts its communicator).
+        group = fault_group("0")
+        x = torch.full((4,), float(self.rank + 1), device=self.device)
+        work = dist.all_reduce(x, group=group, async_op=True)
+        self.assertTrue(work.wait(timeout=timedelta(seconds=30)))
+        self.assertTrue(work.is_completed())  # the host blocked until it ended
+        self.assertEqual(work.get_future_result().wait(), int(WorkResult.SUCCESS))
+        self.assertEqual(x.cpu(), torch.full((4,), 3.0))
+        if self.rank == 0:
+            work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 joins 1 s late
+            t0 = time.monotonic()
+            expired = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) failed: Work.wait\(timeout=300 ms\) expired"
+            with self.assertRaisesRegex(dist.DistBackendError, expired):
+                work.wait(timeout=timedelta(milliseconds=300))
+            self.assertGreaterEqual(time.monotonic() - t0, 0.3)
+            self.assertTrue(work.is_completed())
+            self.assertFalse(work.is_success())
+            with self.assertRaisesRegex(dist.DistBackendError, "the process group failed earlier: " + expired):
+                dist.broadcast(x, src=0, group=group)
+        else:
+            time.sleep(1)
+            dist.all_reduce(x, group=group)  # pairs with rank 0's, still in the transport
+            self.assertEqual(x.cpu(), torch.full((4,), 6.0))
+        dist.barrier()
+        torch.openreg.synchronize()  # rank 0's collective ended in the transport: no device error
+        self.assert_default_group_usable()  # the failure was not handed to the error handling
         dist.destroy_process_group(group)
 
     def test_blocking_wait_raises_at_wait(self):

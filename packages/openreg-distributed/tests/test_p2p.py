@@ -1,5 +1,6 @@
-"""Point-to-point on 3 ranks: a ring with batch_isend_irecv and a 1F1B pipeline smoke test, on the
-send and receive streams (no deadlock whatever the order in which ranks post sends and receives)."""
+"""Point-to-point on 3 ranks: a ring with batch_isend_irecv, a 1F1B pipeline smoke test, and
+operations with two peers at once, on per-peer send and receive streams (no deadlock whatever the
+order in which ranks post sends and receives, as with Gloo and NCCL)."""
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,39 @@ class TestP2P(OcclTestCase):
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
             self.assertEqual(got.cpu(), torch.full((n,), float(prv)))
+
+    def test_peers_do_not_block_each_other(self):
+        # Rank 2 waits for rank 0 first, whose value comes from rank 1 only after rank 1's send to
+        # rank 2: a receive from one peer must not hold back the receive from another (nor a send
+        # to one peer the send to another). With one stream for all receives this deadlocked.
+        for dev in (torch.device("cpu"), self.device):  # Gloo on CPU, then occl: the same results
+            x = torch.full((4,), 10.0 + self.rank, device=dev)
+            if self.rank == 2:
+                a, b = torch.empty(4, device=dev), torch.empty(4, device=dev)
+                works = [dist.irecv(a, src=0), dist.irecv(b, src=1)]
+                for w in works:
+                    w.wait()
+                self.assertEqual(a.cpu(), torch.full((4,), 111.0))
+                self.assertEqual(b.cpu(), torch.full((4,), 11.0))
+            elif self.rank == 1:
+                dist.send(x, dst=2)
+                dist.send(x, dst=0)
+            else:
+                z = torch.empty(4, device=dev)
+                dist.recv(z, src=1)
+                dist.send(z + 100, dst=2)
+                self.assertEqual(z.cpu(), torch.full((4,), 11.0))
+        # The same inside a coalescing manager: its Work ends after every per-peer stream it used.
+        got = {p: torch.empty(4, device=self.device) for p in range(3) if p != self.rank}
+        mine = torch.full((4,), float(self.rank), device=self.device)
+        with dist._coalescing_manager(device=self.device, async_ops=True) as cm:
+            for p in got:
+                dist.irecv(got[p], src=p)
+            for p in got:
+                dist.isend(mine, dst=p)
+        cm.wait()
+        for p, g in got.items():
+            self.assertEqual(g.cpu(), torch.full((4,), float(p)))
 
     def test_1f1b_pipeline(self):
         # Stage s adds s + 1 in "forward"; "backward" doubles the gradient per stage. 1F1B steady
