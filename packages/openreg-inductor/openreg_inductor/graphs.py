@@ -8,17 +8,26 @@ CUDAGraphPolicy``). ``OpenRegGraphPolicy`` leaves graphs of other devices to the
 declines torch's wrapping of openreg graphs (``should_wrap``) and wraps them itself after
 post-compile (``wrap_output``) in a ``GraphedCallable``:
 
-- per input signature (the shapes, strides and dtypes of the copied inputs, the addresses of the
-  static ones, the values of int inputs): the first call runs the compiled code as is (the warm-up:
-  an operator signature's first call on openreg is synchronous, which a capture refuses), the
-  second records it in a ``torch.accelerator.Graph`` on a side stream (captures are refused on a
-  default stream) over static input buffers, and every call replays it: one ``orGraphLaunch``;
-- inputs that are not static (``fx_kwargs["static_input_idxs"]``: parameters, buffers,
-  ``mark_static_address``) are copied into the static buffers before the launch, mutated ones
-  copied back after it, outputs copied out of the graph's memory (a next replay overwrites it;
-  CUDA graph trees hand the graph's memory out and track its liveness instead);
+- per input signature (the shapes, strides and dtypes of the tensor inputs, the values of int
+  inputs) and addresses of the inputs used in place: the first call of a signature runs the
+  compiled code as is (the warm-up: an operator signature's first call on openreg is synchronous,
+  which a capture refuses), the next records it in a ``torch.accelerator.Graph`` on a side stream
+  (captures are refused on a default stream) over static input buffers, and every call replays it:
+  one ``orGraphLaunch``;
+- Inductor's static inputs (``fx_kwargs["static_input_idxs"]``) are used in place, keyed by
+  address. Besides parameters, buffers and ``mark_static_address`` tensors, Inductor calls a
+  backward graph's saved activations static (CUDA graph trees keep them in the graph pool, at fixed
+  addresses) and an optimizer graph's gradients; here they move every step. A static input other
+  than an ``nn.Parameter`` seen at another address than at its signature's first call is copied
+  from then on and the graphs are recorded again, so recordings and memory stay bounded; another
+  set of parameters records another graph;
+- other inputs are copied into the static buffers before the launch, mutated ones copied back
+  after it, outputs copied out of the graph's memory (a next replay overwrites it; CUDA graph trees
+  hand the graph's memory out and track its liveness instead);
+- replays of one recording share its buffers, so they are ordered: each waits for an event the
+  previous one recorded after its copy-out, on whichever stream it ran;
 - a new signature records a new graph (``config.triton.cudagraph_dynamic_shape_warn_limit``
-  bounds how many before a warning);
+  bounds how many before a warning, which names the cause: input signatures or parameter sets);
 - graph-unsafe graphs run as ordinary compiled code, with a warning that says why
   (``config.triton.cudagraph_or_error`` raises instead): graphs that touch CPU tensors (a CPU
   scalar is read when a kernel is launched, so a replay would reuse the captured value), several
@@ -31,6 +40,7 @@ Counters (``torch._dynamo.utils.counters["openreg_graphs"]``): ``recorded``, ``r
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,7 +93,8 @@ def _skip(message: str) -> None:
 class _Recording:
     """One captured graph: its static inputs and the outputs it writes."""
 
-    def __init__(self, model, inputs, static_idxs, capture_stream):
+    def __init__(self, model, inputs, static_idxs, capture_stream, signature):
+        self.in_place = static_idxs
         self.static_inputs: list[Any] = []
         self.copied: list[tuple[int, list[int]]] = []  # (input index, expanded dims) copied per call
         for i, x in enumerate(inputs):
@@ -105,6 +116,14 @@ class _Recording:
                 raise
             self.graph.capture_end()
         self.outputs = outputs
+        self.signature = signature
+        self.done: torch.Event | None = None  # recorded after the last replay's copy-out
+
+    def release(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()  # a replay on another stream may still use the graph's memory
+        self.outputs, self.static_inputs = None, []
+        self.graph.reset()
 
 
 class GraphedCallable:
@@ -114,22 +133,24 @@ class GraphedCallable:
         self, model: Callable, static_input_idxs: Sequence[int], mutated_input_idxs: Sequence[int], device_index: int
     ):
         self.model = model
-        self.static_idxs = frozenset(static_input_idxs)
+        # Inputs used in place and keyed by address: Inductor's static inputs, less those seen to move.
+        self.in_place = set(static_input_idxs)
         self.mutated_idxs = tuple(mutated_input_idxs)
         self.device_index = device_index
         self.warmed_up: set[tuple] = set()
+        self.first_addresses: dict[tuple, dict[int, int]] = {}  # per signature, of the in-place inputs
         self.recordings: dict[tuple, _Recording] = {}
         self.disabled: str | None = None
+        # Threads share the recordings: a replay's wait, copies, launch and event go in one piece.
+        self._lock = threading.Lock()
 
-    def _key(self, inputs: Sequence[Any]) -> tuple | None:
+    def _signature(self, inputs: Sequence[Any]) -> tuple | None:
         key = []
-        for i, x in enumerate(inputs):
+        for x in inputs:
             if isinstance(x, torch.Tensor):
                 if x.device != torch.device(DEVICE, self.device_index):
                     return None
-                # A static input is used in place: a different one needs a different graph.
-                where = x.data_ptr() if i in self.static_idxs else None
-                key.append((tuple(x.size()), tuple(x.stride()), x.dtype, where))
+                key.append((tuple(x.size()), tuple(x.stride()), x.dtype))
             elif isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool):
                 key.append(int(x))
             elif x is None or isinstance(x, bool):
@@ -138,49 +159,103 @@ class GraphedCallable:
                 return None
         return tuple(key)
 
+    def _in_place(self, inputs: Sequence[Any]) -> list[int]:
+        return sorted(i for i in self.in_place if isinstance(inputs[i], torch.Tensor))
+
+    def _moved(self, signature: tuple, inputs: Sequence[Any]) -> set[int]:
+        """In-place inputs other than parameters found at another address than at the signature's
+        first call. Inductor calls a backward graph's saved activations static (CUDA graph trees keep
+        them in the graph pool, at fixed addresses); here the forward's outputs are fresh copies, so
+        they move every step, as do gradients set to None between steps."""
+        first = self.first_addresses.setdefault(signature, {i: inputs[i].data_ptr() for i in self._in_place(inputs)})
+        return {
+            i
+            for i in self._in_place(inputs)
+            if i in first
+            and inputs[i].data_ptr() != first[i]
+            and not isinstance(inputs[i], torch.nn.Parameter)  # another module's parameters: another graph
+        }
+
+    def _copy_from_now_on(self, moved: set[int]) -> None:
+        """Moving inputs are copied into the graph's buffers from now on; graphs that used them in
+        place are recorded again (at most once per input, so the number of recordings stays bounded)."""
+        self.in_place -= moved
+        for recording in self.recordings.values():
+            recording.release()
+        self.recordings.clear()
+
     def __call__(self, inputs: list[Any]) -> Any:
         if self.disabled is not None:
             return self.model(inputs)
-        key = self._key(inputs)
-        if key is None:
+        signature = self._signature(inputs)
+        if signature is None:
             self.disabled = "an input is neither an openreg tensor of the graph's device nor an int"
             _skip(self.disabled)
             return self.model(inputs)
-        recording = self.recordings.get(key)
-        if recording is None:
-            if key not in self.warmed_up:  # first call of this signature: run as is
-                self.warmed_up.add(key)
-                return self.model(inputs)
-            with torch.openreg.device(self.device_index):
-                try:
-                    stream = _capture_stream(self.device_index)
-                    recording = _Recording(self.model, inputs, self.static_idxs, stream)
-                except RuntimeError as e:
-                    self.disabled = f"the capture failed: {str(e).splitlines()[0]}"
-                    _skip(self.disabled)
-                    return self.model(inputs)
-            self.recordings[key] = recording
-            counters["openreg_graphs"]["recorded"] += 1
-            limit = config.triton.cudagraph_dynamic_shape_warn_limit
-            if limit is not None and len(self.recordings) == limit + 1:
-                warnings.warn(
-                    f"openreg-inductor: this graph has been recorded for {len(self.recordings)} input signatures "
-                    "(each keeps its own memory); mark dynamic dimensions or use the default mode",
-                    stacklevel=2,
-                )
-        return self._replay(recording, inputs)
+        with self._lock:
+            moved = self._moved(signature, inputs)
+            if moved:
+                self._copy_from_now_on(moved)
+            key = (signature, tuple((i, inputs[i].data_ptr()) for i in self._in_place(inputs)))
+            recording = self.recordings.get(key)
+            if recording is None and signature in self.warmed_up:
+                recording = self._record(key, inputs)
+            if recording is not None:
+                return self._replay(recording, inputs)
+            self.warmed_up.add(signature)
+        # First call of this signature (or a refused capture): run as is.
+        return self.model(inputs)
+
+    def _record(self, key: tuple, inputs: list[Any]) -> _Recording | None:
+        with torch.openreg.device(self.device_index):
+            try:
+                stream = _capture_stream(self.device_index)
+                recording = _Recording(self.model, inputs, frozenset(self._in_place(inputs)), stream, key[0])
+            except RuntimeError as e:
+                self.disabled = f"the capture failed: {str(e).splitlines()[0]}"
+                _skip(self.disabled)
+                return None
+        self.recordings[key] = recording
+        counters["openreg_graphs"]["recorded"] += 1
+        limit = config.triton.cudagraph_dynamic_shape_warn_limit
+        if limit is not None and len(self.recordings) == limit + 1:
+            warnings.warn(self._many_recordings_message(), stacklevel=3)
+        return recording
+
+    def _many_recordings_message(self) -> str:
+        signatures = len({r.signature for r in self.recordings.values()})
+        causes = []
+        if signatures > 1:
+            causes.append(
+                f"{signatures} input signatures (shapes, strides, dtypes or int values; "
+                "mark dynamic dimensions or use the default mode)"
+            )
+        if len(self.recordings) > signatures:
+            causes.append(
+                "other parameter tensors (parameters are used in place, so each set of them has its own graph)"
+            )
+        return (
+            f"openreg-inductor: this graph has {len(self.recordings)} recordings, each keeping its own memory, "
+            f"for {' and '.join(causes)}"
+        )
 
     def _replay(self, recording: _Recording, inputs: list[Any]) -> Any:
         with torch.openreg.device(self.device_index):
+            stream = torch.openreg.current_stream()
+            if recording.done is not None:
+                # One set of static buffers for every replay: the last replay, maybe on another
+                # stream, must have copied its results out before this one's inputs go in.
+                stream.wait_event(recording.done)
             for i, dims in recording.copied:
                 index_expanded_dims(recording.static_inputs[i], dims).copy_(index_expanded_dims(inputs[i], dims))
             recording.graph.replay()
             counters["openreg_graphs"]["replayed"] += 1
             for i in self.mutated_idxs:
-                if i not in self.static_idxs:
+                if i not in recording.in_place:
                     dims = get_expanded_dims(inputs[i])
                     index_expanded_dims(inputs[i], dims).copy_(index_expanded_dims(recording.static_inputs[i], dims))
             outputs = [_copy_out(o) for o in recording.outputs]
+            recording.done = stream.record_event()
         inputs.clear()
         return outputs if isinstance(recording.outputs, list) else type(recording.outputs)(outputs)
 

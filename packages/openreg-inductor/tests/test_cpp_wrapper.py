@@ -61,6 +61,25 @@ class TestCppWrapper(TestCase):
                 got = out.cpu()
         self.assertEqual(got, expected)
 
+    def test_stream_context_inside_the_region_is_refused(self):
+        """Inductor's C++ wrappers write a stream context in the region as Python: refused at code
+        generation, with the way out, instead of a C++ build failing half a minute later."""
+        side = torch.openreg.Stream()
+
+        def f(x):
+            with side:
+                y = x * 2
+            torch.accelerator.current_stream().wait_stream(side)
+            return y + 1
+
+        torch._dynamo.reset()
+        with self.assertRaisesRegex(
+            torch._inductor.exc.InductorError,
+            r"NotImplementedError: openreg-inductor: cpp_wrapper=True does not support a stream context "
+            r"inside the compiled region .* use the Python wrapper",
+        ):
+            torch.compile(f, **CPP)(torch.randn(8, device="openreg"))
+
     def test_second_device(self):
         x = torch.randn(100)
         out = torch.compile(lambda t: t.cos() * 3, **CPP)(x.to("openreg:1"))

@@ -4,9 +4,11 @@ the same inputs; new input signatures record new graphs; graph-unsafe graphs run
 code with a warning that says why."""
 
 import copy
+import threading
 
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor import config
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 RO = dict(mode="reduce-overhead")
@@ -26,6 +28,22 @@ def host_round_trip(x: torch.Tensor) -> torch.Tensor:
 
 
 @host_round_trip.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+# A kernel that holds its stream until `release` is set (at most 10 s); captured into a graph, it
+# holds every replay of it.
+release = threading.Event()
+
+
+@torch.library.custom_op("openreg_inductor_test::hold_replay", mutates_args=(), device_types="cpu")
+def hold_replay(x: torch.Tensor) -> torch.Tensor:
+    release.wait(10)
+    return x.clone()
+
+
+@hold_replay.register_fake
 def _(x):
     return torch.empty_like(x)
 
@@ -160,6 +178,93 @@ class TestReplay(GraphModeTest):
         self.assertNotEqual(replays[0], replays[1])
         self.assertEqual(replays, ordinary)
         self.assertEqual(counters["openreg_graphs"]["recorded"], 1)
+
+    def test_replays_on_two_streams_keep_their_inputs(self):
+        """One recording has one set of input buffers: a replay on another stream waits until the
+        running replay has copied its results out before it copies its own input in."""
+
+        def f(x):
+            return hold_replay(x).sin() * 2 + x
+
+        graphed = torch.compile(f, **RO)
+        a, b = torch.randn(64, device="openreg"), torch.randn(64, device="openreg")
+        release.set()
+        expected = [f(a).cpu(), f(b).cpu()]
+        graphed(a), graphed(a)  # warm-up, recording
+        first, second = torch.openreg.Stream(), torch.openreg.Stream()
+        first.wait_stream(torch.openreg.current_stream())
+        second.wait_stream(torch.openreg.current_stream())
+        release.clear()
+        try:
+            with torch.openreg.stream(first):
+                out_a = graphed(a)  # held inside the graph, after its input was copied in
+            with torch.openreg.stream(second):
+                out_b = graphed(b)
+        finally:
+            release.set()
+        torch.openreg.synchronize()
+        self.assertEqual([out_a.cpu(), out_b.cpu()], expected)
+        self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
+
+    def test_training_recordings_and_memory_stay_bounded(self):
+        """Inductor calls a backward graph's saved activations static (CUDA graph trees keep them at
+        fixed addresses), and an optimizer graph's gradients; here both move every step. 60 SGD steps
+        on new batches: no recording after the first steps, memory flat, every step's loss and the
+        final parameters equal to eager openreg's."""
+        torch.manual_seed(0)
+        eager_model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        eager_model = eager_model.to("openreg")
+        graphed_model = copy.deepcopy(eager_model)
+
+        def make(model, compile):
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            forward = torch.compile(model, **RO) if compile else model
+
+            def step():
+                opt.step()
+                opt.zero_grad()  # the gradients are None until the next backward makes new ones
+
+            step = torch.compile(step, **RO) if compile else step
+
+            def train(x):
+                loss = forward(x).square().mean()
+                loss.backward()
+                step()
+                return loss.item()
+
+            return train
+
+        eager_train, graphed_train = make(eager_model, False), make(graphed_model, True)
+        for i in range(60):
+            x = torch.randn(32, 64, device="openreg")
+            self.assertEqual(graphed_train(x), eager_train(x), atol=1e-5, rtol=1e-5, msg=f"step {i}")
+            del x
+            torch.openreg.synchronize()
+            if i == 10:
+                recorded, allocated = counters["openreg_graphs"]["recorded"], torch.openreg.memory_allocated()
+                replayed = counters["openreg_graphs"]["replayed"]
+            elif i > 10:
+                self.assertEqual(torch.openreg.memory_allocated(), allocated, msg=f"step {i}")
+        self.assertEqual(counters["openreg_graphs"]["recorded"], recorded)
+        self.assertLessEqual(recorded, 5)  # a few, of the forward, backward and optimizer step graphs
+        self.assertEqual(counters["openreg_graphs"]["replayed"] - replayed, 3 * 49)  # every later call replayed
+        for p_graphed, p_eager in zip(graphed_model.parameters(), eager_model.parameters(), strict=True):
+            self.assertEqual(p_graphed, p_eager, atol=1e-5, rtol=1e-5)
+
+    def test_warning_names_why_a_graph_has_many_recordings(self):
+        with config.patch({"triton.cudagraph_dynamic_shape_warn_limit": 2}):
+            by_shape = torch.compile(lambda x: x.sin() + 1, dynamic=True, **RO)
+            with self.assertWarnsRegex(UserWarning, r"this graph has 3 recordings, .* for 3 input signatures \(shapes"):
+                for n in (3, 3, 4, 4, 5, 5):
+                    by_shape(torch.randn(n, device="openreg"))
+            torch._dynamo.reset()
+            # With nn modules inlined, every Linear shares one compiled graph; its parameters are used in place.
+            by_parameters = torch.compile(lambda m, x: m(x), **RO)
+            x = torch.randn(4, 8, device="openreg")
+            with self.assertWarnsRegex(UserWarning, r"this graph has 3 recordings, .* for other parameter tensors"):
+                for m in [torch.nn.Linear(8, 8).to("openreg") for _ in range(3)]:
+                    self.assertEqual(by_parameters(m, x), m(x))
+                    self.assertEqual(by_parameters(m, x), m(x))
 
 
 class TestFallback(GraphModeTest):

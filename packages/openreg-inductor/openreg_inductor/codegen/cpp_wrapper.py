@@ -14,6 +14,9 @@ into one library. For openreg it differs from the CPU's in four places:
 - building: as CPU code (the CPU's flags and -O3, as for the Python wrapper's kernels), linked to
   ``libopenreg`` and ``libtorch_openreg``.
 
+A stream context inside the compiled region is refused at code generation (``STREAMS_UNSUPPORTED``):
+Inductor's C++ wrappers have no code for it.
+
 Buffers are allocated with ``aoti_torch_empty_strided`` on device type PrivateUse1 (the plugin maps
 "openreg" to ``at::kPrivateUse1`` in ``torch._inductor.codegen.cpp_utils.DEVICE_TO_ATEN``).
 """
@@ -62,6 +65,13 @@ inline uintptr_t current_stream(int32_t device) { return reinterpret_cast<uintpt
 """
 
 
+STREAMS_UNSUPPORTED = (
+    "openreg-inductor: cpp_wrapper=True does not support a stream context inside the compiled region "
+    "(torch 2.13's C++ wrappers write it as Python); use the Python wrapper (the default) for this "
+    "function, or enter the stream context around the compiled call, which the C++ wrapper follows"
+)
+
+
 class OpenRegCppWrapper(CppWrapperCpu):
     def __init__(self):
         self.device = DEVICE
@@ -83,6 +93,14 @@ class OpenRegCppWrapper(CppWrapperCpu):
         super().add_device_include("cpu")
         self.included_devices.add(device)
         self.header.splice(PRELUDE)
+
+    def codegen_device_guard_enter(self, device_idx, num_streams=1, stream_idx_to_user_obj_idx=None) -> None:
+        if num_streams > 1:
+            # Every C++ wrapper, CUDA's too, writes a stream context as the Python line `with stream1:`
+            # and never fetches the stream (a Python object, get_external_object_by_index): the C++
+            # would only fail to build, half a minute later.
+            raise NotImplementedError(STREAMS_UNSUPPORTED)
+        super().codegen_device_guard_enter(device_idx, num_streams, stream_idx_to_user_obj_idx)
 
     def _generate_kernel_call_helper(
         self, kernel_name, call_args, *, device=None, triton=True, arg_types=None, **kwargs
