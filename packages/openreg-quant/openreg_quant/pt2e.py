@@ -123,6 +123,15 @@ def _int8_weight(gm: torch.fx.GraphModule, node: Any) -> Optional[Dict[str, torc
     return {"weight": weight, "w_scales": scales.float(), "w_zero_points": zps.long()}
 
 
+def _rank(*nodes: Any) -> Optional[int]:
+    """The rank of the first of ``nodes`` whose example value (meta "val") is a tensor."""
+    for node in nodes:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            return val.dim()
+    return None
+
+
 def _register(gm: torch.fx.GraphModule, name: str, value: torch.Tensor) -> torch.fx.Node:
     gm.register_buffer(name, value)
     return gm.graph.get_attr(name)
@@ -172,6 +181,10 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         if bias_node is not None and _attr(gm, bias_node) is None:
+            continue
+        # qconv2d takes batched NCHW only; an unbatched (C, H, W) conv2d, or one whose rank the
+        # graph does not record, stays as it is. (conv2d's output has its input's rank.)
+        if is_conv and _rank(node, x_dq) != 4:
             continue
         if is_conv:
             defaults = ([1, 1], [0, 0], [1, 1], 1)

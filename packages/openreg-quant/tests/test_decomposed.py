@@ -174,6 +174,34 @@ class TestPerTensor(QuantTestCase):
         with self.assertRaisesRegex(RuntimeError, "quant_min out of bounds for dtype"):
             torch.openreg.synchronize()
 
+    def test_zero_scale_raises_as_the_decomposition_does(self):
+        # `1.0 / scale` in the decomposition: ZeroDivisionError, even for an empty input.
+        one_zero = (torch.tensor(0.0), torch.tensor(0))
+        bounds = (torch.tensor(-128), torch.tensor(127))
+        for x in (torch.randn(4, 3), torch.randn(0)):
+            calls = {
+                "default": lambda d: qd.quantize_per_tensor(x.to(d), 0.0, 0, -128, 127, torch.int8),
+                "tensor": lambda d: qd.quantize_per_tensor.tensor(x.to(d), *one_zero, -128, 127, torch.int8),
+                "tensor2": lambda d: qd.quantize_per_tensor.tensor2(x.to(d), *one_zero, *bounds, torch.int8),
+            }
+            for name, call in calls.items():
+                for device in ("cpu", "openreg"):
+                    with self.assertRaisesRegex(ZeroDivisionError, "^float division by zero$", msg=f"{name} {device}"):
+                        call(device)
+
+    def test_zero_scale_in_device_memory_is_checked_by_the_kernel(self):
+        # Reading it at the call would make the host wait: the next synchronising call reports it.
+        x = torch.randn(4, device="openreg")
+        scale, zp = torch.zeros(1, device="openreg"), torch.zeros(1, dtype=torch.long, device="openreg")
+        qd.quantize_per_tensor.tensor(x, scale, zp, -128, 127, torch.int8)
+        with self.assertRaisesRegex(RuntimeError, "float division by zero"):
+            torch.openreg.synchronize()
+        # the device is usable afterwards
+        self.assertSame(
+            qd.quantize_per_tensor.tensor(x, scale + 0.5, zp, -128, 127, torch.int8),
+            qd.quantize_per_tensor(x.cpu(), 0.5, 0, -128, 127, torch.int8),
+        )
+
 
 class TestPerChannel(QuantTestCase):
     def test_quantize_and_dequantize_every_axis(self):

@@ -101,6 +101,35 @@ class TestPTQ(TestCase):
     def test_transformer(self):
         self._ptq(transformer(), (2, 8, 64), convs=0, linears=8)
 
+    def test_unbatched_conv_stays_unlowered(self):
+        # qconv2d takes NCHW only: a conv2d over one (C, H, W) image keeps its dq -> conv2d; the
+        # linear after it is still lowered.
+        class Unbatched(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 5)
+
+            def forward(self, x):
+                return self.fc(torch.relu(self.c(x)).permute(1, 2, 0))
+
+        torch.manual_seed(0)
+        model = Unbatched().eval().to("openreg")
+        x = torch.randn(3, 6, 6, device="openreg")
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
+        for _ in range(3):
+            prepared(torch.randn(3, 6, 6, device="openreg"))
+        converted = convert_pt2e(prepared)
+        with torch.no_grad():
+            want, unlowered = model(x), converted(x)
+        lowered = lower_pt2e(converted)
+        self.assertEqual(calls(lowered, "openreg_quant.qconv2d"), 0)
+        self.assertEqual(calls(lowered, "aten.conv2d"), 1)
+        self.assertEqual(calls(lowered, "openreg_quant.qlinear"), 1)
+        got = lowered(x)
+        self.assertEqual(got.shape, (4, 4, 5))
+        self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
+        self.assertLess(rel_err(got, want), 0.05)
+
 
 class TestQAT(TestCase):
     def test_qat_on_openreg(self):

@@ -12,6 +12,7 @@
 // _decomposed) with CompositeExplicitAutograd kernels; these PrivateUse1 kernels
 // take precedence for openreg tensors whichever registers first.
 #include <ATen/ATen.h>
+#include <pybind11/pybind11.h>
 #include <torch/library.h>
 
 #include "Loops.h"
@@ -19,6 +20,20 @@
 
 namespace openreg_quant {
 namespace {
+
+constexpr const char* kDivisionByZero = "float division by zero";
+
+// A zero per-tensor scale: the decomposition's `1.0 / scale` raises Python's ZeroDivisionError,
+// so the call does too when Python is there (the torch.ops binding passes the error through);
+// elsewhere, and in a kernel (reported by the next synchronising call), a RuntimeError.
+[[noreturn]] void raise_division_by_zero() {
+  if (Py_IsInitialized()) {
+    pybind11::gil_scoped_acquire gil;
+    PyErr_SetString(PyExc_ZeroDivisionError, kDivisionByZero);
+    throw pybind11::error_already_set();
+  }
+  TORCH_CHECK(false, kDivisionByZero);
+}
 
 // ---- per tensor ----
 
@@ -37,6 +52,8 @@ at::Tensor quantize_per_tensor_impl(const at::Tensor& input, ScalarParam scale, 
   int64_t lo = 0, hi = 0;
   TORCH_CHECK_VALUE(qvalue_bounds(dtype, lo, hi), "Unsupported dtype: ", py_dtype(dtype));
   if (host_bounds) check_bounds(qmin.host->toLong(), qmax.host->toLong(), dtype);
+  // The decomposition divides after its bounds check, even for an empty input.
+  if (host_bounds && scale.host && scale.host->toDouble() == 0.0) raise_division_by_zero();
   at::Tensor out = at::empty_like(input, input.options().dtype(dtype));
   if (input.numel() == 0) return out;
   OPENREG_CHECK(::openreg::launch(
@@ -44,6 +61,7 @@ at::Tensor quantize_per_tensor_impl(const at::Tensor& input, ScalarParam scale, 
       [x_arg = KernelTensorArg(input), y_arg = KernelTensorArg(out), scale, zp, qmin, qmax, dtype, host_bounds] {
         const c10::Scalar s = scale.get(), z = zp.get(), lo = qmin.get(), hi = qmax.get();
         if (!host_bounds) check_bounds(lo.toLong(), hi.toLong(), dtype);
+        TORCH_CHECK(s.toDouble() != 0.0, kDivisionByZero);
         at::Tensor x = x_arg.materialize(), y = y_arg.materialize();
         bool fused = false;
         visit_ftype(
