@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import onnx
 import torch
@@ -92,35 +92,76 @@ def attach_functions(model):
     return model
 
 
-def _requested_dynamic(dynamic_shapes, input_names: List[str]) -> List[Tuple[str, int]]:
-    """(input name, axis) for every axis the caller asked to be dynamic."""
-    from torch.export import Dim
+def _asks_dynamic(spec) -> bool:
+    """Whether one axis's entry in ``dynamic_shapes`` asks for a dynamic size: a ``Dim``, a name
+    (torch.onnx's string form) or ``Dim.DYNAMIC``; not None, an int (a static size),
+    ``Dim.AUTO`` or ``Dim.STATIC`` (those let the exporter keep the size)."""
+    from torch.export.dynamic_shapes import _DimHint, _DimHintType
 
-    if dynamic_shapes is None:
+    if spec is None or isinstance(spec, (bool, int)):
+        return False
+    if isinstance(spec, _DimHint):
+        return spec.type == _DimHintType.DYNAMIC
+    return True
+
+
+def _requested_dynamic(model, args, kwargs, dynamic_shapes, exported_program=None) -> List[Tuple[int, int]]:
+    """(ONNX input position, axis) for every axis the caller asked to be dynamic.
+
+    ``dynamic_shapes`` mirrors the inputs' pytree (keyed by argument name or positional, nested
+    like the inputs); it is matched leaf by leaf the way torch.export does. The ONNX inputs are
+    the tensor leaves of ``(args, kwargs)`` in flattening order (torch.export's user inputs,
+    minus the constants), so a leaf's position there is its ONNX input, whatever its name."""
+    from torch.export import dynamic_shapes as ds
+    from torch.utils import _pytree
+
+    if not dynamic_shapes:
         return []
-    if isinstance(dynamic_shapes, dict):
-        items = list(dynamic_shapes.items())
+    kwargs = kwargs or {}
+    if isinstance(model, torch.export.ExportedProgram) and not args and not kwargs and model.example_inputs:
+        args, kwargs = model.example_inputs  # exported without inputs: the program's own
+    if hasattr(dynamic_shapes, "dynamic_shapes"):  # ShapesCollection, AdditionalInputs
+        dynamic_shapes = dynamic_shapes.dynamic_shapes(model, args, kwargs)
+    combined = ds._combine_args(model, args, kwargs)
+    if isinstance(dynamic_shapes, (tuple, list)):
+        combined = type(dynamic_shapes)(combined.values())
+
+    # Tensors are matched by identity: the spec tree follows the signature's order, the ONNX
+    # inputs the call's (keyword arguments in the order given).
+    axes_of: Dict[int, List[int]] = {}
+
+    def collect(path, leaf, spec):
+        if not isinstance(leaf, torch.Tensor) or spec is None:
+            return
+        pairs = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        axes = axes_of.setdefault(id(leaf), [])
+        axes += [int(a) for a, d in pairs if _asks_dynamic(d) and int(a) not in axes]
+
+    ds._tree_map_with_path(collect, combined, dynamic_shapes, tree_name="inputs")
+
+    leaves = _pytree.tree_leaves((args, kwargs))
+    if exported_program is not None:
+        # A constant user input (an int, None) gets no ONNX input; a dynamic int would.
+        from torch.export.graph_signature import ConstantArgument, InputKind
+
+        specs = [s for s in exported_program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        takes_input = [not isinstance(s.arg, ConstantArgument) for s in specs]
     else:
-        items = list(zip(input_names, dynamic_shapes))
-    wanted = []
-    for name, spec in items:
-        if spec is None:
+        takes_input = [isinstance(leaf, torch.Tensor) for leaf in leaves]
+    wanted, position = [], 0
+    for leaf, takes in zip(leaves, takes_input):
+        if not takes:
             continue
-        if isinstance(spec, dict):
-            pairs = list(spec.items())
-        elif isinstance(spec, (list, tuple)):
-            pairs = list(enumerate(spec))
-        else:
-            continue
-        # Dim.AUTO / Dim.STATIC ask for nothing: the exporter may keep the size.
-        axes = [a for a, d in pairs if d is not None and d is not Dim.AUTO and d is not Dim.STATIC]
-        wanted += [(str(name), int(a)) for a in axes]
+        if isinstance(leaf, torch.Tensor):
+            wanted += [(position, axis) for axis in sorted(axes_of.get(id(leaf), []))]
+        position += 1
     return wanted
 
 
-def check_dynamic_dims(model, wanted: Sequence[Tuple[str, int]]) -> None:
+def check_dynamic_dims(model, wanted: Sequence[Tuple[Union[int, str], int]]) -> None:
     """Raises ``DynamicDimError`` listing every requested (input, axis) whose ONNX dim is a
-    number. ``model``: an ``onnx.ModelProto`` or an ``onnx_ir.Model``."""
+    number; the input is its position among the ONNX inputs (an int, or a digit string) or its
+    name. ``model``: an ``onnx.ModelProto`` or an ``onnx_ir.Model``."""
     if isinstance(model, onnx.ModelProto):
         inputs = [
             (i.name, [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim])
@@ -134,7 +175,9 @@ def check_dynamic_dims(model, wanted: Sequence[Tuple[str, int]]) -> None:
     by_name = dict(inputs)
     static = []
     for name, axis in wanted:
-        if name not in by_name and name.isdigit() and int(name) < len(inputs):  # positional
+        if isinstance(name, int) or (name not in by_name and name.isdigit()):  # positional
+            if int(name) >= len(inputs):
+                continue
             name = inputs[int(name)][0]
         dims = by_name.get(name)
         if dims is not None and axis < len(dims) and dims[axis] is not None:
@@ -171,12 +214,12 @@ def provenance(model, mode: str, device: str) -> Dict[str, str]:
     }
 
 
-def _finish(program, mode: str, device: str, dynamic_shapes, input_names) -> None:
+def _finish(program, mode: str, device: str, module, args, kwargs, dynamic_shapes) -> None:
     """What every export does after torch's: check the dynamic dims, attach the vendor bodies,
     record provenance; on the IR model, without serializing the weights."""
     model = program.model
-    names = list(input_names) if input_names else [v.name for v in model.graph.inputs]
-    check_dynamic_dims(model, _requested_dynamic(dynamic_shapes, names))
+    wanted = _requested_dynamic(module, args, kwargs, dynamic_shapes, getattr(program, "exported_program", None))
+    check_dynamic_dims(model, wanted)
     if mode == "vendor":
         _vendor.attach_functions_ir(model)
     model.metadata_props.update(provenance(model, mode, device))
@@ -223,23 +266,30 @@ def export(
     if not isinstance(args, tuple):
         args = (args,)
     device = check_devices(model, (args, kwargs or {}))
-    if isinstance(model, torch.nn.Module) and model.training:
-        model.eval()  # dropout and batch-norm statistics are training behaviour: export inference
-    program = _torch_export(
-        model,
-        args,
-        mode,
-        custom_translation_table,
-        kwargs=kwargs,
-        dynamic_shapes=dynamic_shapes,
-        input_names=input_names,
-        output_names=output_names,
-        optimize=optimize,
-        verbose=verbose,
-        **({"opset_version": opset_version} if opset_version is not None else {}),
-        **export_kwargs,
-    )
-    _finish(program, mode, device, dynamic_shapes, input_names)
+    # Dropout and batch-norm statistics are training behaviour: export inference, then give the
+    # caller back every submodule in the mode it had (a frozen eval() part stays in eval).
+    modes = {m: m.training for m in model.modules()} if isinstance(model, torch.nn.Module) else {}
+    if any(modes.values()):
+        model.eval()
+    try:
+        program = _torch_export(
+            model,
+            args,
+            mode,
+            custom_translation_table,
+            kwargs=kwargs,
+            dynamic_shapes=dynamic_shapes,
+            input_names=input_names,
+            output_names=output_names,
+            optimize=optimize,
+            verbose=verbose,
+            **({"opset_version": opset_version} if opset_version is not None else {}),
+            **export_kwargs,
+        )
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    _finish(program, mode, device, model, args, kwargs, dynamic_shapes)
     if f is not None:
         program.save(f)
     return program

@@ -51,7 +51,7 @@ def export_without_weights(
             verbose=False,
             **export_kwargs,
         )
-    _export._finish(program, mode, where, dynamic_shapes, None)
+    _export._finish(program, mode, where, model, args, {}, dynamic_shapes)
     program.model.metadata_props[_export.METADATA_PREFIX + "weights"] = "none (fake at export)"
     if weights is None:
         return program

@@ -90,6 +90,92 @@ class TestProvenanceAndShapes:
         with pytest.raises(DynamicDimError, match=r"a\[2\] = 5 "):
             check_dynamic_dims(model, [("0", 2)])  # positional: the first input
 
+    def test_nested_inputs_keep_their_dynamic_dims(self):
+        batch = Dim("batch")
+
+        class DictIn(torch.nn.Module):
+            def forward(self, inp):
+                return inp["a"] * 2 + inp["b"]
+
+        class ListIn(torch.nn.Module):
+            def forward(self, xs):
+                return xs[0] - xs[1]
+
+        def shapes(program):
+            graph = program.model_proto.graph
+            return [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input]
+
+        pair = {"a": torch.randn(3, 4), "b": torch.randn(3, 4)}
+        cases = [
+            (DictIn().eval(), (), {"inp": pair}, {"inp": {"a": {0: batch}, "b": {0: batch}}}),
+            (ListIn().eval(), ([pair["a"], pair["b"]],), {}, ([{0: batch}, {0: batch}],)),
+        ]
+        for model, args, kwargs, dynamic in cases:
+            args_d = torch.utils._pytree.tree_map(lambda t: t.to("openreg"), args)
+            kwargs_d = torch.utils._pytree.tree_map(lambda t: t.to("openreg"), kwargs)
+            program = openreg_onnx.export(model, args_d, kwargs=kwargs_d, dynamic_shapes=dynamic)
+            plain = torch.onnx.export(
+                model, args_d, kwargs=kwargs_d, dynamic_shapes=dynamic, dynamo=True, verbose=False
+            )
+            assert shapes(program) == shapes(plain) == [["batch", 4], ["batch", 4]]
+            # and it runs at another batch size
+            flat = [torch.randn(5, 4), torch.randn(5, 4)]
+            feeds = {i.name: t.numpy() for i, t in zip(program.model_proto.graph.input, flat)}
+            (got,), _, _ = run_onnx(program.model_proto, feeds)
+            call = model({"a": flat[0], "b": flat[1]}) if isinstance(model, DictIn) else model(flat)
+            torch.testing.assert_close(torch.from_numpy(got), call)
+
+    def test_static_dim_is_found_under_custom_input_names(self):
+        x = torch.randn(2, 3, device="openreg")
+        with pytest.raises(DynamicDimError, match=r"came out static in the ONNX model: inp\[0\] = 2 \("):
+            openreg_onnx.export(BranchOnBatch(), (x,), dynamic_shapes={"x": {0: Dim("b")}}, input_names=["inp"])
+
+    def test_dynamic_dims_follow_the_inputs_not_the_names(self):
+        # Keywords out of signature order, a constant int (no ONNX input), a nested dict: the
+        # specialised batch is y's, the third ONNX input, renamed "third".
+        class Mixed(torch.nn.Module):
+            def forward(self, x, n, y, z):
+                return x * n + z["a"], BranchOnBatch()(y)
+
+        x, y, za = (torch.randn(2, 3, device="openreg") for _ in range(3))
+        dynamic = {"x": {0: Dim("b")}, "n": None, "y": {0: Dim("c")}, "z": {"a": {0: Dim("b")}}}
+        with pytest.raises(DynamicDimError, match=r"came out static in the ONNX model: third\[0\] = 2 \("):
+            openreg_onnx.export(
+                Mixed(),
+                (x, 3),
+                kwargs={"z": {"a": za}, "y": y},
+                dynamic_shapes=dynamic,
+                input_names=["first", "second", "third"],
+            )
+
+    def test_training_mode_is_restored(self):
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = torch.nn.Dropout(0.5)
+                self.frozen = torch.nn.BatchNorm1d(8).eval()  # kept in eval by its owner
+                self.fc = torch.nn.Linear(8, 4)
+
+            def forward(self, x):
+                return self.fc(self.frozen(self.drop(x)))
+
+        torch.manual_seed(0)
+        model = Net().to("openreg")
+        x = torch.randn(5, 8, device="openreg")
+        program = openreg_onnx.export(model, (x,))
+        assert [m.training for m in model.modules()] == [True, True, False, True]
+        # the export is of inference: no dropout
+        (got,), _, _ = run_onnx(program.model_proto, {"x": x.cpu().numpy()})
+        with torch.no_grad():
+            expected = model.eval()(x).cpu()
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
+
+    def test_training_mode_is_restored_when_export_fails(self):
+        model = Twice().train()
+        with pytest.raises(UnsupportedOperatorError):
+            openreg_onnx.export(model, (torch.randn(3, device="openreg"),))
+        assert model.training
+
     def test_vendor_export_saves_a_runnable_file(self, tmp_path):
         x = torch.randn(3, 4, device="openreg")
 
