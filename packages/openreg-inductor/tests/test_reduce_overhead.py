@@ -4,9 +4,9 @@ the same inputs; new input signatures record new graphs; graph-unsafe graphs run
 code with a warning that says why."""
 
 import copy
-import threading
 
 import torch
+from conftest import hold_stream, release
 from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -28,22 +28,6 @@ def host_round_trip(x: torch.Tensor) -> torch.Tensor:
 
 
 @host_round_trip.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-# A kernel that holds its stream until `release` is set (at most 10 s); captured into a graph, it
-# holds every replay of it.
-release = threading.Event()
-
-
-@torch.library.custom_op("openreg_inductor_test::hold_replay", mutates_args=(), device_types="cpu")
-def hold_replay(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
-    return x.clone()
-
-
-@hold_replay.register_fake
 def _(x):
     return torch.empty_like(x)
 
@@ -184,7 +168,7 @@ class TestReplay(GraphModeTest):
         running replay has copied its results out before it copies its own input in."""
 
         def f(x):
-            return hold_replay(x).sin() * 2 + x
+            return hold_stream(x).sin() * 2 + x
 
         graphed = torch.compile(f, **RO)
         a, b = torch.randn(64, device="openreg"), torch.randn(64, device="openreg")

@@ -4,26 +4,11 @@ exactly the generated kernels, run on the current (or in-region) stream and hono
 Kernel failures surface at the next synchronisation, naming the kernel."""
 
 import re
-import threading
 
 import torch
+from conftest import hold_stream, release
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-# A kernel that keeps its stream busy until `release` is set (at most 10 s): a compiled call made
-# meanwhile that returns before it was set did not wait for the device.
-release = threading.Event()
-
-
-@torch.library.custom_op("openreg_inductor_test::hold_stream", mutates_args=(), device_types="cpu")
-def hold_stream(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
-    return x.clone()
-
-
-@hold_stream.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 
 def hold():
