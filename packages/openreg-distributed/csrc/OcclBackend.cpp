@@ -438,13 +438,9 @@ bool OcclWork::wait(std::chrono::milliseconds timeout) {
       outcome_->error.set(msg, /*by_user=*/true);
       group_->set(msg, /*by_user=*/true);
     }
-    throw_if_failed();
-    synchronize();  // free after completion: later work on the current stream is ordered anyway
-    if (ended()) release_stash();
-    return true;
   }
   throw_if_failed();
-  synchronize();
+  synchronize();  // free after completion: later work on the current stream is ordered anyway
   if (ended()) release_stash();
   return true;
 }

@@ -167,10 +167,11 @@ class GraphedCallable:
         first call. Inductor calls a backward graph's saved activations static (CUDA graph trees keep
         them in the graph pool, at fixed addresses); here the forward's outputs are fresh copies, so
         they move every step, as do gradients set to None between steps."""
-        first = self.first_addresses.setdefault(signature, {i: inputs[i].data_ptr() for i in self._in_place(inputs)})
+        in_place = self._in_place(inputs)
+        first = self.first_addresses.setdefault(signature, {i: inputs[i].data_ptr() for i in in_place})
         return {
             i
-            for i in self._in_place(inputs)
+            for i in in_place
             if i in first
             and inputs[i].data_ptr() != first[i]
             and not isinstance(inputs[i], torch.nn.Parameter)  # another module's parameters: another graph
@@ -210,7 +211,8 @@ class GraphedCallable:
         with torch.openreg.device(self.device_index):
             try:
                 stream = _capture_stream(self.device_index)
-                recording = _Recording(self.model, inputs, frozenset(self._in_place(inputs)), stream, key[0])
+                in_place = frozenset(i for i, _ in key[1])  # the key's addresses are the in-place inputs'
+                recording = _Recording(self.model, inputs, in_place, stream, key[0])
             except RuntimeError as e:
                 self.disabled = f"the capture failed: {str(e).splitlines()[0]}"
                 _skip(self.disabled)

@@ -220,7 +220,7 @@ PYBIND11_MODULE(_C, m) {
     OPENREG_CHECK(orStreamGetDevice(stream.handle(), &device));
     // As torch.cuda.set_stream: the stream's device becomes current too, so that the work that
     // follows on the current device goes to the stream.
-    if (current_device() != stream.device_index()) set_device(stream.device_index());
+    exchange_device(stream.device_index());
     setCurrentOpenRegStream(stream);
   });
   // The runtime handle (orStream_t as an integer) of a stream and of the current one: what compiled
@@ -296,7 +296,7 @@ PYBIND11_MODULE(_C, m) {
     const std::string raw = data;
     TORCH_CHECK(raw.size() == sizeof(orIpcMemHandle_t), "an openreg IPC handle has ", sizeof(orIpcMemHandle_t),
                 " bytes, got ", raw.size());
-    device_index(device);
+    check_device_index(device);
     orIpcMemHandle_t handle;
     std::memcpy(handle.reserved, raw.data(), raw.size());
     void* base = nullptr;
