@@ -81,6 +81,18 @@ class TestState(TestCase):
             torch.openreg.set_rng_state(make_state(1, 6))
         self.assertEqual(torch.openreg.get_rng_state(), before)
 
+    def test_state_is_real_under_a_fake_mode(self):
+        """AOTAutograd reads the state inside a FakeTensorMode (its graph-safe RNG functionalisation):
+        the state is made on the host directly, not through the dispatcher the mode intercepts."""
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+        torch.openreg.manual_seed(13)
+        torch.rand(3, device="openreg")
+        with FakeTensorMode():
+            state = torch.openreg.get_rng_state()
+        self.assertNotIsInstance(state, FakeTensor)
+        self.assertEqual(state, make_state(13, 4))
+
     def test_fork_rng_restores_the_device_state(self):
         torch.openreg.manual_seed(3)
         before = torch.openreg.get_rng_state()
@@ -167,6 +179,119 @@ class TestDistributions(TestCase):
         x = F.dropout(torch.ones(20000, device="openreg", dtype=torch.float64), 0.25).cpu()
         self.assertEqual(set(x.unique().tolist()), {0.0, 1 / 0.75})
         self.assertLess(abs((x == 0).double().mean().item() - 0.25), 0.015)
+
+
+class TestGraphSafeState(TestCase):
+    """graphsafe_get_state/graphsafe_set_state share a state between generators and clone_state copies
+    one, as CUDA's generators do; AOTAutograd's graph-safe RNG functionalisation relies on both."""
+
+    def gen(self, device=0):
+        return torch.openreg.default_generators[device]
+
+    def test_get_state_shares_the_state(self):
+        g = self.gen()
+        g.manual_seed(5)
+        view = g.graphsafe_get_state()
+        self.assertEqual((view.device, view.initial_seed(), view.get_offset()), (g.device, 5, 0))
+        torch.randn(10, device="openreg")  # draws from the default generator: the shared state moves
+        self.assertEqual(view.get_offset(), 12)
+        view.manual_seed(6)  # and the other way round
+        self.assertEqual(state_of(), (6, 0))
+
+    def test_set_state_points_at_another_state_and_back(self):
+        g = self.gen()
+        g.manual_seed(1)
+        torch.rand(3, device="openreg")
+        saved = g.graphsafe_get_state()
+        other = torch.Generator(device="openreg")
+        other.manual_seed(9)
+        g.graphsafe_set_state(other)
+        drawn = torch.randn(10, device="openreg").cpu()
+        self.assertEqual((other.initial_seed(), other.get_offset()), (9, 12))  # the op drew from other's state
+        g.graphsafe_set_state(saved)
+        self.assertEqual(state_of(), (1, 4))  # the default state did not move meanwhile
+        reference = torch.Generator(device="openreg")
+        reference.manual_seed(9)
+        self.assertEqual(torch.randn(10, device="openreg", generator=reference).cpu(), drawn)
+
+    def test_clone_state_is_a_copy(self):
+        g = self.gen()
+        g.manual_seed(4)
+        torch.rand(4, device="openreg")
+        copy = g.clone_state()
+        self.assertEqual((copy.initial_seed(), copy.get_offset()), (4, 4))
+        a = torch.randn(20, device="openreg").cpu()
+        self.assertEqual(copy.get_offset(), 4)  # the default generator moved, the copy did not
+        self.assertEqual(torch.randn(20, device="openreg", generator=copy).cpu(), a)
+        self.assertEqual(state_of(), (4, 24))
+
+    def test_set_state_refuses_other_devices_generators(self):
+        g = self.gen()
+        before = state_of()
+        with self.assertRaisesRegex(TypeError, "expected an openreg generator, got one for device cpu"):
+            g.graphsafe_set_state(torch.Generator())
+        with self.assertRaisesRegex(RuntimeError, "graphsafe_set_state: the generator is for openreg:1, this one for"):
+            g.graphsafe_set_state(self.gen(1).graphsafe_get_state())
+        self.assertEqual(state_of(), before)
+
+    def test_a_graph_replay_advances_the_state_captured(self):
+        """As a CUDA graph registers generator states: a random op captured while the default
+        generator pointed at another state draws from that state on every replay."""
+        g = self.gen()
+        g.manual_seed(2)
+        out = torch.empty(8, device="openreg")
+        s = torch.openreg.Stream()
+        other = torch.Generator(device="openreg")
+        other.manual_seed(30)
+        saved = g.graphsafe_get_state()
+        with torch.openreg.stream(s):
+            out.copy_(torch.rand(8, device="openreg"))  # warm-up outside the capture
+        s.synchronize()
+        graph = torch.accelerator.Graph()
+        g.graphsafe_set_state(other)
+        with torch.openreg.stream(s):
+            graph.capture_begin()
+            out.copy_(torch.rand(8, device="openreg"))
+            graph.capture_end()
+        g.graphsafe_set_state(saved)
+        default_before, other_before = state_of(), other.get_offset()
+        results = []
+        for _ in range(2):
+            graph.replay()
+            results.append(out.cpu())
+        self.assertEqual(other.get_offset(), other_before + 16)  # 8 values per replay
+        self.assertEqual(state_of(), default_before)
+        self.assertNotEqual(results[0], results[1])
+        graph.reset()
+
+
+class TestGraphSafeFunctionalization(TestCase):
+    """Activation checkpointing of a random op under torch.compile: the backward recomputes the
+    dropout and must draw the mask the forward drew. AOTAutograd's graph-safe functionalisation does it
+    for device types registered with it (torch_openreg/openreg/random.py::_register_graphsafe_rng);
+    without the registration the compiled step raised "Backend not supported for openreg"."""
+
+    def test_checkpointed_dropout_recomputes_the_forward_mask(self):
+        from torch.utils.checkpoint import checkpoint
+
+        torch._dynamo.reset()
+
+        def f(x):
+            return checkpoint(lambda t: F.dropout(t * 1.0, 0.5), x, use_reentrant=False)
+
+        compiled = torch.compile(f, backend="aot_eager")
+        torch.openreg.manual_seed(0)
+        masks = []
+        for _ in range(3):
+            x = torch.ones(4096, device="openreg", requires_grad=True)
+            y = compiled(x)
+            y.sum().backward()  # d(sum(mask * 2 * x)) / dx = mask * 2: the recomputed mask
+            y, grad = y.detach().cpu(), x.grad.cpu()
+            self.assertEqual(set(y.unique().tolist()), {0.0, 2.0})
+            self.assertEqual(grad, y)
+            masks.append(y)
+        self.assertNotEqual(masks[0], masks[1])  # fresh numbers on every call
+        self.assertNotEqual(masks[1], masks[2])
 
 
 if __name__ == "__main__":

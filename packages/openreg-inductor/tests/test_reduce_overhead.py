@@ -163,6 +163,30 @@ class TestReplay(GraphModeTest):
         self.assertEqual(replays, ordinary)
         self.assertEqual(counters["openreg_graphs"]["recorded"], 1)
 
+    def test_checkpointed_dropout_replays_recompute_the_forward_mask(self):
+        """Activation checkpointing of a random op: AOTAutograd passes the forward and backward graphs
+        generator states (core's graph-safe RNG); the recorded graphs draw from those states, so each
+        replayed backward recomputes the mask its forward drew, and each call draws a fresh one."""
+        from torch.utils.checkpoint import checkpoint
+
+        def f(x):
+            return checkpoint(lambda t: torch.nn.functional.dropout(t * 1.0, 0.5), x, use_reentrant=False)
+
+        compiled = torch.compile(f, **RO)
+        torch.openreg.manual_seed(0)
+        masks = []
+        for _ in range(4):
+            x = torch.ones(2048, device="openreg", requires_grad=True)
+            y = compiled(x)
+            y.sum().backward()  # the gradient is the recomputed mask times 2
+            y, grad = y.detach().cpu(), x.grad.cpu()
+            self.assertEqual(set(y.unique().tolist()), {0.0, 2.0})
+            self.assertEqual(grad, y)
+            masks.append(y)
+        self.assertTrue(all(not torch.equal(a, b) for a, b in zip(masks, masks[1:])))
+        self.assertEqual(counters["openreg_graphs"]["recorded"], 2)  # forward and backward
+        self.assertGreaterEqual(counters["openreg_graphs"]["replayed"], 4)
+
     def test_replays_on_two_streams_keep_their_inputs(self):
         """One recording has one set of input buffers: a replay on another stream waits until the
         running replay has copied its results out before it copies its own input in."""

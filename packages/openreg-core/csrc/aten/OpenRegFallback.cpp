@@ -384,11 +384,15 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
         });
     }
     at::Generator kernel;
+    c10::intrusive_ptr<OpenRegGeneratorState> state;
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
-      kernel = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));
+      auto* impl = gen.get<OpenRegGeneratorImpl>();
+      state = impl->state();
+      kernel = impl->kernel_generator(static_cast<uint64_t>(values));
     }
-    note_random_launch(current_stream_handle(device), {gen, kernel, static_cast<uint64_t>(values)});  // graphs
+    note_random_launch(current_stream_handle(device),  // graphs
+                       {gen, std::move(state), kernel, static_cast<uint64_t>(values)});
     args[i] = kernel;
   }
 }

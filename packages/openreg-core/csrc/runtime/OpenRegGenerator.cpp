@@ -1,10 +1,10 @@
 #include "OpenRegGenerator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/core/PhiloxRNGEngine.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/GeneratorImpl.h>
 
 #include <atomic>
@@ -20,15 +20,18 @@
 namespace c10::openreg {
 
 OpenRegGeneratorImpl::OpenRegGeneratorImpl(c10::DeviceIndex device, uint64_t seed)
+    : OpenRegGeneratorImpl(device, c10::make_intrusive<OpenRegGeneratorState>(seed)) {}
+
+OpenRegGeneratorImpl::OpenRegGeneratorImpl(c10::DeviceIndex device, c10::intrusive_ptr<OpenRegGeneratorState> state)
     : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      seed_(seed) {}
+      state_(std::move(state)) {}
 
 void OpenRegGeneratorImpl::set_current_seed(uint64_t seed) {
-  seed_ = seed;
-  offset_ = 0;
+  state_->seed = seed;
+  state_->offset = 0;
 }
-uint64_t OpenRegGeneratorImpl::current_seed() const { return seed_; }
+uint64_t OpenRegGeneratorImpl::current_seed() const { return state_->seed; }
 
 uint64_t OpenRegGeneratorImpl::seed() {
   const uint64_t random = c10::detail::getNonDeterministicRandom(/*is_cuda=*/true);
@@ -39,9 +42,9 @@ uint64_t OpenRegGeneratorImpl::seed() {
 // CUDA's rule: a Philox counter gives four 32-bit values, so offsets are multiples of 4.
 void OpenRegGeneratorImpl::set_offset(uint64_t offset) {
   TORCH_CHECK(offset % 4 == 0, "offset must be a multiple of 4");
-  offset_ = offset;
+  state_->offset = offset;
 }
-uint64_t OpenRegGeneratorImpl::get_offset() const { return offset_; }
+uint64_t OpenRegGeneratorImpl::get_offset() const { return state_->offset; }
 
 namespace {
 constexpr size_t kStateBytes = 2 * sizeof(int64_t);  // seed, offset: CUDA's layout
@@ -59,28 +62,46 @@ void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
   std::memcpy(&seed, bytes, sizeof(seed));
   std::memcpy(&offset, bytes + sizeof(seed), sizeof(offset));
   TORCH_CHECK(offset % 4 == 0, "RNG state offset must be a multiple of 4, got ", offset);
-  seed_ = static_cast<uint64_t>(seed);
-  offset_ = static_cast<uint64_t>(offset);
+  state_->seed = static_cast<uint64_t>(seed);
+  state_->offset = static_cast<uint64_t>(offset);
 }
 
 c10::intrusive_ptr<c10::TensorImpl> OpenRegGeneratorImpl::get_state() const {
-  at::Tensor state = at::empty({static_cast<int64_t>(kStateBytes)}, at::TensorOptions().dtype(at::kByte));
-  const int64_t seed = static_cast<int64_t>(seed_), offset = static_cast<int64_t>(offset_);
+  // Allocated directly, not through the dispatcher: AOTAutograd reads the state under a fake mode,
+  // which would make a dispatched empty() a tensor without data.
+  at::TensorBase state = at::detail::empty_cpu({static_cast<int64_t>(kStateBytes)}, at::kByte, std::nullopt,
+                                               std::nullopt, std::nullopt, std::nullopt);
+  const int64_t seed = static_cast<int64_t>(state_->seed), offset = static_cast<int64_t>(state_->offset);
   std::memcpy(state.data_ptr<uint8_t>(), &seed, sizeof(seed));
   std::memcpy(state.data_ptr<uint8_t>() + sizeof(seed), &offset, sizeof(offset));
   return state.getIntrusivePtr();
 }
 
-uint64_t OpenRegGeneratorImpl::kernel_seed(uint64_t values) {
+uint64_t OpenRegGeneratorState::kernel_seed(uint64_t values) {
   // Philox4x32-10 keyed by the seed at counter `offset / 4`: one 64-bit seed for the kernel's CPU generator.
-  at::philox_engine engine(seed_, /*subsequence=*/0, /*offset=*/offset_ / 4);
+  at::philox_engine engine(seed, /*subsequence=*/0, /*offset=*/offset / 4);
   const uint64_t high = engine(), low = engine();
-  offset_ += offset_increment(values);
+  offset += OpenRegGeneratorImpl::offset_increment(values);
   return (high << 32) | low;
 }
 
 at::Generator OpenRegGeneratorImpl::kernel_generator(uint64_t values) {
-  return at::make_generator<at::CPUGeneratorImpl>(kernel_seed(values));
+  return at::make_generator<at::CPUGeneratorImpl>(state_->kernel_seed(values));
+}
+
+// CUDA's semantics: the two generators share one state from here on (not a copy of it).
+void OpenRegGeneratorImpl::graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& new_state) {
+  TORCH_CHECK(new_state, "graphsafe_set_state: expected a generator, got None");
+  auto* other = dynamic_cast<OpenRegGeneratorImpl*>(new_state.get());
+  TORCH_CHECK_TYPE(other != nullptr, "graphsafe_set_state: expected an openreg generator, got one for device ",
+                   new_state->device());
+  TORCH_CHECK(other->device() == device(), "graphsafe_set_state: the generator is for ", other->device(),
+              ", this one for ", device());
+  state_ = other->state_;
+}
+
+c10::intrusive_ptr<c10::GeneratorImpl> OpenRegGeneratorImpl::graphsafe_get_state() const {
+  return c10::make_intrusive<OpenRegGeneratorImpl>(device().index(), state_);
 }
 
 namespace {
@@ -123,7 +144,7 @@ void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops) {
   for (const CapturedRandomOp& op : ops) {
     at::Generator source = op.source;
     std::lock_guard<std::mutex> lock(source.mutex());
-    seeds.emplace_back(op.kernel, source.get<OpenRegGeneratorImpl>()->kernel_seed(op.values));
+    seeds.emplace_back(op.kernel, op.state->kernel_seed(op.values));
   }
   OPENREG_CHECK(
       ::openreg::launch(static_cast<orStream_t>(stream), "openreg::graph_reseed", [seeds = std::move(seeds)]() mutable {
@@ -134,10 +155,10 @@ void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops) {
       }));
 }
 
-OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {
-  auto* gen = new OpenRegGeneratorImpl(device().index(), seed_);
-  gen->offset_ = offset_;
-  return gen;
+OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {  // a copy of the state, not a share
+  auto state = c10::make_intrusive<OpenRegGeneratorState>(state_->seed);
+  state->offset = state_->offset;
+  return new OpenRegGeneratorImpl(device().index(), std::move(state));
 }
 
 const at::Generator& default_generator(c10::DeviceIndex device) {

@@ -15,6 +15,12 @@
 // (seed, offset + i / 4): the op's values come from the CPU kernel, so a tensor generated in shards
 // at adjacent offsets does not equal the same tensor generated whole. Captured into a device graph,
 // random ops draw fresh numbers on every replay (see CapturedRandomOp below).
+//
+// The (seed, offset) pair lives in an OpenRegGeneratorState that generators can share, as CUDA's
+// CUDAGeneratorState: graphsafe_get_state() returns a generator drawing from the same state and
+// graphsafe_set_state() points a generator at another's. AOTAutograd's graph-safe RNG
+// functionalisation (activation checkpointing of random ops under torch.compile) swaps the default
+// generator's state this way around each recomputed random op.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -24,8 +30,19 @@
 
 namespace c10::openreg {
 
+struct OpenRegGeneratorState : public c10::intrusive_ptr_target {
+  explicit OpenRegGeneratorState(uint64_t seed) : seed(seed) {}
+  // The seed a kernel generator gets for one launch that may draw up to `values` 32-bit values; advances
+  // the offset (call with the mutex of a generator holding this state held).
+  uint64_t kernel_seed(uint64_t values);
+
+  uint64_t seed;
+  uint64_t offset = 0;
+};
+
 struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
   explicit OpenRegGeneratorImpl(c10::DeviceIndex device, uint64_t seed = c10::default_rng_seed_val);
+  OpenRegGeneratorImpl(c10::DeviceIndex device, c10::intrusive_ptr<OpenRegGeneratorState> state);
 
   void set_current_seed(uint64_t seed) override;
   uint64_t current_seed() const override;
@@ -34,21 +51,22 @@ struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
   uint64_t get_offset() const override;
   void set_state(const c10::TensorImpl& new_state) override;
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& new_state) override;
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override;
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
   // A generator for one kernel launch that may draw up to `values` 32-bit values; advances the
   // offset (call with the generator's mutex held).
   at::Generator kernel_generator(uint64_t values);
-  // The seed such a kernel generator gets; advances the offset likewise (mutex held).
-  uint64_t kernel_seed(uint64_t values);
+  // The state this generator draws from now.
+  const c10::intrusive_ptr<OpenRegGeneratorState>& state() const { return state_; }
 
   // How far one op that may draw `values` 32-bit values advances the offset.
   static uint64_t offset_increment(uint64_t values) { return values < 4 ? 4 : (values + 3) / 4 * 4; }
 
  private:
   OpenRegGeneratorImpl* clone_impl() const override;
-  uint64_t seed_;
-  uint64_t offset_ = 0;
+  c10::intrusive_ptr<OpenRegGeneratorState> state_;
 };
 
 // Graph-safe random numbers. A random op captured into a device graph keeps the kernel generator
@@ -58,8 +76,9 @@ struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
 // would: every replay draws fresh numbers, reproducibly under manual_seed (CUDA graphs do the same
 // with a per-replay Philox offset).
 struct CapturedRandomOp {
-  at::Generator source;  // the openreg generator the op drew from
-  at::Generator kernel;  // the CPU generator its captured kernel reads
+  at::Generator source;                             // the openreg generator the op drew from (for its mutex)
+  c10::intrusive_ptr<OpenRegGeneratorState> state;  // the state it drew from: replays advance this one
+  at::Generator kernel;                             // the CPU generator its captured kernel reads
   uint64_t values;
 };
 void begin_random_capture(void* stream);

@@ -33,6 +33,7 @@ from .memory import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
 )
+from .random import _get_generator as _get_generator  # AOTAutograd's graph-safe RNG looks it up
 from .random import (
     get_rng_state,
     get_rng_state_all,

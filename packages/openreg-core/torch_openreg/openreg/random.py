@@ -15,6 +15,27 @@ def _generator(device: _DeviceLike = None) -> torch.Generator:
     return _C._get_default_generator(_get_device_index(device))
 
 
+def _get_generator(device: torch.device) -> torch.Generator:
+    """A device's default generator, as ``torch.cuda._get_generator``: AOTAutograd's graph-safe RNG
+    functionalisation looks it up by this name (see ``_register_graphsafe_rng``)."""
+    return _generator(device)
+
+
+def _register_graphsafe_rng() -> None:
+    """Let AOTAutograd functionalise random ops on openreg the graph-safe way.
+
+    A random op recomputed in backward (activation checkpointing under ``torch.compile``) must draw
+    the numbers its forward drew. torch 2.13 does this by swapping generator states
+    (``graphsafe_run_with_rng_state``) on the device types registered here; on others it calls
+    ``run_and_save_rng_state``, which knows only cpu/cuda/hpu/xpu and raises "Backend not supported
+    for openreg". The generators implement ``graphsafe_get_state``/``graphsafe_set_state``/
+    ``clone_state`` (``csrc/runtime/OpenRegGenerator.h``).
+    """
+    from torch._functorch._aot_autograd.utils import register_graphsafe_rng_device_type
+
+    register_graphsafe_rng_device_type("openreg")
+
+
 def _count() -> int:
     return _C._device_count()
 
