@@ -489,6 +489,9 @@ void OcclBackend::abort() {
 }
 
 void OcclBackend::shutdown() {
+  // As NCCL's, whose communicator is gone after shutdown(): later operations are refused (queued ones
+  // still run). Without this they went on through the transport as if nothing had happened.
+  shut_down_ = true;
   terminating_ = true;
   stop_watchdog();
   transport_->shutdown();
@@ -652,6 +655,7 @@ c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c1
                                                      const std::vector<int>& ranks,
                                                      const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   TORCH_CHECK(factory_ != nullptr, "occl: this group cannot be split (it was made without a transport factory)");
+  check_not_shut_down("split");
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) return nullptr;  // not a member: the members' rendezvous needs nothing from it
   auto options = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
@@ -688,6 +692,12 @@ orStream_t OcclBackend::comm_stream(c10::Device device, Route route) {
     OPENREG_CHECK(orStreamCreate(slot));
   }
   return *slot;
+}
+
+void OcclBackend::check_not_shut_down(const char* op) const {
+  if (shut_down_)
+    C10_THROW_ERROR(DistBackendError, c10::str("occl: ", op, " refused: the process group (rank ", rank_, " of ", size_,
+                                               ") was shut down (shutdown() or destroy_process_group())"));
 }
 
 void OcclBackend::check_rank(const char* op, const char* role, int64_t rank) const {
@@ -797,6 +807,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
     C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(type),
                                                " refused: the process group failed earlier: ", error_->message()));
   }
+  check_not_shut_down(c10d::opTypeToString(type).c_str());
   orStream_t comm = comm_stream(device, route);
   orStream_t current = c10::openreg::current_stream_handle(device.index());
   const uint64_t seq = ++seq_;
@@ -1339,6 +1350,7 @@ c10::intrusive_ptr<Work> OcclBackend::barrier(const c10d::BarrierOptions& opts) 
 
 void OcclBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   // A host-side check of who reached the barrier: the transport's own (Gloo's) when it has one.
+  check_not_shut_down("MONITORED_BARRIER");
   auto* gloo = dynamic_cast<GlooTransport*>(transport_.get());
   TORCH_CHECK(gloo != nullptr, "occl: monitored_barrier needs a Gloo transport, this group uses ", transport_->name());
   c10d::BarrierOptions o = opts;

@@ -253,6 +253,8 @@ class OcclBackend : public c10d::Backend {
                                         std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
                                         std::chrono::milliseconds timeout, bool blocking);
   orStream_t comm_stream(c10::Device device, Route route);
+  // Raises DistBackendError naming `op` once shutdown() was called.
+  void check_not_shut_down(const char* op) const;
   // A root or peer rank given to `op`: raises ValueError at the call when it is not in the group.
   void check_rank(const char* op, const char* role, int64_t rank) const;
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
@@ -316,6 +318,7 @@ class OcclBackend : public c10d::Backend {
   std::deque<Watched> watched_;
   bool watch_stop_ = false;
   std::atomic<bool> terminating_{false};  // abort()/shutdown(): failures are no longer handled
+  std::atomic<bool> shut_down_{false};    // shutdown(): new operations are refused
   bool failure_handled_ = false;          // watchdog thread only
   std::thread watchdog_;
 

@@ -161,6 +161,27 @@ class TestFaults(OcclTestCase):
         dist.barrier()
         dist.destroy_process_group(group)  # shuts the backend down: returns
 
+    def test_operations_after_shutdown_are_refused(self):
+        """shutdown() (which destroy_process_group calls) lets queued work finish and refuses what comes
+        after it, on the group shut down only; a subgroup's ops ran on as if nothing had happened."""
+        group = dist.new_group([0, 1])
+        x = torch.ones(4, device=self.device)
+        work = dist.all_reduce(x, group=group, async_op=True)  # queued before the shutdown
+        backend = group._get_backend(self.device)
+        backend.shutdown()
+        work.wait()
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))  # not lost
+        refused = r"occl: {} refused: the process group \(rank {} of 2\) was shut down"
+        with self.assertRaisesRegex(dist.DistBackendError, refused.format("ALLREDUCE", self.rank)):
+            dist.all_reduce(x, group=group)
+        with self.assertRaisesRegex(dist.DistBackendError, refused.format("SEND", self.rank)):
+            backend.send([x], 1 - self.rank, 0)
+        with self.assertRaisesRegex(dist.DistBackendError, refused.format("BARRIER", self.rank)):
+            backend.barrier()
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))  # nothing ran
+        self.assert_default_group_usable()
+        dist.destroy_process_group(group)
+
     def _read_dump(self, path):
         t0 = time.monotonic()
         while True:  # written by the watchdog after it failed the group: wait until it is whole
