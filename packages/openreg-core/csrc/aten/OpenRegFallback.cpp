@@ -46,9 +46,11 @@
 
 #include "../runtime/OpenRegCachingAllocator.h"
 #include "../runtime/OpenRegException.h"
+#include "../runtime/OpenRegFunctions.h"
 #include "../runtime/OpenRegGenerator.h"
 #include "../runtime/OpenRegStream.h"
 #include "OpenRegKernelTensor.h"
+#include "OpenRegNested.h"
 #include "OpenRegQuantized.h"
 #include "OpenRegSparse.h"
 
@@ -340,12 +342,15 @@ void to_kernel_stack(Stack& stack, KernelStorages& storages) {
       if (!t.defined() || !t.is_privateuseone()) return t;
       for (const auto& [impl, kernel] : seen)
         if (impl == t.unsafeGetTensorImpl()) return kernel;
-      at::Tensor kernel = sparse::is_sparse(t) ? sparse::kernel_tensor(t, &storages) : kernel_tensor(t, &storages);
+      at::Tensor kernel = sparse::is_sparse(t)   ? sparse::kernel_tensor(t, &storages)
+                          : nested::is_nested(t) ? nested::kernel_tensor(t, &storages)
+                                                 : kernel_tensor(t, &storages);
       return seen.emplace_back(t.unsafeGetTensorImpl(), std::move(kernel)).second;
     });
 }
 
-// The CPU dispatch keys of a kernel stack: a sparse argument selects the CPU's sparse kernel.
+// The CPU dispatch keys of a kernel stack: a sparse (nested) argument selects the CPU's sparse
+// (nested) kernel.
 c10::DispatchKeySet cpu_keys(const Stack& stack) {
   c10::DispatchKeySet keys(c10::DispatchKey::CPU);
   for (const c10::IValue& v : stack)
@@ -353,6 +358,7 @@ c10::DispatchKeySet cpu_keys(const Stack& stack) {
       if (!t.defined()) return;
       if (t.is_sparse()) keys = keys.add(c10::DispatchKey::SparseCPU);
       if (sparse::is_compressed(t)) keys = keys.add(c10::DispatchKey::SparseCsrCPU);
+      if (t.is_nested()) keys = keys.add(c10::DispatchKey::NestedTensorCPU);
     });
   return keys;
 }
@@ -407,9 +413,12 @@ void replace_devices(Stack& args, c10::Device device) { replace_devices(args.dat
 
 // Index of the argument a returned alias belongs to.
 int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret) {
+  // A list of views (`Tensor(a)[]`, unbind's) carries its alias set on the element type.
+  const c10::AliasInfo* info = ret.alias_info();
+  if (info->beforeSets().empty() && !info->containedTypes().empty()) info = &info->containedTypes()[0];
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const auto& a = schema.arguments()[i];
-    if (a.alias_info() && a.alias_info()->beforeSets() == ret.alias_info()->beforeSets()) return static_cast<int>(i);
+    if (a.alias_info() && a.alias_info()->beforeSets() == info->beforeSets()) return static_cast<int>(i);
   }
   return -1;
 }
@@ -710,7 +719,8 @@ void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntA
 // call has the same strides whether it ran here or on the asynchronous path).
 // Returns the sizes of the tensors it returned, in order.
 std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args,
-                                                    c10::Device device, const MetaResult* meta = nullptr) {
+                                                    c10::Device device, const MetaResult* meta = nullptr,
+                                                    bool results_on_host = false) {
   const auto& schema = op.schema();
   struct State {
     Stack results;
@@ -743,6 +753,8 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
       to_kernel_stack(kernel_args, storages);
       const Stack kernel_inputs = kernel_args;  // the same tensors: a resize inside the op shows in them
       op.redispatchBoxed(cpu_keys(kernel_inputs), &kernel_args);
+      for (c10::IValue& r : kernel_args)
+        r = map_tensors(r, [](const at::Tensor& t) { return nested::is_nested(t) ? nested::owning_metadata(t) : t; });
       const auto& schema = op.schema();
       std::vector<bool> returned(kernel_inputs.size(), false);  // written arguments a return aliases (`moved`)
       for (const auto& ret : schema.returns())
@@ -764,6 +776,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
           continue;
         }
         if (returned[i] || !got.defined()) continue;
+        if (nested::is_nested(got)) continue;  // nested kernels write in place; none resizes its argument
         const at::Tensor want = kernel_tensor(originals[i].toTensor());
         if (got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides())
           state->resized.emplace_back(i, got);
@@ -773,7 +786,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
         bool moved = false;
         if (is_written(ret)) {
           const at::Tensor& base = originals[aliased_argument(schema, ret)].toTensor();
-          if (!sparse::is_sparse(base)) {  // a sparse one is carried back with the written arguments
+          if (!sparse::is_sparse(base) && !nested::is_nested(base)) {  // a sparse one comes back below
             const at::Tensor want = kernel_tensor(base);
             const at::Tensor& got = kernel_args[i].toTensor();
             moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
@@ -782,8 +795,9 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
           const at::Tensor& base = originals[aliased_argument(schema, ret)].toTensor();
           const at::Tensor& got = kernel_args[i].toTensor();
           // A view of or as a sparse tensor comes back as a copy (the structure views are native).
+          // A nested one stays a view if it shares the kernel view of its base's storage.
           moved = sparse::is_sparse(base) || sparse::is_sparse(got) ||
-                  got.storage().data() != kernel_tensor(base).storage().data();
+                  got.storage().data() != ::openreg::kernel_pointer(base.storage().data());
         }
         state->moved.push_back(moved);
       }
@@ -798,7 +812,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   std::vector<std::vector<int64_t>> shapes;
   for (const c10::IValue& r : results)
     for_each_tensor(r, [&](const at::Tensor& t) {
-      if (t.defined()) shapes.push_back(t.sizes().vec());
+      if (t.defined()) shapes.push_back(t.is_nested() ? std::vector<int64_t>{-1} : t.sizes().vec());
     });
   // (device output as it is now, host result): described at launch, because the host may
   // resize or free the output before the copy runs.
@@ -827,8 +841,10 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     launch_copies(std::move(fill));
     return members;
   };
-  // A new device tensor for a host result; a sparse one is made of new device members.
+  // A new device tensor for a host result; a sparse one is made of new device members, a nested one
+  // of a new device buffer.
   auto to_device = [&](const at::Tensor& host) {
+    if (nested::is_nested(host)) return nested::assemble(host, empty_for(nested::storage_as_tensor(host), copies));
     if (!sparse::is_sparse(host)) return empty_for(host, copies);
     const auto members = sparse::members(host);
     return sparse::assemble(host, members_on_device(members, std::vector<bool>(members.size(), false), {}), device);
@@ -844,11 +860,20 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     if (is_view_return(ret) || is_written(ret)) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
       if (is_view_return(ret) && !state->moved[i]) {
-        stack->push_back(view_like(base, results[i].toTensor()));
+        if (nested::is_nested(base)) {  // views of a nested tensor: nested ones, or dense ones of its storage
+          const at::Tensor storage = nested::storage_as_tensor(base);
+          stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
+            return nested::is_nested(host) ? nested::view_of(base, host) : view_like(storage, host);
+          }));
+          continue;
+        }
+        const at::Tensor& host = results[i].toTensor();
+        // A nested view of a dense buffer (_nested_view_from_buffer): a nested tensor over its storage.
+        stack->push_back(nested::is_nested(host) ? nested::assemble(host, base) : view_like(base, host));
         continue;
       }
       if (is_view_return(ret)) {  // a fresh result after all: copy it into a new device tensor
-        stack->push_back(to_device(results[i].toTensor()));
+        stack->push_back(map_tensors(results[i], [&](const at::Tensor& h) { return h.defined() ? to_device(h) : h; }));
         continue;
       }
       if (state->moved[i]) {  // out= resized by the CPU kernel: give the device tensor its result
@@ -865,9 +890,9 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     size_t j = 0;  // which tensor of return i
     stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
       const size_t index = j++;
-      if (!host.defined()) return host;
+      if (!host.defined() || results_on_host) return host;
       check_not_quantized(host.scalar_type(), schema);
-      if (sparse::is_sparse(host)) return to_device(host);
+      if (sparse::is_sparse(host) || nested::is_nested(host)) return to_device(host);
       at::Tensor out;
       if (const Geometry* g = meta_geometry(i, index, host)) out = alloc_like(*g, schema);
       if (!out.defined() || !out.is_non_overlapping_and_dense())
@@ -1006,6 +1031,13 @@ bool is_index_list(const c10::Argument& a) {
   return a.name() == "indices" && a.type()->kind() == c10::TypeKind::ListType;
 }
 
+// A nested tensor's sizes, strides and offsets are CPU tensors on every device, as arguments too.
+bool is_nested_metadata(const c10::FunctionSchema& schema, size_t i) {
+  const std::string& n = schema.name();
+  return i > 0 && (n == "aten::_nested_from_padded" || n == "aten::_nested_view_from_buffer" ||
+                   n == "aten::_nested_view_from_buffer_copy");
+}
+
 // The device of an op call: every openreg tensor must be on the same one, and any
 // other tensor may only be a CPU scalar (0-dim) that the op reads, as on CUDA. A call that reached
 // openreg only through its generator (torch.randn(3, generator=openreg_generator))
@@ -1019,7 +1051,8 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (!t.is_privateuseone()) {
-        if (!other && (!t.is_cpu() || t.dim() > 0 || written) && !is_index_list(schema.arguments()[i]))
+        if (!other && (!t.is_cpu() || t.dim() > 0 || written) && !is_index_list(schema.arguments()[i]) &&
+            !is_nested_metadata(schema, i))
           other = t.device();
         return;
       }
@@ -1352,6 +1385,31 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
   run_synchronously(op, stack, std::move(args), device);
+}
+
+void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  check_not_strict(schema);
+  nested::check_cpu_kernel(op);
+  Stack args = take_arguments(stack, schema.arguments().size());
+  count(op);
+  // .to(): of a nested openreg tensor to the CPU, the CPU kernel's copy, made on the device into
+  // host memory, is the result; of a nested CPU tensor to openreg, the copy goes to the device asked for.
+  bool to_host = false;
+  std::optional<c10::Device> target;
+  if (schema.name() == "aten::_to_copy")
+    for (size_t i = 0; i < args.size(); ++i)
+      if (schema.arguments()[i].name() == "device" && args[i].isDevice()) {
+        to_host = args[i].toDevice().is_cpu();
+        if (args[i].toDevice().is_privateuseone() && !args[0].toTensor().is_privateuseone()) {
+          target = args[i].toDevice();
+          if (!target->has_index()) target = c10::Device(c10::DeviceType::PrivateUse1, current_device());
+          check_device_index(target->index());
+        }
+      }
+  const c10::Device device = target ? *target : common_device(schema, args);
+  c10::DeviceGuard guard(device);
+  run_synchronously(op, stack, std::move(args), device, nullptr, to_host);
 }
 
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {

@@ -18,6 +18,10 @@ void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 // The sparse path: the synchronous path for operators with sparse openreg arguments, which run the
 // CPU's sparse kernels on the device (registered as the fallback of the sparse keys; OpenRegSparse.cpp).
 void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+// The nested path: the synchronous path for operators with nested openreg arguments, which run the
+// CPU's nested kernels on the device (registered as the fallback of NestedTensorPrivateUse1;
+// OpenRegNested.cpp).
+void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 // Registers the generic path for the functional and in-place overloads of structured ops
 // (once, after every static registration of the backend ran); returns how many.
 size_t route_structured_ops();

@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "aten/OpenRegFallback.h"
+#include "aten/OpenRegNested.h"
 #include "aten/OpenRegSparse.h"
 #include "openreg/faults.h"
 #include "runtime/OpenRegCachingAllocator.h"
@@ -134,6 +135,7 @@ PYBIND11_MODULE(_C, m) {
   // After every static registration of libtorch_openreg (and before any op runs).
   route_structured_ops();
   sparse::route_sparse_ops();
+  nested::route_nested_ops();
   OPENREG_CHECK(orSetBlockingWaitHooks(&release_gil_while_waiting, &take_gil_back));
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
