@@ -22,6 +22,7 @@ class TestPluginLoading(TestCase):
         r = run_python(PROBE)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "0.1.0 True torch.float16 False 2.0")
+        self.assertNotIn("has no effect without the openreg-amp plugin", r.stderr)
 
     def test_excluded_by_openreg_plugins(self):
         # Without the plugin autocast falls through (core's default) and GradScaler's ops take
@@ -30,6 +31,7 @@ class TestPluginLoading(TestCase):
             r = run_python(PROBE, env={"OPENREG_PLUGINS": spec})
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stdout.strip(), "0.1.0 False torch.float32 True 2.0", spec)
+            self.assertIn("torch.autocast has no effect without the openreg-amp plugin", r.stderr)
 
     def test_selected_by_openreg_plugins(self):
         r = run_python(PROBE, env={"OPENREG_PLUGINS": "amp"})

@@ -126,6 +126,20 @@ class TestFallthrough(TestCase):
             y = torch.exp(x) + 1
         self.assertEqual(y.cpu(), torch.exp(torch.ones(3)) + 1)
 
+    def test_autocast_without_the_amp_plugin_says_so_once(self):
+        probe = (
+            "import warnings, torch\n"
+            "warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    for _ in range(2):\n"
+            "        with torch.autocast('openreg', dtype=torch.float16):\n"
+            "            t = torch.ones(2, 2, device='openreg') @ torch.ones(2, 2, device='openreg')\n"
+            "print(sum('has no effect without the openreg-amp plugin' in str(x.message) for x in w), t.dtype)\n"
+        )
+        r = run_python(probe, env={"OPENREG_PLUGINS": "none"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["1", "torch.float32"])
+
 
 class TestCustomOps(TestCase):
     """OpenRegCustomOps.cpp (C++) and torch_openreg/openreg/ops.py (torch.library)."""

@@ -274,8 +274,25 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+_warned_autocast_without_amp = False
+
+
 def get_amp_supported_dtype() -> List[torch.dtype]:
-    """Data types autocast may use on openreg."""
+    """Data types autocast may use on openreg.
+
+    ``torch.autocast("openreg")`` calls this when it is made: without the openreg-amp plugin loaded,
+    core's fallthrough lets every operator run in its input dtype, so say so once rather than let a
+    user believe a float32 model runs in float16 (CUDA's autocast has its policies built in).
+    """
+    global _warned_autocast_without_amp
+    if not _warned_autocast_without_amp and not plugins().get("amp", {}).get("loaded"):
+        _warned_autocast_without_amp = True
+        warnings.warn(
+            "openreg: torch.autocast has no effect without the openreg-amp plugin: operators run in "
+            "their input dtype (pip install openreg-amp; see torch.openreg.plugins())",
+            UserWarning,
+            stacklevel=3,
+        )
     return [torch.float16, torch.bfloat16]
 
 
