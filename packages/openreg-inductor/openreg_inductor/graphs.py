@@ -23,7 +23,11 @@ post-compile (``wrap_output``) in a ``GraphedCallable``:
   set of parameters records another graph;
 - other inputs are copied into the static buffers before the launch, mutated ones copied back
   after it, outputs copied out of the graph's memory (a next replay overwrites it; CUDA graph trees
-  hand the graph's memory out and track its liveness instead);
+  hand the graph's memory out and track its liveness instead): outputs sharing a storage once, into
+  one storage, so they still alias each other; an output in an input's memory is the same view of
+  the caller's tensor, as the ordinary compiled code returns;
+- the capture's random draws are put back (the replay after it draws them again), so the recording
+  call draws what every other call draws;
 - replays of one recording share its buffers, so they are ordered: each waits for an event the
   previous one recorded after its copy-out, on whichever stream it ran;
 - a new signature records a new graph (``config.triton.cudagraph_dynamic_shape_warn_limit``
@@ -107,14 +111,23 @@ class _Recording:
             else:
                 self.static_inputs.append(x.detach() if isinstance(x, torch.Tensor) else x)
         self.graph = torch.accelerator.Graph()
-        with torch.openreg.stream(capture_stream):
-            self.graph.capture_begin()
-            try:
-                outputs = model(list(self.static_inputs))  # the compiled code clears the list it gets
-            except BaseException:
-                self.graph.reset()  # an abandoned capture: the stream stops capturing, its memory goes back
-                raise
-            self.graph.capture_end()
+        # Random ops launched during the capture take offsets from the device's generator, and the
+        # replay that follows re-seeds them from it and takes them again: put the generator back, so
+        # the recording call draws what a replay or an ordinary call draws (a refused capture too).
+        # set_rng_state writes into the state the generator points at, which is the one the captured
+        # ops re-seed from, even if it is shared (graphsafe_get_state).
+        rng_state = torch.openreg.get_rng_state(capture_stream.device_index)
+        try:
+            with torch.openreg.stream(capture_stream):
+                self.graph.capture_begin()
+                try:
+                    outputs = model(list(self.static_inputs))  # the compiled code clears the list it gets
+                except BaseException:
+                    self.graph.reset()  # an abandoned capture: the stream stops capturing, its memory goes back
+                    raise
+                self.graph.capture_end()
+        finally:
+            torch.openreg.set_rng_state(rng_state, capture_stream.device_index)
         self.outputs = outputs
         self.signature = signature
         self.done: torch.Event | None = None  # recorded after the last replay's copy-out
@@ -256,10 +269,73 @@ class GraphedCallable:
                 if i not in recording.in_place:
                     dims = get_expanded_dims(inputs[i])
                     index_expanded_dims(inputs[i], dims).copy_(index_expanded_dims(recording.static_inputs[i], dims))
-            outputs = [_copy_out(o) for o in recording.outputs]
+            outputs = _copy_outputs(recording, inputs)
             recording.done = stream.record_event()
         inputs.clear()
         return outputs if isinstance(recording.outputs, list) else type(recording.outputs)(outputs)
+
+
+def _copy_outputs(recording: _Recording, inputs: Sequence[Any]) -> list[Any]:
+    """The outputs handed to the caller, aliasing as the ordinary compiled code's do: an output in an
+    input's memory (the input itself, a view of it) is rebuilt on the caller's tensor, outputs that
+    share one storage of the graph's memory (a view of another output) are copied out together into
+    one new storage, any other output is copied out on its own."""
+    by_input = {
+        x.untyped_storage().data_ptr(): i
+        for i, x in enumerate(recording.static_inputs)
+        if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes() > 0
+    }
+    groups: dict[int, list[int]] = {}  # graph storage -> the outputs in it
+    outputs = list(recording.outputs)
+    for k, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        storage = out.untyped_storage()
+        if storage.nbytes() == 0:
+            outputs[k] = _copy_out(out)
+        elif storage.data_ptr() in by_input:
+            i = by_input[storage.data_ptr()]
+            outputs[k] = _view_on_input(out, recording.static_inputs[i], inputs[i])
+        else:
+            groups.setdefault(storage.data_ptr(), []).append(k)
+    for ks in groups.values():
+        if len(ks) == 1:
+            outputs[ks[0]] = _copy_out(outputs[ks[0]])
+            continue
+        # One copy of the storage up to the last byte an output reads, each output a view on it at
+        # its own offset: an in-place change to one shows in the others, as without graphs.
+        views = [outputs[k] for k in ks]
+        end = max(_end_byte(o) for o in views)
+        device = views[0].device
+        source = torch.empty(0, dtype=torch.uint8, device=device).set_(views[0].untyped_storage(), 0, (end,), (1,))
+        storage = torch.empty(end, dtype=torch.uint8, device=device).copy_(source).untyped_storage()
+        for k, o in zip(ks, views, strict=True):
+            outputs[k] = _view(storage, o.storage_offset(), o)
+    return outputs
+
+
+def _end_byte(t: torch.Tensor) -> int:
+    """One past the last byte of its storage a tensor reads."""
+    if t.numel() == 0:
+        return t.storage_offset() * t.element_size()
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.size(), t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
+def _view_on_input(out: torch.Tensor, static: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out``, a view of the graph's input ``static``, as the same view of the caller's ``x``: the ordinary
+    compiled code returns the caller's memory there (AOTAutograd may rebuild the view with as_strided
+    from this output's storage offset, so it must be the offset in ``x``'s storage)."""
+    position = out.storage_offset() * out.element_size() - static.storage_offset() * static.element_size()
+    position += x.storage_offset() * x.element_size()
+    if position % out.element_size():
+        return _copy_out(out)
+    return _view(x.untyped_storage(), position // out.element_size(), out)
+
+
+def _view(storage: torch.UntypedStorage, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``like``'s dtype, size and strides on ``storage`` at ``offset``."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(storage, offset, like.size(), like.stride())
 
 
 def _copy_out(out: Any) -> Any:

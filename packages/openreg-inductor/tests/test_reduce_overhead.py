@@ -163,6 +163,40 @@ class TestReplay(GraphModeTest):
         self.assertEqual(replays, ordinary)
         self.assertEqual(counters["openreg_graphs"]["recorded"], 1)
 
+    def test_recording_call_draws_as_without_graphs(self):
+        """Seeded before every call: the warm-up, the recording call and the replays draw the numbers the
+        ordinary compiled code draws, and leave every device's generator where it does (the capture's
+        draws are put back: before, the recording call drew at other offsets and advanced the generator
+        twice, shifting every later draw), so the next eager draw matches too. Several random ops, one
+        offset for all (Inductor's seeds) or one each (fallback_random), and a graph on the second device."""
+
+        def f(x):
+            return torch.rand_like(x) + torch.randn_like(x) * torch.nn.functional.dropout(x + 1, 0.5)
+
+        def calls(mode, device):
+            torch._dynamo.reset()
+            compiled = torch.compile(f, mode=mode)
+            x = torch.ones(64, device=device)
+            results = []
+            for _ in range(4):  # warm-up, recording, two replays
+                torch.openreg.manual_seed_all(7)
+                out = compiled(x).cpu()
+                results.append((out, torch.rand(8, device=device).cpu(), torch.openreg.get_rng_state_all()))
+            return results
+
+        for device, fallback_random in (("openreg", False), ("openreg", True), ("openreg:1", False)):
+            with config.patch({"fallback_random": fallback_random}):
+                counters.clear()
+                graphed = calls("reduce-overhead", device)
+                self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
+                ordinary = calls(None, device)
+            for i, ((out, eager, states), expected) in enumerate(zip(graphed, ordinary, strict=True)):
+                msg = f"{device}, fallback_random={fallback_random}, call {i}"
+                self.assertEqual(out, expected[0], atol=0, rtol=0, msg=msg)
+                self.assertEqual(eager, expected[1], atol=0, rtol=0, msg=msg)
+                self.assertEqual(states, expected[2], msg=msg)
+            self.assertNotEqual(graphed[0][0], graphed[0][1])
+
     def test_checkpointed_dropout_replays_recompute_the_forward_mask(self):
         """Activation checkpointing of a random op: AOTAutograd passes the forward and backward graphs
         generator states (core's graph-safe RNG); the recorded graphs draw from those states, so each
@@ -186,6 +220,62 @@ class TestReplay(GraphModeTest):
         self.assertTrue(all(not torch.equal(a, b) for a, b in zip(masks, masks[1:])))
         self.assertEqual(counters["openreg_graphs"]["recorded"], 2)  # forward and backward
         self.assertGreaterEqual(counters["openreg_graphs"]["replayed"], 4)
+
+    def test_outputs_that_share_storage_still_do(self):
+        """An output and views of it: the ordinary compiled code returns views of one storage, so an
+        in-place change to one shows in the others. Replays copy such outputs out once, into one new
+        storage, each a view on it at its offset (before, each was copied on its own from the recording
+        call on). An output that is a view of an input stays a view of the caller's tensor."""
+
+        def f(x):
+            y = x.sin()
+            return y, y.view(-1), y[1:, 1], x[1:]
+
+        def calls(mode):
+            torch._dynamo.reset()
+            compiled = torch.compile(f, mode=mode)
+            results = []
+            for i in range(4):  # warm-up, recording, two replays
+                x = torch.arange(15.0, device="openreg").view(5, 3)[1:] + i  # a storage offset of 3
+                outs = compiled(x)
+                outs[0].add_(1)  # seen through the views of it
+                x.mul_(2)  # seen through the view of x
+                storages = [o.untyped_storage().data_ptr() for o in outs]
+                layout = [(o.size(), o.stride(), o.storage_offset()) for o in outs]
+                shared = [s == storages[0] for s in storages] + [storages[3] == x.untyped_storage().data_ptr()]
+                results.append(([o.cpu() for o in outs], layout, shared))
+            return results
+
+        graphed = calls("reduce-overhead")
+        self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
+        ordinary = calls(None)
+        for i, (got, expected) in enumerate(zip(graphed, ordinary, strict=True)):
+            self.assertEqual(got, expected, atol=0, rtol=0, msg=f"call {i}")
+            self.assertEqual(got[2], [True, True, True, False, True], msg=f"call {i}")
+
+    def test_view_of_an_input_at_a_symbolic_offset(self):
+        """x[n:] with n symbolic: AOTAutograd rebuilds the view of the caller's x with as_strided at the
+        storage offset of the graph's output, so a replay's output must be that view of the caller's x,
+        not of the graph's input buffer (before, a copy at offset 0: the values of x[0:])."""
+
+        def f(x, n):
+            return x.sin(), x[n:]
+
+        def calls(mode):
+            torch._dynamo.reset()
+            compiled = torch.compile(f, mode=mode, dynamic=True)
+            results = []
+            for n in (1, 1, 1, 2, 2, 2):
+                x = torch.arange(18.0, device="openreg").view(6, 3)[1:]
+                sin, view = compiled(x, n)
+                x.add_(1)
+                shares = view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                results.append((sin.cpu(), view.cpu(), view.storage_offset(), shares))
+            return results
+
+        graphed = calls("reduce-overhead")
+        self.assertEqual(self.graphs(), {"recorded": 2, "replayed": 4, "skipped": 0})
+        self.assertEqual(graphed, calls(None), atol=0, rtol=0)
 
     def test_replays_on_two_streams_keep_their_inputs(self):
         """One recording has one set of input buffers: a replay on another stream waits until the
