@@ -90,6 +90,8 @@ _Q_TENSOR = (qd.quantize_per_tensor.default,)
 _CONV = (aten.conv2d.default,)
 _LINEAR = (aten.linear.default,)
 _RELU = (aten.relu.default, aten.relu_.default)
+# The range qlinear/qconv2d clamp a quantized output to: the whole of its dtype's.
+_FULL_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
 
 
 def _attr(gm: torch.fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
@@ -157,12 +159,28 @@ def _drop_dead_tensors(gm: torch.fx.GraphModule) -> List[str]:
     return dead
 
 
+def _narrower_range(q: torch.fx.Node, dtype: torch.dtype) -> Any:
+    """How an output quantize folds into qlinear/qconv2d, whose quantized output is clamped to the
+    whole of ``dtype``'s range: None when the quantize's quant_min/quant_max are that range (the
+    fused op is the quantize); (quant_min, quant_max) when they are a narrower range inside it, as
+    the x86 quantizer's reduce_range / 7-bit activations give (uint8 0..127): the fused op then
+    needs an ``aten.clamp`` to that range after it; False when they are anything else (not plain
+    ints, or not inside the dtype's range), so the quantize must stay as it is."""
+    lo, hi = _FULL_RANGE[dtype]
+    qmin, qmax = q.args[3], q.args[4]
+    if type(qmin) is not int or type(qmax) is not int or not lo <= qmin <= qmax <= hi:
+        return False
+    return None if (qmin, qmax) == (lo, hi) else (qmin, qmax)
+
+
 def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Replaces dequantize -> conv2d/linear -> [relu] -> [quantize] patterns of a ``convert_pt2e``
     model with ``torch.ops.openreg_quant.qconv2d`` / ``qlinear`` (quantized output when the pattern
     ends in a quantize, float output otherwise), prepacks the int8 weights and drops the dead float
-    weights. Patterns it does not recognise stay as they are (they still run natively: the
-    decomposed q/dq ops have openreg kernels). Returns the model, changed in place."""
+    weights. A quantize whose quant_min/quant_max are narrower than its dtype's range (reduce_range)
+    becomes the fused op followed by ``aten.clamp`` to that range. Patterns it does not recognise
+    stay as they are (they still run natively: the decomposed q/dq ops have openreg kernels).
+    Returns the model, changed in place."""
     gm = model
     graph = gm.graph
     count = 0
@@ -194,17 +212,27 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             stride, padding, dilation = (
                 [v] * 2 if isinstance(v, int) else list(v) for v in (stride, padding, dilation)
             )
-        # [relu], then [quantize] when the (relu) output feeds exactly one quantize of the same dtype
+        # [relu], then [quantize] when the (relu) output feeds exactly one quantize of the same dtype.
+        # The fused ops clamp a quantized output to the dtype's whole range, so a quantize with a
+        # narrower quant_min/quant_max (reduce_range: uint8 0..127) folds in followed by a clamp to
+        # its range, which is exact (both clamps are monotone and the second range is inside the
+        # first) and keeps the activations 8-bit; a float output followed by the original quantize
+        # would be just as exact but writes and reads float32. The 7-bit range also matters to the
+        # next fused op: on CPUs whose int8 products saturate, activations above 127 take the slow
+        # exact path. The dequantize feeding the op needs no such care: its quant_min/quant_max
+        # are metadata (neither it nor the fused kernels read them).
         last, post_op = node, "none"
         if len(node.users) == 1:
             (user,) = node.users
             if user.target in _RELU:
                 last, post_op = user, "relu"
-        out_q = None
+        out_q, out_range = None, None
         if len(last.users) == 1:
             (user,) = last.users
             if user.target in _Q_TENSOR and user.args[5] == x_dtype:
-                out_q = user
+                out_q, out_range = user, _narrower_range(user, x_dtype)
+                if out_range is False:
+                    out_q, out_range = None, None
         with graph.inserting_before(out_q or last):
             prefix = f"_openreg_q{count}_"
             w_nodes = [_register(gm, prefix + k, v) for k, v in w.items()]
@@ -222,7 +250,12 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                     torch.ops.openreg_quant.qlinear.default, (*args, out_scale, out_zp, out_dtype, post_op)
                 )
             fused.meta.update((out_q or last).meta)
-        (out_q or last).replace_all_uses_with(fused)
+            result = fused
+            if out_range is not None:
+                # clamp(clamp(v, 0, 255), 0, 127) == clamp(v, 0, 127): the quantize's own range, exactly
+                result = graph.call_function(aten.clamp.default, (fused, *out_range))
+                result.meta.update(out_q.meta)
+        (out_q or last).replace_all_uses_with(result)
         count += 1
         if w["weight"].device.type == "openreg":  # pack now, not in the first call
             weight = getattr(gm, prefix + "weight")

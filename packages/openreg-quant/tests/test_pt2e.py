@@ -1,6 +1,6 @@
 """PT2E on openreg (openreg_quant/pt2e.py): OpenRegQuantizer, convert_pt2e and lower_pt2e on a small
 CNN and a 2-block transformer; accuracy against float32, the lowered graph against the unlowered one,
-and QAT."""
+reduced-range (7-bit) activations, and QAT."""
 
 import os
 
@@ -13,6 +13,10 @@ from openreg_quant import OpenRegQuantizer, lower_pt2e  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
 from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e  # noqa: E402
+from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: E402
+    X86InductorQuantizer,
+    get_default_x86_inductor_quantization_config,
+)
 
 qd = torch.ops.quantized_decomposed
 
@@ -90,6 +94,7 @@ class TestPTQ(TestCase):
         self.assertEqual(calls(lowered, "openreg_quant.qconv2d"), convs)
         self.assertEqual(calls(lowered, "openreg_quant.qlinear"), linears)
         self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_channel"), 0)
+        self.assertEqual(calls(lowered, "aten.clamp"), 0)  # full-range quantizes fold in whole
         float_weights = [n for n, p in lowered.named_parameters() if n.endswith("weight") and p.dim() > 1]
         self.assertEqual(float_weights, [])
         self.assertGreaterEqual(torch.ops.openreg_quant.packed_weight_count(), packed_before + linears + convs)
@@ -129,6 +134,66 @@ class TestPTQ(TestCase):
         self.assertEqual(got.shape, (4, 4, 5))
         self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
         self.assertLess(rel_err(got, want), 0.05)
+
+
+class MLP(nn.Module):
+    """linear -> relu -> linear -> linear: an output quantize after a relu and after none."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.c(self.b(torch.relu(self.a(x))))
+
+
+class ConvNet(nn.Module):
+    """conv -> relu -> conv -> conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 4, 3)
+
+    def forward(self, x):
+        return self.c(self.b(torch.relu(self.a(x))))
+
+
+class TestReducedRange(TestCase):
+    """x86's reduce_range (7-bit activations: quantize_per_tensor(..., 0, 127, torch.uint8)): the
+    fused ops clamp a quantized output to 0..255, so lower_pt2e must keep the quantize's own range."""
+
+    def _converted(self, model_cls, shape, device):
+        torch.manual_seed(0)
+        model = model_cls().eval().to(device)
+        quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(reduce_range=True))
+        prepared = prepare_pt2e(torch.export.export(model, (torch.randn(*shape).to(device),)).module(), quantizer)
+        for _ in range(3):
+            prepared(torch.randn(*shape).to(device))  # the same calibration data on both devices
+        return convert_pt2e(prepared)
+
+    def _check(self, model_cls, shape, op):
+        converted, on_cpu = self._converted(model_cls, shape, "openreg"), self._converted(model_cls, shape, "cpu")
+        ranges = {(n.args[3], n.args[4]) for n in converted.graph.nodes if n.target == qd.quantize_per_tensor.default}
+        self.assertEqual(ranges, {(0, 127)})
+        torch.manual_seed(1)
+        x = torch.randn(*shape) * 3  # beyond the calibration range: the activations hit quant_max
+        with torch.no_grad():
+            unlowered, want = converted(x.to("openreg")), on_cpu(x)
+        self.assertEqual(unlowered.cpu(), want, atol=0, rtol=0)
+        quantum = last_quantum(converted)
+        lowered = lower_pt2e(converted)
+        got = lowered(x.to("openreg")).cpu()
+        self.assertLessEqual((got - want).abs().max().item(), quantum)
+        # every conv/linear is lowered; each of the two folded quantizes leaves a clamp to 0..127
+        self.assertEqual(calls(lowered, op), 3)
+        self.assertEqual(calls(lowered, "aten.clamp"), 2)
+        self.assertEqual(calls(lowered, "quantized_decomposed.quantize_per_tensor"), 1)  # the input's
+
+    def test_lowering_keeps_the_quantize_range_linear(self):
+        self._check(MLP, (6, 8), "openreg_quant.qlinear")
+
+    def test_lowering_keeps_the_quantize_range_conv(self):
+        self._check(ConvNet, (2, 3, 8, 8), "openreg_quant.qconv2d")
 
 
 class TestQAT(TestCase):
