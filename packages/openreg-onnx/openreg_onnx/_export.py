@@ -10,11 +10,15 @@ translates openreg's operators):
   out as a fixed number fails the export, naming the input, the axis and the size (the exporter
   itself only warns, or not at all, when a device kernel specialised on a size);
 - ``metadata_props`` record the provenance: openreg-onnx, torch, onnx, onnxscript versions, the
-  opsets, the mode and the device the model came from.
+  opsets, the mode and the device the model came from;
+- the options of ``torch.onnx.export`` that only shape the file written to ``f``
+  (``external_data``, ``export_params``, ``keep_initializers_as_inputs``) are applied when the
+  program is saved to ``f``; without ``f`` they would do nothing, and passing one is an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -225,6 +229,53 @@ def _finish(program, mode: str, device: str, module, args, kwargs, dynamic_shape
     model.metadata_props.update(provenance(model, mode, device))
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """``model`` in eval mode for the duration; afterwards every submodule is back in the mode it
+    had (a frozen eval() part of a training model stays in eval), also on an error. Dropout and
+    batch-norm statistics are training behaviour: the export, and the eager reference it is
+    compared with, are of inference. Anything but an ``nn.Module`` is left alone."""
+    modes = {m: m.training for m in model.modules()} if isinstance(model, torch.nn.Module) else {}
+    if any(modes.values()):
+        model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
+# torch.onnx.export's options that only shape the file it writes to ``f`` (torch applies them in
+# ``ONNXProgram.save(f, ...)``; without ``f`` it ignores them), with their ``save`` names.
+SAVE_OPTIONS = {
+    "external_data": "external_data",
+    "export_params": "include_initializers",
+    "keep_initializers_as_inputs": "keep_initializers_as_inputs",
+}
+
+
+def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
+    """Takes the save-only options out of ``export_kwargs`` (they must not reach
+    ``torch.onnx.export`` without ``f``, where they have no effect); returns them as
+    ``ONNXProgram.save`` keywords. Raises ``TypeError`` when one is given without ``f``."""
+    given = {k: export_kwargs.pop(k) for k in list(SAVE_OPTIONS) if k in export_kwargs}
+    if given and f is None:
+        raise TypeError(
+            f"{', '.join(sorted(given))} only shape{'s' if len(given) == 1 else ''} the file written to f, and no f "
+            "was given: pass f, or save the returned program with program.save(path, external_data=..., "
+            "include_initializers=..., keep_initializers_as_inputs=...)"
+        )
+    return {SAVE_OPTIONS[k]: v for k, v in given.items()}
+
+
+def save(program, f, **save_options) -> None:
+    """``program.save(f, ...)`` with the options ``pop_save_options`` returned.
+    ``external_data=True`` writes the weights to ``<f>.data`` next to the model, ``False`` (and
+    the default, None) inlines them unless they exceed protobuf's 2 GB, as ``ONNXProgram.save``
+    does (torch.onnx.export's own default is True)."""
+    program.save(f, **save_options)
+
+
 def _torch_export(model, args, mode, custom_translation_table, **kwargs):
     """torch.onnx.export with the mode's table under the caller's; "No ONNX function found"
     becomes an ``UnsupportedOperatorError`` that names the operator and the table."""
@@ -261,17 +312,16 @@ def export(
     **export_kwargs,
 ):
     """Exports ``model`` (an ``nn.Module`` or ``ExportedProgram`` on openreg) with openreg's
-    table in ``mode``; returns the ``torch.onnx.ONNXProgram`` (saved to ``f`` if given).
-    Raises ``DynamicDimError`` when a dimension in ``dynamic_shapes`` came out static."""
+    table in ``mode``; returns the ``torch.onnx.ONNXProgram`` (saved to ``f`` if given, with
+    ``external_data``, ``export_params`` and ``keep_initializers_as_inputs`` as in
+    ``torch.onnx.export``; those need ``f``). Raises ``DynamicDimError`` when a dimension in
+    ``dynamic_shapes`` came out static."""
     if not isinstance(args, tuple):
         args = (args,)
+    save_options = pop_save_options(export_kwargs, f)
     device = check_devices(model, (args, kwargs or {}))
-    # Dropout and batch-norm statistics are training behaviour: export inference, then give the
-    # caller back every submodule in the mode it had (a frozen eval() part stays in eval).
-    modes = {m: m.training for m in model.modules()} if isinstance(model, torch.nn.Module) else {}
-    if any(modes.values()):
-        model.eval()
-    try:
+    # Export inference, then give the caller back every submodule in the mode it had.
+    with eval_mode(model):
         program = _torch_export(
             model,
             args,
@@ -286,10 +336,7 @@ def export(
             **({"opset_version": opset_version} if opset_version is not None else {}),
             **export_kwargs,
         )
-    finally:
-        for module, training in modes.items():
-            module.training = training
     _finish(program, mode, device, model, args, kwargs, dynamic_shapes)
     if f is not None:
-        program.save(f)
+        save(program, f, **save_options)
     return program

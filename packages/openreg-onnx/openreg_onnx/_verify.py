@@ -1,6 +1,8 @@
 """``openreg_onnx.verify``: the exported model against openreg eager.
 
-- expected: the model run eagerly on its openreg device, results copied to the host;
+- expected: the model run eagerly on its openreg device, in eval mode as it is exported (a model
+  in train() mode is given back in that mode, its batch-norm statistics untouched), results
+  copied to the host;
 - actual: the ONNX model in onnxruntime's CPU execution provider; where that provider has no
   kernel for a type (bfloat16 Gemm, float64 Erf, ...) or cannot take the inputs (bfloat16 arrays),
   the ONNX reference evaluator (``onnx.reference``) runs it instead, and the report says so;
@@ -228,7 +230,10 @@ def verify(
         run = model_or_program.module()
     else:
         run = model_or_program
-    with torch.no_grad():
+    # The export is of inference (a model in train() mode is exported as in eval()): the eager
+    # reference runs in the same mode, which also leaves batch-norm statistics alone; the model
+    # is given back in the mode it had.
+    with torch.no_grad(), _export.eval_mode(model_or_program):
         expected = _flat_tensors(run(*args, **kwargs))
     inputs = _flat_tensors((args, kwargs))
     graph_inputs = [i.name for i in model.graph.input]
@@ -243,11 +248,11 @@ def verify(
         # names the values; without it, the default decompositions are the best guess.
         program = getattr(onnx_program, "exported_program", None)
         if program is None:
-            program = (
-                model_or_program
-                if isinstance(model_or_program, torch.export.ExportedProgram)
-                else torch.export.export(model_or_program, args, kwargs)
-            ).run_decompositions()
+            if isinstance(model_or_program, torch.export.ExportedProgram):
+                program = model_or_program.run_decompositions()
+            else:
+                with _export.eval_mode(model_or_program):
+                    program = torch.export.export(model_or_program, args, kwargs).run_decompositions()
         with torch.no_grad():
             node_values = _node_values(program, args, kwargs)
         model = _expose(model, [n for n in node_values if n not in outputs])

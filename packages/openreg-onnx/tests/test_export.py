@@ -3,6 +3,7 @@
 import textwrap
 
 import onnx
+import onnxruntime as ort
 import openreg_onnx
 import pytest
 import torch
@@ -193,6 +194,37 @@ class TestProvenanceAndShapes:
         # Attaching again adds nothing.
         n = len(model.functions)
         assert len(_vendor.attach_functions(model).functions) == n
+
+    def test_external_data_is_honoured(self, tmp_path):
+        # torch.onnx.export(f, external_data=...) applies it when saving f; so must we.
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64).to("openreg").eval()
+        x = torch.randn(2, 64, device="openreg")
+        with torch.no_grad():
+            expected = model(x).cpu()
+        for external in (True, False):
+            path = tmp_path / f"external_{external}.onnx"
+            openreg_onnx.export(model, (x,), str(path), external_data=external)
+            data = tmp_path / f"external_{external}.onnx.data"
+            assert data.exists() == external
+            locations = {
+                i.name: i.data_location for i in onnx.load(str(path), load_external_data=False).graph.initializer
+            }
+            stored = onnx.TensorProto.EXTERNAL if external else onnx.TensorProto.DEFAULT
+            assert locations["weight"] == stored
+            # The file as written (its .data beside it) runs in onnxruntime.
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            (got,) = session.run(None, {"input": x.cpu().numpy()})
+            torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
+            (got,), backend, _ = run_onnx(onnx.load(str(path)), {"input": x.cpu().numpy()})
+            assert backend == "onnxruntime"
+            torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
+
+    def test_save_options_without_a_file_fail(self):
+        # torch.onnx.export ignores them without f; a caller who passes one expects a file.
+        x = torch.randn(2, 4, device="openreg")
+        with pytest.raises(TypeError, match=r"external_data only shapes the file written to f, and no f was given"):
+            openreg_onnx.export(torch.nn.Linear(4, 4).to("openreg"), (x,), external_data=True)
 
     def test_plain_export_with_the_vendor_table_then_attach(self):
         x = torch.randn(3, 4, device="openreg")

@@ -78,3 +78,70 @@ def test_without_weights_the_graph_saves_without_initializers(tmp_path):
         "MatMul"
     ) == 2
     assert len(model.graph.initializer) == 0
+
+
+class WithNonPersistent(nn.Module):
+    """A non-persistent buffer and a plain tensor attribute (neither in ``state_dict()``), and a
+    tensor ``forward`` makes from data (a real constant of the program)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("pos", torch.arange(4.0) * 10, persistent=False)
+        self.scale = torch.full((4,), 3.0)
+
+    def forward(self, x):
+        return (self.fc(x) + self.pos) * self.scale + torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)
+
+
+def _with_non_persistent_args():
+    return (torch.randn(2, 4),)
+
+
+def test_non_persistent_buffer_and_tensor_attribute_are_applied():
+    torch.manual_seed(0)
+    real = WithNonPersistent().to("openreg").eval()
+    real.scale = real.scale.to("openreg")
+    weights = {**real.state_dict(), "pos": real.pos, "scale": real.scale}
+    assert "pos" not in real.state_dict()
+    program = export_without_weights(WithNonPersistent, _with_non_persistent_args, weights)
+    x = torch.randn(2, 4, device="openreg")
+    (got,), backend, _ = run_onnx(program.model_proto, {program.model_proto.graph.input[0].name: x.cpu().numpy()})
+    assert backend == "onnxruntime"
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), real(x).cpu(), rtol=1e-4, atol=1e-5)
+
+
+def test_missing_non_persistent_buffer_is_named():
+    # Left out, they would stay fake initializers and fail in the optimizer (".numpy() is not
+    # supported for tensor subclasses"); the forward's constant is real and is not asked for.
+    weights = WithNonPersistent().state_dict()
+    message = (
+        r"weights lack 2 of the model's initializers: pos \(a non-persistent buffer, not in state_dict\(\)\), "
+        r"scale \(a tensor attribute, not in state_dict\(\)\); "
+        r"pass those outside state_dict\(\) by the same dotted names"
+    )
+    with pytest.raises(KeyError, match=message):
+        export_without_weights(WithNonPersistent, _with_non_persistent_args, weights)
+
+
+def test_saves_with_external_data(tmp_path):
+    real = MLP().to("openreg").eval()
+    path = tmp_path / "mlp.onnx"
+    export_without_weights(MLP, lambda: (torch.randn(3, 8),), real.state_dict(), str(path), external_data=True)
+    assert (tmp_path / "mlp.onnx.data").exists()
+    model = onnx.load(str(path))
+    x = torch.randn(3, 8, device="openreg")
+    (got,), backend, _ = run_onnx(model, {model.graph.input[0].name: x.cpu().numpy()})
+    assert backend == "onnxruntime"
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), real(x).cpu(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_file_without_weights_needs_export_params_false(tmp_path):
+    path = tmp_path / "graph.onnx"
+    with pytest.raises(ValueError, match=r"without weights the initializers are fake and cannot be written to f"):
+        export_without_weights(MLP, lambda: (torch.randn(3, 8),), None, str(path))
+    assert not path.exists()
+    export_without_weights(MLP, lambda: (torch.randn(3, 8),), None, str(path), export_params=False)
+    assert len(onnx.load(str(path)).graph.initializer) == 0

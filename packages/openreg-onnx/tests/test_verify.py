@@ -78,6 +78,29 @@ class TestVerify(TestCase):
         result = openreg_onnx.verify(torch.export.export(model, (x,)), (x,))
         self.assertTrue(result.ok, result.report())
 
+    def test_train_mode_model_is_verified_as_exported_and_given_back_unchanged(self):
+        # The export is of eval mode; the eager reference must be too (training-mode batch norm
+        # normalises with the batch's statistics, dropout drops), and must not update the
+        # running statistics of the caller's model.
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Dropout(0.5), torch.nn.Flatten()
+        ).to("openreg")
+        with torch.no_grad():  # statistics that differ from the batch's
+            model[1].running_mean.uniform_(-1, 1)
+            model[1].running_var.uniform_(0.5, 2)
+        model.train()
+        before = {k: v.cpu().clone() for k, v in model.state_dict().items()}
+        x = torch.randn(2, 3, 6, 6, device="openreg")
+        for intermediates in (False, True):
+            result = openreg_onnx.verify(model, (x,), intermediates=intermediates)
+            self.assertTrue(result.ok, result.report())
+            self.assertEqual([m.training for m in model.modules()], [True] * 5)
+            after = model.state_dict()
+            self.assertEqual(list(after), list(before))
+            for k, v in before.items():  # bit for bit, num_batches_tracked still 0
+                self.assertTrue(torch.equal(after[k].cpu(), v), k)
+
 
 class TestCompare(TestCase):
     def test_tolerance_per_dtype(self):
