@@ -464,6 +464,7 @@ OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
 
 OcclBackend::~OcclBackend() {
   stop_watchdog();
+  for (auto& [route, tail] : tails_) events().put(tail.event);
   // The in-flight works go with the backend (a Work the user still holds keeps its own tensors). The
   // streams are left to the runtime: destroying one waits for its queued work, which may be a
   // collective that a dead peer will never complete (until the transport's timeout).
@@ -817,11 +818,19 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   else
     ++collective_seq_;
 
-  // 1. The comm stream waits for what the caller queued before the collective.
+  // 1. The comm stream waits for what the caller queued before the collective, and for the route's
+  //    previous operation if that ran on another device's comm stream (see RouteTail).
   orEvent_t ready = events().get();
   OPENREG_CHECK(orEventRecord(ready, current));
   OPENREG_CHECK(orStreamWaitEvent(comm, ready, 0));
   events().put(ready);
+  const std::pair<int, int> route_key{static_cast<int>(route.lane), route.peer};
+  {
+    std::lock_guard<std::mutex> g(streams_mu_);
+    auto it = tails_.find(route_key);
+    if (it != tails_.end() && it->second.device != device.index())
+      OPENREG_CHECK(orStreamWaitEvent(comm, it->second.event, 0));
+  }
 
   // 2. The collective, on the comm stream's worker.
   auto outcome = std::make_shared<WorkOutcome>();
@@ -883,6 +892,13 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   //    ordered after the collective by device events, not by the host).
   orEvent_t end = events().get();
   OPENREG_CHECK(orEventRecord(end, comm));
+  {
+    std::lock_guard<std::mutex> g(streams_mu_);
+    RouteTail& tail = tails_[route_key];
+    if (tail.event == nullptr) tail.event = events().get();
+    tail.device = device.index();
+    OPENREG_CHECK(orEventRecord(tail.event, comm));
+  }
   std::vector<c10::Device> devices{device};
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   {
@@ -892,6 +908,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
 
   // 4. The tensors stay referenced until the end event completed.
   for (auto& t : outputs) stash.push_back(t);
+  if (coalescing_) coalesced_outputs_.insert(coalesced_outputs_.end(), outputs.begin(), outputs.end());
   auto work =
       c10::make_intrusive<OcclWork>(rank_, type, seq, what, device, end, outcome, std::move(stash), std::move(outputs),
                                     std::move(future), timeout, blocking_wait_ || blocking, error_);
@@ -909,6 +926,7 @@ void OcclBackend::startCoalescing() {
   coalescing_ = true;
   coalesced_device_.reset();
   coalesced_streams_.clear();
+  coalesced_outputs_.clear();
 }
 
 c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
@@ -927,7 +945,11 @@ c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
     events().put(e);
   }
   coalesced_streams_.clear();
-  return enqueue(c10d::OpType::COALESCED, "occl::coalesced", Lane::kColl, device, {}, {}, [] { return Started{}; });
+  // The future of a Work without tensors would order nothing: it carries the operations' outputs.
+  std::vector<at::Tensor> outputs = std::move(coalesced_outputs_);
+  coalesced_outputs_.clear();
+  return enqueue(c10d::OpType::COALESCED, "occl::coalesced", Lane::kColl, device, {}, std::move(outputs),
+                 [] { return Started{}; });
 }
 
 // ---- the operations ----
@@ -1082,6 +1104,36 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
                        }};
       },
       timeout);
+}
+
+c10::intrusive_ptr<Work> OcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_, "occl all_gather_coalesced: expects world size (", size_,
+                    ") output lists, got ", outputs.size());
+  for (const auto& list : outputs)
+    TORCH_CHECK(list.size() == inputs.size(),
+                "occl all_gather_coalesced: each output list must have one tensor per "
+                "input (",
+                inputs.size(), "), got ", list.size());
+  // One all_gather per input, ended together as a coalesced group (one Work), as Gloo's is one call.
+  const bool outer = !coalescing_;
+  if (outer) startCoalescing();
+  c10::intrusive_ptr<Work> last;
+  try {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (const auto& list : outputs) out[0].push_back(list[i]);
+      std::vector<at::Tensor> in{inputs[i]};
+      last = allgather(out, in, opts);
+    }
+  } catch (...) {
+    if (outer) coalescing_ = false;
+    throw;
+  }
+  if (outer) return endCoalescing();
+  TORCH_CHECK(last, "occl all_gather_coalesced: no input tensors");
+  return last;
 }
 
 c10::intrusive_ptr<Work> OcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,

@@ -30,6 +30,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
 #include <vector>
 
 #include "Trace.hpp"
@@ -202,6 +203,10 @@ class OcclBackend : public c10d::Backend {
                                      const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                            const c10d::AllgatherOptions& opts) override;
+  // all_gather_coalesced: outputs[r][i] receives rank r's inputs[i].
+  c10::intrusive_ptr<Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                               std::vector<at::Tensor>& inputs,
+                                               const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) override;
@@ -324,12 +329,24 @@ class OcclBackend : public c10d::Backend {
 
   std::mutex streams_mu_;
   std::map<c10::DeviceIndex, CommStreams> streams_;
+  // Per route (lane, peer): the device of its last operation and an event recorded after it. Gloo
+  // pairs a group's operations by the order each rank starts them on a route, and one transport
+  // serves all the group's devices: an operation on another device's comm stream than the route's
+  // last one waits for that one, so a rank whose devices are busy differently cannot start its
+  // collectives in another order than its peers (they paired with the wrong peer operation).
+  struct RouteTail {
+    c10::DeviceIndex device = -1;
+    orEvent_t event = nullptr;
+  };
+  std::map<std::pair<int, int>, RouteTail> tails_;  // guarded by streams_mu_
 
   // Coalescing (torch.distributed._coalescing_manager, batch_isend_irecv): operations are
   // enqueued as they come; endCoalescing returns one Work that completes after all of them.
   bool coalescing_ = false;
   std::optional<c10::Device> coalesced_device_;
   std::vector<orStream_t> coalesced_streams_;  // the p2p streams used meanwhile
+  std::vector<at::Tensor> coalesced_outputs_;  // the outputs of the operations meanwhile: the coalesced
+                                               // Work's future holds them, so waiting for it orders them
 
   // Works (with their tensors) until their end event completed. The watchdog releases the ended
   // ones every poll (see stop_foreign_releases), later operations of the group those at the front,

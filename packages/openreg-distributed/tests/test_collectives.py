@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from conftest import OcclTestCase
 from torch.testing._internal.common_utils import run_tests
+from torch_openreg.utils.testing import StreamHold
 
 R = dist.ReduceOp
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -161,6 +162,18 @@ class TestCollectives(OcclTestCase):
         cm.wait()
         for o, n in zip(outs, (2, 3)):
             self.assertEqual(o.cpu(), torch.cat([ramp(0, torch.float32, n), ramp(1, torch.float32, n)]))
+
+    def test_all_gather_coalesced(self):
+        # outputs[r][i] is rank r's input i, as Gloo gives on CPU tensors; one Work for all of them.
+        for async_op in (False, True):
+            ins = [ramp(self.rank, torch.float32, n).to(self.device) for n in (2, 3)]
+            outs = [[torch.empty(n, device=self.device) for n in (2, 3)] for _ in range(2)]
+            self.run_op(lambda ao: dist.all_gather_coalesced(outs, ins, async_op=ao), async_op)
+            for r in range(2):
+                for o, n in zip(outs[r], (2, 3), strict=True):
+                    self.assertEqual(o.cpu(), ramp(r, torch.float32, n))
+        with self.assertRaisesRegex(ValueError, "all_gather_coalesced"):
+            dist.all_gather_coalesced([[torch.empty(2, device=self.device)]], ins)
 
     def test_reduce_scatter(self):
         a, b = ramp(0, torch.float32, 8), ramp(1, torch.float32, 8)
@@ -314,6 +327,23 @@ class TestCollectives(OcclTestCase):
                     z = x + 1
                 s.synchronize()
             self.assertEqual(z.cpu(), torch.full((1 << 16,), 4.0))
+
+    def test_collectives_on_two_devices_keep_program_order(self):
+        """One group, collectives on openreg:0 and openreg:1 of one process. Each device has its comm
+        stream and the group one transport, which pairs operations in the order they start: with
+        rank r's device r busy, rank 0 would start the openreg:1 collective first and rank 1 the
+        openreg:0 one, and each would be summed with the other (both gave 102). The second waits
+        for the first when they run on different devices."""
+        a = torch.full((4,), 1.0 + self.rank, device="openreg:0")
+        b = torch.full((4,), 100.0 + self.rank, device="openreg:1")
+        with StreamHold(self.rank, timeout=60) as held:  # rank r's device r is busy
+            works = [dist.all_reduce(a, async_op=True), dist.all_reduce(b, async_op=True)]
+            time.sleep(0.3)  # time for a collective that is free to start to do so
+            self.assertFalse(held.stream.query())
+        for w in works:
+            w.wait()
+        self.assertEqual(a.cpu(), torch.full((4,), 3.0))
+        self.assertEqual(b.cpu(), torch.full((4,), 201.0))
 
     def test_work_and_future(self):
         x = torch.full((4,), float(self.rank + 1), device=self.device)
