@@ -75,6 +75,36 @@ class TestDDP(OcclTestCase):
         self.assertGreater(data.get("avg_backward_compute_time", 0), 0)
         self.assertGreater(data.get("avg_backward_comm_time", 0), 0)
 
+    def test_sync_batch_norm_equals_batch_norm_on_the_full_batch(self):
+        """nn.SyncBatchNorm under DDP (its statistics all-gathered over occl, its backward all-reduced):
+        outputs, running statistics and parameters equal BatchNorm trained on the full batch in one
+        process. It needs core's batch_norm_stats & co., which PyTorch has for CUDA only."""
+        torch.manual_seed(0)
+        ref = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+        ref = ref.to(self.device)
+        model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(ref)), device_ids=[self.rank])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(200 + step)
+            x = (torch.randn(2 * 3, 3, 5, 5, generator=g) * 2 + 1).to(self.device)
+            mine = x[self.rank * 3 : (self.rank + 1) * 3]
+            opt.zero_grad()
+            out = model(mine)
+            out.square().mean().backward()
+            opt.step()
+            ref_opt.zero_grad()
+            ref_out = ref(x)
+            ref_out.square().mean().backward()
+            ref_opt.step()
+            tol = dict(atol=1e-5, rtol=1e-5)
+            self.assertEqual(out.detach().cpu(), ref_out[self.rank * 3 : (self.rank + 1) * 3].detach().cpu(), **tol)
+        self.assert_same_parameters(model, ref, **tol)
+        bn, ref_bn = model.module[1], ref[1]
+        self.assertIsInstance(bn, nn.SyncBatchNorm)
+        self.assertEqual(bn.running_mean.cpu(), ref_bn.running_mean.cpu(), **tol)
+        self.assertEqual(bn.running_var.cpu(), ref_bn.running_var.cpu(), **tol)
+
     def test_no_sync_accumulation(self):
         model, ref = self.train(accumulate=True)
         self.assert_same_parameters(model, ref)
