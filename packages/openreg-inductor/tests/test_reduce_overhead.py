@@ -208,8 +208,8 @@ class TestReplay(GraphModeTest):
 
         compiled = torch.compile(f, **RO)
         torch.openreg.manual_seed(0)
-        masks = []
-        for _ in range(4):
+        masks, recorded = [], []
+        for _ in range(5):
             x = torch.ones(2048, device="openreg", requires_grad=True)
             y = compiled(x)
             y.sum().backward()  # the gradient is the recomputed mask times 2
@@ -217,9 +217,13 @@ class TestReplay(GraphModeTest):
             self.assertEqual(set(y.unique().tolist()), {0.0, 2.0})
             self.assertEqual(grad, y)
             masks.append(y)
+            recorded.append(counters["openreg_graphs"]["recorded"])
         self.assertTrue(all(not torch.equal(a, b) for a, b in zip(masks, masks[1:])))
-        self.assertEqual(counters["openreg_graphs"]["recorded"], 2)  # forward and backward
-        self.assertGreaterEqual(counters["openreg_graphs"]["replayed"], 4)
+        # Forward and backward recorded (the backward's saved activations may record it once more,
+        # as their buffers move); then only replays.
+        self.assertGreaterEqual(recorded[1], 2)
+        self.assertEqual(recorded[-1], recorded[-3])
+        self.assertGreaterEqual(counters["openreg_graphs"]["replayed"], 6)
 
     def test_outputs_that_share_storage_still_do(self):
         """An output and views of it: the ordinary compiled code returns views of one storage, so an

@@ -77,27 +77,30 @@ class TestAsynchrony(TestCase):
         del held
 
     def test_stream_context_inside_the_region(self):
-        # The last kernel of this graph runs in the user's stream context; its call must stay
+        # The last kernel of this graph runs in a user's stream context; its call must stay
         # inside that context (torch 2.13 emits it after the guard: _torch213.WrapperFixes).
-        s = torch.openreg.Stream()
+        # Nothing in the region waits for the current stream, which is held: a kernel launched
+        # there instead of on s2 has not run when s2's work is done.
+        s1, s2 = torch.openreg.Stream(), torch.openreg.Stream()
 
         def f(x):
-            y = x.sum()
-            with s:
+            with s1:
+                y = x.sum()
+            s2.wait_stream(s1)
+            with s2:
                 z = x * 2 + y
             return z
 
-        x = torch.randn(100, device="openreg")
         compiled = torch.compile(f, fullgraph=True)
-        first = compiled(x)
-        torch.openreg.synchronize()  # `first` was made on s: the default stream may not read it before
-        expected = first.cpu()
-        held = hold()  # the default stream is held
+        compiled(torch.randn(100, device="openreg"))
+        x = torch.randn(100, device="openreg")  # not the values the first call's buffers hold
+        s1.wait_stream(torch.openreg.current_stream())  # x's producer (before the hold)
+        held = hold()  # the current stream is held
         out = compiled(x)
-        with torch.openreg.stream(s):
-            got = out.cpu()  # waits for s only: the kernel must have run there
+        with torch.openreg.stream(s2):
+            got = out.cpu()  # waits for s2 only: the kernel must have run there
         release.set()
-        self.assertEqual(got, expected)
+        self.assertEqual(got, x.cpu() * 2 + x.cpu().sum(), rtol=1e-4, atol=1e-4)
         del held
 
     def test_wait_stream_in_region(self):
@@ -120,6 +123,157 @@ class TestAsynchrony(TestCase):
         release.set()
         self.assertTrue(pending, "the default stream did not wait for s")
         self.assertEqual(out.cpu(), x.cpu() * 3 + 1)
+        del held
+
+
+class TestCrossStreamBuffers(TestCase):
+    """A buffer made on one stream and read by a kernel on another at its last use. Inductor frees
+    it right there (``del buf0``) and torch 2.13 may give its memory to the next buffer of the graph
+    (``buf4 = buf0  # reuse``), while the reading stream can still be behind: the caching allocator
+    then hands the block to the other stream's next allocation. Eager code keeps the tensor until the
+    function returns. The wrapper records such a buffer on the streams that use it before freeing
+    it and never reuses it (codegen/wrapper.py, ``_CrossStreamBuffers``)."""
+
+    N = 768  # 2.25 MiB: the allocator's large pool, one segment after empty_cache()
+
+    def tearDown(self):
+        release.set()
+        super().tearDown()
+
+    def compile(self, fn, reuse, *args):
+        """``fn`` compiled with ``allow_buffer_reuse=reuse``, run once (nothing held), and its code."""
+        torch._dynamo.reset()
+        release.set()
+        with torch._inductor.config.patch(allow_buffer_reuse=reuse):
+            compiled = torch.compile(fn, fullgraph=True)
+            _, (code,) = run_and_get_code(compiled, *args)
+        torch.openreg.synchronize()
+        return compiled, code
+
+    def assert_recorded_not_reused(self, code, stream):
+        recorded = re.findall(rf"^\s*(buf\d+)\.record_stream\({stream}\)", code, flags=re.M)
+        self.assertTrue(recorded, f"no buffer recorded on {stream}:\n{code}")
+        for name in recorded:
+            self.assertNotRegex(code, rf"= {name}\b.*# reuse", f"{name} is reused")
+            self.assertRegex(code, rf"{name}\.record_stream\({stream}\)[^\n]*\n\s*del {name}\n")
+
+    def assert_compiled_as_eager(self, f, args, expected, held_stream, drain, recorded_on):
+        """With buffer reuse on and off: the compiled code records the shared buffer on
+        ``recorded_on`` and never reuses it, and, run with ``held_stream`` held, gives what eager
+        openreg gives, which is ``expected``."""
+        for reuse in (True, False):
+            with self.subTest(allow_buffer_reuse=reuse):
+                compiled, code = self.compile(f, reuse, *args)
+                self.assert_recorded_not_reused(code, recorded_on)
+                eager = self.run_held(f, args, held_stream, drain)
+                got = self.run_held(compiled, args, held_stream, drain)
+                self.assertEqual(eager, expected, rtol=1e-4, atol=1e-3)
+                self.assertEqual(got, eager, rtol=1e-4, atol=1e-3)
+
+    def run_held(self, fn, args, held_stream, drain):
+        """``fn(*args)`` with ``held_stream`` held until ``drain`` (the other stream) finished."""
+        fn(*args)  # an op signature's first call is synchronous: not while a stream is held
+        torch.openreg.synchronize()
+        torch.openreg.empty_cache()  # the freed buffer's block is the next one of its size
+        with torch.openreg.stream(held_stream):
+            held = hold()
+        out = fn(*args)
+        drain.synchronize()
+        self.assertFalse(held_stream.query(), "the held stream ran before release")
+        release.set()
+        torch.openreg.synchronize()
+        del held
+        return [t.cpu() for t in out]
+
+    def test_side_stream_reads_a_buffer_at_its_last_use(self):
+        s = torch.openreg.Stream()
+
+        def f(x, w):
+            t = x * 2  # current stream
+            s.wait_stream(torch.accelerator.current_stream())
+            with s:
+                u = (t + 1).sum(0)  # t's last use, on s (held)
+            v = torch.mm(w, w)  # the current stream's next buffer of t's size
+            return u, v
+
+        x, w = torch.randn(self.N, self.N), torch.randn(self.N, self.N) / 30
+        expected = [(x * 2 + 1).sum(0), w @ w]
+        args = (x.to("openreg"), w.to("openreg"))
+        self.assert_compiled_as_eager(f, args, expected, s, torch.openreg.current_stream(), "stream1")
+
+    def test_extern_kernel_on_side_stream_reads_a_buffer_at_its_last_use(self):
+        # The reader is a fallback operator (an extern call, not a generated kernel) that holds s.
+        s = torch.openreg.Stream()
+
+        def f(x, w):
+            t = x * 2
+            s.wait_stream(torch.accelerator.current_stream())
+            with s:
+                u = hold_stream(t)  # holds s until released, then copies t: t's last use
+            v = torch.mm(w, w)
+            return u, v
+
+        x, w = torch.randn(self.N, self.N), torch.randn(self.N, self.N) / 30
+        args = (x.to("openreg"), w.to("openreg"))
+        default = torch.openreg.current_stream()
+        for reuse in (True, False):
+            with self.subTest(allow_buffer_reuse=reuse):
+                compiled, code = self.compile(f, reuse, *args)
+                self.assert_recorded_not_reused(code, "stream1")
+                for fn in (f, compiled):
+                    fn(*args)  # an op signature's first call is synchronous
+                    torch.openreg.synchronize()
+                    torch.openreg.empty_cache()
+                    release.clear()
+                    u, v = fn(*args)
+                    default.synchronize()  # v is written; s still holds
+                    self.assertFalse(s.query())
+                    release.set()
+                    torch.openreg.synchronize()
+                    self.assertEqual([u.cpu(), v.cpu()], [x * 2, w @ w], rtol=1e-4, atol=1e-3)
+
+    def test_current_stream_reads_a_side_stream_buffer_at_its_last_use(self):
+        # The other way round: t is made on s, its last reader runs on the (held) current stream,
+        # and s allocates a buffer of t's size next.
+        s = torch.openreg.Stream()
+
+        def f(x, y):
+            with s:
+                t = x * 2
+            torch.accelerator.current_stream().wait_stream(s)
+            a = (t + 1).sum(0)  # t's last use, on the held current stream
+            with s:
+                b = y * 3  # s's next buffer of t's size
+            return a, b
+
+        x, y = torch.randn(self.N, self.N), torch.randn(self.N, self.N)
+        expected = [(x * 2 + 1).sum(0), y * 3]
+        args = (x.to("openreg"), y.to("openreg"))
+        s.wait_stream(torch.openreg.current_stream())  # the inputs' copies
+        self.assert_compiled_as_eager(f, args, expected, torch.openreg.current_stream(), s, "default_stream")
+
+    def test_kernels_of_two_streams_stay_apart(self):
+        # C++ kernels are grouped until a flush; a stream switch must end the group, or the side
+        # stream's reduction runs in the current stream's kernel.
+        s = torch.openreg.Stream()
+
+        def f(x, w):
+            a = x.sum(1)
+            with s:
+                u = (x.sin() * 3).sum(0)
+            return u, w.cos().sum(1) + a
+
+        x, w = torch.randn(256, 256, device="openreg"), torch.randn(256, 64, device="openreg")
+        compiled, code = self.compile(f, True, x, w)
+        self.assertEqual(launches_in(code), 2)
+        x = torch.randn(256, 256, device="openreg")  # not the values of the first call's buffers
+        s.wait_stream(torch.openreg.current_stream())
+        held = hold()  # the current stream
+        u, _ = compiled(x, w)
+        with torch.openreg.stream(s):
+            got = u.cpu()  # waits for s only
+        release.set()
+        self.assertEqual(got, (x.cpu().sin() * 3).sum(0), rtol=1e-4, atol=1e-4)
         del held
 
 

@@ -6,12 +6,23 @@ runs on, fetch the current raw stream once per device (``stream1 = get_raw_strea
 call each kernel's launcher as ``kernel(stream1, buf0, arg0_1, ...)``. Inside a user stream
 context (``with torch.openreg.stream(s)`` in the compiled region) the stream is fetched again
 at that point, so the kernels go to the user's stream.
+
+Buffers shared between streams in the compiled region (``_CrossStreamBuffers``): a buffer or input
+that a kernel on another stream than its own uses is never given to another buffer of the graph
+(no ``buf4 = buf0  # reuse``, no in-place reuse), and its early free records it on the streams that
+used it first (``buf0.record_stream(stream1); del buf0``), so openreg's caching allocator hands its
+block out again only once those streams are done with it. See docs/mechanisms/compiler.md, "Stream
+contexts in the compiled region".
 """
 
 from __future__ import annotations
 
-from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor import config, ir
+from torch._inductor.codegen.wrapper import FreeLine, PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.dependencies import WeakDep
+from torch._inductor.scheduler import NopKernelSchedulerNode
 from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
+from torch._inductor.stream_utils import get_stream_name
 from torch._inductor.virtualized import V
 
 from .. import _torch213
@@ -35,8 +46,106 @@ class _LaunchOnStream:
             stream = self.write_get_raw_stream(index, kwargs.get("graph_name", V.graph.name))
         self.writeline(f"{kernel_name}({', '.join([stream, *map(str, call_args)])})")
 
+    def codegen_cuda_stream_exit(self) -> None:
+        # CppScheduling defers a kernel's call to the next flush, and Scheduler._codegen flushes on
+        # a device change, an extern kernel or a full kernel group, not on a stream switch: nodes
+        # of two streams were merged into one kernel that ran on the later stream. Flushing (and
+        # freeing, as every flush does) before the context ends keeps each launch in its stream.
+        V.graph.scheduler.flush()
+        super().codegen_cuda_stream_exit()
 
-class OpenRegPythonWrapper(_LaunchOnStream, _torch213.WrapperFixes, PythonWrapperCodegen):
+
+def _storage_names(name: str, scheduler) -> set[str]:
+    """``name``, the buffer a mutation of it names, and the buffers it is a view of."""
+    names, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        for n in (current, scheduler.mutation_real_name.get(current, current)):
+            if n in names:
+                continue
+            names.add(n)
+            buf = V.graph.try_get_buffer(n)
+            if isinstance(buf, ir.Buffer):
+                todo.extend(buf.get_inputs_that_alias_output())
+    return names
+
+
+def _home_stream(name: str, scheduler) -> int:
+    """The stream a buffer was allocated on: its producer's (inputs: the caller's, index 0).
+    Not ``Scheduler.get_buf_stream``: that follows a mutation to the *new* name, and the stream
+    operators "mutate" what they order (``wait_stream`` makes ``buf2`` out of ``buf0``), so a
+    buffer made on a side stream would count as the default stream's."""
+    real = scheduler.mutation_real_name.get(name, name)
+    return scheduler.buff_to_stream.get(real, DEFAULT_STREAM_IDX)
+
+
+def _accesses_memory(node) -> bool:
+    """Not a no-op node or a stream operator (``torch.ops.streams.wait_stream``, ``record_event``,
+    ...): those read and "mutate" buffers only to be ordered with their users."""
+    if isinstance(node, NopKernelSchedulerNode):
+        return False
+    op = getattr(node.node, "op_overload", None)
+    return getattr(op, "namespace", None) != "streams"
+
+
+class _CrossStreamBuffers:
+    """Buffers and inputs that kernels on another stream than their own use (their own: the
+    stream of the node that produced them, for inputs the caller's stream), and the lifetime rules
+    for them. Inductor frees a buffer right after its last use in program order and 2.13 plans
+    reuse by the producer's stream only (``torch._inductor.codegen.wrapper.buffer_reuse_key``); an
+    eager program keeps the tensor alive until the function returns."""
+
+    def _cross_stream_uses(self) -> dict[str, set[int]]:
+        scheduler = V.graph.scheduler
+        cached = getattr(self, "_cross_stream_cache", None)
+        if cached is not None and cached[0] is scheduler:
+            return cached[1]
+        uses: dict[str, set[int]] = {}
+        # Inductor's pool planner (config.memory_planning, inference only, off by default) places
+        # buffers in one allocation by live range and ignores streams: left as upstream.
+        pools = config.memory_planning and V.graph.is_inference
+        if scheduler is not None and scheduler._has_multi_stream_nodes() and not pools:
+            for node in scheduler.nodes:
+                stream = scheduler.node_to_stream.get(node)
+                if stream is None or not _accesses_memory(node):
+                    continue
+                for dep in node.read_writes.reads_and_writes():
+                    if isinstance(dep, WeakDep):  # an ordering edge, no access
+                        continue
+                    for name in _storage_names(dep.name, scheduler):
+                        if _home_stream(name, scheduler) != stream:
+                            uses.setdefault(name, set()).add(stream)
+        self._cross_stream_cache = (scheduler, uses)
+        return uses
+
+    def can_reuse(self, input_buffer, output_buffer=None) -> bool:
+        # Consulted for in-place reuse (decide_inplace_update) and before a free becomes a
+        # candidate for reuse (codegen_free): a buffer another stream reads is neither.
+        if input_buffer.get_name() in self._cross_stream_uses():
+            return False
+        return super().can_reuse(input_buffer, output_buffer)
+
+    def codegen_free(self, buffer) -> None:
+        name = buffer.get_name()
+        streams = self._cross_stream_uses().get(name)
+        if not streams or isinstance(buffer, ir.TorchBindObject):
+            return super().codegen_free(buffer)
+        is_input = isinstance(buffer, ir.InputBuffer)
+        # Not freeable at all (a constant, an input Inductor keeps, already freed): as upstream.
+        if not is_input and not super().can_reuse(buffer):
+            return
+        # The free is emitted after the buffer's last use in program order, so the allocator's
+        # events, taken on these streams at the free, follow every kernel that used it there.
+        names = [get_stream_name(s) for s in sorted(streams)]
+        recorded = "; ".join(f"{name}.record_stream({stream})" for stream in names)
+        self.writeline(f"{recorded}  # also used on {', '.join(names)}: its block waits for that")
+        if is_input:
+            return super().codegen_free(buffer)  # FreeLine: `del arg0_1`
+        self.freed.add(name)
+        self.writeline(FreeLine(self, buffer))  # `del buf0`, never a reuse candidate
+
+
+class OpenRegPythonWrapper(_LaunchOnStream, _CrossStreamBuffers, _torch213.WrapperFixes, PythonWrapperCodegen):
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
         if is_subgraph:
@@ -48,5 +157,7 @@ class OpenRegPythonWrapper(_LaunchOnStream, _torch213.WrapperFixes, PythonWrappe
         self.imports.writeline("from openreg_inductor.codegen.launch import load_kernel as openreg_kernel")
 
 
-class OpenRegSubgraphWrapper(_LaunchOnStream, _torch213.WrapperFixes, SubgraphPythonWrapperCodegen):
+class OpenRegSubgraphWrapper(
+    _LaunchOnStream, _CrossStreamBuffers, _torch213.WrapperFixes, SubgraphPythonWrapperCodegen
+):
     pass
