@@ -1412,6 +1412,21 @@ void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   run_synchronously(op, stack, std::move(args), device, nullptr, to_host);
 }
 
+std::vector<std::string> shadowed_by_composite(c10::DispatchKey cpu_key, c10::DispatchKey own_key,
+                                               std::initializer_list<c10::DispatchKey> composites) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  std::vector<std::string> names;
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(cpu_key) || op->hasKernelForDispatchKey(own_key)) continue;
+    bool composite = false;
+    for (c10::DispatchKey k : composites) composite |= op->hasKernelForDispatchKey(k);
+    if (composite) names.push_back(name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name));
+  }
+  return names;
+}
+
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
   std::vector<std::pair<std::string, int64_t>> out;

@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,12 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
 // CPU's nested kernels on the device (registered as the fallback of NestedTensorPrivateUse1;
 // OpenRegNested.cpp).
 void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+// The aten operators ("name" or "name.overload") that have a kernel for `cpu_key`, none for
+// `own_key`, and one for any of `composites`. A composite kernel outranks a backend's fallback, so
+// the sparse and nested paths register these for their key by name (once, after every static
+// registration of the backend ran).
+std::vector<std::string> shadowed_by_composite(c10::DispatchKey cpu_key, c10::DispatchKey own_key,
+                                               std::initializer_list<c10::DispatchKey> composites);
 // Registers the generic path for the functional and in-place overloads of structured ops
 // (once, after every static registration of the backend ran); returns how many.
 size_t route_structured_ops();

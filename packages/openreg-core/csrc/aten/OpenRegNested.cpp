@@ -63,25 +63,15 @@ void check_cpu_kernel(const c10::OperatorHandle& op) {
 
 size_t route_nested_ops() {
   static size_t routed = [] {
-    auto& dispatcher = c10::Dispatcher::singleton();
     static auto* lib =
         new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1, __FILE__, __LINE__);
-    size_t n = 0;
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1))
-        continue;
-      const bool composite = op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-                             op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-                             op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-      if (!composite) continue;  // the nested fallback serves it
-      const std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&c10::openreg::nested_kernel>());
-      ++n;
-    }
-    return n;
+    const auto ops =
+        shadowed_by_composite(c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::NestedTensorPrivateUse1,
+                              {c10::DispatchKey::CompositeImplicitAutograd, c10::DispatchKey::CompositeExplicitAutograd,
+                               c10::DispatchKey::CompositeExplicitAutogradNonFunctional});
+    for (const std::string& op : ops)
+      lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&c10::openreg::nested_kernel>());
+    return ops.size();
   }();
   return routed;
 }

@@ -30,6 +30,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "OpenRegFallback.h"
 
@@ -146,30 +147,21 @@ void check_cpu_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
 
 size_t route_sparse_ops() {
   static size_t routed = [] {
-    auto& dispatcher = c10::Dispatcher::singleton();
     static auto* coo_lib =
         new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
     static auto* csr_lib =
         new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__);
-    const std::pair<c10::DispatchKey, torch::Library*> keys[] = {{c10::DispatchKey::SparseCPU, coo_lib},
-                                                                 {c10::DispatchKey::SparseCsrCPU, csr_lib}};
+    const std::tuple<c10::DispatchKey, c10::DispatchKey, torch::Library*> keys[] = {
+        {c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1, coo_lib},
+        {c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1, csr_lib}};
     size_t n = 0;
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op) continue;
-      const bool composite = op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-                             op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-      if (!composite) continue;  // the sparse fallback serves it
-      const std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      for (const auto& [cpu_key, lib] : keys) {
-        const auto own_key = cpu_key == c10::DispatchKey::SparseCPU ? c10::DispatchKey::SparsePrivateUse1
-                                                                    : c10::DispatchKey::SparseCsrPrivateUse1;
-        if (!op->hasKernelForDispatchKey(cpu_key) || op->hasKernelForDispatchKey(own_key)) continue;
-        lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_kernel>());
+    for (const auto& [cpu_key, own_key, lib] : keys)
+      for (const std::string& op : shadowed_by_composite(cpu_key, own_key,
+                                                         {c10::DispatchKey::CompositeExplicitAutograd,
+                                                          c10::DispatchKey::CompositeExplicitAutogradNonFunctional})) {
+        lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_kernel>());
         ++n;
       }
-    }
     return n;
   }();
   return routed;
