@@ -145,6 +145,25 @@ class HandleTable {
 };
 
 // ---- streams ----
+// What a stream waits for before an item runs: a counter reaching a value (an event's
+// generation, or another stream's item).
+struct WaitTarget {
+  Progress* progress = nullptr;
+  uint64_t value = 0;
+};
+
+// What an event's record waits for on its stream: the stream's last kernel (or copy, ...) and the
+// event waits queued after it. Another stream that waits for the event waits for these instead
+// (orStreamWaitEvent), so a chain of streams that meet on an otherwise idle stream (a comm
+// stream's end, waited for on the current stream, waited for by the next comm stream) skips that
+// stream's worker: one thread less to wake per hop.
+struct Forward {
+  static constexpr size_t kMax = 4;  // more waits than this after the last kernel: not forwarded
+  std::array<WaitTarget, kMax + 1> targets{};
+  size_t count = 0;
+  uint64_t generation = 0;  // the event's record these are for (0: none)
+};
+
 struct WorkItem {
   orKernelFn fn = nullptr;
   void* args = nullptr;
@@ -183,6 +202,11 @@ struct Stream {
   bool sleeping = false;    // the worker waits on work_cv
   bool has_worker = false;
   Graph* capture = nullptr;  // non-null while the stream records into a graph
+  // Since the last item that is neither an event record nor a wait (its sequence number): the
+  // waits queued, for Forward.
+  uint64_t last_work_seq = 0;
+  std::array<WaitTarget, Forward::kMax> tail_waits{};
+  size_t tail_wait_count = 0;
   // The queue: item `seq` sits in ring[seq % ring.size()] until the worker copies it out;
   // that slot is free again once item seq - ring.size() has completed. Items that find
   // their slot still taken wait in `overflow` (under mu) instead.
@@ -196,7 +220,8 @@ struct Stream {
   alignas(64) Progress completed;                  // written by the worker
 
   // Returns the item's sequence number; while capturing, records the item instead and returns 0.
-  uint64_t enqueue(const WorkItem& item);
+  // `forward` (for an event record) receives what the item waits for on this stream.
+  uint64_t enqueue(const WorkItem& item, Forward* forward = nullptr);
   bool capturing() {
     std::lock_guard<std::mutex> lock(mu);
     return capture != nullptr;
@@ -227,6 +252,7 @@ struct Event {
   std::atomic<uint64_t> recorded{0};  // generation of the last orEventRecord
   Progress completed;                 // generation that last ran
   std::atomic<uint64_t> time_ns{0};   // when the last record ran
+  Forward forward;                    // under record_mu: what the last record waits for
 };
 
 // A destroyed event's slot is recycled only after its queued records ran: orEventCreate marks a

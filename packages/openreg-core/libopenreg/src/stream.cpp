@@ -95,7 +95,30 @@ void Progress::wait_for(uint64_t v) {
   if (hooks != nullptr) hooks->end(token);
 }
 
-uint64_t Stream::enqueue(const WorkItem& in) {
+namespace {
+struct RecordArgs {
+  Event* event;
+  uint64_t generation;
+};
+
+orStatus record_kernel(void* p) {
+  auto* a = static_cast<RecordArgs*>(p);
+  a->event->time_ns.store(platform::now_ns(), std::memory_order_relaxed);
+  a->event->completed.advance_to(a->generation);
+  return orSuccess;
+}
+
+orStatus wait_kernel(void* p) {
+  auto* a = static_cast<WaitTarget*>(p);
+  a->progress->wait_for(a->value);
+  return orSuccess;
+}
+
+void delete_record_args(void* p) { delete static_cast<RecordArgs*>(p); }
+void delete_wait_args(void* p) { delete static_cast<WaitTarget*>(p); }
+}  // namespace
+
+uint64_t Stream::enqueue(const WorkItem& in, Forward* forward) {
   std::unique_lock<std::mutex> lock(mu);
   if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
     capture->items.push_back(in);
@@ -119,6 +142,18 @@ uint64_t Stream::enqueue(const WorkItem& in) {
   *item = in;
   item->seq = seq;
   trace_prepare(*item);
+  if (in.fn == record_kernel) {  // waits for nothing itself: what it follows, for Forward
+    if (forward != nullptr) {
+      forward->count = 0;
+      for (size_t i = 0; i < tail_wait_count; ++i) forward->targets[forward->count++] = tail_waits[i];
+      if (completed.value() < last_work_seq) forward->targets[forward->count++] = {&completed, last_work_seq};
+    }
+  } else if (in.fn == wait_kernel && tail_wait_count < tail_waits.size()) {
+    tail_waits[tail_wait_count++] = *static_cast<const WaitTarget*>(in.args);
+  } else {  // work (or one wait too many): whoever waits for what follows waits for this item
+    last_work_seq = seq;
+    tail_wait_count = 0;
+  }
   submitted_locked = seq;
   submitted.store(seq, std::memory_order_release);
   const bool wake = sleeping;
@@ -248,25 +283,14 @@ orStatus capture_error(const char* what) {
 
 namespace {
 
-struct RecordArgs {
-  Event* event;
-  uint64_t generation;
-};
-
-orStatus record_kernel(void* p) {
-  auto* a = static_cast<RecordArgs*>(p);
-  a->event->time_ns.store(platform::now_ns(), std::memory_order_relaxed);
-  a->event->completed.advance_to(a->generation);
-  return orSuccess;
+void enqueue_wait(Stream& s, Progress* progress, uint64_t value) {
+  WorkItem item;
+  item.fn = wait_kernel;
+  item.args = new WaitTarget{progress, value};
+  item.deleter = delete_wait_args;
+  item.name = "openreg::wait_event";
+  s.enqueue(item);
 }
-
-orStatus wait_kernel(void* p) {
-  auto* a = static_cast<RecordArgs*>(p);
-  a->event->completed.wait_for(a->generation);
-  return orSuccess;
-}
-
-void delete_record_args(void* p) { delete static_cast<RecordArgs*>(p); }
 
 orStatus event_device_error(Event& e) {
   int device = e.device.load();
@@ -389,17 +413,22 @@ orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flag
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
   uint64_t generation = 0;
+  Forward forward;
   {
     std::lock_guard<std::mutex> lock(e->record_mu);  // that generation's record is queued
     generation = e->recorded.load(std::memory_order_acquire);
+    forward = e->forward;
   }
   if (e->completed.value() >= generation) return orSuccess;  // nothing to wait for
-  WorkItem item;
-  item.fn = wait_kernel;
-  item.args = new RecordArgs{e, generation};
-  item.deleter = delete_record_args;
-  item.name = "openreg::wait_event";
-  s->enqueue(item);
+  if (forward.generation != generation) {
+    enqueue_wait(*s, &e->completed, generation);
+    return orSuccess;
+  }
+  // Wait for what the record waits for, not for the record's stream to reach it (see Forward).
+  for (size_t i = 0; i < forward.count; ++i) {
+    const WaitTarget& t = forward.targets[i];
+    if (t.progress->value() < t.value) enqueue_wait(*s, t.progress, t.value);
+  }
   return orSuccess;
 }
 
@@ -448,8 +477,10 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   item.deleter = delete_record_args;
   item.name = "openreg::record_event";
   std::lock_guard<std::mutex> lock(e->record_mu);  // until queued: see Event::record_mu
-  item.args = new RecordArgs{e, e->recorded.fetch_add(1) + 1};
-  s->enqueue(item);  // never blocks
+  const uint64_t generation = e->recorded.fetch_add(1) + 1;
+  item.args = new RecordArgs{e, generation};
+  if (s->enqueue(item, &e->forward) != 0)  // never blocks; 0: captured (another thread began a capture)
+    e->forward.generation = generation;
   return orSuccess;
 }
 

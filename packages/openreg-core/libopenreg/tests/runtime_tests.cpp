@@ -2189,6 +2189,83 @@ TEST(faults_copy_fails_on_the_device) {
   check_all_memory_free();
 }
 
+// A stream that waits for an event recorded on a stream with no work of its own left (only waits
+// since its last kernel) waits for those waits' events, not for that stream's worker to reach the
+// record (Forward in runtime_internal.h). Stream b below is slowed by a minute per item, so c can
+// only finish early if its wait skipped b's worker; once b has a kernel of its own, c must wait
+// for it. No timing assumption: the slowed items wait until disarming ends them.
+TEST(stream_wait_event_forwards_through_a_waiting_stream) {
+  orStream_t a = nullptr, b = nullptr, c = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  CHECK_OK(orStreamCreate(&c));
+  orEvent_t on_a = nullptr, on_b = nullptr;
+  CHECK_OK(orEventCreate(&on_a));
+  CHECK_OK(orEventCreate(&on_b));
+  int produced = 0, observed = -1;  // plain ints: the events are the only ordering
+  Gate gate;
+  CHECK_OK(openreg::launch(a, "test::producer", [&] {
+    gate.wait();
+    produced = 42;
+  }));
+  CHECK_OK(orEventRecord(on_a, a));
+  CHECK_OK(orInjectFaults(("slow@" + hex_handle(b) + ":60000").c_str()));
+  CHECK_OK(orStreamWaitEvent(b, on_a, 0));
+  CHECK_OK(orEventRecord(on_b, b));
+  CHECK_OK(orStreamWaitEvent(c, on_b, 0));
+  CHECK_OK(openreg::launch(c, "test::consumer", [&] { observed = produced; }));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(c));  // a's producer has not run
+  gate.release();
+  const auto deadline = Clock::now() + 20s;
+  while (orStreamQuery(c) == orErrorNotReady && Clock::now() < deadline) std::this_thread::yield();
+  CHECK_OK(orStreamQuery(c));
+  CHECK_EQ(observed, 42);
+  CHECK_STATUS(orErrorNotReady, orEventQuery(on_b));  // b's own worker has not reached its record
+  CHECK_OK(orInjectFaults(""));
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK_OK(orEventQuery(on_b));
+
+  // b's kernel comes before its record: c waits for it, slowed as it is.
+  CHECK_OK(orInjectFaults(("slow@" + hex_handle(b) + ":60000").c_str()));
+  int from_b = 0;
+  CHECK_OK(openreg::launch(b, "test::b_work", [&] { from_b = 7; }));
+  CHECK_OK(orStreamWaitEvent(b, on_a, 0));  // a is done: queues nothing
+  CHECK_OK(orEventRecord(on_b, b));
+  CHECK_OK(orStreamWaitEvent(c, on_b, 0));
+  CHECK_OK(openreg::launch(c, "test::consumer2", [&] { observed = from_b; }));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(c));
+  CHECK_OK(orInjectFaults(""));
+  CHECK_OK(orStreamSynchronize(c));
+  CHECK_EQ(observed, 7);
+
+  // More waits after b's last kernel than are forwarded: c waits for the record itself.
+  Gate gate3;
+  CHECK_OK(openreg::launch(a, "test::producer3", [&] {
+    gate3.wait();
+    produced = 3;
+  }));
+  std::vector<orEvent_t> events(6);
+  for (auto& e : events) {
+    CHECK_OK(orEventCreateWithFlags(&e, orEventDisableTiming));
+    CHECK_OK(orEventRecord(e, a));
+    CHECK_OK(orStreamWaitEvent(b, e, 0));
+  }
+  CHECK_OK(orEventRecord(on_b, b));
+  CHECK_OK(orStreamWaitEvent(c, on_b, 0));
+  CHECK_OK(openreg::launch(c, "test::consumer3", [&] { observed = produced; }));
+  CHECK_STATUS(orErrorNotReady, orStreamQuery(c));
+  gate3.release();
+  CHECK_OK(orStreamSynchronize(c));
+  CHECK_EQ(observed, 3);
+  CHECK_OK(orEventQuery(on_b));
+  for (auto& e : events) CHECK_OK(orEventDestroy(e));
+  CHECK_OK(orEventDestroy(on_a));
+  CHECK_OK(orEventDestroy(on_b));
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+  CHECK_OK(orStreamDestroy(c));
+}
+
 // No timing assumption: the slowed item waits a minute unless disarming ends the wait, and the
 // test disarms as soon as it has seen the other stream and device finish meanwhile.
 TEST(faults_slow_stream_delays_only_its_stream) {
