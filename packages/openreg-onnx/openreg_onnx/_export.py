@@ -257,7 +257,10 @@ SAVE_OPTIONS = {
 def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
     """Takes the save-only options out of ``export_kwargs`` (they must not reach
     ``torch.onnx.export`` without ``f``, where they have no effect); returns them as
-    ``ONNXProgram.save`` keywords. Raises ``TypeError`` when one is given without ``f``."""
+    ``ONNXProgram.save`` keywords. Raises ``TypeError`` when one is given without ``f``.
+    There ``external_data=True`` writes the weights to ``<f>.data`` next to the model; ``False``
+    (and the default, None) inlines them unless they exceed protobuf's 2 GB, as ``ONNXProgram.save``
+    does (torch.onnx.export's own default is True)."""
     given = {k: export_kwargs.pop(k) for k in list(SAVE_OPTIONS) if k in export_kwargs}
     if given and f is None:
         raise TypeError(
@@ -266,14 +269,6 @@ def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
             "include_initializers=..., keep_initializers_as_inputs=...)"
         )
     return {SAVE_OPTIONS[k]: v for k, v in given.items()}
-
-
-def save(program, f, **save_options) -> None:
-    """``program.save(f, ...)`` with the options ``pop_save_options`` returned.
-    ``external_data=True`` writes the weights to ``<f>.data`` next to the model, ``False`` (and
-    the default, None) inlines them unless they exceed protobuf's 2 GB, as ``ONNXProgram.save``
-    does (torch.onnx.export's own default is True)."""
-    program.save(f, **save_options)
 
 
 def _torch_export(model, args, mode, custom_translation_table, **kwargs):
@@ -338,5 +333,5 @@ def export(
         )
     _finish(program, mode, device, model, args, kwargs, dynamic_shapes)
     if f is not None:
-        save(program, f, **save_options)
+        program.save(f, **save_options)
     return program

@@ -98,7 +98,7 @@ def export_without_weights(
     program.model.metadata_props[_export.METADATA_PREFIX + "weights"] = "none (fake at export)"
     if weights is None:
         if f is not None:
-            _export.save(program, f, **save_options)  # the graph alone (export_params=False)
+            program.save(f, **save_options)  # the graph alone (export_params=False)
         return program
     # Every initializer still fake: parameters and buffers the graph uses, whether or not
     # state_dict() lists them, and tensor attributes. Constants the exporter or forward made
@@ -117,5 +117,5 @@ def export_without_weights(
     program.model.metadata_props[_export.METADATA_PREFIX + "weights"] = "applied after a fake-tensor export"
     program.optimize()
     if f is not None:
-        _export.save(program, f, **save_options)
+        program.save(f, **save_options)
     return program
