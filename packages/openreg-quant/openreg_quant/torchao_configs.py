@@ -5,10 +5,12 @@ torchao's stock ``Int8DynamicActivationInt8WeightConfig`` cannot run on openreg 
 its int8 matmul (``torchao.kernel.intmm.safe_int_mm``) formats the input with ``__repr__()`` to
 detect FakeTensors, which copies the tensor's data to the host on any device, and copies both
 operands to the host when a width is not a multiple of 8. ``OpenRegInt8DynamicActivationInt8WeightConfig``
-does the same quantization (int8 per-token symmetric activations chosen at run time, int8
-per-channel symmetric weights) with openreg's native kernels only: ``choose_qparams_per_token``,
+uses the same scheme (int8 per-token symmetric activations chosen at run time, int8 per-channel
+symmetric weights) with openreg's native kernels only: ``choose_qparams_per_token``,
 ``quantize_per_token``, ``aten::_int_mm`` and elementwise ops; nothing waits for or copies from the
-device. (torchao's ``Int8WeightOnlyConfig`` already runs on openreg without host copies.)
+device. Those kernels follow ``quantized_decomposed``'s rounding conventions ([-127, 127], amax / 127),
+not torchao's ``Int8Tensor``'s ([-128, 127], amax / 127.5): as accurate, not the same bits.
+(torchao's ``Int8WeightOnlyConfig`` already runs on openreg without host copies.)
 """
 
 from __future__ import annotations

@@ -107,3 +107,29 @@ class TestTorchaoConfigs(TestCase):
 
         self.assertIsInstance(self._model, torch.nn.Sequential)
         self.assertIsInstance(self._model[0], Int8DynamicActivationLinear)
+
+    def test_openreg_config_against_the_stock_config(self):
+        # Same scheme, quantized_decomposed's conventions (range [-127, 127], scale amax / 127,
+        # x / scale) instead of torchao's Int8Tensor's ([-128, 127], amax / 127.5, x * (1 / scale)):
+        # not the stock config's bits, as accurate against the float model (see the docs).
+        import copy
+
+        from openreg_quant import OpenRegInt8DynamicActivationInt8WeightConfig
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+        for width in (40, 36, 256):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, width))
+            x = torch.randn(8, 64)
+            ref = model(x).detach()
+            stock = copy.deepcopy(model)
+            quantize_(stock, Int8DynamicActivationInt8WeightConfig())
+            ours = copy.deepcopy(model).to("openreg")
+            quantize_(ours, OpenRegInt8DynamicActivationInt8WeightConfig())
+            with torch.no_grad():
+                y_stock, y_ours = stock(x), ours(x.to("openreg")).cpu()
+            err_stock = ((y_stock - ref).norm() / ref.norm()).item()
+            err_ours = ((y_ours - ref).norm() / ref.norm()).item()
+            self.assertLess(err_stock, 0.02)
+            self.assertLessEqual(err_ours, err_stock * 1.1)
+            self.assertLess((y_ours - y_stock).abs().max().item(), 0.03 * ref.abs().max().item())
