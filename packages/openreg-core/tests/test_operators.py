@@ -1,6 +1,7 @@
 """The native operator set and the generic zero-copy path, compared with the CPU."""
 
 import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,37 @@ class TestNativeOps(TestCase):
         self.assertEqual((d.stride(), d.cpu()), (cpu.stride(), cpu))
         d.resize_as_(torch.empty(3, 2))
         self.assertEqual((d.stride(), d.cpu()), (cpu.stride(), cpu))
+
+    def test_deterministic_mode_fills_uninitialized_memory_as_the_cpu(self):
+        # Under torch.use_deterministic_algorithms(True) the CPU's and CUDA's empty* and a growing
+        # resize_ fill new memory with NaN (integers: their largest value); openreg's returned what
+        # the caching allocator's reused block held.
+        def results(device):
+            for dtype in (torch.float32, torch.int64):  # leave blocks with known values to be reused
+                torch.full((64,), 5, dtype=dtype, device=device)
+            grown = torch.ones(2, device=device)
+            grown.resize_(5)
+            grown_int = torch.ones(2, dtype=torch.int32, device=device)
+            grown_int.resize_as_(torch.empty(4))
+            return [
+                torch.empty(64, device=device),
+                torch.empty(64, dtype=torch.int64, device=device),
+                torch.empty(3, dtype=torch.complex64, device=device),
+                torch.empty(2, dtype=torch.bool, device=device),
+                torch.empty_like(torch.ones(2, 3, device=device)),
+                torch.empty_strided((2, 2), (1, 2), dtype=torch.float16, device=device),
+                torch.ones(1, device=device).new_empty(4, dtype=torch.uint8),
+                grown,
+                grown_int,
+            ]
+
+        before = torch.are_deterministic_algorithms_enabled()
+        try:
+            torch.use_deterministic_algorithms(True)
+            for cpu, dev in zip(results("cpu"), results("openreg"), strict=True):
+                self.assertEqual(dev.cpu(), cpu, equal_nan=True, exact_dtype=True)
+        finally:
+            torch.use_deterministic_algorithms(before)
 
     def test_set_and_resize_reject_what_the_cpu_rejects(self):
         # A negative offset used to be accepted, and a later copy wrote into the tensor allocated before.
@@ -525,6 +557,39 @@ class TestGenericPath(TestCase):
     def test_shape_error_matches_cpu(self):
         with self.assertRaisesRegex(RuntimeError, "must match the size"):
             torch.ones(3, device="openreg") + torch.ones(4, device="openreg")
+
+    def test_deterministic_mode_alerts_at_the_call_as_the_cpu(self):
+        # put_(accumulate=False) has no deterministic CPU kernel. A signature verified before
+        # use_deterministic_algorithms(True) stayed asynchronous: the refusal came later, as a
+        # kernel failure of an unrelated synchronising call. With warn_only=True the kernel's
+        # warning was dropped with every other device warning: openreg never warned.
+        def put(device):
+            index = torch.tensor([0, 2], device=device)
+            return torch.zeros(5, device=device).put_(index, torch.ones(2, device=device))
+
+        def alerts(call, device):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call(device)
+            return [str(w.message).split(",")[0] for w in caught if "deterministic" in str(w.message)]
+
+        for _ in range(2):  # verified: later calls take the asynchronous path
+            put("openreg")
+        torch.openreg.synchronize()
+        before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        try:
+            torch.use_deterministic_algorithms(True)
+            for device in ("cpu", "openreg"):
+                with self.assertRaisesRegex(RuntimeError, "^put_ does not have a deterministic implementation"):
+                    put(device)  # at the call, with the CPU's error
+            self.assertEqual(torch.ones(2, device="openreg").sum().item(), 2.0)  # nothing left to fail later
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            for _ in range(3):  # every call warns, as on the CPU
+                self.assertEqual(alerts(put, "openreg"), alerts(put, "cpu"))
+                self.assertEqual(len(alerts(put, "cpu")), 1)
+            self.assertEqual(outcome(put, "openreg"), outcome(put, "cpu"))
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
     def test_python_scalars_promote_as_scalars(self):
         # A Python number and a 0-dim tensor promote differently; the meta cache took them for the

@@ -24,6 +24,7 @@
 // generator (see OpenRegGenerator.h).
 #include "OpenRegFallback.h"
 
+#include <ATen/Context.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -43,6 +44,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "../runtime/OpenRegCachingAllocator.h"
 #include "../runtime/OpenRegException.h"
@@ -181,6 +183,31 @@ struct DeviceWarningGuard {
   }
   c10::WarningUtils::WarningHandlerGuard guard_;
 };
+
+// torch.use_deterministic_algorithms(True, warn_only=True): a CPU kernel warns about its
+// nondeterministic algorithm (at::Context::alertNotDeterministic) where CUDA's host code warns at
+// the call. The synchronous path keeps those warnings and the host issues them after the kernel
+// (other device warnings are still dropped); before, openreg hid every such warning.
+bool is_determinism_alert(const c10::Warning& w) {
+  return w.msg().find("does not have a deterministic implementation") != std::string::npos;
+}
+
+struct KeepDeterminismAlerts final : c10::WarningHandler {
+  std::vector<c10::Warning> alerts;
+  void process(const c10::Warning& w) override {
+    if (is_determinism_alert(w)) alerts.push_back(w);
+  }
+};
+
+// The deterministic-algorithms mode a call runs under, part of every meta cache key: under a new
+// mode each signature is verified again on the synchronous path, so that a kernel's refusal (or
+// warning) comes at the call, as on the CPU and CUDA. A signature verified before
+// use_deterministic_algorithms(True) used to stay asynchronous, and the refusal failed a later,
+// unrelated synchronising call as a kernel failure.
+int64_t determinism_word() {
+  const auto& ctx = at::globalContext();
+  return 0x5d00 | int64_t{ctx.deterministicAlgorithms()} | (int64_t{ctx.deterministicAlgorithmsWarnOnly()} << 1);
+}
 
 // A stack captured at launch: plain device tensors as KernelTensorArgs (their
 // slots hold None), device tensors inside lists as launch tensors. Launches are
@@ -681,6 +708,7 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
   thread_local MetaKey key;  // reused: building a key allocates nothing once warm
   key.op = &op.schema();
   key.words.clear();
+  key.words.push_back(determinism_word());
   bool cacheable = true;
   for (const c10::IValue& v : args) cacheable = cacheable && key_value(v, key.words);
   if (cacheable) {
@@ -690,7 +718,7 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
   }
   auto result = compute_meta(op, args, tensor_returns_only);
   if (cacheable) {
-    MetaKey coarse{key.op, {}};
+    MetaKey coarse{key.op, {key.words[0]}};  // the determinism word (see determinism_word)
     for (const c10::IValue& v : args) key_value(v, coarse.words, Key::coarse);
     std::lock_guard<std::mutex> lock(g_meta_mu);
     if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
@@ -720,7 +748,7 @@ void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntA
 // Returns the sizes of the tensors it returned, in order.
 std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args,
                                                     c10::Device device, const MetaResult* meta = nullptr,
-                                                    bool results_on_host = false) {
+                                                    bool results_on_host = false, bool* alerted = nullptr) {
   const auto& schema = op.schema();
   struct State {
     Stack results;
@@ -737,6 +765,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     };
     std::vector<SparseWritten> sparse_written;
     std::exception_ptr error;
+    KeepDeterminismAlerts alerts;  // the kernel's warnings about nondeterminism (warn_only)
   };
   auto state = std::make_shared<State>();
   Stack kernel_args = args;
@@ -744,7 +773,7 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   replace_devices(kernel_args, c10::Device(c10::kCPU));
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
-    DeviceWarningGuard no_warnings;
+    c10::WarningUtils::WarningHandlerGuard keep_alerts(&state->alerts);
     // Below autograd, where the CPU's kernels run on the CPU too (its sparse kernels assert it).
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     try {
@@ -807,6 +836,8 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     }
   }));
   stream.synchronize();
+  for (const c10::Warning& w : state->alerts.alerts) c10::warn(w);  // the host waited: it warns
+  if (alerted != nullptr) *alerted = !state->alerts.alerts.empty();
   if (state->error) std::rethrow_exception(state->error);
   Stack& results = state->results;
   std::vector<std::vector<int64_t>> shapes;
@@ -1215,9 +1246,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     return;
   }
   if (check == Check::unverified) {
-    const bool agrees =
-        run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get()) == shapes_of(*meta);
-    meta->check->store(agrees ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
+    bool alerted = false;
+    const bool agrees = run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get(), false,
+                                          &alerted) == shapes_of(*meta);
+    // A kernel that warned about its nondeterminism (warn_only) stays on the synchronous path, where
+    // the host issues the warning at every call, as the CPU does; the asynchronous path would drop it.
+    meta->check->store(agrees && !alerted ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
     return;
   }
 

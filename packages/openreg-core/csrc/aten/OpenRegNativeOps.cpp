@@ -8,6 +8,8 @@
 #include <ATen/TensorUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -41,6 +43,20 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
 
 namespace {
 
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory
+// (its default): new memory is filled with NaN (integers: their largest value), as the CPU's and
+// CUDA's empty and resize_ do. Without it openreg's empty returned whatever the caching allocator's
+// block held, so a program that is deterministic on the CPU and CUDA was not on openreg.
+bool fill_uninitialized() {
+  return C10_UNLIKELY(at::globalContext().deterministicAlgorithms() &&
+                      at::globalContext().deterministicFillUninitializedMemory());
+}
+
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (fill_uninitialized() && t.numel() > 0) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 void ensure_storage(const at::Tensor& self) {
   const size_t needed =
       at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
@@ -51,16 +67,18 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
-  return at::detail::empty_generic(size, allocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(size, allocator::get(),
+                                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                           c10::dtype_or_default(dtype), memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
   c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
-  return at::detail::empty_strided_generic(
-      size, stride, allocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, allocator::get(),
+                                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                                   c10::dtype_or_default(dtype)));
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -73,7 +91,10 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format", *memory_format);
     impl->empty_tensor_restride(*memory_format);
   }
+  const int64_t old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   ensure_storage(self);
+  // The bytes a growing resize_ adds, as on the CPU and CUDA (see fill_uninitialized).
+  if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 
