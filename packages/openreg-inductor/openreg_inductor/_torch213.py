@@ -86,6 +86,59 @@ def _use_two_step_variance(original, x, *args, **kwargs) -> bool:
         return original(x, *args, **kwargs)
 
 
+# 7. torch/_inductor/lowering.py, _make_reduction_inner(): an argmax/argmin over several dims of a
+#    permuted or non-contiguous input returns the *logical* (row-major) index only where
+#    ``supports_logical_index_argreduce``: Triton, or device type "cpu" with the C++ backend. openreg
+#    generates the CPU's C++ and, with workaround 2, gets the CPU's loop reordering, but not the
+#    logical index: ``x.t().argmax()`` returned the index in memory order (29 where eager and CPU
+#    Inductor give 9). openreg gets the CPU's branch: the loader also returns the row-major index
+#    of the reduction position, as that function does for the CPU.
+#    Test: tests/test_codegen.py::TestReductions::test_argmax_of_a_permuted_input_is_a_logical_index.
+_ARG_REDUCTIONS = ("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value", "argmin_with_value")
+
+
+def _make_reduction_inner(original, x, *, axis, keepdims, dtype, override_return_dtype, reduction_type=None):
+    kwargs = original(
+        x,
+        axis=axis,
+        keepdims=keepdims,
+        dtype=dtype,
+        override_return_dtype=override_return_dtype,
+        reduction_type=reduction_type,
+    )
+    device = kwargs.get("device")
+    reduced_sizes = kwargs["reduction_ranges"]
+    if device is None or device.type != DEVICE or reduction_type not in _ARG_REDUCTIONS or len(reduced_sizes) <= 1:
+        return kwargs
+    import sympy
+    from torch._inductor import ir
+    from torch._inductor.ir import PermuteView
+    from torch._inductor.virtualized import ops
+
+    # The same condition as the CPU's (and the Triton) branch of that function.
+    data = x.data
+    if isinstance(data, PermuteView):
+        logical = True
+    elif isinstance(data, ir.ReinterpretView) or (isinstance(data, ir.StorageBox) and isinstance(data.data, ir.Buffer)):
+        layout = x.get_layout()
+        logical = layout.is_transposed() or not layout.is_contiguous()
+    else:
+        logical = False
+    if not logical:
+        return kwargs
+    value_loader = kwargs["inner_fn"]
+
+    def loader(index, reduction_index):
+        rindex = [sympy.expand(i) for i in reduction_index]
+        linear = rindex[0]
+        for i in range(1, len(rindex)):
+            linear = linear * reduced_sizes[i] + rindex[i]
+        return (value_loader(index, reduction_index), ops.index_expr(linear, torch.int64))
+
+    kwargs["inner_fn"] = loader
+    return kwargs
+
+
 class WrapperFixes:
     """Fixes that live in openreg's wrapper classes (subclass overrides, no patching).
 
@@ -111,7 +164,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4 and 6 (5 is in the wrapper classes). Idempotent."""
+    """Installs workarounds 1-4, 6 and 7 (5 is in the wrapper classes). Idempotent."""
     global _applied
     if _applied:
         return
@@ -134,4 +187,5 @@ def apply() -> None:
     lowering.is_gpu = functools.partial(_lowering_is_gpu, utils.is_gpu)
     scheduler.device_need_guard = functools.partial(_device_need_guard, utils.device_need_guard)
     lowering.use_two_step_variance = functools.partial(_use_two_step_variance, lowering.use_two_step_variance)
+    lowering._make_reduction_inner = functools.partial(_make_reduction_inner, lowering._make_reduction_inner)
     _applied = True

@@ -113,6 +113,15 @@ class TestReductions(TestCase):
         torch._dynamo.reset()
         compare_with_cpu_inductor(self, f, *args, exact=False, atol=1e-5, rtol=1e-5)
 
+    def test_argmax_of_a_permuted_input_is_a_logical_index(self):
+        # argmax/argmin over all dims of a transposed or permuted input: the row-major index, as the
+        # CPU's C++ backend computes it (openreg_inductor/_torch213.py, workaround 7); openreg returned
+        # the index in memory order.
+        def f(x, y):
+            return x.t().argmax(), x.t().argmin(), y.argmax(), y.permute(1, 2, 0).argmin()
+
+        compare_with_cpu_inductor(self, f, torch.randn(5, 7), torch.randn(3, 4, 5).permute(2, 0, 1))
+
     def test_var_mean_low_precision(self):
         def f(x):
             return torch.var_mean(x.float(), dim=-1), x.sum(-1)

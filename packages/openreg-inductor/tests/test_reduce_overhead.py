@@ -399,6 +399,65 @@ class TestFallback(GraphModeTest):
         self.assertEqual(or_f(x.to("openreg")).cpu(), cpu_f(x))
         self.assertEqual(self.graphs(), {"recorded": 0, "replayed": 0, "skipped": 1})
 
+    def test_user_stream_in_the_region_runs_without_a_graph(self):
+        """A graph captures one stream: the kernels of a `with s:` block in the region ran once, during
+        the capture, and every replay returned their stale results."""
+        s = torch.openreg.Stream()
+
+        def f(x):
+            y = x * 2
+            s.wait_stream(torch.accelerator.current_stream())
+            with s:
+                z = y.sin() + 1
+                t = z.sum()
+            torch.accelerator.current_stream().wait_stream(s)
+            return z * t + y
+
+        def reference(x):  # f without the streams, for CPU Inductor
+            y = x * 2
+            z = y.sin() + 1
+            return z * z.sum() + y
+
+        cpu_f, or_f = torch.compile(reference), torch.compile(f, fullgraph=True, **RO)
+        x = torch.randn(100)
+        with self.assertWarnsRegex(UserWarning, "without an openreg graph: it runs kernels on a user stream"):
+            self.assertEqual(or_f(x.to("openreg")).cpu(), cpu_f(x))
+        for _ in range(3):
+            x = torch.randn(100)
+            self.assertEqual(or_f(x.to("openreg")).cpu(), cpu_f(x))
+        self.assertEqual(self.graphs(), {"recorded": 0, "replayed": 0, "skipped": 1})
+
+    def test_wait_stream_in_the_region_runs_without_a_graph(self):
+        """`current_stream().wait_stream(s)` in the region ran once, at the capture: replays did not
+        wait for s and read an input that s was still writing."""
+        s = torch.openreg.Stream()
+
+        def f(x):
+            torch.accelerator.current_stream().wait_stream(s)
+            return x * 2 + 1
+
+        cpu_f, or_f = torch.compile(f), torch.compile(f, fullgraph=True, **RO)
+        x = torch.zeros(64, device="openreg")
+        release.set()
+        hold_stream(x)  # an operator signature's first call is synchronous
+        with self.assertWarnsRegex(UserWarning, "without an openreg graph: it calls stream or event operators"):
+            or_f(x)
+        or_f(x), or_f(x)  # would record and replay
+        for _ in range(2):
+            values = torch.randn(64)
+            source = values.to("openreg")
+            s.wait_stream(torch.openreg.current_stream())
+            release.clear()
+            try:
+                with torch.openreg.stream(s):
+                    hold_stream(x)  # s is busy until released
+                    x.copy_(source)  # the input the compiled call must wait for
+                out = or_f(x)
+            finally:
+                release.set()
+            self.assertEqual(out.cpu(), cpu_f(values))
+        self.assertEqual(self.graphs(), {"recorded": 0, "replayed": 0, "skipped": 1})
+
     def test_or_error(self):
         from torch._inductor import config
 

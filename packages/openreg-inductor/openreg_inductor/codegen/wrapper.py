@@ -46,6 +46,18 @@ class _LaunchOnStream:
             stream = self.write_get_raw_stream(index, kwargs.get("graph_name", V.graph.name))
         self.writeline(f"{kernel_name}({', '.join([stream, *map(str, call_args)])})")
 
+    def codegen_device_guard_enter(self, device_idx, num_streams=1, stream_idx_to_user_obj_idx=None) -> None:
+        super().codegen_device_guard_enter(device_idx, num_streams, stream_idx_to_user_obj_idx)
+        # mode="reduce-overhead" captures one stream, the capture stream it makes current around
+        # the call: kernels in a `with stream1:` block ran once during the capture, uncaptured, and
+        # the streams.* operators address the streams Dynamo bound at the frame's entry (the
+        # caller's), not the capture stream, so the capture was not refused: every replay returned
+        # the capture's stale side-stream results. Such graphs must run without an openreg graph
+        # (graphs.unsafe_reason reports this reason; it is kept in the FX-graph cache entry).
+        reason = _stream_graph_reason()
+        if reason is not None and not V.graph.disable_cudagraphs_reason:
+            V.graph.disable_cudagraphs_reason = reason
+
     def codegen_cuda_stream_exit(self) -> None:
         # CppScheduling defers a kernel's call to the next flush, and Scheduler._codegen flushes on
         # a device change, an extern kernel or a full kernel group, not on a stream switch: nodes
@@ -53,6 +65,19 @@ class _LaunchOnStream:
         # freeing, as every flush does) before the context ends keeps each launch in its stream.
         V.graph.scheduler.flush()
         super().codegen_cuda_stream_exit()
+
+
+def _stream_graph_reason() -> str | None:
+    """Why a graph with user streams cannot be one openreg device graph, or None."""
+    scheduler = getattr(V.graph, "scheduler", None)
+    if scheduler is None:
+        return None
+    if scheduler._has_multi_stream_nodes():
+        return "it runs kernels on a user stream inside the compiled region (a graph captures one stream)"
+    for node in scheduler.nodes:
+        if getattr(getattr(node.node, "op_overload", None), "namespace", None) == "streams":
+            return "it calls stream or event operators inside the compiled region (a graph captures one stream)"
+    return None
 
 
 def _storage_names(name: str, scheduler) -> set[str]:
