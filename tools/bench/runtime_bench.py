@@ -39,10 +39,11 @@ REQUIRED_KEYS = (
     "h2d_pinned_gbps",
     "d2h_pageable_gbps",
     "d2h_pinned_gbps",
+    "stream_chain_us_median",
 )
 
 # Row ids this module produces, in report order.
-IDS = ("launch-latency", "h2d-pageable", "h2d-pinned", "d2h-pageable", "d2h-pinned")
+IDS = ("launch-latency", "stream-chain", "h2d-pageable", "h2d-pinned", "d2h-pageable", "d2h-pinned")
 
 
 class BenchError(RuntimeError):
@@ -145,7 +146,21 @@ def rows(runs: List[Dict]) -> List[Dict]:
                 "spin_us": runs[-1].get("spin_us"),
                 "wait_spin_us": runs[-1].get("wait_spin_us"),
             },
-        }
+        },
+        {
+            "id": "stream-chain",
+            "measure": "two side streams taking turns through a waiting stream (per turn pair)",
+            "openreg": _median(runs, "stream_chain_us_median"),
+            "cpu": None,
+            "unit": "us",
+            "ratio": None,
+            "goal_spec": None,
+            "met": None,
+            "details": {
+                "per_run_median_us": [r["stream_chain_us_median"] for r in runs],
+                "steps": runs[-1].get("stream_chain_steps"),
+            },
+        },
     ]
     for direction, goal in (("h2d", 0.8), ("d2h", None)):
         for kind in ("pageable", "pinned"):

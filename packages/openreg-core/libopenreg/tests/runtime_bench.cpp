@@ -116,6 +116,43 @@ int main(int argc, char** argv) {
   const double enqueue_us = seconds_since(tb) * 1e6 / burst;
   OK(orStreamSynchronize(stream));
 
+  // ---- a chain of streams through a stream that only waits ----
+  // Side streams a and c take turns with an empty kernel each, ordered through stream m (as
+  // `wait_stream` through the current stream does): a -> m -> c -> m -> a. Each step depends on the
+  // previous one, so the time per step is the chain's latency (docs/mechanisms/streams-events.md).
+  orStream_t side_a = nullptr, middle = nullptr, side_c = nullptr;
+  OK(orStreamCreate(&side_a));
+  OK(orStreamCreate(&middle));
+  OK(orStreamCreate(&side_c));
+  orEvent_t hop[4] = {};
+  for (auto& e : hop) OK(orEventCreateWithFlags(&e, orEventDisableTiming));
+  auto chain_step = [&] {
+    OK(orLaunchKernel(side_a, "bench::side_a", empty_kernel, nullptr, nullptr));
+    OK(orEventRecord(hop[0], side_a));
+    OK(orStreamWaitEvent(middle, hop[0], 0));
+    OK(orEventRecord(hop[1], middle));
+    OK(orStreamWaitEvent(side_c, hop[1], 0));
+    OK(orLaunchKernel(side_c, "bench::side_c", empty_kernel, nullptr, nullptr));
+    OK(orEventRecord(hop[2], side_c));
+    OK(orStreamWaitEvent(middle, hop[2], 0));
+    OK(orEventRecord(hop[3], middle));
+    OK(orStreamWaitEvent(side_a, hop[3], 0));
+  };
+  const int chain_steps = std::max(100, iterations / 10);
+  for (int i = 0; i < 100; ++i) chain_step();
+  OK(orDeviceSynchronize());
+  std::vector<double> chain_us;
+  for (int r = 0; r < std::max(3, reps / 3); ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < chain_steps; ++i) chain_step();
+    OK(orDeviceSynchronize());
+    chain_us.push_back(seconds_since(t0) * 1e6 / chain_steps);
+  }
+  for (auto& e : hop) OK(orEventDestroy(e));
+  OK(orStreamDestroy(side_a));
+  OK(orStreamDestroy(middle));
+  OK(orStreamDestroy(side_c));
+
   // ---- copies ----
   const size_t bytes = size_mib << 20;
   void* pageable = touched_host_buffer(bytes, 1);
@@ -155,15 +192,16 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"launch_iterations\": %d, \"launch_latency_us_median\": %.3f, \"launch_latency_us_p90\": %.3f, "
       "\"launch_latency_us_p99\": %.3f, \"launch_latency_us_min\": %.3f, \"launch_latency_us_mean\": %.3f, "
-      "\"launch_enqueue_us\": %.3f, "
+      "\"launch_enqueue_us\": %.3f, \"stream_chain_us_median\": %.3f, \"stream_chain_steps\": %d, "
       "\"copy_bytes\": %zu, \"copy_reps\": %d, \"memcpy_gbps\": %.3f, "
       "\"h2d_pageable_gbps\": %.3f, \"h2d_pinned_gbps\": %.3f, \"d2h_pageable_gbps\": %.3f, \"d2h_pinned_gbps\": %.3f, "
       "\"h2d_pageable_ratio\": %.3f, \"h2d_pinned_ratio\": %.3f, \"d2h_pageable_ratio\": %.3f, \"d2h_pinned_ratio\": "
       "%.3f, "
       "\"h2d_cold_gbps\": %.3f, \"spin_us\": %s, \"wait_spin_us\": %s}\n",
       iterations, percentile(latency_us, 0.5), percentile(latency_us, 0.9), percentile(latency_us, 0.99),
-      percentile(latency_us, 0.0), mean_us, enqueue_us, bytes, reps, memcpy_gbps, h2d_pageable, h2d_pinned,
-      d2h_pageable, d2h_pinned, h2d_pageable / memcpy_gbps, h2d_pinned / memcpy_gbps, d2h_pageable / memcpy_gbps,
-      d2h_pinned / memcpy_gbps, cold_gbps, spin ? spin : "20", wait_spin ? wait_spin : "5");
+      percentile(latency_us, 0.0), mean_us, enqueue_us, percentile(chain_us, 0.5), chain_steps, bytes, reps,
+      memcpy_gbps, h2d_pageable, h2d_pinned, d2h_pageable, d2h_pinned, h2d_pageable / memcpy_gbps,
+      h2d_pinned / memcpy_gbps, d2h_pageable / memcpy_gbps, d2h_pinned / memcpy_gbps, cold_gbps, spin ? spin : "20",
+      wait_spin ? wait_spin : "5");
   return 0;
 }
