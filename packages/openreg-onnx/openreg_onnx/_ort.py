@@ -44,7 +44,10 @@ _TYPES = {TensorProto.FLOAT: "dt_float", TensorProto.DOUBLE: "dt_double"}
 
 
 def _dev(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a)).to(_state["device"])
+    # np.ascontiguousarray makes a 0-d input 1-D: keep its shape, or a scalar's result comes back
+    # as shape [1] where the model declares [].
+    a = np.asarray(a)
+    return torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape)).to(_state["device"])
 
 
 def _host(t: torch.Tensor) -> np.ndarray:

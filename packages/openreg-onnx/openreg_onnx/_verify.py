@@ -106,7 +106,9 @@ def _from_numpy(a) -> torch.Tensor:
     a = np.asarray(a)
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
+    # np.ascontiguousarray returns at least 1-D: a 0-d output (x.sum(), a scalar loss) would
+    # come back as shape [1] and be reported as a shape mismatch. Keep the array's own shape.
+    return torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape))
 
 
 def _run_onnxruntime(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], outputs: List[str]):

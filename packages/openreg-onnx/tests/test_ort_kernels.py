@@ -71,3 +71,21 @@ def test_kernels_run_on_the_session_device():
     np.testing.assert_array_equal(got, x.abs().cpu().numpy())
     assert torch.openreg.max_memory_allocated(1) >= 2 * x.numel() * 4  # input and result lived there
     assert torch.openreg.max_memory_allocated(0) == peak0
+
+
+def test_zero_dim_input_keeps_its_shape():
+    # np.ascontiguousarray makes a 0-d array 1-D: custom_abs of a scalar returned shape [1] where
+    # the model declares [] (onnxruntime only warned, "VerifyOutputSizes").
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.openreg.custom_abs(x) * 2
+
+    x = torch.tensor(-2.5)
+    program = openreg_onnx.export(M(), (x.to("openreg"),), mode="vendor")
+    session = openreg_onnx.openreg_session(program)
+    reset_kernel_calls()
+    (got,) = session.run(None, {"x": x.numpy()})
+    assert kernel_calls() == {"custom_abs": 1}
+    want = (x.abs() * 2).numpy()  # the CPU reference
+    assert got.shape == want.shape == ()
+    np.testing.assert_array_equal(got, want)

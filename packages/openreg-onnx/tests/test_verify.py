@@ -4,7 +4,7 @@ import openreg_onnx
 import pytest
 import torch
 from onnxscript import opset18 as op
-from openreg_onnx._verify import TOLERANCES, compare
+from openreg_onnx._verify import TOLERANCES, _from_numpy, compare, run_onnx
 from torch.testing._internal.common_utils import TestCase
 
 
@@ -125,3 +125,23 @@ class TestCompare(TestCase):
         c = compare("s", "output", torch.zeros(2, 3), torch.zeros(3, 2))
         self.assertFalse(c.ok)
         self.assertEqual(c.detail, "shape [3, 2] instead of [2, 3]")
+
+
+class TestZeroDimOutputs(TestCase):
+    def test_scalar_outputs_keep_their_shape(self):
+        # np.ascontiguousarray makes a 0-d array 1-D: a scalar output (a loss, x.sum()) came back
+        # from onnxruntime as shape [1] and was reported as "shape [1] instead of []".
+        class Losses(torch.nn.Module):
+            def forward(self, x):
+                return (x * x).mean(), x.sum(), x.amax(0), (x > 0).any()
+
+        torch.manual_seed(0)
+        x = torch.randn(4, 3)
+        want = Losses()(x)  # the CPU reference
+        for backend in ("onnxruntime", "reference"):
+            result = openreg_onnx.verify(Losses(), (x.to("openreg"),), backend=backend)
+            self.assertTrue(result.ok, result.report())
+            self.assertEqual([c.shape for c in result.comparisons], [(), (), (3,), ()])
+        got = run_onnx(result.onnx_program.model_proto, {"x": x.numpy()})[0]
+        for g, w in zip(got, want):
+            self.assertEqual(_from_numpy(g), w, atol=1e-5, rtol=1e-5)

@@ -90,6 +90,8 @@ _Q_TENSOR = (qd.quantize_per_tensor.default,)
 _CONV = (aten.conv2d.default,)
 _LINEAR = (aten.linear.default,)
 _RELU = (aten.relu.default, aten.relu_.default)
+# Views that need strides compatible with the new shape (a channels-last input can fail them).
+_STRIDED_VIEWS = (aten.view.default, aten._unsafe_view.default)
 # The range qlinear/qconv2d clamp a quantized output to: the whole of its dtype's.
 _FULL_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
 
@@ -173,17 +175,57 @@ def _narrower_range(q: torch.fx.Node, dtype: torch.dtype) -> Any:
     return None if (qmin, qmax) == (lo, hi) else (qmin, qmax)
 
 
+def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx.Node]) -> None:
+    """qconv2d's output is channels-last (as oneDNN's quantized conv gives it) where the conv2d it
+    replaces gave a contiguous one for a contiguous input; layout-preserving ops (dequantize, relu,
+    add) carry that on. A ``view`` downstream (``x.view(x.size(0), -1)`` before the classifier)
+    then failed ("view size is not compatible with input tensor's size and stride"), and so did
+    the caller's own ``view`` of an output the unlowered model returned contiguous. So every view
+    reachable from a lowered conv views ``aten.contiguous(input)`` (no copy when the input is
+    contiguous already), and every such output the graph recorded as contiguous (its meta "val")
+    is made contiguous again. Other consumers keep the channels-last tensor: the next qconv2d
+    takes it without a copy."""
+    seen, todo = set(), list(lowered_convs)
+    while todo:
+        node = todo.pop()
+        for user in list(node.users):
+            if user in seen:
+                continue
+            seen.add(user)
+            todo.append(user)
+            if user.op == "call_function" and user.target in _STRIDED_VIEWS:
+                src = user.args[0]
+                with graph.inserting_before(user):
+                    contiguous = graph.call_function(aten.contiguous.default, (src,))
+                if "val" in src.meta:
+                    contiguous.meta["val"] = src.meta["val"]
+                user.replace_input_with(src, contiguous)
+    seen.update(lowered_convs)
+    for output in [n for n in graph.nodes if n.op == "output"]:
+        for leaf in dict.fromkeys(torch.utils._pytree.tree_leaves(output.args)):
+            val = leaf.meta.get("val") if isinstance(leaf, torch.fx.Node) else None
+            if leaf not in seen or not isinstance(val, torch.Tensor) or val.dim() != 4 or not val.is_contiguous():
+                continue
+            with graph.inserting_before(output):
+                contiguous = graph.call_function(aten.contiguous.default, (leaf,))
+            contiguous.meta["val"] = val
+            output.replace_input_with(leaf, contiguous)
+
+
 def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Replaces dequantize -> conv2d/linear -> [relu] -> [quantize] patterns of a ``convert_pt2e``
     model with ``torch.ops.openreg_quant.qconv2d`` / ``qlinear`` (quantized output when the pattern
     ends in a quantize, float output otherwise), prepacks the int8 weights and drops the dead float
     weights. A quantize whose quant_min/quant_max are narrower than its dtype's range (reduce_range)
-    becomes the fused op followed by ``aten.clamp`` to that range. Patterns it does not recognise
+    becomes the fused op followed by ``aten.clamp`` to that range. Views after a lowered conv, and
+    the outputs it feeds, get a contiguous tensor as before (``_contiguous_where_needed``: qconv2d's
+    output is channels-last). Patterns it does not recognise
     stay as they are (they still run natively: the decomposed q/dq ops have openreg kernels).
     Returns the model, changed in place."""
     gm = model
     graph = gm.graph
     count = 0
+    lowered_convs: List[torch.fx.Node] = []
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _CONV + _LINEAR:
             continue
@@ -256,6 +298,8 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 result = graph.call_function(aten.clamp.default, (fused, *out_range))
                 result.meta.update(out_q.meta)
         (out_q or last).replace_all_uses_with(result)
+        if is_conv:
+            lowered_convs.append(result)
         count += 1
         if w["weight"].device.type == "openreg":  # pack now, not in the first call
             weight = getattr(gm, prefix + "weight")
@@ -266,6 +310,7 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 )
             else:
                 torch.ops.openreg_quant.qlinear_prepack(weight)
+    _contiguous_where_needed(graph, lowered_convs)
     graph.eliminate_dead_code()
     _drop_dead_tensors(gm)
     graph.lint()

@@ -135,6 +135,47 @@ class TestPTQ(TestCase):
         self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
         self.assertLess(rel_err(got, want), 0.05)
 
+    def test_view_after_a_lowered_conv(self):
+        # qconv2d's output is channels-last where conv2d's was contiguous: a classifier's
+        # x.view(x.size(0), -1) after the conv (and a view as the model's output) failed with
+        # "view size is not compatible with input tensor's size and stride" in the lowered model,
+        # and so did the caller's view of a conv output the model returns.
+        class ViewNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
+                self.fc = nn.Linear(8 * 6 * 6, 5)
+
+            def forward(self, x):
+                y = torch.relu(self.c1(x))
+                z = self.c2(y)
+                return self.fc(y.view(y.size(0), -1)), z.view(z.size(0), -1), z
+
+        results = {}
+        for device in ("cpu", "openreg"):
+            torch.manual_seed(0)
+            model = ViewNet().eval().to(device)
+            data = [torch.randn(2, 3, 6, 6) for _ in range(4)]  # the same calibration on both devices
+            prepared = prepare_pt2e(torch.export.export(model, (data[0].to(device),)).module(), OpenRegQuantizer())
+            for x in data[1:]:
+                prepared(x.to(device))
+            converted = convert_pt2e(prepared)
+            with torch.no_grad():
+                results[device] = [t.cpu() for t in converted(data[0].to(device))]
+            if device == "openreg":
+                quantum = last_quantum(converted)
+                with torch.no_grad():
+                    want = [t.cpu() for t in model(data[0].to(device))]
+                lowered = lower_pt2e(converted)
+                self.assertEqual(calls(lowered, "openreg_quant.qconv2d"), 2)
+                self.assertEqual(calls(lowered, "openreg_quant.qlinear"), 1)
+                got = [t.cpu() for t in lowered(data[0].to(device))]
+        self.assertEqual(got[2].view(2, -1), got[1], atol=0, rtol=0)  # the returned conv output views
+        for g, unlowered_cpu, float_ref in zip(got, results["cpu"], want):
+            self.assertEqual((g.shape, g.stride()), (unlowered_cpu.shape, unlowered_cpu.stride()))
+            self.assertLessEqual((g - unlowered_cpu).abs().max().item(), quantum)  # the CPU's converted model
+            self.assertLess(rel_err(g, float_ref), 0.05)
+
 
 class MLP(nn.Module):
     """linear -> relu -> linear -> linear: an output quantize after a relu and after none."""
