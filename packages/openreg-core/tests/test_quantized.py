@@ -84,6 +84,35 @@ class TestQuantizedStorage(QTestCase):
         with self.assertRaisesRegex(RuntimeError, "Setting strides is possible only on uniformly quantized tensor"):
             d.transpose(0, 1)
 
+    def test_per_channel_squeeze_unsqueeze_unfold_and_empty_like_as_the_cpu(self):
+        # The CPU's own kernels for these move a per-channel quantizer's axis (the composite path
+        # refused: "Setting strides is possible only on uniformly quantized tensor"); empty_like
+        # takes the source's quantizer (it called empty_strided, which refused).
+        views = {
+            "unsqueeze": lambda t: t.unsqueeze(0),
+            "unsqueeze last": lambda t: t.unsqueeze(-1),
+            "squeeze dim": lambda t: t[:1].squeeze(0),
+            "squeeze": lambda t: t[:, :1].squeeze(),
+            "squeeze dims": lambda t: t[:1, :, :1].squeeze((0, 2)),
+            "unfold": lambda t: t.unfold(2, 2, 1),
+        }
+        for qname, q in cpu_qtensors().items():
+            d = q.to("openreg")
+            for name, f in views.items():
+                if name == "unfold" and q.qscheme() != torch.per_tensor_affine:
+                    with self.assertRaisesRegex(RuntimeError, "Setting strides is possible only on uniformly"):
+                        f(q)
+                    with self.assertRaisesRegex(RuntimeError, "Setting strides is possible only on uniformly"):
+                        f(d)
+                    continue
+                v, want = f(d), f(q)
+                self.assertEqual(v.untyped_storage().data_ptr(), d.untyped_storage().data_ptr(), (qname, name))
+                self.assertSameQ(v, want, (qname, name))
+            e, want = torch.empty_like(d), torch.empty_like(q)
+            self.assertEqual(e.device, d.device)
+            assert_same_quantization(self, e, want, qname)
+            self.assertSameQ(torch.empty_like(d).copy_(d), q, qname)
+
     def test_clone_contiguous_and_copy(self):
         for name, q in cpu_qtensors().items():
             d = q.to("openreg")

@@ -9,8 +9,8 @@
 //    (empty_quantized, _empty_affine_quantized, _empty_per_channel_affine_quantized,
 //    empty with a quantized dtype); per-channel scales and zero points live on
 //    the tensor's device;
-//  - clone, views (as_strided, view, _reshape_alias; slicing, select, transpose...
-//    are composite on top of those), set_ (torch.load) and record_stream
+//  - clone, empty_like, views (as_strided, view, _reshape_alias, squeeze, unsqueeze, unfold;
+//    slicing, select, transpose... are composite on top of those), set_ (torch.load) and record_stream
 //    (both in OpenRegNativeOps.cpp) and the host-side
 //    metadata (q_scale, q_per_channel_scales, qscheme...);
 //  - copies between quantized tensors (CPU <-> openreg, openreg <-> openreg):
@@ -29,13 +29,18 @@
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/clone_native.h>
+#include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/empty_quantized_native.h>
+#include <ATen/ops/empty_strided_native.h>
 #include <ATen/ops/q_per_channel_axis_native.h>
 #include <ATen/ops/q_per_channel_scales_native.h>
 #include <ATen/ops/q_per_channel_zero_points_native.h>
 #include <ATen/ops/q_scale_native.h>
 #include <ATen/ops/q_zero_point_native.h>
 #include <ATen/ops/qscheme_native.h>
+#include <ATen/ops/squeeze_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/unsqueeze_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/quantized/QTensorImpl.h>
 #include <ATen/quantized/Quantizer.h>
@@ -232,6 +237,19 @@ TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("empty_quantized", at::native::empty_quantized);
   m.impl("_empty_affine_quantized", empty_affine_quantized);
   m.impl("_empty_per_channel_affine_quantized", empty_per_channel_affine_quantized);
+  // The CPU's: empty_like takes the source's quantizer (the composite one called empty_strided,
+  // which has none, and refused); empty_strided refuses with the CPU's message.
+  m.impl("empty_like", at::native::empty_like_quantized);
+  m.impl("empty_strided", at::native::empty_strided_unknown_quantized);
+  // Views that add or drop a dimension move a per-channel quantizer's axis (the composite
+  // as_strided path refused per-channel tensors: "Setting strides is possible only on uniformly
+  // quantized tensor").
+  m.impl("squeeze", static_cast<at::Tensor (*)(const at::Tensor&)>(at::native::squeeze_quantized));
+  m.impl("squeeze.dim", static_cast<at::Tensor (*)(const at::Tensor&, int64_t)>(at::native::squeeze_quantized));
+  m.impl("squeeze.dims",
+         static_cast<at::Tensor (*)(const at::Tensor&, at::IntArrayRef)>(at::native::squeeze_quantized));
+  m.impl("unsqueeze", at::native::unsqueeze_quantized);
+  m.impl("unfold", at::native::unfold);
   // The CPU's clone of quantized tensors (the composite one would call empty_strided, which takes no quantizer).
   m.impl("clone", at::native::quantized_clone);
   m.impl("as_strided", at::native::as_strided_qtensorimpl);
