@@ -59,7 +59,9 @@ std::atomic<size_t> next_pg_id{0};
 
 // ---- checks at the call: errors name the operation and surface where the user made the call ----
 
-void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt) {
+// `p2p`: a send or receive, which (as NCCL's) takes any dense layout, not only a contiguous one.
+void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt,
+                  bool p2p = false) {
   TORCH_CHECK(t.defined(), "occl ", op, ": got an undefined tensor");
   TORCH_CHECK(t.layout() == c10::kStrided, "occl ", op, ": only dense (strided) tensors are supported, got ",
               t.layout());
@@ -69,13 +71,28 @@ void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device
     TORCH_CHECK(t.device() == *device, "occl ", op, ": all tensors must be on one device, got ", *device, " and ",
                 t.device());
   }
-  TORCH_CHECK(t.is_contiguous(), "occl ", op, ": tensors must be contiguous");
+  // NCCL's rule (ProcessGroupNCCL's check_gpu_single_tensor): contiguous in the tensor's suggested memory
+  // format, so channels_last tensors (a channels_last conv model's gradients) are taken; send and receive
+  // take any layout, moved in memory order. occl refused anything but is_contiguous(), and takes dense
+  // tensors only for p2p (NCCL reads numel() elements from data_ptr() whatever the gaps).
+  if (p2p) {
+    TORCH_CHECK(t.is_non_overlapping_and_dense(), "occl ", op,
+                ": tensors must be dense (no gaps or overlaps between elements), got sizes ", t.sizes(),
+                " and strides ", t.strides());
+    if (!t.is_contiguous()) {
+      TORCH_WARN_ONCE("occl ", op,
+                      ": a non-contiguous tensor is sent or received in memory order; the sender's and the "
+                      "receiver's tensors must have the same layout (as with NCCL)");
+    }
+  } else {
+    TORCH_CHECK(t.is_contiguous(t.suggest_memory_format()), "occl ", op, ": tensors must be contiguous");
+  }
 }
 
-c10::Device check_tensors(const char* op, const std::vector<at::Tensor>& ts) {
+c10::Device check_tensors(const char* op, const std::vector<at::Tensor>& ts, bool p2p = false) {
   TORCH_CHECK(!ts.empty(), "occl ", op, ": expects at least one tensor");
   const c10::Device device = ts.front().defined() ? ts.front().device() : c10::Device(c10::DeviceType::CPU);
-  for (const auto& t : ts) check_tensor(op, t, device);
+  for (const auto& t : ts) check_tensor(op, t, device, p2p);
   return device;
 }
 
@@ -164,7 +181,20 @@ std::vector<at::Tensor> views(const Args& args) {
   return out;
 }
 
-Args args_of(const std::vector<at::Tensor>& ts) { return Args(ts.begin(), ts.end()); }
+// The kernel's argument for a tensor check_tensor took: the tensor itself when it is contiguous, else a
+// 1-D alias of its memory (a dense layout such as channels_last covers exactly numel() elements from its
+// storage offset), so the transport moves and reduces it in memory order, as NCCL does. The kernel's
+// view(-1) of the tensor itself failed for such layouts.
+KernelTensorArg kernel_arg(const at::Tensor& t) {
+  return t.is_contiguous() ? KernelTensorArg(t) : KernelTensorArg(t.as_strided({t.numel()}, {1}));
+}
+
+Args args_of(const std::vector<at::Tensor>& ts) {
+  Args args;
+  args.reserve(ts.size());
+  for (const auto& t : ts) args.push_back(kernel_arg(t));
+  return args;
+}
 
 // A 1-D view the transport can carry: the tensor itself for Gloo's dtypes, its bytes otherwise
 // (float8, uint16, complex32, ...): data movement does not care what the bytes mean.
@@ -1157,27 +1187,30 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(op, outputs[i], device);
     check_same_dtype(op, inputs[i], outputs[i]);
-    check_same_dtype(op, inputs[0], inputs[i]);
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "occl ", op, ": input has ", inputs[i].numel(),
                 " elements, expected output's ", outputs[i].numel(), " x world size ", size_, " = ",
                 outputs[i].numel() * size_);
   }
-  Reduction r = reduction(op, opts.reduceOp, inputs[0].scalar_type(), size_, stash);
+  // A coalesced reduce-scatter may mix dtypes (as NCCL's, and occl's coalesced all-reduce and all-gather):
+  // each tensor has the reduction of its own dtype (AVG truncates integers). One Reduction for inputs[0]'s
+  // dtype refused the mix ("input and output dtypes differ").
+  std::vector<Reduction> rs;
+  for (const auto& x : inputs) rs.push_back(reduction(op, opts.reduceOp, x.scalar_type(), size_, stash));
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::_REDUCE_SCATTER_BASE, "occl::reduce_scatter_tensor", Lane::kColl, device, std::move(stash), outputs,
-      [t, in = args_of(inputs), out = args_of(outputs), r, timeout] {
+      [t, in = args_of(inputs), out = args_of(outputs), rs, timeout] {
         Started st;
         std::vector<at::Tensor> results;
         for (size_t i = 0; i < in.size(); ++i) {
           at::Tensor o = reduced_view(out[i].materialize());
-          at::Tensor x = r.scaled(reduced_view(in[i].materialize()), /*in_place=*/false);
-          st.works.push_back(t->reduce_scatter(o, x, r.op, timeout));
+          at::Tensor x = rs[i].scaled(reduced_view(in[i].materialize()), /*in_place=*/false);
+          st.works.push_back(t->reduce_scatter(o, x, rs[i].op, timeout));
           results.push_back(o);
         }
-        st.post = [results, r] {
-          for (const auto& o : results) r.finish(o);
+        st.post = [results, rs] {
+          for (size_t i = 0; i < results.size(); ++i) rs[i].finish(results[i]);
         };
         return st;
       },
@@ -1256,7 +1289,7 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tens
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::ALLTOALL_BASE, "occl::all_to_all_single", Lane::kColl, device, {input}, {output},
-      [t, in = KernelTensorArg(input), out = KernelTensorArg(output), in_splits, out_splits, timeout] {
+      [t, in = kernel_arg(input), out = kernel_arg(output), in_splits, out_splits, timeout] {
         at::Tensor o = carried(out.materialize()), x = carried(in.materialize());
         return Started{{t->alltoall(o, x, out_splits, in_splits, timeout)}, {}};
       },
@@ -1350,11 +1383,11 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
 
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   check_single("send", tensors.size(), "");
-  const auto device = check_tensors("send", tensors);
+  const auto device = check_tensors("send", tensors, /*p2p=*/true);
   check_rank("send", "destination", dstRank);
   auto t = transport_;
   return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank), device, tensors, {},
-                 [t, a = KernelTensorArg(tensors[0]), dstRank, tag] {
+                 [t, a = kernel_arg(tensors[0]), dstRank, tag] {
                    at::Tensor v = carried(a.materialize());
                    return Started{{t->send(v, dstRank, tag)}, [] {}};
                  });
@@ -1362,11 +1395,11 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
 
 c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   check_single("recv", tensors.size(), "");
-  const auto device = check_tensors("recv", tensors);
+  const auto device = check_tensors("recv", tensors, /*p2p=*/true);
   check_rank("recv", "source", srcRank);
   auto t = transport_;
   return enqueue(c10d::OpType::RECV, "occl::recv", Route(Lane::kRecv, srcRank), device, {}, tensors,
-                 [t, a = KernelTensorArg(tensors[0]), srcRank, tag] {
+                 [t, a = kernel_arg(tensors[0]), srcRank, tag] {
                    at::Tensor v = carried(a.materialize());
                    return Started{{t->recv(v, srcRank, tag)}, [] {}};
                  });
@@ -1374,10 +1407,10 @@ c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int
 
 c10::intrusive_ptr<Work> OcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   check_single("recv", tensors.size(), "");
-  const auto device = check_tensors("recv", tensors);
+  const auto device = check_tensors("recv", tensors, /*p2p=*/true);
   auto t = transport_;
   return enqueue(c10d::OpType::RECVANYSOURCE, "occl::recv_anysource", Lane::kRecvAny, device, {}, tensors,
-                 [t, a = KernelTensorArg(tensors[0]), tag] {
+                 [t, a = kernel_arg(tensors[0]), tag] {
                    at::Tensor v = carried(a.materialize());
                    return Started{{t->recv_anysource(v, tag)}, {}, /*anysource=*/true};
                  });

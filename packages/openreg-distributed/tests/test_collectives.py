@@ -5,6 +5,7 @@ Every rank r holds r + 1 (times a ramp), so the expected results are simple func
 current stream), in place and out of place, over the dtypes occl carries.
 """
 
+import contextlib
 import time
 
 import torch
@@ -209,6 +210,36 @@ class TestCollectives(OcclTestCase):
             h = n // 2
             self.assertEqual(o.cpu(), (ramp(0, torch.float32, n) * 3)[h * self.rank : h * self.rank + h])
 
+    def test_reduce_scatter_tensor_coalesced_mixed_dtypes(self):
+        """A coalescing manager (or funcol's reduce_scatter_tensor_coalesced) may mix dtypes, as NCCL and
+        occl's own all-reduce and all-gather coalesced do: each reduced in its own dtype (AVG truncates
+        integers). occl refused it ("input and output dtypes differ (Float and Long)"). Against Gloo
+        on the same values as CPU tensors, one operation at a time."""
+        dtypes = (torch.float32, torch.int64, torch.bfloat16)
+
+        def run(device, op, coalesced):
+            ins = [ramp(self.rank, dt, 4).to(device) for dt in dtypes]
+            outs = [torch.empty(2, dtype=dt, device=device) for dt in dtypes]
+            with dist._coalescing_manager(device=device) if coalesced else contextlib.nullcontext():
+                for o, i in zip(outs, ins):
+                    dist.reduce_scatter_single(o, i, op=op)
+            return outs
+
+        for op in (R.SUM, R.MAX, R.AVG):
+            got = run(self.device, op, coalesced=True)
+            # Gloo has no integer AVG: the sum, then a truncating division.
+            want = run(torch.device("cpu"), R.SUM if op == R.AVG else op, coalesced=False)
+            if op == R.AVG:
+                want = [w / 2 if w.is_floating_point() else w.div(2, rounding_mode="trunc") for w in want]
+            for g, w, dt in zip(got, want, dtypes, strict=True):
+                self.assertEqual(g.dtype, dt)
+                self.assertEqual(g.cpu(), w, msg=f"{op} {dt}")
+        outs = funcol.reduce_scatter_tensor_coalesced(
+            [ramp(self.rank, dt, 4).to(self.device) for dt in dtypes], "sum", [0, 0, 0], dist.group.WORLD
+        )
+        for o, dt in zip(outs, dtypes, strict=True):
+            self.assertEqual(o.cpu(), (ramp(0, dt, 4) + ramp(1, dt, 4))[2 * self.rank : 2 * self.rank + 2])
+
     def test_all_to_all_single(self):
         # Even: rank r sends rows [2s, 2s+2) of its input to rank s.
         inp = (torch.arange(8.0).view(4, 2) + 100 * self.rank).to(self.device)
@@ -344,6 +375,75 @@ class TestCollectives(OcclTestCase):
             w.wait()
         self.assertEqual(a.cpu(), torch.full((4,), 3.0))
         self.assertEqual(b.cpu(), torch.full((4,), 201.0))
+
+    def test_channels_last_and_dense_p2p_tensors_as_nccl(self):
+        """NCCL takes a tensor contiguous in its suggested memory format (channels_last), and any dense
+        tensor in send/recv (moved in memory order); occl refused both ("tensors must be contiguous"),
+        so a hand-written gradient all-reduce of a channels_last conv model failed. Each result against
+        Gloo on the same values as CPU tensors (the group's cpu:gloo part)."""
+        cl = torch.channels_last
+
+        def mine(rank):
+            return (torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).view(2, 3, 4, 5) + 1000 * rank).contiguous(
+                memory_format=cl
+            )
+
+        def both(fn):
+            """fn(device) on openreg (channels_last) and, for reference, on the CPU over Gloo."""
+            got, want = fn(self.device), fn(torch.device("cpu"))
+            for g, w in zip(got, want, strict=True):
+                self.assertTrue(g.is_contiguous(memory_format=cl))  # the caller's tensors, layout kept
+                self.assertEqual(g.cpu(), w)
+
+        def all_reduce(d):
+            x, y = mine(self.rank).to(d), mine(self.rank).to(d)
+            dist.all_reduce(x)
+            dist.all_reduce(y, op=R.MAX, async_op=True).wait()
+            return [x, y]
+
+        def broadcast(d):
+            x = mine(self.rank).to(d)
+            dist.broadcast(x, src=1)
+            return [x]
+
+        def gather_and_scatter(d):
+            out = torch.empty(4, 3, 4, 5, device=d).contiguous(memory_format=cl)
+            dist.all_gather_single(out, mine(self.rank).to(d))
+            part = torch.empty(1, 3, 4, 5, device=d).contiguous(memory_format=cl)
+            dist.reduce_scatter_single(part, mine(self.rank).to(d))
+            return [out, part]
+
+        both(all_reduce)
+        both(broadcast)
+        both(gather_and_scatter)
+        # A hand-written data-parallel step on a channels_last conv model: the gradients are channels_last.
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 4, 3).to(self.device).to(memory_format=cl)
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(self.rank)).to(self.device)
+        conv(x.contiguous(memory_format=cl)).square().sum().backward()
+        self.assertTrue(conv.weight.grad.is_contiguous(memory_format=cl))
+        grads = [p.grad.cpu() for p in conv.parameters()]
+        for p in conv.parameters():
+            dist.all_reduce(p.grad)
+        for p, g in zip(conv.parameters(), grads):
+            dist.all_reduce(g)  # Gloo on the CPU
+            self.assertEqual(p.grad.cpu(), g)
+        # send/recv of a dense tensor that is not contiguous (a transpose), as NCCL: memory order.
+        peer = 1 - self.rank
+        sent = (torch.arange(12.0).view(3, 4) + 100 * self.rank).t()
+        got = torch.empty(3, 4, device=self.device).t()
+        works = [dist.isend(sent.to(self.device).t().contiguous().t(), peer), dist.irecv(got, peer)]
+        for w in works:
+            w.wait()
+        self.assertEqual(got.cpu(), (torch.arange(12.0).view(3, 4) + 100 * peer).t())
+        # What has gaps is still refused, at the call, on every rank.
+        with self.assertRaisesRegex(RuntimeError, "occl all_reduce: tensors must be contiguous"):
+            dist.all_reduce(torch.ones(4, 4, device=self.device)[:, 1])
+        with self.assertRaisesRegex(RuntimeError, "occl send: tensors must be dense"):
+            dist.send(torch.ones(4, 4, device=self.device)[:, 1], peer)
+        x = torch.ones(2, device=self.device)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), torch.full((2,), 2.0))
 
     def test_work_and_future(self):
         x = torch.full((4,), float(self.rank + 1), device=self.device)
