@@ -413,12 +413,14 @@ class TestFallback(GraphModeTest):
             torch.accelerator.current_stream().wait_stream(s)
             return z * t + y
 
-        def reference(x):  # f without the streams, for CPU Inductor
+        # f without the streams, eager on the CPU: a CPU Inductor compile would double the test's
+        # time, and the sum's rounding is within eager tolerances.
+        def reference(x):
             y = x * 2
             z = y.sin() + 1
             return z * z.sum() + y
 
-        cpu_f, or_f = torch.compile(reference), torch.compile(f, fullgraph=True, **RO)
+        cpu_f, or_f = reference, torch.compile(f, fullgraph=True, **RO)
         x = torch.randn(100)
         with self.assertWarnsRegex(UserWarning, "without an openreg graph: it runs kernels on a user stream"):
             self.assertEqual(or_f(x.to("openreg")).cpu(), cpu_f(x))
