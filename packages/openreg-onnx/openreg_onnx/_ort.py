@@ -31,6 +31,7 @@ import torch
 from onnx import TensorProto
 
 from . import _vendor
+from ._verify import _from_numpy
 
 CONTRIB = "ai.onnx.contrib"
 _lock = threading.Lock()
@@ -44,10 +45,7 @@ _TYPES = {TensorProto.FLOAT: "dt_float", TensorProto.DOUBLE: "dt_double"}
 
 
 def _dev(a: np.ndarray) -> torch.Tensor:
-    # np.ascontiguousarray makes a 0-d input 1-D: keep its shape, or a scalar's result comes back
-    # as shape [1] where the model declares [].
-    a = np.asarray(a)
-    return torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape)).to(_state["device"])
+    return _from_numpy(a).to(_state["device"])  # keeps a 0-d input 0-d (see _from_numpy)
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
