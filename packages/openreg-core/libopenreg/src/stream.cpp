@@ -297,6 +297,29 @@ orStatus event_device_error(Event& e) {
   return device < 0 ? orSuccess : take_device_error(runtime().devices[device]);
 }
 
+// The event's last record, and what it waits for (see Forward: valid if forward->generation is it).
+uint64_t last_record(Event& e, Forward* forward) {
+  std::lock_guard<std::mutex> lock(e.record_mu);
+  const uint64_t generation = e.recorded.load(std::memory_order_acquire);
+  *forward = e.forward;
+  return generation;
+}
+
+// Whether the event's last record is complete. It is as soon as everything it waits for is: a
+// stream that waited for the event waited for those (orStreamWaitEvent), and whoever synchronised
+// that stream must find the event complete, though its own stream's worker may not have reached
+// the record yet.
+bool event_done(Event& e) {
+  if (e.completed.value() >= e.recorded.load(std::memory_order_acquire)) return true;
+  Forward forward;
+  const uint64_t generation = last_record(e, &forward);
+  if (e.completed.value() >= generation) return true;
+  if (forward.generation != generation) return false;
+  for (size_t i = 0; i < forward.count; ++i)
+    if (forward.targets[i].progress->value() < forward.targets[i].value) return false;
+  return true;
+}
+
 }  // namespace
 
 }  // namespace openreg::rt
@@ -412,13 +435,8 @@ orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flag
   if (orStatus st = resolve_stream(stream, &s)) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
-  uint64_t generation = 0;
   Forward forward;
-  {
-    std::lock_guard<std::mutex> lock(e->record_mu);  // that generation's record is queued
-    generation = e->recorded.load(std::memory_order_acquire);
-    forward = e->forward;
-  }
+  const uint64_t generation = last_record(*e, &forward);     // that generation's record is queued
   if (e->completed.value() >= generation) return orSuccess;  // nothing to wait for
   if (forward.generation != generation) {
     enqueue_wait(*s, &e->completed, generation);
@@ -488,14 +506,20 @@ orStatus orEventQuery(orEvent_t event) {
   if (orStatus st = check_runtime()) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
-  return e->completed.value() >= e->recorded.load() ? orSuccess : orErrorNotReady;
+  return event_done(*e) ? orSuccess : orErrorNotReady;
 }
 
 orStatus orEventSynchronize(orEvent_t event) {
   if (orStatus st = check_runtime()) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
-  e->completed.wait_for(e->recorded.load());
+  Forward forward;
+  const uint64_t generation = last_record(*e, &forward);
+  if (forward.generation != generation) {
+    e->completed.wait_for(generation);
+  } else {  // as orEventQuery: what the record waits for, not the record itself
+    for (size_t i = 0; i < forward.count; ++i) forward.targets[i].progress->wait_for(forward.targets[i].value);
+  }
   return event_device_error(*e);
 }
 
@@ -514,8 +538,12 @@ orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
     return fail(orErrorInvalidResourceHandle,
                 "the events were recorded on two devices (" + std::to_string(a->device.load()) + " and " +
                     std::to_string(b->device.load()) + "): only events of one device can be timed against each other");
-  if (a->completed.value() < a->recorded.load() || b->completed.value() < b->recorded.load())
+  if (!event_done(*a) || !event_done(*b))
     return fail(orErrorNotReady, "an event has not completed yet; synchronize it first");
+  // Done through forwarding (see event_done), a record may not have run yet: its time is due at
+  // once, as nothing before it on its stream is left.
+  a->completed.wait_for(a->recorded.load());
+  b->completed.wait_for(b->recorded.load());
   *ms = static_cast<float>(static_cast<double>(static_cast<int64_t>(b->time_ns.load() - a->time_ns.load())) / 1e6);
   return orSuccess;
 }
