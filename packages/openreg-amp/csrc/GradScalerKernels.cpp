@@ -10,10 +10,10 @@
 // A kernel is plain CPU code over kernel-view pointers (see core's
 // OpenRegKernelTensor.h): this is how a vendor's hand-written kernel plugs in,
 // instead of the generic path that would run the CPU operator.
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <atomic>

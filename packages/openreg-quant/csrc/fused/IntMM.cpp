@@ -9,7 +9,9 @@
 // most 2^14, so with K split into blocks of 1024 every partial sum of a block is
 // an integer of magnitude <= 2^24, which float32 represents exactly whatever the
 // GEMM's summation order; blocks are summed in int32.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include "../QuantCommon.h"

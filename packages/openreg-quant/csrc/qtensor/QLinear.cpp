@@ -13,9 +13,12 @@
 // A weight packed by the CPU (an nn.quantized.Linear built on the CPU and moved
 // with .to("openreg"), which does not move packed parameters) is a CPU packed
 // object: given an openreg input it raises, naming the op, and the other way round.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
+#include <ATen/ops/_empty_affine_quantized.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
 #include <memory>

@@ -10,10 +10,15 @@
 // fills the stubs' PrivateUse1 slots: each launches one kernel on the current
 // stream that runs the same wrapper on the CPU over the kernel views, so the
 // results are the CPU's bit for bit and the host never waits.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/quantized/AffineQuantizer.h>
+#include <ATen/ops/_empty_affine_quantized.h>
+#include <ATen/ops/_empty_per_channel_affine_quantized.h>
 #include <ATen/ops/dequantize_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/quantized/Quantizer.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "KernelQTensor.h"
