@@ -192,6 +192,35 @@ class TestStreams(TestCase):
         self.assertEqual(torch.openreg.Stream(priority=3).priority, least)
         self.assertEqual(torch.openreg.Stream(priority=-5).priority, greatest)
 
+    def test_set_num_threads_reaches_kernels_on_every_stream(self):
+        # Kernels run on the streams' workers, each with an OpenMP team of its own, sized when the
+        # worker opened its first one; each launch now brings the host's intra-op thread count.
+        before = torch.get_num_threads()
+        x = torch.zeros(1, device="openreg")
+        _team_size(x).cpu()  # a signature's first call runs synchronously: later ones are kernels
+        side = torch.openreg.Stream()
+        try:
+            for n in (3, 1, 2):
+                torch.set_num_threads(n)
+                for stream in (torch.openreg.current_stream(), side):
+                    with torch.openreg.stream(stream):
+                        size, ident = _team_size(x).tolist()
+                    self.assertNotEqual(ident, threading.get_ident())  # ran on the worker
+                    self.assertEqual(size, n)
+        finally:
+            torch.set_num_threads(before)
+
+
+@torch.library.custom_op("openreg_stream_test::team_size", mutates_args=(), device_types="cpu")
+def _team_size(x: torch.Tensor) -> torch.Tensor:
+    """On openreg, a kernel: the intra-op thread count of the thread it runs on, and that thread."""
+    return torch.tensor([torch.get_num_threads(), threading.get_ident()], dtype=torch.int64)
+
+
+@_team_size.register_fake
+def _(x):
+    return x.new_empty(2, dtype=torch.int64)
+
 
 class TestEvents(TestCase):
     def test_query_unrecorded_and_record(self):

@@ -1,5 +1,6 @@
 #include "OpenRegStream.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -60,6 +61,21 @@ orStream_t handle_of(c10::DeviceIndex device, c10::StreamId id) {
   TORCH_CHECK(id > 0 && id <= 2 * kStreamPoolSize, "invalid openreg stream id ", id);
   return p.pooled[id - 1];
 }
+
+// Kernels run on the streams' workers, each of which opens its own OpenMP team; ATen reads a
+// thread's team size once, so torch.set_num_threads after a worker's first kernel would not
+// reach it. Each launch carries the launching thread's intra-op thread count instead, and the
+// worker takes it up before a kernel that brings a different one (as a CPU operator follows
+// torch.set_num_threads on its own thread).
+uint64_t capture_intra_op_threads() { return static_cast<uint64_t>(at::get_num_threads()); }
+void apply_intra_op_threads(uint64_t n) {
+  if (at::get_num_threads() != static_cast<int>(n)) at::set_num_threads(static_cast<int>(n));
+}
+struct LaunchContextRegistrar {
+  LaunchContextRegistrar() {
+    OPENREG_CHECK(orSetLaunchContextHooks(&capture_intra_op_threads, &apply_intra_op_threads));
+  }
+} g_launch_context_registrar;
 
 }  // namespace
 

@@ -174,6 +174,7 @@ struct WorkItem {
   uint64_t correlation = 0;  // the enqueuing thread's correlation id then
   uint64_t host_thread = 0;  // and its OS thread id,
   uint64_t enqueue_ns = 0;   // and when it started enqueuing the item
+  uint64_t context = 0;      // orSetLaunchContextHooks' capture at launch (kernels only)
 };
 
 struct Graph {

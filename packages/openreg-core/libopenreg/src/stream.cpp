@@ -53,6 +53,16 @@ struct WaitHooks {
 std::atomic<const WaitHooks*> g_wait_hooks{nullptr};
 std::mutex g_wait_hooks_mu;
 auto* const g_all_wait_hooks = new std::vector<std::unique_ptr<WaitHooks>>();
+
+// orSetLaunchContextHooks' pair, kept like the wait hooks: a worker may still hold a replaced one.
+struct LaunchContextHooks {
+  orLaunchContextCapture capture;
+  orLaunchContextApply apply;
+};
+std::atomic<const LaunchContextHooks*> g_context_hooks{nullptr};
+auto* const g_all_context_hooks = new std::vector<std::unique_ptr<LaunchContextHooks>>();
+// The context this worker applied last.
+thread_local uint64_t t_applied_context = 0;
 }  // namespace
 
 void Progress::advance_to(uint64_t v) {
@@ -207,6 +217,11 @@ void Stream::worker_loop() {
       st = orErrorLaunchFailure;
     } else {
       try {
+        if (item.context != 0 && item.context != t_applied_context) {
+          if (const LaunchContextHooks* hooks = g_context_hooks.load(std::memory_order_acquire))
+            hooks->apply(item.context);
+          t_applied_context = item.context;
+        }
         st = item.fn(item.args);
       } catch (const std::exception& e) {
         t_kernel_error = e.what();
@@ -563,6 +578,8 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
   item.args = args;
   item.deleter = deleter;
   item.name = name;
+  if (const LaunchContextHooks* hooks = g_context_hooks.load(std::memory_order_acquire))
+    item.context = hooks->capture();
   s->enqueue(item);
   return orSuccess;
 }
@@ -602,6 +619,21 @@ orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end
     hooks = openreg::rt::g_all_wait_hooks->back().get();
   }
   g_wait_hooks.store(hooks, std::memory_order_release);
+  return orSuccess;
+}
+
+orStatus orSetLaunchContextHooks(orLaunchContextCapture capture, orLaunchContextApply apply) {
+  using openreg::rt::g_context_hooks;
+  if ((capture == nullptr) != (apply == nullptr))
+    return openreg::rt::fail(orErrorInvalidValue, "orSetLaunchContextHooks needs both hooks or neither");
+  const openreg::rt::LaunchContextHooks* hooks = nullptr;
+  if (capture != nullptr) {
+    std::lock_guard<std::mutex> lock(openreg::rt::g_wait_hooks_mu);
+    openreg::rt::g_all_context_hooks->push_back(
+        std::make_unique<openreg::rt::LaunchContextHooks>(openreg::rt::LaunchContextHooks{capture, apply}));
+    hooks = openreg::rt::g_all_context_hooks->back().get();
+  }
+  g_context_hooks.store(hooks, std::memory_order_release);
   return orSuccess;
 }
 

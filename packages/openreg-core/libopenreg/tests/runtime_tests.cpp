@@ -945,6 +945,75 @@ TEST(stream_blocking_wait_hooks) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+namespace launch_context {
+thread_local uint64_t host_value = 0;    // what the launching thread's capture reports
+std::atomic<int> applied{0};             // apply calls
+thread_local uint64_t worker_value = 0;  // on the worker: the last value applied
+uint64_t capture() { return host_value; }
+void apply(uint64_t v) {
+  applied.fetch_add(1);
+  worker_value = v;
+}
+}  // namespace launch_context
+
+// A kernel launch carries its launching thread's context word to the stream's worker, which
+// applies it before the kernel, once per change, per worker; copies carry none, and graphs replay
+// the words they captured.
+TEST(stream_launch_context_hooks) {
+  namespace lc = launch_context;
+  CHECK_STATUS(orErrorInvalidValue, orSetLaunchContextHooks(&lc::capture, nullptr));
+  CHECK_OK(orSetLaunchContextHooks(&lc::capture, &lc::apply));
+  orStream_t a = nullptr, b = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  std::vector<uint64_t> seen_a, seen_b;  // each written by one stream's kernels only
+  auto read_a = [&seen_a] { seen_a.push_back(lc::worker_value); };
+  auto read_b = [&seen_b] { seen_b.push_back(lc::worker_value); };
+  lc::host_value = 3;
+  CHECK_OK(openreg::launch(a, "test::ctx", read_a));
+  CHECK_OK(openreg::launch(a, "test::ctx", read_a));  // unchanged: not applied again
+  lc::host_value = 0;                                 // nothing to carry: the worker keeps 3
+  CHECK_OK(openreg::launch(a, "test::ctx", read_a));
+  lc::host_value = 1;
+  CHECK_OK(openreg::launch(a, "test::ctx", read_a));
+  CHECK_OK(openreg::launch(b, "test::ctx", read_b));  // another worker applies on its own
+  CHECK_OK(orStreamSynchronize(a));
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK(seen_a == (std::vector<uint64_t>{3, 3, 3, 1}));
+  CHECK(seen_b == (std::vector<uint64_t>{1}));
+  CHECK_EQ(lc::applied.load(), 3);
+  // Another host thread launches with its own word.
+  std::thread([&] {
+    lc::host_value = 5;
+    CHECK_OK(openreg::launch(a, "test::ctx", read_a));
+  }).join();
+  CHECK_OK(orStreamSynchronize(a));
+  CHECK_EQ(seen_a.back(), uint64_t{5});
+  // A graph replays the word captured with each kernel.
+  lc::host_value = 7;
+  CHECK_OK(orStreamBeginCapture(b));
+  CHECK_OK(openreg::launch(b, "test::ctx", read_b));
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(b, &g));
+  lc::host_value = 2;
+  CHECK_OK(openreg::launch(b, "test::ctx", read_b));
+  CHECK_OK(orGraphLaunch(g, b));
+  CHECK_OK(orStreamSynchronize(b));
+  CHECK(seen_b == (std::vector<uint64_t>{1, 2, 7}));
+  CHECK_OK(orGraphDestroy(g));
+  // Removed: launches carry nothing, workers keep what they applied.
+  CHECK_OK(orSetLaunchContextHooks(nullptr, nullptr));
+  const int before = lc::applied.load();
+  lc::host_value = 9;
+  CHECK_OK(openreg::launch(a, "test::ctx", read_a));
+  CHECK_OK(orStreamSynchronize(a));
+  CHECK_EQ(seen_a.back(), uint64_t{5});
+  CHECK_EQ(lc::applied.load(), before);
+  lc::host_value = 0;
+  CHECK_OK(orStreamDestroy(a));
+  CHECK_OK(orStreamDestroy(b));
+}
+
 TEST(stream_in_order_execution) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));

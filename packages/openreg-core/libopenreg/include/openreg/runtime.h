@@ -203,6 +203,16 @@ typedef void* (*orBlockingWaitBegin)(void);
 typedef void (*orBlockingWaitEnd)(void* token);
 OPENREG_API orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end);
 
+/* Host state a kernel launch carries to the device. capture() runs on the launching thread at
+ * every orLaunchKernel and returns a word (0: nothing); before a kernel runs, its stream's worker
+ * calls apply(word) when the word differs from the last one it applied. Kernels here run on the
+ * host's CPUs: torch_openreg carries the host's intra-op thread count, so that
+ * torch.set_num_threads reaches the workers' parallel regions as it reaches CPU operators. Both
+ * or neither; NULL, NULL removes them. */
+typedef uint64_t (*orLaunchContextCapture)(void);
+typedef void (*orLaunchContextApply)(uint64_t context);
+OPENREG_API orStatus orSetLaunchContextHooks(orLaunchContextCapture capture, orLaunchContextApply apply);
+
 /* ---- events ---- */
 OPENREG_API orStatus orEventCreate(orEvent_t* event);
 OPENREG_API orStatus orEventCreateWithFlags(orEvent_t* event, unsigned int flags);
