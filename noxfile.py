@@ -23,9 +23,9 @@ Session graph (`requires=`): build <- core, amp, ..., packaging, bench, scenario
 runtime_tsan, core_asan (a build of its own) and docs need no build and are required by tests too. Nox runs a
 required session once per invocation, so `nox -s tests` builds core once and every session installs that one wheel.
 
-Torch is installed once per machine, into .nox/_layer-torch-2.13.0, which every session's venv sees
-through a .pth file (`_install_torch`). Most suites run in two processes (pytest-xdist; `-- -n 0`: one).
-`nox -r` reuses the session venvs (the wheel is reinstalled). To rerun one session
+Torch and the test tools are installed once per machine, into .nox/_layer-torch-2.13.0-tools1, which every
+session's venv sees through a .pth file (`_install_torch`). Most suites run in two processes (pytest-xdist;
+`-- -n 0`: one). `nox -r` reuses the session venvs (the wheel is reinstalled). To rerun one session
 against the wheel already in dist/ without rebuilding: `nox -r -s core --no-dependencies`.
 """
 
@@ -97,23 +97,34 @@ def _one(pattern: str, session: nox.Session) -> Path:
 # Torch and its dependencies (about 900 MB unpacked) are installed once per machine into a shared
 # folder that every session's venv sees through a .pth file: unpacking them into each of the dozen
 # venvs cost about 25 s apiece, 5 minutes of a 2-core CI run. Each venv still installs its own
-# packages; pip sees the layer's torch as installed (it is on sys.path) and leaves it alone.
-TORCH_LAYER = ROOT / ".nox" / ("_layer-" + TORCH.replace("==", "-"))
+# packages; pip sees what the layer holds as installed (it is on sys.path) and leaves it alone.
+# The test tools every torch session needs are in the layer too: installing them into each venv
+# cost 5 to 8 s a session (numpy most of it). pytest's script is then not in the venv's bin:
+# sessions run `python -m pytest` (_pytest). The folder's name changes with its contents.
+LAYER = (TORCH, "pytest", XDIST, *CORE_TEST_DEPS)
+TORCH_LAYER = ROOT / ".nox" / ("_layer-" + TORCH.replace("==", "-") + "-tools1")
 
 
 def _install_torch(session: nox.Session, *extra: str) -> None:
-    """Makes the shared torch layer (once) visible in the session's venv, then installs `extra`
+    """Makes the shared layer (once) visible in the session's venv, then installs `extra`
     (with BASE, in one pip call: each call costs seconds, times a dozen sessions)."""
     if not (TORCH_LAYER / ".complete").exists():
         partial = TORCH_LAYER.with_name(TORCH_LAYER.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        session.run("python", "-m", "pip", "install", "--quiet", "--target", str(partial), TORCH)
+        session.run("python", "-m", "pip", "install", "--quiet", "--target", str(partial), *LAYER)
         (partial / ".complete").touch()
         shutil.rmtree(TORCH_LAYER, ignore_errors=True)
         partial.rename(TORCH_LAYER)
     site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True).strip()
     Path(site, "_openreg_torch_layer.pth").write_text(f"{TORCH_LAYER}\n")
-    session.install(*BASE, TORCH, *extra)  # torch itself: already satisfied by the layer
+    # --no-compile: Python compiles what a session imports when it imports it, instead of pip
+    # compiling every module of every package up front (2 to 3 s a session).
+    session.install("--no-compile", *BASE, *LAYER, *extra)  # the layer's: already satisfied
+
+
+def _pytest(session: nox.Session, *args: str, **kwargs) -> None:
+    """pytest from the layer, in the session's interpreter."""
+    session.run("python", "-m", "pytest", *args, **kwargs)
 
 
 def _install_core(
@@ -125,7 +136,7 @@ def _install_core(
     _install_torch(session, "pytest", *extra)
     wheels = [_one(f"{name}-*.whl", session) for name in ("openreg_core", *plugins)]
     # --force-reinstall: a rebuilt wheel keeps its version, and a reused venv must take it anyway.
-    session.install("--no-deps", "--force-reinstall", *map(str, wheels), *no_deps)
+    session.install("--no-compile", "--no-deps", "--force-reinstall", *map(str, wheels), *no_deps)
 
 
 def _staged_copy(session: nox.Session, package: Path) -> Path:
@@ -177,11 +188,11 @@ def core(session: nox.Session) -> None:
     # An empty test folder fails loudly here (pytest itself would exit with 5, "no tests ran").
     if not any(tests.rglob("test_*.py")):
         session.error(f"{tests.relative_to(ROOT)} has no test_*.py files: core's tests are missing")
-    session.run("pytest", *TWO_PROCESSES, str(tests), *session.posargs)
+    _pytest(session, *TWO_PROCESSES, str(tests), *session.posargs)
 
 
 def _runtime(session: nox.Session, sanitizer: str) -> None:
-    session.install(*BASE, "pytest", XDIST, "cmake", "ninja")
+    session.install("--no-compile", *BASE, "pytest", XDIST, "cmake", "ninja")
     env = _env(OPENREG_SANITIZER=sanitizer)
     # Each case is a process of its own: two at a time (the build is locked, the first worker builds).
     session.run("pytest", *TWO_PROCESSES, str(CORE / "libopenreg" / "tests"), *session.posargs, env=env)
@@ -247,9 +258,7 @@ def core_asan(session: nox.Session) -> None:
     # runtime_asan). handle_segv=0: a host read of device memory must die by SIGSEGV, as tested.
     options = ":".join(filter(None, ["detect_leaks=0:handle_segv=0", os.environ.get("ASAN_OPTIONS", "")]))
     tests = [str(CORE / "tests" / name) for name in ASAN_CORE_TESTS]
-    session.run(
-        "pytest", *TWO_PROCESSES, *tests, *session.posargs, env={"LD_PRELOAD": preload, "ASAN_OPTIONS": options}
-    )
+    _pytest(session, *TWO_PROCESSES, *tests, *session.posargs, env={"LD_PRELOAD": preload, "ASAN_OPTIONS": options})
 
 
 @nox.session(python=PYTHON, requires=["build"], default=False)
@@ -258,10 +267,10 @@ def soak(session: nox.Session) -> None:
     1,000 training steps on 2 devices and 4 streams, then the runtime's soak under faults at 10 times
     its size. `nox -s core` runs the quick profile of the first."""
     _install_core(session, *CORE_TEST_DEPS)
-    session.run("pytest", str(CORE / "tests" / "test_soak.py"), *session.posargs, env=_env(OPENREG_SOAK_SCALE="10"))
+    _pytest(session, str(CORE / "tests" / "test_soak.py"), *session.posargs, env=_env(OPENREG_SOAK_SCALE="10"))
     session.install("cmake", "ninja")
     env = _env(OPENREG_TEST_SCALE="10")
-    session.run("pytest", str(CORE / "libopenreg" / "tests"), "-k", "soak", *session.posargs, env=env)
+    _pytest(session, str(CORE / "libopenreg" / "tests"), "-k", "soak", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])
@@ -269,7 +278,7 @@ def amp(session: nox.Session) -> None:
     """openreg-amp's tests (autocast policies, GradScaler kernels, plugin loading), against the
     built core and amp wheels."""
     _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_amp",))
-    session.run("pytest", str(ROOT / "packages" / "openreg-amp" / "tests"), *session.posargs)
+    _pytest(session, str(ROOT / "packages" / "openreg-amp" / "tests"), *session.posargs)
 
 
 # The torchao minor version openreg-quant is tested with (its metadata names no torch: --no-deps).
@@ -281,7 +290,7 @@ def quant(session: nox.Session) -> None:
     """openreg-quant's tests (decomposed q/dq kernels, fused int8 ops, PT2E lowering, plugin loading),
     against the built core and quant wheels."""
     _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_quant",), no_deps=(TORCHAO,))
-    session.run("pytest", str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
+    _pytest(session, str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
 
 
 # openreg-inductor's runtime dependencies beyond core and torch, as in its pyproject (its wheel installs
@@ -299,12 +308,12 @@ def inductor(session: nox.Session) -> None:
     shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
     tests = ROOT / "packages" / "openreg-inductor" / "tests"
-    session.run("pytest", *TWO_PROCESSES, str(tests), *session.posargs, env=env)
+    _pytest(session, *TWO_PROCESSES, str(tests), *session.posargs, env=env)
     # PyTorch's dynamo-wrapped test mode over a curated part of core's suite: the device API and
     # registration tests (the generated backend-type methods, autograd's device threads). The whole
     # suite under it takes well over an hour on 2 cores: see docs/mechanisms/compiler.md.
     wrapped = [str(CORE / "tests" / name) for name in ("test_device.py", "test_registration.py")]
-    session.run("pytest", *TWO_PROCESSES, *wrapped, env={**env, "PYTORCH_TEST_WITH_DYNAMO": "1"})
+    _pytest(session, *TWO_PROCESSES, *wrapped, env={**env, "PYTORCH_TEST_WITH_DYNAMO": "1"})
 
 
 @nox.session(python=PYTHON, requires=["build"])
@@ -313,7 +322,7 @@ def distributed(session: nox.Session) -> None:
     distributed wheels. Multi-process classes spawn their ranks once per class."""
     _install_core(session, *CORE_TEST_DEPS, XDIST, plugins=("openreg_distributed",))
     tests = ROOT / "packages" / "openreg-distributed" / "tests"
-    session.run("pytest", *TWO_PROCESSES_BY_CLASS, str(tests), *session.posargs)
+    _pytest(session, *TWO_PROCESSES_BY_CLASS, str(tests), *session.posargs)
 
 
 # openreg-onnx's runtime dependencies and its `kernels` extra, the ranges of its pyproject (its wheel
@@ -331,7 +340,7 @@ def onnx(session: nox.Session) -> None:
     """openreg-onnx's tests (lazy export hooks, translation table in both modes, models verified in
     onnxruntime, export checks, CLI), against the built core and onnx wheels."""
     _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, XDIST, plugins=("openreg_onnx",))
-    session.run("pytest", *TWO_PROCESSES, str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
+    _pytest(session, *TWO_PROCESSES, str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
 
 
 @nox.session(python=PYTHON, requires=["build"])
@@ -340,7 +349,7 @@ def packaging(session: nox.Session) -> None:
     `openreg-core[EXTRA]` from dist/ into a fresh venv for every extra (tests/packaging/test_extras.py)."""
     _install_core(session, plugins=tuple(PLUGINS.values()))
     env = {"OPENREG_DIST": str(DIST), "OPENREG_TORCH_LAYER": str(TORCH_LAYER)}  # the fresh venv's torch: the layer
-    session.run("pytest", str(ROOT / "tests" / "packaging"), *session.posargs, env=env)
+    _pytest(session, str(ROOT / "tests" / "packaging"), *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])
@@ -360,7 +369,7 @@ def scenarios(session: nox.Session) -> None:
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold, as in `inductor`
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
-    session.run("pytest", *TWO_PROCESSES_BY_CLASS, str(ROOT / "tests" / "scenarios"), *session.posargs, env=env)
+    _pytest(session, *TWO_PROCESSES_BY_CLASS, str(ROOT / "tests" / "scenarios"), *session.posargs, env=env)
 
 
 # The differential fuzzer's one dependency, pinned: a derandomized hypothesis draws the same programs
@@ -378,7 +387,7 @@ def fuzz(session: nox.Session) -> None:
     args = list(session.posargs)
     for ours, pytest_option in (("--minutes", "--fuzz-minutes"), ("--seed", "--fuzz-seed")):
         args = [pytest_option if a == ours else a for a in args]
-    session.run("pytest", str(ROOT / "tests" / "fuzz"), "-p", "no:cacheprovider", *args)
+    _pytest(session, str(ROOT / "tests" / "fuzz"), "-p", "no:cacheprovider", *args)
 
 
 @nox.session(
@@ -418,7 +427,7 @@ def bench(session: nox.Session) -> None:
         no_deps=(TORCHAO,),  # the quant group's PT2E measure
     )
     bench = ROOT / "tools" / "bench"
-    session.run("pytest", str(bench / "test_bench_cli.py"))
+    _pytest(session, str(bench / "test_bench_cli.py"))
     session.run(
         "python",
         str(bench / "run.py"),
