@@ -349,7 +349,8 @@ def packaging(session: nox.Session) -> None:
     `openreg-core[EXTRA]` from dist/ into a fresh venv for every extra (tests/packaging/test_extras.py)."""
     _install_core(session, plugins=tuple(PLUGINS.values()))
     env = {"OPENREG_DIST": str(DIST), "OPENREG_TORCH_LAYER": str(TORCH_LAYER)}  # the fresh venv's torch: the layer
-    _pytest(session, str(ROOT / "tests" / "packaging"), *session.posargs, env=env)
+    # Two processes: the extras' tests are pip installs into fresh venvs, one core's worth of work each.
+    _pytest(session, *TWO_PROCESSES, str(ROOT / "tests" / "packaging"), *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])

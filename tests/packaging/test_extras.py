@@ -2,9 +2,9 @@
 exactly the chosen plugins from the wheelhouse `nox -s build` writes, and `import torch` loads
 exactly those (`torch.openreg.plugins()`).
 
-One fresh venv (no system site-packages) for the whole module: torch is installed once, then each
-single extra is installed, probed and its plugin uninstalled again (its third-party dependencies
-stay, so each is fetched once), and finally `[all]`. Run with `nox -s packaging` (OPENREG_DIST
+One fresh venv (no system site-packages) per test process for the whole module (`nox -s packaging`
+runs two): torch is installed once, then each extra is installed, probed and uninstalled again with
+core (its third-party dependencies stay, so each is fetched once per venv). Run with `nox -s packaging` (OPENREG_DIST
 names the wheelhouse); without OPENREG_DIST the tests fail, they never skip. OPENREG_TORCH_LAYER
 (set by nox: the folder its sessions share torch from) makes the venv see that torch through a .pth
 file instead of unpacking it again (25 s of this module's minute); pip then finds torch installed.
@@ -127,17 +127,22 @@ def _assert_loaded(state: dict, plugins: tuple[str, ...]) -> None:
     assert state["value"] == [3.0, 3.0] and state["torch"].startswith("2.13.0"), state
 
 
-def test_each_extra_installs_core_and_that_plugin(venv: FreshVenv):
-    for i, plugin in enumerate(PLUGINS):
+@pytest.mark.parametrize("plugin", PLUGINS)
+def test_extra_installs_core_and_that_plugin(venv: FreshVenv, plugin: str):
+    try:
         installed = _from_wheelhouse(venv.install_extra(plugin), venv.dist)
-        expected = {f"openreg-{plugin}"} | ({"openreg-core"} if i == 0 else set())
+        expected = {"openreg-core", f"openreg-{plugin}"}
         assert set(installed) == expected, f"[{plugin}] installed {installed}, expected {sorted(expected)}"
         assert all(f.endswith(".whl") for f in installed.values()), installed  # wheels, not sdists
         _assert_loaded(venv.probe(), (plugin,))
-        venv.pip("uninstall", "-y", f"openreg-{plugin}")
+    finally:  # the next test starts from torch alone
+        venv.pip("uninstall", "-y", f"openreg-{plugin}", "openreg-core")
 
 
 def test_all_installs_every_plugin(venv: FreshVenv):
-    installed = _from_wheelhouse(venv.install_extra("all"), venv.dist)
-    assert set(installed) >= {f"openreg-{p}" for p in PLUGINS}, installed
-    _assert_loaded(venv.probe(), PLUGINS)
+    try:
+        installed = _from_wheelhouse(venv.install_extra("all"), venv.dist)
+        assert set(installed) == {"openreg-core", *(f"openreg-{p}" for p in PLUGINS)}, installed
+        _assert_loaded(venv.probe(), PLUGINS)
+    finally:
+        venv.pip("uninstall", "-y", "openreg-core", *(f"openreg-{p}" for p in PLUGINS))
