@@ -210,6 +210,46 @@ class TestStreams(TestCase):
         finally:
             torch.set_num_threads(before)
 
+    def test_host_threads_with_different_counts_each_get_theirs(self):
+        # torch.set_num_threads sets the calling thread's count (and the one new threads start
+        # with): a thread that started before it keeps its own. Kernels follow their launcher, and
+        # the worker switching between counts leaves the count new threads start with alone.
+        before = torch.get_num_threads()
+        x = torch.zeros(1, device="openreg")
+        _team_size(x).cpu()
+        torch.set_num_threads(2)
+        go, done = threading.Semaphore(0), threading.Semaphore(0)
+        seen = {"other": [], "main": [], "new": None}
+
+        def other():
+            torch.get_num_threads()  # this thread's count is taken now: 2
+            for _ in range(3):
+                go.acquire()
+                seen["other"].append(_team_size(x).tolist()[0])
+                done.release()
+
+        def new():
+            seen["new"] = torch.get_num_threads()
+
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            torch.set_num_threads(1)
+            for _ in range(3):  # the same stream's worker alternates between the two counts
+                seen["main"].append(_team_size(x).tolist()[0])
+                go.release()
+                done.acquire()
+            t.join()
+            late = threading.Thread(target=new)  # the worker last took up the other thread's 2
+            late.start()
+            late.join()
+        finally:
+            for _ in range(3):  # lets the other thread finish if the loop above did not
+                go.release()
+            t.join()
+            torch.set_num_threads(before)
+        self.assertEqual(seen, {"other": [2, 2, 2], "main": [1, 1, 1], "new": 1})
+
 
 @torch.library.custom_op("openreg_stream_test::team_size", mutates_args=(), device_types="cpu")
 def _team_size(x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,14 @@
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
 
+#if defined(__linux__)
+// The OpenMP runtime's and MKL's per-thread setters, found in what libtorch loads; weak, so that a
+// torch without MKL leaves them null (elsewhere: at::set_num_threads). Core is not compiled with
+// OpenMP itself, so omp.h is not included.
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+#endif
+
 namespace c10::openreg {
 
 namespace {
@@ -68,8 +76,22 @@ orStream_t handle_of(c10::DeviceIndex device, c10::StreamId id) {
 // worker takes it up before a kernel that brings a different one (as a CPU operator follows
 // torch.set_num_threads on its own thread).
 uint64_t capture_intra_op_threads() { return static_cast<uint64_t>(at::get_num_threads()); }
+
+// What at::set_num_threads sets for the calling thread, without its process-wide parts (the
+// recorded count, and the mobile kernels' thread pool, which a different count re-creates): host
+// threads that disagree (one that started before the last torch.set_num_threads, such as
+// autograd's device thread) make a worker switch between their counts from kernel to kernel.
+void set_this_threads_count(int n) {
+#if defined(__linux__)
+  if (omp_set_num_threads != nullptr) omp_set_num_threads(n);
+  if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(n);
+#else
+  at::set_num_threads(n);
+#endif
+}
+
 void apply_intra_op_threads(uint64_t n) {
-  if (at::get_num_threads() != static_cast<int>(n)) at::set_num_threads(static_cast<int>(n));
+  if (at::get_num_threads() != static_cast<int>(n)) set_this_threads_count(static_cast<int>(n));
 }
 struct LaunchContextRegistrar {
   LaunchContextRegistrar() {
