@@ -48,20 +48,36 @@ struct WaitHooks {
   orBlockingWaitBegin begin;
   orBlockingWaitEnd end;
 };
-// Replaced as a pair. A waiter may still hold the previous pair, so none is freed; all stay
-// reachable from g_all_wait_hooks (set once or twice per process: not a leak).
-std::atomic<const WaitHooks*> g_wait_hooks{nullptr};
-std::mutex g_wait_hooks_mu;
-auto* const g_all_wait_hooks = new std::vector<std::unique_ptr<WaitHooks>>();
-
-// orSetLaunchContextHooks' pair, kept like the wait hooks: a worker may still hold a replaced one.
 struct LaunchContextHooks {
   orLaunchContextCapture capture;
   orLaunchContextApply apply;
 };
-std::atomic<const LaunchContextHooks*> g_context_hooks{nullptr};
-auto* const g_all_context_hooks = new std::vector<std::unique_ptr<LaunchContextHooks>>();
-// The context this worker applied last.
+
+// Where a pair of hooks set through the C API lives. Replaced as a pair; a thread may still hold
+// the previous one, so none is freed: all stay in `kept` (set once or twice per process: not a leak).
+template <typename Pair>
+struct Hooks {
+  static inline std::atomic<const Pair*> current{nullptr};
+  static inline auto* const kept = new std::vector<std::unique_ptr<Pair>>();
+  static inline std::mutex mu;
+
+  template <typename A, typename B>
+  static orStatus set(A a, B b, const char* api) {
+    if ((a == nullptr) != (b == nullptr))
+      return fail(orErrorInvalidValue, std::string(api) + " needs both hooks or neither");
+    const Pair* pair = nullptr;
+    if (a != nullptr) {
+      std::lock_guard<std::mutex> lock(mu);
+      kept->push_back(std::make_unique<Pair>(Pair{a, b}));
+      pair = kept->back().get();
+    }
+    current.store(pair, std::memory_order_release);
+    return orSuccess;
+  }
+  static const Pair* get() { return current.load(std::memory_order_acquire); }
+};
+
+// The launch context this worker applied last.
 thread_local uint64_t t_applied_context = 0;
 }  // namespace
 
@@ -87,7 +103,7 @@ void Progress::wait_for(uint64_t v) {
     }
   } while (platform::now_ns() < deadline);
   // Before the lock: the hook may wait for an interpreter lock of its own when it ends.
-  const WaitHooks* hooks = g_wait_hooks.load(std::memory_order_acquire);
+  const WaitHooks* hooks = Hooks<WaitHooks>::get();
   void* token = hooks != nullptr ? hooks->begin() : nullptr;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -218,8 +234,7 @@ void Stream::worker_loop() {
     } else {
       try {
         if (item.context != 0 && item.context != t_applied_context) {
-          if (const LaunchContextHooks* hooks = g_context_hooks.load(std::memory_order_acquire))
-            hooks->apply(item.context);
+          if (const LaunchContextHooks* hooks = Hooks<LaunchContextHooks>::get()) hooks->apply(item.context);
           t_applied_context = item.context;
         }
         st = item.fn(item.args);
@@ -578,8 +593,7 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
   item.args = args;
   item.deleter = deleter;
   item.name = name;
-  if (const LaunchContextHooks* hooks = g_context_hooks.load(std::memory_order_acquire))
-    item.context = hooks->capture();
+  if (const LaunchContextHooks* hooks = Hooks<LaunchContextHooks>::get()) item.context = hooks->capture();
   s->enqueue(item);
   return orSuccess;
 }
@@ -608,33 +622,11 @@ orStatus orKernelFail(const char* message) {
 int orInKernel(void) { return t_in_kernel ? 1 : 0; }
 
 orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end) {
-  using openreg::rt::g_wait_hooks;
-  if ((begin == nullptr) != (end == nullptr))
-    return openreg::rt::fail(orErrorInvalidValue, "orSetBlockingWaitHooks needs both hooks or neither");
-  const openreg::rt::WaitHooks* hooks = nullptr;
-  if (begin != nullptr) {
-    std::lock_guard<std::mutex> lock(openreg::rt::g_wait_hooks_mu);
-    openreg::rt::g_all_wait_hooks->push_back(
-        std::make_unique<openreg::rt::WaitHooks>(openreg::rt::WaitHooks{begin, end}));
-    hooks = openreg::rt::g_all_wait_hooks->back().get();
-  }
-  g_wait_hooks.store(hooks, std::memory_order_release);
-  return orSuccess;
+  return openreg::rt::Hooks<openreg::rt::WaitHooks>::set(begin, end, "orSetBlockingWaitHooks");
 }
 
 orStatus orSetLaunchContextHooks(orLaunchContextCapture capture, orLaunchContextApply apply) {
-  using openreg::rt::g_context_hooks;
-  if ((capture == nullptr) != (apply == nullptr))
-    return openreg::rt::fail(orErrorInvalidValue, "orSetLaunchContextHooks needs both hooks or neither");
-  const openreg::rt::LaunchContextHooks* hooks = nullptr;
-  if (capture != nullptr) {
-    std::lock_guard<std::mutex> lock(openreg::rt::g_wait_hooks_mu);
-    openreg::rt::g_all_context_hooks->push_back(
-        std::make_unique<openreg::rt::LaunchContextHooks>(openreg::rt::LaunchContextHooks{capture, apply}));
-    hooks = openreg::rt::g_all_context_hooks->back().get();
-  }
-  g_context_hooks.store(hooks, std::memory_order_release);
-  return orSuccess;
+  return openreg::rt::Hooks<openreg::rt::LaunchContextHooks>::set(capture, apply, "orSetLaunchContextHooks");
 }
 
 orStatus orStreamBeginCapture(orStream_t stream) {
