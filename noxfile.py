@@ -101,7 +101,8 @@ def _one(pattern: str, session: nox.Session) -> Path:
 # packages; pip sees what the layer holds as installed (it is on sys.path) and leaves it alone.
 # The test tools every torch session needs are in the layer too: installing them into each venv
 # cost 5 to 8 s a session (numpy most of it). pytest's script is then not in the venv's bin:
-# sessions run `python -m pytest` (_pytest). The folder's name changes with its contents.
+# sessions run `python -m pytest` (_pytest), and install only what they need beyond the layer. The
+# folder's name changes with its contents.
 LAYER = (TORCH, "pytest", XDIST, *CORE_TEST_DEPS)
 TORCH_LAYER = ROOT / ".nox" / ("_layer-" + TORCH.replace("==", "-") + "-tools1")
 
@@ -134,7 +135,7 @@ def _install_core(
     """Installs torch and the wheels that the `build` session left in dist/: openreg-core and
     the named plugins (distribution file prefixes, e.g. "openreg_amp"); `no_deps`: requirements
     installed without their dependencies, with the wheels."""
-    _install_torch(session, "pytest", *extra)
+    _install_torch(session, *extra)
     wheels = [_one(f"{name}-*.whl", session) for name in ("openreg_core", *plugins)]
     # --force-reinstall: a rebuilt wheel keeps its version, and a reused venv must take it anyway.
     session.install("--no-compile", "--no-deps", "--force-reinstall", *map(str, wheels), *no_deps)
@@ -151,26 +152,17 @@ def _staged_copy(session: nox.Session, package: Path) -> Path:
     return staging
 
 
-def _sdist_then_wheel(session: nox.Session, package: Path, dist_name: str) -> None:
-    """Builds `package`'s sdist into dist/, then a wheel from that sdist (proving the sdist builds)."""
-    for step in _sdist_then_wheel_steps(session, package, dist_name):
-        step(lambda *cmd, env: session.run(*cmd, env=env))
-
-
-def _sdist_then_wheel_steps(session: nox.Session, package: Path, dist_name: str) -> list:
-    """The steps of _sdist_then_wheel, each called with a function that runs a command."""
+def _sdist_then_wheel(session: nox.Session, package: Path, dist_name: str, run=None) -> None:
+    """Builds `package`'s sdist into dist/, then a wheel from that sdist (proving the sdist builds).
+    `run(*cmd)` runs a command (default: session.run with _env())."""
+    run = run or (lambda *cmd: session.run(*cmd, env=_env()))
     for old in [*DIST.glob(f"{dist_name}-*.tar.gz"), *DIST.glob(f"{dist_name}-*.whl")]:
         old.unlink()
     staging = _staged_copy(session, package)
-    sdist_cmd = ("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(DIST), str(staging))
-
-    def wheel(run) -> None:
-        sdist = _one(f"{dist_name}-*.tar.gz", session)
-        wheel_cmd = ("pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", str(sdist), "-w", str(DIST))
-        run(*wheel_cmd, env=_env())
-        _one(f"{dist_name}-*.whl", session)
-
-    return [lambda run: run(*sdist_cmd, env=_env()), wheel]
+    run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(DIST), str(staging))
+    sdist = _one(f"{dist_name}-*.tar.gz", session)
+    run("pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", str(sdist), "-w", str(DIST))
+    _one(f"{dist_name}-*.whl", session)
 
 
 # The plugins build in two lanes of MAX_JOBS / 2 compile jobs each: a plugin's build has stretches
@@ -185,32 +177,30 @@ def _build_plugin_lanes(session: nox.Session) -> None:
     """_sdist_then_wheel for every plugin, PLUGIN_LANES side by side; each lane's output is logged
     when both are done."""
     jobs = str(max(1, int(os.environ.get("MAX_JOBS", "2")) // len(PLUGIN_LANES)))
-    venv_env = {
+    env = {
+        **os.environ,
+        **_env(MAX_JOBS=jobs),
         "PATH": f"{session.bin}{os.pathsep}{os.environ.get('PATH', '')}",
         "VIRTUAL_ENV": session.virtualenv.location,
     }
-    lanes = [[s for name in lane for s in _sdist_then_wheel_steps(session, ROOT / "packages" / name, PLUGINS[name])]
-             for lane in PLUGIN_LANES]  # fmt: skip
-    outputs: list[list[str]] = [[] for _ in lanes]
+    outputs: list[list[str]] = [[] for _ in PLUGIN_LANES]
 
-    def run_lane(i: int) -> None:
-        def run(*cmd: str, env: dict[str, str]) -> None:
+    def build_lane(i: int) -> None:
+        def run(*cmd: str) -> None:
             outputs[i].append("$ " + " ".join(cmd))
-            proc = subprocess.run(
-                cmd, env={**os.environ, **venv_env, **env, "MAX_JOBS": jobs}, capture_output=True, text=True
-            )
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             outputs[i].append(proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 raise CommandFailed(f"{cmd[0]} exited {proc.returncode}")
 
-        for step in lanes[i]:
-            step(run)
+        for name in PLUGIN_LANES[i]:
+            _sdist_then_wheel(session, ROOT / "packages" / name, PLUGINS[name], run)
 
-    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
-        futures = [pool.submit(run_lane, i) for i in range(len(lanes))]
-    failed = [f.exception() for f in futures if f.exception() is not None]
+    with concurrent.futures.ThreadPoolExecutor(len(PLUGIN_LANES)) as pool:
+        futures = [pool.submit(build_lane, i) for i in range(len(PLUGIN_LANES))]
     for i, lane in enumerate(PLUGIN_LANES):
         session.log(f"lane {i + 1} ({', '.join(lane)}):\n" + "\n".join(outputs[i])[-20000:])
+    failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:
         session.error(f"a plugin build failed: {failed[0]}")
 
@@ -231,7 +221,7 @@ def build(session: nox.Session) -> None:
 @nox.session(python=PYTHON, requires=["build"])
 def core(session: nox.Session) -> None:
     """openreg-core's PyTorch tests, against the built wheel."""
-    _install_core(session, "ninja", *CORE_TEST_DEPS, XDIST)
+    _install_core(session, "ninja")
     tests = CORE / "tests"
     # An empty test folder fails loudly here (pytest itself would exit with 5, "no tests ran").
     if not any(tests.rglob("test_*.py")):
@@ -293,7 +283,7 @@ def core_asan(session: nox.Session) -> None:
     """All of core (runtime, PyTorch layer, binding) built with AddressSanitizer, then its runtime,
     memory and concurrency tests and the short soak (ASAN_CORE_TESTS) in an uninstrumented Python
     and libtorch: docs/mechanisms/reliability.md."""
-    _install_torch(session, "pytest", "cmake", "ninja", *CORE_TEST_DEPS, XDIST)
+    _install_torch(session, "cmake", "ninja")
     # Built from a copy, into a build directory of its own, so neither the tree nor dist/ sees it.
     staging = _staged_copy(session, CORE)
     build_dir = Path(session.create_tmp()) / "core-asan-build"
@@ -314,7 +304,7 @@ def soak(session: nox.Session) -> None:
     """The full soak, not part of `tests` (docs/mechanisms/reliability.md): 10,000 random operators and
     1,000 training steps on 2 devices and 4 streams, then the runtime's soak under faults at 10 times
     its size. `nox -s core` runs the quick profile of the first."""
-    _install_core(session, *CORE_TEST_DEPS)
+    _install_core(session)
     _pytest(session, str(CORE / "tests" / "test_soak.py"), *session.posargs, env=_env(OPENREG_SOAK_SCALE="10"))
     session.install("cmake", "ninja")
     env = _env(OPENREG_TEST_SCALE="10")
@@ -325,7 +315,7 @@ def soak(session: nox.Session) -> None:
 def amp(session: nox.Session) -> None:
     """openreg-amp's tests (autocast policies, GradScaler kernels, plugin loading), against the
     built core and amp wheels."""
-    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_amp",))
+    _install_core(session, plugins=("openreg_amp",))
     _pytest(session, str(ROOT / "packages" / "openreg-amp" / "tests"), *session.posargs)
 
 
@@ -337,7 +327,7 @@ TORCHAO = "torchao==0.18.0"
 def quant(session: nox.Session) -> None:
     """openreg-quant's tests (decomposed q/dq kernels, fused int8 ops, PT2E lowering, plugin loading),
     against the built core and quant wheels."""
-    _install_core(session, *CORE_TEST_DEPS, plugins=("openreg_quant",), no_deps=(TORCHAO,))
+    _install_core(session, plugins=("openreg_quant",), no_deps=(TORCHAO,))
     _pytest(session, str(ROOT / "packages" / "openreg-quant" / "tests"), *session.posargs)
 
 
@@ -351,7 +341,7 @@ def inductor(session: nox.Session) -> None:
     """openreg-inductor's tests (torch.compile on openreg vs CPU Inductor), against the built core and
     inductor wheels. One Inductor cache per run, shared by the test processes (compiles dominate)."""
     # openreg-amp too: tests/test_autocast.py compiles autocast regions under its policies.
-    _install_core(session, *CORE_TEST_DEPS, *INDUCTOR_DEPS, XDIST, plugins=("openreg_inductor", "openreg_amp"))
+    _install_core(session, *INDUCTOR_DEPS, plugins=("openreg_inductor", "openreg_amp"))
     cache = Path(session.create_tmp()) / "inductor-cache"
     shutil.rmtree(cache, ignore_errors=True)  # cold: a stale cache would hide compile errors
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(cache))
@@ -368,7 +358,7 @@ def inductor(session: nox.Session) -> None:
 def distributed(session: nox.Session) -> None:
     """openreg-distributed's tests (occl collectives, DDP, plugin loading), against the built core and
     distributed wheels. Multi-process classes spawn their ranks once per class."""
-    _install_core(session, *CORE_TEST_DEPS, XDIST, plugins=("openreg_distributed",))
+    _install_core(session, plugins=("openreg_distributed",))
     tests = ROOT / "packages" / "openreg-distributed" / "tests"
     _pytest(session, *TWO_PROCESSES_BY_CLASS, str(tests), *session.posargs)
 
@@ -387,7 +377,7 @@ ONNX_DEPS = (
 def onnx(session: nox.Session) -> None:
     """openreg-onnx's tests (lazy export hooks, translation table in both modes, models verified in
     onnxruntime, export checks, CLI), against the built core and onnx wheels."""
-    _install_core(session, *CORE_TEST_DEPS, *ONNX_DEPS, XDIST, plugins=("openreg_onnx",))
+    _install_core(session, *ONNX_DEPS, plugins=("openreg_onnx",))
     _pytest(session, *TWO_PROCESSES, str(ROOT / "packages" / "openreg-onnx" / "tests"), *session.posargs)
 
 
@@ -408,10 +398,8 @@ def scenarios(session: nox.Session) -> None:
     prints a result line (pytest's summary, "openreg scenarios"). One Inductor cache per run."""
     _install_core(
         session,
-        *CORE_TEST_DEPS,
         *ONNX_DEPS,
         *INDUCTOR_DEPS,
-        XDIST,
         plugins=tuple(PLUGINS.values()),
         no_deps=(TORCHAO,),
     )
@@ -432,7 +420,7 @@ def fuzz(session: nox.Session) -> None:
     Without arguments the quick profile (a fixed set of programs; `nox -s tests` runs it);
     `nox -s fuzz -- --minutes N` draws new programs for N minutes (release checks); `-- --seed N` reruns
     the seed a long-profile failure names. Other arguments go to pytest."""
-    _install_core(session, *CORE_TEST_DEPS, HYPOTHESIS)
+    _install_core(session, HYPOTHESIS)
     args = list(session.posargs)
     for ours, pytest_option in (("--minutes", "--fuzz-minutes"), ("--seed", "--fuzz-seed")):
         args = [pytest_option if a == ours else a for a in args]
@@ -471,7 +459,7 @@ def bench(session: nox.Session) -> None:
     without --quick on a quiet machine. `nox -s bench -- --plot bench-results/bench.png` adds a chart."""
     _install_core(
         session,
-        *("numpy", "cmake", "ninja", "matplotlib", *ONNX_DEPS, *INDUCTOR_DEPS),
+        *("cmake", "ninja", "matplotlib", *ONNX_DEPS, *INDUCTOR_DEPS),
         plugins=tuple(PLUGINS.values()),
         no_deps=(TORCHAO,),  # the quant group's PT2E measure
     )
