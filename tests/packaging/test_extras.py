@@ -4,10 +4,11 @@ exactly those (`torch.openreg.plugins()`).
 
 One fresh venv (no system site-packages) per test process for the whole module (`nox -s packaging`
 runs two): torch is installed once, then each extra is installed, probed and uninstalled again with
-core (its third-party dependencies stay, so each is fetched once per venv). Run with `nox -s packaging` (OPENREG_DIST
-names the wheelhouse); without OPENREG_DIST the tests fail, they never skip. OPENREG_TORCH_LAYER
-(set by nox: the folder its sessions share torch from) makes the venv see that torch through a .pth
-file instead of unpacking it again (25 s of this module's minute); pip then finds torch installed.
+core (its third-party dependencies stay, so each is fetched once per venv). Run with
+`nox -s packaging` (OPENREG_DIST names the wheelhouse); without OPENREG_DIST the tests fail, they
+never skip. OPENREG_TORCH_LAYER (set by nox: the folder its sessions share torch from) makes the venv
+see that torch through a .pth file instead of unpacking it again (25 s of this module's minute); pip
+then finds torch installed.
 """
 
 from __future__ import annotations
@@ -141,8 +142,11 @@ def test_extra_installs_core_and_that_plugin(venv: FreshVenv, plugin: str):
 
 def test_all_installs_every_plugin(venv: FreshVenv):
     try:
+        # Over core and one plugin already installed: only the other plugins come.
+        first = _from_wheelhouse(venv.install_extra(PLUGINS[0]), venv.dist)
+        assert set(first) == {"openreg-core", f"openreg-{PLUGINS[0]}"}, first
         installed = _from_wheelhouse(venv.install_extra("all"), venv.dist)
-        assert set(installed) == {"openreg-core", *(f"openreg-{p}" for p in PLUGINS)}, installed
+        assert set(installed) == {f"openreg-{p}" for p in PLUGINS[1:]}, installed
         _assert_loaded(venv.probe(), PLUGINS)
     finally:
         venv.pip("uninstall", "-y", "openreg-core", *(f"openreg-{p}" for p in PLUGINS))
