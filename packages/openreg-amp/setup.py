@@ -17,7 +17,9 @@ from torch_openreg.utils.cpp_extension import OpenRegExtension, build_ext  # noq
 setup(
     ext_modules=[
         OpenRegExtension(
-            "openreg_amp._C", ["csrc/Module.cpp", "csrc/AutocastPolicies.cpp", "csrc/GradScalerKernels.cpp"]
+            "openreg_amp._C",
+            ["csrc/Module.cpp", "csrc/AutocastPolicies.cpp", "csrc/GradScalerKernels.cpp"],
+            unity=True,  # one unit: torch's headers parsed once (torch_openreg.utils.cpp_extension)
         )
     ],
     cmdclass={"build_ext": build_ext},

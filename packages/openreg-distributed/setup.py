@@ -1,10 +1,9 @@
 """Builds openreg-distributed's C++ extension (occl) against the installed torch and openreg-core.
 
 Install with ``pip install --no-build-isolation .`` (a build-isolation environment would fetch
-another torch). MAX_JOBS (default 2) sets the parallel compile jobs. Three translation units on
-purpose: c10d's headers cost ~30 s per unit, and only FlightRecorder.cpp needs nlohmann's JSON
-header (c10d's FlightRecorderDetail.hpp includes it; torch does not ship it: the pinned
-nlohmann-json package, a build requirement, does).
+another torch). The three sources compile as one unit (``unity=True``): c10d's headers cost ~30 s
+per unit to parse. FlightRecorder.cpp needs nlohmann's JSON header (c10d's FlightRecorderDetail.hpp
+includes it; torch does not ship it: the pinned nlohmann-json package, a build requirement, does).
 """
 
 import os
@@ -30,6 +29,7 @@ setup(
             "openreg_distributed._C",
             ["csrc/Module.cpp", "csrc/OcclBackend.cpp", "csrc/FlightRecorder.cpp"],
             include_dirs=[NLOHMANN_INCLUDE],
+            unity=True,
         )
     ],
     cmdclass={"build_ext": build_ext},

@@ -67,6 +67,30 @@ class TestRegistration(TestCase):
         self.assertTrue(set(torch_openreg.library_paths()) <= set(ext.library_dirs))
         ext = OpenRegExtension("p._C", ["a.cpp"], extra_compile_args=["-O3", "-g"])
         self.assertEqual(ext.extra_compile_args, ["-g0", "-O3", "-g"])
+        self.assertFalse(ext.openreg_unity)
+
+    def test_plugin_extension_unity_source(self):
+        """OpenRegExtension(unity=True): build_ext compiles one generated unit that includes the
+        sources in order (absolute paths); an unchanged unit is not rewritten (incremental builds)."""
+        import os
+        import tempfile
+        from pathlib import Path
+
+        from torch_openreg.utils.cpp_extension import OpenRegExtension, unity_source
+
+        self.assertTrue(OpenRegExtension("p._C", ["a.cpp", "b.cpp"], unity=True).openreg_unity)
+        with tempfile.TemporaryDirectory() as tmp:
+            sources = [str(Path(tmp, "src", name)) for name in ("b.cpp", "a.cpp")]
+            path = Path(unity_source("p._C", sources, tmp))
+            self.assertEqual(path, Path(tmp, "unity", "p__C.cpp"))
+            includes = [line for line in path.read_text().splitlines() if line.startswith("#include")]
+            self.assertEqual(includes, [f'#include "{Path(s).resolve().as_posix()}"' for s in sources])
+            os.utime(path, (0, 0))
+            unity_source("p._C", sources, tmp)
+            self.assertEqual(path.stat().st_mtime, 0)  # same sources: left alone
+            unity_source("p._C", sources[:1], tmp)
+            self.assertNotEqual(path.stat().st_mtime, 0)
+            self.assertEqual(path.read_text().count("#include"), 1)
 
     def test_backend_name_and_module(self):
         self.assertEqual(torch._C._get_privateuse1_backend_name(), "openreg")

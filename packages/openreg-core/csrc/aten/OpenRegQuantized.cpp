@@ -167,7 +167,7 @@ at::Tensor plain_alias(const at::Tensor& q) {
 }
 
 // _copy_from(src, dst) where either is a quantized openreg tensor (copy_, .to(), .cpu(), clone).
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+at::Tensor quantized_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(dst.is_quantized() || !self.is_quantized(),
               "Copying from quantized Tensor to non-quantized Tensor is not allowed, please use dequantize to get a "
               "float Tensor from a quantized Tensor");
@@ -261,7 +261,7 @@ TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("q_per_channel_zero_points", at::native::q_per_channel_zero_points);
   m.impl("q_per_channel_axis", at::native::q_per_channel_axis);
   m.impl("qscheme", at::native::qscheme_quant);
-  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from", quantized_copy_from);
   m.impl("_to_copy", to_copy);
 }
 

@@ -57,7 +57,7 @@ struct OpenRegProfilerStubs final : torch::profiler::impl::ProfilerStubs {
   }
 };
 
-const bool registered = [] {
+const bool stubs_registered = [] {
   static OpenRegProfilerStubs stubs;
   torch::profiler::impl::registerPrivateUse1Methods(&stubs);
   return true;

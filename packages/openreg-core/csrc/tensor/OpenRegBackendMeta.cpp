@@ -41,7 +41,7 @@ void from_serialized(const at::Tensor& t, std::unordered_map<std::string, bool>&
   set_backend_meta(t, format, compressed->second);
 }
 
-const bool registered = [] {
+const bool serialization_registered = [] {
   torch::jit::TensorBackendMetaRegistry(c10::DeviceType::PrivateUse1, &to_serialized, &from_serialized);
   return true;
 }();
