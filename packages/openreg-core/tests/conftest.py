@@ -1,6 +1,7 @@
 """Shared helpers for openreg-core's tests."""
 
 import collections
+import inspect
 import os
 import sys
 from typing import Optional
@@ -13,6 +14,25 @@ from torch_openreg.utils.testing import run_python as _run_python
 def run_python(code: str, env: Optional[dict] = None, timeout: float = 120):
     """Runs `code` in a fresh interpreter (for autoload, fork, faults and env-dependent behaviour)."""
     return _run_python(code, env=env, timeout=timeout, cwd=os.path.dirname(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    """In PyTorch's dynamo-wrapped mode (PYTORCH_TEST_WITH_DYNAMO=1, `nox -s inductor`) the tests
+    that start a fresh interpreter (run_python) are deselected: the child runs plain Python, without
+    the wrapping, so it would repeat what `nox -s core` checked (ten tests, about 25 s of CI)."""
+    if os.environ.get("PYTORCH_TEST_WITH_DYNAMO") != "1":
+        return
+    spawning = [item for item in items if _starts_an_interpreter(item)]
+    if spawning:
+        config.hook.pytest_deselected(items=spawning)
+        items[:] = [item for item in items if not _starts_an_interpreter(item)]
+
+
+def _starts_an_interpreter(item) -> bool:
+    try:
+        return "run_python(" in inspect.getsource(item.function)
+    except (AttributeError, OSError, TypeError):
+        return False
 
 
 @pytest.fixture(autouse=True)
