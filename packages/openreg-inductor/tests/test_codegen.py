@@ -1,6 +1,8 @@
 """Generated kernels vs CPU Inductor: pointwise, reductions, views, mutation, indirect indexing,
 random numbers, CPU scalars, devices, extern kernels, dtypes."""
 
+import uuid
+
 import torch
 from compile_check import compare_with_cpu_inductor
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -226,6 +228,39 @@ class TestDevices(TestCase):
         self.assertEqual(out.device, torch.device("openreg:1"))
         self.assertEqual(torch.openreg.current_device(), 0)
         self.assertEqual(out.cpu(), expected, atol=0, rtol=0)
+
+
+class TestCompileWorkers(TestCase):
+    def test_kernels_compile_in_the_compile_workers_or_in_process(self):
+        """A kernel library compiles in Inductor's compile workers when it has them (compile_threads
+        above 1, its default on a machine of several cores) and in the calling process otherwise
+        (openreg_inductor.codegen.launch.load_kernel: a one-core machine's path); both give CPU
+        Inductor's results."""
+        from unittest import mock
+
+        from openreg_inductor.codegen.launch import link_flags
+        from torch._inductor import config
+        from torch._inductor.codecache import CppPythonBindingsCodeCache as Cache
+
+        for threads in (2, 1):
+            scale = 1 + uuid.uuid4().int % 10**6 / 10**7  # a graph and kernel no cache has seen
+
+            def f(x):
+                return (x * scale).sin() + x.cos()
+
+            torch._dynamo.reset()
+            # Every load ends in load_pybinding_async; the workers' path hands it their submit function.
+            with (
+                config.patch(compile_threads=threads),
+                mock.patch.object(Cache, "load_pybinding_async", wraps=Cache.load_pybinding_async) as load,
+            ):
+                compare_with_cpu_inductor(self, f, torch.randn(64))
+            ours = [
+                "workers" if call.kwargs.get("submit_fn") is not None else "process"
+                for call in load.call_args_list
+                if call.kwargs.get("extra_flags") == link_flags()
+            ]
+            self.assertEqual(set(ours), {"workers" if threads > 1 else "process"}, threads)
 
 
 class TestExternKernels(TestCase):
