@@ -22,10 +22,10 @@ def pytest_collection_modifyitems(config, items):
     the wrapping, so it would repeat what `nox -s core` checked (ten tests, about 25 s of CI)."""
     if os.environ.get("PYTORCH_TEST_WITH_DYNAMO") != "1":
         return
-    spawning = [item for item in items if _starts_an_interpreter(item)]
-    if spawning:
-        config.hook.pytest_deselected(items=spawning)
-        items[:] = [item for item in items if not _starts_an_interpreter(item)]
+    spawns = {item: _starts_an_interpreter(item) for item in items}  # reads each test's source once
+    if any(spawns.values()):
+        config.hook.pytest_deselected(items=[item for item in items if spawns[item]])
+        items[:] = [item for item in items if not spawns[item]]
 
 
 def _starts_an_interpreter(item) -> bool:
