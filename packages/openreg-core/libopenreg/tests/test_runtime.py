@@ -94,7 +94,9 @@ def _sanitizer_env(case: str) -> dict[str, str]:
         ours += ["abort_on_error=0", "detect_leaks=1"]
         var = "ASAN_OPTIONS"
     else:
-        ours += ["second_deadlock_stack=1"]
+        # atexit_sleep_ms: TSan sleeps 1 s at every exit by default, to give threads still running
+        # time to race with exit; a tenth of that still does, and the suite was mostly that sleep.
+        ours += ["second_deadlock_stack=1", "atexit_sleep_ms=100"]
         var = "TSAN_OPTIONS"
     if case in EXPECTED_SIGNAL:
         # The sanitizer's SEGV handler would report and exit(1); let the signal kill the process.
