@@ -35,6 +35,7 @@ import concurrent.futures
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import nox
@@ -187,8 +188,10 @@ def _build_plugin_lanes(session: nox.Session) -> None:
 
     def build_lane(i: int) -> None:
         def run(*cmd: str) -> None:
-            outputs[i].append("$ " + " ".join(cmd))
+            start = time.monotonic()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            # Each step's wall time in the log: the lanes' balance is tuned from it.
+            outputs[i].append(f"$ {' '.join(cmd)}  ({time.monotonic() - start:.0f} s)")
             outputs[i].append(proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 raise CommandFailed(f"{cmd[0]} exited {proc.returncode}")
