@@ -337,10 +337,44 @@ class TestCollectives(OcclTestCase):
             self.assertEqual(got.cpu(), torch.full((2,), 5.0))
 
     def test_barrier(self):
-        dist.barrier()
-        dist.barrier(device_ids=[self.rank])
+        """Each barrier returns on rank 0 only once rank 1 has reached it: rank 1 arrives late, and
+        sets a key in the group's store just before it enters."""
+        store = dist.distributed_c10d._get_default_store()
         group = dist.new_group(backend="occl")
-        dist.barrier(group=group)
+        barriers = {
+            "default": lambda: dist.barrier(),
+            "device_ids": lambda: dist.barrier(device_ids=[self.rank]),
+            "occl group": lambda: dist.barrier(group=group),
+        }
+        for name, barrier in barriers.items():
+            key = f"test_barrier/{name}/rank 1 entered"
+            if self.rank == 1:
+                time.sleep(0.3)
+                store.set(key, "1")
+                barrier()
+            else:
+                self.assertFalse(store.check([key]), name)  # rank 1 is still asleep
+                barrier()
+                self.assertTrue(store.check([key]), f"{name}: returned before rank 1 entered")
+            barrier()  # both ranks past the checks before the next round's sleep
+
+    def test_wait_orders_the_stream_without_blocking_the_host(self):
+        """As NCCL's: an asynchronous collective waits for the compute queued before it, is not
+        completed while that compute runs, and Work.wait() returns at once, only making the current
+        stream wait (a wait() that blocked the host would return only when the hold times out, and
+        the stream would be idle by then)."""
+        x = torch.full((4,), 1.0 + self.rank, device=self.device)
+        x * 10  # core runs an operator's first call synchronously (see StreamHold): not in the hold
+        with StreamHold(self.device.index, timeout=60) as held:
+            work = dist.all_reduce(x, async_op=True)
+            time.sleep(0.2)  # time for a collective that is free to run to do so
+            self.assertFalse(work.is_completed())
+            work.wait()
+            y = x * 10  # queued on the current stream, after the collective
+            self.assertFalse(work.is_completed())
+            self.assertFalse(held.stream.query())
+        self.assertEqual(y.cpu(), torch.full((4,), 30.0))
+        self.assertTrue(work.is_completed())
 
     def test_ordering_with_compute_streams(self):
         # No host synchronisation anywhere: the collective waits for the producer on the current

@@ -108,6 +108,21 @@ class TestDDP(OcclTestCase):
     def test_no_sync_accumulation(self):
         model, ref = self.train(accumulate=True)
         self.assert_same_parameters(model, ref)
+        # Under no_sync nothing is communicated: each rank's gradients are those of its own
+        # micro-batch alone, which differ between the ranks (averaging them would change them).
+        model = DDP(make_model().to(self.device), device_ids=[self.rank])
+        local = copy.deepcopy(model.module)
+        x, y = (t.to(self.device) for t in full_batch(0))
+        mine = slice(self.rank * BATCH, self.rank * BATCH + BATCH // 2)
+        with model.no_sync():
+            nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        nn.functional.mse_loss(local(x[mine]), y[mine]).backward()
+        for p, q in zip(model.module.parameters(), local.parameters()):
+            self.assertEqual(p.grad.cpu(), q.grad.cpu())
+        grad = model.module[0].weight.grad
+        both = torch.empty(2, *grad.shape, device=self.device)
+        dist.all_gather_into_tensor(both, grad)
+        self.assertFalse(torch.equal(both[0].cpu(), both[1].cpu()))
 
     def test_compression_hooks(self):
         model, ref = self.train(hook=default_hooks.fp16_compress_hook)
