@@ -7,6 +7,7 @@ current stream), in place and out of place, over the dtypes occl carries.
 
 import contextlib
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -349,14 +350,27 @@ class TestCollectives(OcclTestCase):
         for name, barrier in barriers.items():
             key = f"test_barrier/{name}/rank 1 entered"
             if self.rank == 1:
-                time.sleep(0.3)
+                time.sleep(0.5)
                 store.set(key, "1")
-                barrier()
-            else:
-                self.assertFalse(store.check([key]), name)  # rank 1 is still asleep
-                barrier()
+            barrier()
+            if self.rank == 0:
                 self.assertTrue(store.check([key]), f"{name}: returned before rank 1 entered")
-            barrier()  # both ranks past the checks before the next round's sleep
+            barrier()  # both ranks past the check before the next round's sleep
+
+    def test_monitored_barrier(self):
+        """torch 2.13's dist.monitored_barrier takes only groups whose backend is named gloo; occl's
+        own, called on the backend (it runs on the group's Gloo transport), waits for every rank."""
+        group = dist.new_group(backend="occl")
+        with self.assertRaisesRegex(ValueError, "monitored_barrier is only implemented for GLOO backend"):
+            dist.monitored_barrier(group=group)
+        store = dist.distributed_c10d._get_default_store()
+        key = "test_monitored_barrier/rank 1 entered"
+        if self.rank == 1:
+            time.sleep(0.5)
+            store.set(key, "1")
+        group._get_backend(self.device).monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)
+        if self.rank == 0:
+            self.assertTrue(store.check([key]), "returned before rank 1 entered")
 
     def test_wait_orders_the_stream_without_blocking_the_host(self):
         """As NCCL's: an asynchronous collective waits for the compute queued before it, is not
