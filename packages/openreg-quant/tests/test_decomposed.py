@@ -305,6 +305,21 @@ class TestPerToken(QuantTestCase):
                         deq = qd.dequantize_per_token(want, s, z, -128, 127, torch.int8, out_dtype)
                         self.assertSame(qd.dequantize_per_token(got, ds, dz, -128, 127, torch.int8, out_dtype), deq)
 
+    def test_uint8_and_int16_outputs(self):
+        # The parameters chosen for int8 (the only type the choose op takes), used with other ranges.
+        torch.manual_seed(0)
+        for in_dtype in FLOATS:
+            x = (torch.randn(6, 16) * 4).to(in_dtype)
+            d = x.to("openreg")
+            s, z = qd.choose_qparams_per_token_asymmetric(x, torch.int8)
+            ds, dz = s.to("openreg"), z.to("openreg")
+            for dtype, (lo, hi) in ((torch.uint8, (0, 255)), (torch.int16, (-32768, 32767))):
+                want = qd.quantize_per_token(x, s, z + 128, lo, hi, dtype)
+                got = qd.quantize_per_token(d, ds, dz + 128, lo, hi, dtype)
+                self.assertSame(got, want, f"{in_dtype} {dtype}")
+                deq = qd.dequantize_per_token(want, s, z + 128, lo, hi, dtype, torch.float32)
+                self.assertSame(qd.dequantize_per_token(got, ds, dz + 128, lo, hi, dtype, torch.float32), deq)
+
     def test_broadcast_parameters_take_the_decomposition_in_the_kernel(self):
         x = torch.randn(4, 8)
         s, z = torch.full((4, 1), 0.05, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64)
@@ -330,7 +345,11 @@ class TestChooseQParams(QuantTestCase):
             for x in inputs:
                 x = x.to(in_dtype)
                 for op in (qd.choose_qparams.tensor, qd.choose_qparams_symmetric.tensor):
-                    for dtype, (lo, hi) in ((torch.uint8, (0, 255)), (torch.int8, (-128, 127))):
+                    for dtype, (lo, hi) in (
+                        (torch.uint8, (0, 255)),
+                        (torch.int8, (-128, 127)),
+                        (torch.int16, (-32768, 32767)),
+                    ):
                         s, z = op(x, lo, hi, 1e-5, dtype)
                         ds, dz = op(x.to("openreg"), lo, hi, 1e-5, dtype)
                         self.assertSame(ds, s, f"{op} {in_dtype} {dtype}")

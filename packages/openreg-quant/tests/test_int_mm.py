@@ -21,17 +21,30 @@ class TestIntMM(TestCase):
             got = torch._int_mm(a.to("openreg"), b.to("openreg"))
             self.assertEqual(got.dtype, torch.int32)
             self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=f"{m}x{k}x{n}")
+        # out=: resized from empty on the first call, then written in place.
+        a = torch.randint(-128, 128, (6, 40), generator=g, dtype=torch.int8)
+        b = torch.randint(-128, 128, (40, 16), generator=g, dtype=torch.int8)
         out = torch.empty(0, dtype=torch.int32, device="openreg")
         torch._int_mm(a.to("openreg"), b.to("openreg"), out=out)
-        self.assertEqual(out.shape, (4, 8))
+        self.assertEqual(out.cpu(), torch._int_mm(a, b), atol=0, rtol=0)
+        storage = out.data_ptr()
+        torch._int_mm(a.flip(0).to("openreg"), b.to("openreg"), out=out)
+        self.assertEqual(out.data_ptr(), storage)
+        self.assertEqual(out.cpu(), torch._int_mm(a.flip(0), b), atol=0, rtol=0)
 
     def test_int_mm_native_and_errors(self):
         a = torch.ones(8, 16, dtype=torch.int8, device="openreg")
         b = torch.ones(16, 8, dtype=torch.int8, device="openreg")
+        x = torch.ones(3, 16, device="openreg")
+        s = torch.ones(8, device="openreg")
         torch._int_mm(a, b)
-        torch.openreg.set_strict_mode(True)
-        torch._int_mm(a, b)
-        torch.openreg.set_strict_mode(False)
+        torch._weight_int8pack_mm(x, a, s)
+        torch.openreg.set_strict_mode(True)  # both are native: neither reaches the generic path
+        try:
+            torch._int_mm(a, b)
+            torch._weight_int8pack_mm(x, a, s)
+        finally:
+            torch.openreg.set_strict_mode(False)
         with self.assertRaisesRegex(RuntimeError, "self.size\\(1\\) needs to match mat2.size\\(0\\) but got 16 and 8"):
             torch._int_mm(a, a)
         with self.assertRaisesRegex(RuntimeError, "Expected self dtype to be of type int8"):

@@ -95,6 +95,7 @@ class TestPTQ(TestCase):
         self.assertEqual(calls(lowered, "openreg_quant.qlinear"), linears)
         self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_channel"), 0)
         self.assertEqual(calls(lowered, "aten.clamp"), 0)  # full-range quantizes fold in whole
+        self.assertEqual(calls(lowered, "aten.relu"), 0)  # each relu follows a conv or linear: fused
         float_weights = [n for n, p in lowered.named_parameters() if n.endswith("weight") and p.dim() > 1]
         self.assertEqual(float_weights, [])
         self.assertGreaterEqual(torch.ops.openreg_quant.packed_weight_count(), packed_before + linears + convs)
@@ -105,6 +106,36 @@ class TestPTQ(TestCase):
 
     def test_transformer(self):
         self._ptq(transformer(), (2, 8, 64), convs=0, linears=8)
+
+    def test_pooling_and_add_are_quantized(self):
+        """The annotations for max-pooling and add (as the x86 quantizer's: the pooling shares its
+        input's parameters, the add is the second conv's binary post-op): after convert_pt2e the
+        output of each is quantized; the lowered model stays within a quantum of the unlowered one."""
+
+        class Residual(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+                self.fc = nn.Linear(8 * 4 * 4, 10)
+
+            def forward(self, x):
+                x = F.max_pool2d(torch.relu(self.c1(x)), 2)
+                x = x + self.c2(x)
+                return self.fc(torch.flatten(x, 1))
+
+        lowered = self._ptq(Residual(), (2, 3, 8, 8), convs=2, linears=1)
+        del lowered
+        torch.manual_seed(0)
+        model = Residual().eval().to("openreg")
+        x = torch.randn(2, 3, 8, 8, device="openreg")
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
+        prepared(x)
+        converted = convert_pt2e(prepared)
+        for op in (torch.ops.aten.max_pool2d.default, torch.ops.aten.add.Tensor):
+            nodes = [n for n in converted.graph.nodes if n.target == op]
+            self.assertEqual(len(nodes), 1, op)
+            users = [u.target for u in nodes[0].users]
+            self.assertEqual(users, [qd.quantize_per_tensor.default], op)
 
     def test_unbatched_conv_stays_unlowered(self):
         # qconv2d takes NCHW only: a conv2d over one (C, H, W) image keeps its dq -> conv2d; the
