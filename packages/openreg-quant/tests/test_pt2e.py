@@ -73,14 +73,18 @@ def rel_err(a, b):
 
 
 class TestPTQ(TestCase):
-    def _ptq(self, model, shape, convs, linears):
+    def _convert(self, model, shape):
+        """The model on openreg, an input, and the model quantized by convert_pt2e (4 calibrations)."""
         torch.manual_seed(0)
         model = model.eval().to("openreg")
         x = torch.randn(*shape, device="openreg")
         prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
         for _ in range(4):
             prepared(torch.randn(*shape, device="openreg"))
-        converted = convert_pt2e(prepared)
+        return model, x, convert_pt2e(prepared)
+
+    def _ptq(self, model, shape, convs, linears):
+        model, x, converted = self._convert(model, shape)
         with torch.no_grad():
             want, unlowered = model(x), converted(x)
         quantum = last_quantum(converted)
@@ -123,14 +127,8 @@ class TestPTQ(TestCase):
                 x = x + self.c2(x)
                 return self.fc(torch.flatten(x, 1))
 
-        lowered = self._ptq(Residual(), (2, 3, 8, 8), convs=2, linears=1)
-        del lowered
-        torch.manual_seed(0)
-        model = Residual().eval().to("openreg")
-        x = torch.randn(2, 3, 8, 8, device="openreg")
-        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
-        prepared(x)
-        converted = convert_pt2e(prepared)
+        self._ptq(Residual(), (2, 3, 8, 8), convs=2, linears=1)
+        _, _, converted = self._convert(Residual(), (2, 3, 8, 8))
         for op in (torch.ops.aten.max_pool2d.default, torch.ops.aten.add.Tensor):
             nodes = [n for n in converted.graph.nodes if n.target == op]
             self.assertEqual(len(nodes), 1, op)
