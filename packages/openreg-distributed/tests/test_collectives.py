@@ -337,10 +337,18 @@ class TestCollectives(OcclTestCase):
             self.assertEqual(src, 1)
             self.assertEqual(got.cpu(), torch.full((2,), 5.0))
 
-    def test_barrier(self):
-        """Each barrier returns on rank 0 only once rank 1 has reached it: rank 1 arrives late, and
-        sets a key in the group's store just before it enters."""
+    def assert_waits_for_the_late_rank(self, barrier, key):
+        """barrier() returns on rank 0 only once rank 1 has reached it: rank 1 arrives 0.5 s late,
+        and sets `key` in the group's store just before it enters."""
         store = dist.distributed_c10d._get_default_store()
+        if self.rank == 1:
+            time.sleep(0.5)
+            store.set(key, "1")
+        barrier()
+        if self.rank == 0:
+            self.assertTrue(store.check([key]), f"{key}: returned before rank 1 entered")
+
+    def test_barrier(self):
         group = dist.new_group(backend="occl")
         barriers = {
             "default": lambda: dist.barrier(),
@@ -348,13 +356,7 @@ class TestCollectives(OcclTestCase):
             "occl group": lambda: dist.barrier(group=group),
         }
         for name, barrier in barriers.items():
-            key = f"test_barrier/{name}/rank 1 entered"
-            if self.rank == 1:
-                time.sleep(0.5)
-                store.set(key, "1")
-            barrier()
-            if self.rank == 0:
-                self.assertTrue(store.check([key]), f"{name}: returned before rank 1 entered")
+            self.assert_waits_for_the_late_rank(barrier, f"test_barrier/{name}")
             barrier()  # both ranks past the check before the next round's sleep
 
     def test_monitored_barrier(self):
@@ -363,14 +365,10 @@ class TestCollectives(OcclTestCase):
         group = dist.new_group(backend="occl")
         with self.assertRaisesRegex(ValueError, "monitored_barrier is only implemented for GLOO backend"):
             dist.monitored_barrier(group=group)
-        store = dist.distributed_c10d._get_default_store()
-        key = "test_monitored_barrier/rank 1 entered"
-        if self.rank == 1:
-            time.sleep(0.5)
-            store.set(key, "1")
-        group._get_backend(self.device).monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)
-        if self.rank == 0:
-            self.assertTrue(store.check([key]), "returned before rank 1 entered")
+        backend = group._get_backend(self.device)
+        self.assert_waits_for_the_late_rank(
+            lambda: backend.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True), "test_monitored_barrier"
+        )
 
     def test_wait_orders_the_stream_without_blocking_the_host(self):
         """As NCCL's: an asynchronous collective waits for the compute queued before it, is not
