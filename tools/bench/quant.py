@@ -90,10 +90,10 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         if device == "openreg":
             import openreg_quant  # noqa: F401
 
-            torch.ops.openreg_quant.qlinear_prepack(wq)
+            packed = torch.ops.openreg_quant.qlinear_prepack(wq, ws, wz)
 
             def int8():
-                return torch.ops.openreg_quant.qlinear(xq, 0.02, 128, wq, ws, wz, b, 0.05, 100, None, "none")
+                return torch.ops.openreg_quant.qlinear(xq, 0.02, 128, packed, b, 0.05, 100, None, "none")
 
             xf = torch.randn(m, 1024, device=device)
             t = _time(int8, sync, iters, reps)

@@ -11,7 +11,8 @@ Loading the C++ extension registers, for openreg:
   choose_qparams family): argument checks on the host, one asynchronous launch,
   results bit-exact with the decomposition (``csrc/decomposed/``);
 - fused int8 operators ``torch.ops.openreg_quant.qlinear`` / ``qconv2d`` (relu post-op,
-  quantized or float output) and ``qlinear_prepack``, and native ``aten::_int_mm`` /
+  quantized or float output), which take a weight packed on the device by ``qlinear_prepack`` /
+  ``qconv2d_prepack`` (a ``torch.classes.openreg_quant.PackedWeight``), and native ``aten::_int_mm`` /
   ``aten::_weight_int8pack_mm`` (``csrc/fused/``);
 - quantized tensors on openreg (QuantizedPrivateUse1, allocated and copied by core):
   ``torch.quantize_per_tensor`` / ``quantize_per_channel``, ``dequantize``, ``int_repr`` and

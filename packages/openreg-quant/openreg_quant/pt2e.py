@@ -9,8 +9,9 @@ Flow (all on openreg)::
     m = lower_pt2e(m)                              # dq -> conv/linear -> [relu] -> [q] become fused ops
 
 ``lower_pt2e`` is a pure FX pass: it never runs the model. Weights are quantized (when
-``convert_pt2e`` left them in float) and prepacked at lowering time, and the float weights that no
-node uses any more are dropped from the module.
+``convert_pt2e`` left them in float) and packed on the device at lowering time (each fused op's
+weight is a ``torch.classes.openreg_quant.PackedWeight``, an attribute of the module), and the float
+and int8 weights that no node uses any more are dropped from the module.
 """
 
 from __future__ import annotations
@@ -136,9 +137,13 @@ def _rank(*nodes: Any) -> Optional[int]:
     return None
 
 
-def _register(gm: torch.fx.GraphModule, name: str, value: torch.Tensor) -> torch.fx.Node:
-    gm.register_buffer(name, value)
-    return gm.graph.get_attr(name)
+def _packed(gm: torch.fx.GraphModule, name: str, packed: torch.ScriptObject) -> torch.fx.Node:
+    """A get_attr node for a packed weight, an attribute of the module (not a buffer: ``.to()`` and
+    ``state_dict()`` do not see it; pickling and ``copy.deepcopy`` do). The node is made as
+    torch.export makes those of its torchbind constants: ``graph.get_attr`` warns about any attribute
+    that is not a module, parameter or buffer."""
+    setattr(gm, name, packed)
+    return gm.graph.create_node("get_attr", name)
 
 
 def _drop_dead_tensors(gm: torch.fx.GraphModule) -> List[str]:
@@ -215,15 +220,23 @@ def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx
 def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Replaces dequantize -> conv2d/linear -> [relu] -> [quantize] patterns of a ``convert_pt2e``
     model with ``torch.ops.openreg_quant.qconv2d`` / ``qlinear`` (quantized output when the pattern
-    ends in a quantize, float output otherwise), prepacks the int8 weights and drops the dead float
-    weights. A quantize whose quant_min/quant_max are narrower than its dtype's range (reduce_range)
-    becomes the fused op followed by ``aten.clamp`` to that range. Views after a lowered conv, and
-    the outputs it feeds, get a contiguous tensor as before (``_contiguous_where_needed``: qconv2d's
-    output is channels-last). Patterns it does not recognise
-    stay as they are (they still run natively: the decomposed q/dq ops have openreg kernels).
+    ends in a quantize, float output otherwise), packs the int8 weights on the device (the model
+    must be on openreg: ValueError otherwise) and drops the dead float and int8 weights. A quantize
+    whose quant_min/quant_max are narrower than its dtype's range (reduce_range) becomes the fused
+    op followed by ``aten.clamp`` to that range. Views after a lowered conv, and the outputs it
+    feeds, get a contiguous tensor as before (``_contiguous_where_needed``: qconv2d's output is
+    channels-last). Patterns it does not recognise stay as they are (they still run natively: the
+    decomposed q/dq ops have openreg kernels).
     Returns the model, changed in place."""
     gm = model
     graph = gm.graph
+    # Checked before the graph changes: a packed weight cannot move, so the model must be there first.
+    for name, t in [*gm.named_parameters(), *gm.named_buffers()]:
+        if t.device.type != "openreg":
+            raise ValueError(
+                f"lower_pt2e: {name} is on {t.device}; the fused ops' weights are packed on openreg, "
+                "so move the model to openreg before quantizing it."
+            )
     count = 0
     lowered_convs: List[torch.fx.Node] = []
     for node in list(graph.nodes):
@@ -275,22 +288,21 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 out_q, out_range = user, _narrower_range(user, x_dtype)
                 if out_range is False:
                     out_q, out_range = None, None
+        # The weight is packed now, on the device (one copy and one packing kernel, queued).
+        if is_conv:
+            packed = torch.ops.openreg_quant.qconv2d_prepack(
+                *w.values(), x_scale, x_zp, stride, padding, dilation, groups
+            )
+        else:
+            packed = torch.ops.openreg_quant.qlinear_prepack(*w.values())
         with graph.inserting_before(out_q or last):
-            prefix = f"_openreg_q{count}_"
-            w_nodes = [_register(gm, prefix + k, v) for k, v in w.items()]
-            b_node = bias_node
+            w_node = _packed(gm, f"_openreg_packed{count}", packed)
             out_scale, out_zp = (out_q.args[1], out_q.args[2]) if out_q is not None else (1.0, 0)
             out_dtype = None if out_q is not None else torch.float32
-            if is_conv:
-                args = (x_q, x_scale, x_zp, *w_nodes, b_node, stride, padding, dilation, groups)
-                fused = graph.call_function(
-                    torch.ops.openreg_quant.qconv2d.default, (*args, out_scale, out_zp, out_dtype, post_op)
-                )
-            else:
-                args = (x_q, x_scale, x_zp, *w_nodes, b_node)
-                fused = graph.call_function(
-                    torch.ops.openreg_quant.qlinear.default, (*args, out_scale, out_zp, out_dtype, post_op)
-                )
+            op = torch.ops.openreg_quant.qconv2d.default if is_conv else torch.ops.openreg_quant.qlinear.default
+            fused = graph.call_function(
+                op, (x_q, x_scale, x_zp, w_node, bias_node, out_scale, out_zp, out_dtype, post_op)
+            )
             fused.meta.update((out_q or last).meta)
             result = fused
             if out_range is not None:
@@ -301,15 +313,6 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if is_conv:
             lowered_convs.append(result)
         count += 1
-        if w["weight"].device.type == "openreg":  # pack now, not in the first call
-            weight = getattr(gm, prefix + "weight")
-            if is_conv:
-                scales = getattr(gm, prefix + "w_scales")
-                torch.ops.openreg_quant.qconv2d_prepack(
-                    weight, scales, x_scale, x_zp, stride, padding, dilation, groups
-                )
-            else:
-                torch.ops.openreg_quant.qlinear_prepack(weight)
     _contiguous_where_needed(graph, lowered_convs)
     graph.eliminate_dead_code()
     _drop_dead_tensors(gm)

@@ -1,7 +1,11 @@
 """The fused int8 ops (csrc/fused/QLinearConv.cpp): torch.ops.openreg_quant.qlinear / qconv2d against
 the CPU's own oneDNN kernels (bit-exact; on CPUs where oneDNN's products saturate, against the exact
 integer products for the activations that would) and the dequantize -> float op -> quantize reference
-(within one quantum); argument errors; meta kernels; the packed-weight cache; native, one launch, no wait."""
+(within one quantum); the packed weight (PackedWeight: owned copies, freed with it, pickling, meta);
+argument errors; meta kernels; native, one launch, no wait."""
+
+import copy
+import io
 
 import openreg_quant  # noqa: F401  (the ops)
 import torch
@@ -98,6 +102,16 @@ def symmetric_weights(*shape):
     return w.clamp(-127, 127), ws, wz
 
 
+def qlinear(x, xs, xz, w, ws, wz, bias, os, oz, out_dtype, post):
+    """openreg's qlinear from an unpacked weight: packed on the device, then called."""
+    return oq.qlinear(x, xs, xz, oq.qlinear_prepack(w, ws, wz), bias, os, oz, out_dtype, post)
+
+
+def qconv2d(x, xs, xz, w, ws, wz, bias, geo, os, oz, out_dtype, post):
+    """openreg's qconv2d from an unpacked weight: packed on the device for x's qparams and `geo`, then called."""
+    return oq.qconv2d(x, xs, xz, oq.qconv2d_prepack(w, ws, wz, xs, xz, *geo), bias, os, oz, out_dtype, post)
+
+
 class TestQLinear(TestCase):
     def test_matches_cpu_onednn_and_reference(self):
         w, ws, wz = weights(24, 40)
@@ -113,7 +127,7 @@ class TestQLinear(TestCase):
                             (torch.bfloat16, 1.0, 0),
                         ):
                             msg = f"{x_dtype} {shape} bias={b is not None} {post} {out_dtype}"
-                            got = oq.qlinear(*dev(xq, xs, xz, w, ws, wz, b), os, oz, out_dtype, post)
+                            got = qlinear(*dev(xq, xs, xz, w, ws, wz, b), os, oz, out_dtype, post)
                             want = int8_linear(xq, xs, xz, w, ws, wz, b, os, oz, out_dtype, post)
                             self.assertEqual(got.device.type, "openreg")
                             self.assertEqual(got.dtype, want.dtype, msg=msg)
@@ -138,131 +152,60 @@ class TestQLinear(TestCase):
                                 )
 
     def test_non_contiguous_input(self):
-        w, ws, wz = dev(*weights(16, 32))
+        packed = oq.qlinear_prepack(*dev(*weights(16, 32)))
         xq, xs, xz, _, _ = activations(6, 32)
         column_major = xq.t().contiguous().to("openreg").t()  # same values, transposed layout
         self.assertFalse(column_major.is_contiguous())
-        want = oq.qlinear(xq.to("openreg"), xs, xz, w, ws, wz, None, 1.0, 0, torch.float32, "none")
-        got = oq.qlinear(column_major, xs, xz, w, ws, wz, None, 1.0, 0, torch.float32, "none")
+        want = oq.qlinear(xq.to("openreg"), xs, xz, packed, None, 1.0, 0, torch.float32, "none")
+        got = oq.qlinear(column_major, xs, xz, packed, None, 1.0, 0, torch.float32, "none")
         self.assertEqual(got.cpu(), want.cpu(), atol=0, rtol=0)
 
     def test_bad_arguments(self):
         w, ws, wz = dev(*weights(8, 16))
+        packed = oq.qlinear_prepack(w, ws, wz)
         xq = dev(activations(4, 16)[0])[0]
         cases = [
             (
-                lambda: oq.qlinear(xq.float(), 0.1, 0, w, ws, wz, None, 1.0, 0, None, "none"),
-                "x must be uint8 or int8 .quantized activations., got torch.float32",
+                lambda: oq.qlinear(xq.float(), 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                "openreg_quant::qlinear: x must be uint8 or int8 .quantized activations., got torch.float32",
             ),
             (
-                lambda: oq.qlinear(xq, 0.1, 0, w.to(torch.uint8), ws, wz, None, 1.0, 0, None, "none"),
-                "weight must be int8, got torch.uint8",
-            ),
-            (
-                lambda: oq.qlinear(xq, 0.1, 0, w, ws[:4], wz, None, 1.0, 0, None, "none"),
-                r"w_scales must be float32 with one value per output channel \(8\)",
-            ),
-            (
-                lambda: oq.qlinear(xq, 0.1, 0, w, ws, wz, None, 1.0, 0, None, "gelu"),
+                lambda: oq.qlinear(xq, 0.1, 0, packed, None, 1.0, 0, None, "gelu"),
                 "post_op must be 'none' or 'relu', got 'gelu'",
             ),
             (
-                lambda: oq.qlinear(xq, 0.1, 0, w, ws, wz, None, 1.0, 0, torch.int32, "none"),
+                lambda: oq.qlinear(xq, 0.1, 0, packed, None, 1.0, 0, torch.int32, "none"),
                 "output_dtype must be None .quantized output., torch.float32 or torch.bfloat16, got torch.int32",
             ),
             (
-                lambda: oq.qlinear(xq[:, :8], 0.1, 0, w, ws, wz, None, 1.0, 0, None, "none"),
+                lambda: oq.qlinear(xq[:, :8], 0.1, 0, packed, None, 1.0, 0, None, "none"),
                 r"x's last dimension \(8\) must equal in_features \(16\)",
             ),
             (
-                lambda: oq.qlinear(xq, 0.1, 0, w.cpu(), ws, wz, None, 1.0, 0, None, "none"),
-                r"weight and its qparams must be on openreg:0 \(the input's device\), got a tensor on cpu",
+                lambda: oq.qlinear(xq, 0.1, 0, packed, ws[:4], 1.0, 0, None, "none"),
+                r"bias must be float32 with one value per output channel \(8\)",
             ),
             (
-                lambda: oq.qlinear(xq, 0.1, 0, w[None], ws, wz, None, 1.0, 0, None, "none"),
-                r"weight must be 2-D \[out_features, in_features\], got 3-D",
+                lambda: oq.qlinear(xq, 0.1, 0, packed, ws.cpu(), 1.0, 0, None, "none"),
+                r"bias must be on openreg:0 \(the input's device\), got a tensor on cpu",
             ),
             (
-                lambda: oq.qlinear(xq, 0.1, 0, w, ws, wz.int(), None, 1.0, 0, None, "none"),
-                r"w_zero_points must be int64 with one value per output channel \(8\), "
-                r"got torch.int32 of shape \[8\]\.",
-            ),
-            (
-                lambda: oq.qlinear(xq, 0.1, 0, w, ws, wz[:, None], None, 1.0, 0, None, "none"),
-                r"w_zero_points must be int64 with one value per output channel \(8\), "
-                r"got torch.int64 of shape \[8, 1\]\.",
-            ),
-            (
-                # K = 0: oneDNN has no empty reduction (the CPU's qlinear_pointwise dies with SIGFPE)
-                lambda: oq.qlinear(xq[:, :0], 0.1, 0, w[:, :0], ws, wz, None, 1.0, 0, None, "none"),
-                r"in_features must be at least 1, got weight of shape \[8, 0\]\.",
+                lambda: oq.qlinear(xq.to("openreg:1"), 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                r"the packed weight must be on openreg:1 \(the input's device\), got a tensor on openreg:0",
             ),
         ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):
                 call()
-        m = torch.empty(4, 0, dtype=torch.uint8, device="meta")
-        with self.assertRaisesRegex(RuntimeError, "in_features must be at least 1"):
-            oq.qlinear(m, 0.1, 0, w[:, :0].to("meta"), ws.to("meta"), wz.to("meta"), None, 1.0, 0, None, "none")
-
-    def test_non_zero_weight_zero_points_fail_in_the_kernel(self):
-        # Symmetric weights only. The zero points are in device memory: the kernel checks them
-        # (the host never waits) and the next synchronising call reports the failure.
-        w, ws, wz = dev(*weights(8, 16))
-        xq = dev(activations(4, 16)[0])[0]
-        oq.qlinear(xq, 0.03, 128, w, ws, wz + 3, None, 1.0, 0, torch.float32, "none")
-        with self.assertRaisesRegex(
-            RuntimeError, "openreg_quant::qlinear: w_zero_points must be all zero: the op takes symmetric"
-        ):
-            torch.openreg.synchronize()
-        want = cpu_qlinear(xq.cpu(), 0.03, 128, w.cpu(), ws.cpu(), wz.cpu())
-        got = oq.qlinear(xq, 0.03, 128, w, ws, wz, None, 1.0, 0, torch.float32, "none")
-        self.assertEqual(got.cpu(), want, atol=0, rtol=0)
 
     def test_meta(self):
-        w, ws, wz = (t.to("meta") for t in weights(8, 16))
+        packed = oq.qlinear_prepack(*(t.to("meta") for t in weights(8, 16)))
+        self.assertEqual(packed.unpack()[0].device.type, "meta")
         x = torch.empty(2, 5, 16, dtype=torch.uint8, device="meta")
-        self.assertEqual(oq.qlinear(x, 0.1, 0, w, ws, wz, None, 1.0, 0, None, "relu").shape, (2, 5, 8))
-        self.assertEqual(oq.qlinear(x, 0.1, 0, w, ws, wz, None, 1.0, 0, torch.float32, "none").dtype, torch.float32)
-
-    def test_packed_weight_follows_the_weight_tensor(self):
-        w, ws, wz = dev(*weights(8, 16))
-        xq = dev(activations(3, 16)[0])[0]
-        before = oq.packed_weight_count()
-        oq.qlinear_prepack(w)
-        self.assertEqual(oq.packed_weight_count(), before + 1)
-        first = oq.qlinear(xq, 0.03, 128, w, ws, wz, None, 1.0, 0, torch.float32, "none").cpu()
-        w.neg_()  # written in place: the next call packs again
-        second = oq.qlinear(xq, 0.03, 128, w, ws, wz, None, 1.0, 0, torch.float32, "none").cpu()
-        fresh = oq.qlinear(xq, 0.03, 128, w.clone(), ws, wz, None, 1.0, 0, torch.float32, "none").cpu()
-        self.assertEqual(second, fresh, atol=0, rtol=0)
-        self.assertNotEqual(second, first)
-        del w
-        torch.openreg.synchronize()
-        self.assertEqual(oq.packed_weight_count(), before)  # the entry died with its weight
-
-    def test_packed_weight_follows_writes_to_the_weight(self):
-        # The packed form is keyed by what the host sees of the weight: its version (a write through
-        # the tensor) and its storage and geometry (`.data = t` swaps the storage without moving the
-        # version). The next call must compute with the new values.
-        w, ws, wz = symmetric_weights(8, 16)
-        xq, xs, xz, _, _ = activations(3, 16)
-        x, ws_d, wz_d = dev(xq, ws, wz)
-        for how in ("in place", "prepacked, then in place", "data ="):
-            weight = w.to("openreg")
-            if how.startswith("prepacked"):
-                oq.qlinear_prepack(weight)
-            first = oq.qlinear(x, xs, xz, weight, ws_d, wz_d, None, 1.0, 0, torch.float32, "none").cpu()
-            entries = oq.packed_weight_count()
-            if how == "data =":
-                weight.data = (-weight).clone()
-            else:
-                with torch.no_grad():
-                    weight.neg_()
-            second = oq.qlinear(x, xs, xz, weight, ws_d, wz_d, None, 1.0, 0, torch.float32, "none").cpu()
-            self.assertEqual(second, -first, atol=0, rtol=0, msg=how)
-            self.assertEqual(second, cpu_qlinear(xq, xs, xz, -w, ws, wz), atol=0, rtol=0, msg=how)
-            self.assertEqual(oq.packed_weight_count(), entries, msg=how)  # the same entry, packed again
+        self.assertEqual(oq.qlinear(x, 0.1, 0, packed, None, 1.0, 0, None, "relu").shape, (2, 5, 8))
+        self.assertEqual(oq.qlinear(x, 0.1, 0, packed, None, 1.0, 0, torch.float32, "none").dtype, torch.float32)
+        with self.assertRaisesRegex(RuntimeError, r"x's last dimension \(4\) must equal in_features \(16\)"):
+            oq.qlinear(x[..., :4], 0.1, 0, packed, None, 1.0, 0, None, "none")
 
 
 class TestQConv2d(TestCase):
@@ -270,104 +213,237 @@ class TestQConv2d(TestCase):
         for groups, stride, padding, dilation in ((1, 1, 0, 1), (2, 2, 1, 1), (4, 1, 2, 2)):
             w, ws, wz = weights(8, 8 // groups, 3, 3, seed=groups)
             bias = torch.randn(8)
-            xq, xs, xz, lo, hi = activations(2, 8, 9, 9)
             geo = ([stride] * 2, [padding] * 2, [dilation] * 2, groups)
-            for x in (xq, xq.contiguous(memory_format=torch.channels_last)):
-                for post in ("none", "relu"):
-                    for out_dtype, os, oz in ((None, 0.05, 100), (torch.float32, 1.0, 0)):
-                        msg = (
-                            f"groups={groups} stride={stride} padding={padding} dilation={dilation} {post} {out_dtype}"
-                        )
-                        got = oq.qconv2d(*dev(x, xs, xz, w, ws, wz, bias), *geo, os, oz, out_dtype, post)
-                        want = int8_conv2d(x, xs, xz, w, ws, wz, bias, geo, os, oz, out_dtype, post)
-                        self.assertEqual(got.dtype, want.dtype, msg=msg)
-                        self.assertTrue(got.is_contiguous(memory_format=torch.channels_last), msg)
-                        self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=msg)
-                        ref = F.conv2d(
-                            qd.dequantize_per_tensor(x, xs, xz, lo, hi, torch.uint8),
-                            qd.dequantize_per_channel(w, ws, wz, 0, -128, 127, torch.int8),
-                            bias,
-                            stride,
-                            padding,
-                            dilation,
-                            groups,
-                        )
-                        ref = F.relu(ref) if post == "relu" else ref
-                        if out_dtype is None:
-                            ref = qd.quantize_per_tensor(ref, os, oz, lo, hi, torch.uint8)
-                            self.assertLessEqual((got.cpu().int() - ref.int()).abs().max().item(), 1, msg)
-                        else:
-                            self.assertEqual(got.cpu(), ref, atol=1e-4, rtol=1e-3, msg=msg)
-
-    def test_prepack(self):
-        w, ws, wz = dev(*weights(8, 4, 3, 3))
-        x = dev(activations(1, 4, 6, 6)[0])[0]
-        geo = ([1, 1], [1, 1], [1, 1], 1)
-        fresh = oq.qconv2d(x, 0.03, 128, w.clone(), ws, wz, None, *geo, 1.0, 0, torch.float32, "none").cpu()
-        before = oq.packed_weight_count()
-        oq.qconv2d_prepack(w, ws, 0.03, 128, *geo)
-        self.assertEqual(oq.packed_weight_count(), before + 1)
-        got = oq.qconv2d(x, 0.03, 128, w, ws, wz, None, *geo, 1.0, 0, torch.float32, "none")
-        self.assertEqual(oq.packed_weight_count(), before + 1)  # the call used the prepacked entry
-        self.assertEqual(got.cpu(), fresh, atol=0, rtol=0)
-
-    def test_packed_weight_follows_writes_to_the_weight_and_scales(self):
-        # qconv2d shares the cache; its packed form also takes the weight's scales.
-        w, ws, wz = symmetric_weights(8, 4, 3, 3)
-        xq, xs, xz, _, _ = activations(1, 4, 6, 6)
-        geo = ([1, 1], [1, 1], [1, 1], 1)
-        x, weight, scales, zps = dev(xq, w, ws, wz)
-        first = oq.qconv2d(x, xs, xz, weight, scales, zps, None, *geo, 1.0, 0, torch.float32, "none").cpu()
-        weight.data = (-weight).clone()
-        second = oq.qconv2d(x, xs, xz, weight, scales, zps, None, *geo, 1.0, 0, torch.float32, "none").cpu()
-        self.assertEqual(second, cpu_qconv2d(xq, xs, xz, -w, ws, wz, geo), atol=0, rtol=0)
-        self.assertEqual(second, -first, atol=1e-4, rtol=1e-3)  # oneDNN's conv rounds its compensation
-        with torch.no_grad():
-            scales.mul_(2)
-        third = oq.qconv2d(x, xs, xz, weight, scales, zps, None, *geo, 1.0, 0, torch.float32, "none").cpu()
-        self.assertEqual(third, cpu_qconv2d(xq, xs, xz, -w, ws * 2, wz, geo), atol=0, rtol=0)
+            for x_dtype in (torch.uint8, torch.int8):
+                xq, xs, xz, lo, hi = activations(2, 8, 9, 9, dtype=x_dtype)
+                for x in (xq, xq.contiguous(memory_format=torch.channels_last)):
+                    for b in (bias, None):
+                        for post in ("none", "relu"):
+                            for out_dtype, os, oz in (
+                                (None, 0.05, 100 if x_dtype == torch.uint8 else 3),
+                                (torch.float32, 1.0, 0),
+                                (torch.bfloat16, 1.0, 0),
+                            ):
+                                msg = (
+                                    f"groups={groups} stride={stride} padding={padding} dilation={dilation} "
+                                    f"{x_dtype} bias={b is not None} {post} {out_dtype}"
+                                )
+                                got = qconv2d(*dev(x, xs, xz, w, ws, wz, b), geo, os, oz, out_dtype, post)
+                                want = int8_conv2d(x, xs, xz, w, ws, wz, b, geo, os, oz, out_dtype, post)
+                                self.assertEqual(got.dtype, want.dtype, msg=msg)
+                                self.assertTrue(got.is_contiguous(memory_format=torch.channels_last), msg)
+                                self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=msg)
+                                ref = F.conv2d(
+                                    qd.dequantize_per_tensor(x, xs, xz, lo, hi, x_dtype),
+                                    qd.dequantize_per_channel(w, ws, wz, 0, -128, 127, torch.int8),
+                                    b,
+                                    stride,
+                                    padding,
+                                    dilation,
+                                    groups,
+                                )
+                                ref = F.relu(ref) if post == "relu" else ref
+                                if out_dtype is None:
+                                    ref = qd.quantize_per_tensor(ref, os, oz, lo, hi, x_dtype)
+                                    self.assertLessEqual((got.cpu().int() - ref.int()).abs().max().item(), 1, msg)
+                                else:
+                                    atol, rtol = (1e-4, 1e-3) if out_dtype == torch.float32 else (0.05, 0.01)
+                                    self.assertEqual(got.cpu().float(), ref, atol=atol, rtol=rtol, msg=msg)
 
     def test_bad_arguments_and_meta(self):
         w, ws, wz = dev(*weights(8, 4, 3, 3))
+        packed = oq.qconv2d_prepack(w, ws, wz, 0.1, 0, [1, 1], [0, 0], [1, 1], 1)
         x = dev(activations(1, 6, 5, 5)[0])[0]
-        with self.assertRaisesRegex(RuntimeError, r"x has 6 channels; weight \[8, 4, 3, 3\] with groups=1 expects 4"):
-            oq.qconv2d(x, 0.1, 0, w, ws, wz, None, [1, 1], [0, 0], [1, 1], 1, 1.0, 0, None, "none")
-        with self.assertRaisesRegex(RuntimeError, "is larger than the padded input"):
-            oq.qconv2d(x[:, :4, :2, :2], 0.1, 0, w, ws, wz, None, [1, 1], [0, 0], [1, 1], 1, 1.0, 0, None, "none")
-        geo = ([1, 1], [0, 0], [1, 1], 1)
         cases = [
             (
-                lambda: oq.qconv2d(x[:, :4], 0.1, 0, w[0], ws, wz, None, *geo, 1.0, 0, None, "none"),
-                r"x and weight must be 4-D \(NCHW\), got 4-D and 3-D\.",
+                lambda: oq.qconv2d(x, 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                r"x has 6 channels; weight \[8, 4, 3, 3\] with groups=1 expects 4",
             ),
             (
-                lambda: oq.qconv2d(x[:, :4], 0.1, 0, w, ws, wz.to(torch.int8), None, *geo, 1.0, 0, None, "none"),
-                r"w_zero_points must be int64 with one value per output channel \(8\), got torch.int8 of shape \[8\]\.",
+                lambda: oq.qconv2d(x[:, :4, :2, :2], 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                "is larger than the padded input",
             ),
             (
-                # no input channel (the CPU's qconv_prepack: "could not create a primitive descriptor")
-                lambda: oq.qconv2d(x[:, :0], 0.1, 0, w[:, :0], ws, wz, None, *geo, 1.0, 0, None, "none"),
-                r"weight must have at least one input channel per group and a non-empty kernel, got \[8, 0, 3, 3\]\.",
+                lambda: oq.qconv2d(x[0, :4], 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                r"x must be 4-D \(NCHW\), got 3-D\.",
             ),
             (
-                lambda: oq.qconv2d(x[:, :4], 0.1, 0, w[:, :, :0], ws, wz, None, *geo, 1.0, 0, None, "none"),
-                r"a non-empty kernel, got \[8, 4, 0, 3\]\.",
+                # oneDNN packs a conv weight for the activations' quantization
+                lambda: oq.qconv2d(x[:, :4], 0.2, 3, packed, None, 1.0, 0, None, "none"),
+                "the weight was packed for activations of scale 0.1 and zero point 0, got 0.2 and 3",
+            ),
+            (
+                lambda: oq.qconv2d(
+                    x[:, :4], 0.1, 0, oq.qlinear_prepack(w[:, :, 0, 0], ws, wz), None, 1.0, 0, None, "none"
+                ),
+                "openreg_quant::qconv2d: weight was packed by openreg_quant::qlinear_prepack; pack it with "
+                "openreg_quant::qconv2d_prepack",
+            ),
+            (
+                lambda: oq.qlinear(x[:, :4, 0, 0], 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                "openreg_quant::qlinear: weight was packed by openreg_quant::qconv2d_prepack",
             ),
         ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):
                 call()
-        oq.qconv2d(x[:, :4], 0.03, 128, w, ws, wz - 1, None, *geo, 1.0, 0, torch.float32, "none")
-        with self.assertRaisesRegex(
-            RuntimeError, "openreg_quant::qconv2d: w_zero_points must be all zero: the op takes symmetric"
-        ):
-            torch.openreg.synchronize()
-        m = torch.empty(2, 4, 7, 7, dtype=torch.uint8, device="meta")
+        meta = oq.qconv2d_prepack(*(t.to("meta") for t in (w, ws, wz)), 0.1, 0, [2, 2], [1, 1], [1, 1], 1)
         out = oq.qconv2d(
-            m, 0.1, 0, w.to("meta"), ws.to("meta"), wz.to("meta"), None, [2, 2], [1, 1], [1, 1], 1, 1.0, 0, None, "none"
+            torch.empty(2, 4, 7, 7, dtype=torch.uint8, device="meta"), 0.1, 0, meta, None, 1.0, 0, None, "none"
         )
         self.assertEqual(out.shape, (2, 8, 4, 4))
         self.assertTrue(out.is_contiguous(memory_format=torch.channels_last))
+
+
+class TestPackedWeight(TestCase):
+    """torch.classes.openreg_quant.PackedWeight, what the prepack ops return."""
+
+    def test_owns_copies_of_its_tensors(self):
+        # The object packs device copies: writes to the tensors it was made from, or to what unpack()
+        # returns, cannot leave its oneDNN form stale.
+        w, ws, wz = symmetric_weights(8, 16)
+        xq, xs, xz, _, _ = activations(3, 16)
+        x, weight, scales, zps = dev(xq, w, ws, wz)
+        packed = oq.qlinear_prepack(weight, scales, zps)
+        self.assertEqual(packed.kind(), "qlinear")
+        first = oq.qlinear(x, xs, xz, packed, None, 1.0, 0, torch.float32, "none").cpu()
+        self.assertEqual(first, cpu_qlinear(xq, xs, xz, w, ws, wz), atol=0, rtol=0)
+        with torch.no_grad():
+            weight.neg_()
+            scales.mul_(2)
+        unpacked = packed.unpack()
+        for got, source, want in zip(unpacked, (weight, scales, zps), (w, ws, wz)):
+            self.assertEqual(got.device, weight.device)
+            self.assertNotEqual(got.data_ptr(), source.data_ptr())
+            self.assertEqual(got.cpu(), want, atol=0, rtol=0)
+        unpacked[0].zero_()
+        second = oq.qlinear(x, xs, xz, packed, None, 1.0, 0, torch.float32, "none").cpu()
+        self.assertEqual(second, first, atol=0, rtol=0)
+        # a weight packed again from the written tensors computes with the new values
+        again = oq.qlinear(x, xs, xz, oq.qlinear_prepack(weight, scales, zps), None, 1.0, 0, torch.float32, "none")
+        self.assertEqual(again.cpu(), cpu_qlinear(xq, xs, xz, -w, ws * 2, wz), atol=0, rtol=0)
+
+    def test_device_memory_is_freed_with_it(self):
+        w, ws, wz = dev(*weights(64, 128))
+        torch.openreg.synchronize()
+        before = torch.openreg.memory_allocated()
+        packed = oq.qconv2d_prepack(w.view(64, 8, 4, 4), ws, wz, 0.03, 128, [1, 1], [0, 0], [1, 1], 2)
+        torch.openreg.synchronize()
+        self.assertGreaterEqual(torch.openreg.memory_allocated() - before, w.numel() + ws.numel() * 4 + wz.numel() * 8)
+        del packed
+        self.assertEqual(torch.openreg.memory_allocated(), before)
+
+    def test_pickle_and_deepcopy(self):
+        w, ws, wz = dev(*weights(8, 4, 3, 3))
+        x = dev(activations(2, 4, 6, 6)[0])[0]
+        geo = ([2, 2], [1, 1], [1, 1], 1)
+        packed = oq.qconv2d_prepack(w, ws, wz, 0.03, 128, *geo)
+        want = oq.qconv2d(x, 0.03, 128, packed, None, 0.05, 100, None, "relu").cpu()
+        buffer = io.BytesIO()
+        torch.save(packed, buffer)
+        buffer.seek(0)
+        for copied in (copy.deepcopy(packed), torch.load(buffer, weights_only=False)):
+            self.assertEqual(copied.kind(), "qconv2d")
+            for got, original in zip(copied.unpack(), packed.unpack()):
+                self.assertEqual(got.device, original.device)
+                self.assertEqual(got.cpu(), original.cpu(), atol=0, rtol=0)
+            # the geometry and the activations' qparams come along: the same call gives the same result
+            got = oq.qconv2d(x, 0.03, 128, copied, None, 0.05, 100, None, "relu")
+            self.assertEqual(got.cpu(), want, atol=0, rtol=0)
+            with self.assertRaisesRegex(RuntimeError, "packed for activations of scale 0.03 and zero point 128"):
+                oq.qconv2d(x, 0.03, 0, copied, None, 0.05, 100, None, "relu")
+
+    def test_bad_arguments(self):
+        w, ws, wz = dev(*weights(8, 16))
+        cw, cs, cz = dev(*weights(8, 4, 3, 3))
+        geo = ([1, 1], [0, 0], [1, 1], 1)
+        linear = "openreg_quant::qlinear_prepack: "
+        conv = "openreg_quant::qconv2d_prepack: "
+        cases = [
+            (lambda: oq.qlinear_prepack(w.to(torch.uint8), ws, wz), linear + "weight must be int8, got torch.uint8"),
+            (
+                lambda: oq.qlinear_prepack(w[None], ws, wz),
+                linear + r"weight must be 2-D \[out_features, in_features\], got 3-D",
+            ),
+            (
+                lambda: oq.qlinear_prepack(w, ws[:4], wz),
+                linear
+                + r"w_scales must be float32 with one value per output channel \(8\), got torch.float32 of shape \[4\]",
+            ),
+            (
+                lambda: oq.qlinear_prepack(w, ws, wz.int()),
+                linear + r"w_zero_points must be int64 with one value per output channel \(8\), "
+                r"got torch.int32 of shape \[8\]\.",
+            ),
+            (
+                lambda: oq.qlinear_prepack(w, ws, wz[:, None]),
+                r"w_zero_points must be int64 with one value per output channel \(8\), "
+                r"got torch.int64 of shape \[8, 1\]\.",
+            ),
+            (
+                lambda: oq.qlinear_prepack(w, ws.cpu(), wz),
+                linear + r"w_scales must be on openreg:0 \(the input's device\), got a tensor on cpu",
+            ),
+            (
+                # K = 0: oneDNN has no empty reduction (the CPU's qlinear_pointwise dies with SIGFPE)
+                lambda: oq.qlinear_prepack(w[:, :0], ws, wz),
+                linear + r"in_features must be at least 1, got weight of shape \[8, 0\]\.",
+            ),
+            (lambda: oq.qconv2d_prepack(cw[0], cs, cz, 0.1, 0, *geo), conv + r"weight must be 4-D \[out_channels,"),
+            (
+                # no input channel (the CPU's qconv_prepack: "could not create a primitive descriptor")
+                lambda: oq.qconv2d_prepack(cw[:, :0], cs, cz, 0.1, 0, *geo),
+                conv + r"weight must have at least one input channel per group and a non-empty kernel, got weight "
+                r"of shape \[8, 0, 3, 3\]\.",
+            ),
+            (
+                lambda: oq.qconv2d_prepack(cw[:, :, :0], cs, cz, 0.1, 0, *geo),
+                r"a non-empty kernel, got weight of shape \[8, 4, 0, 3\]\.",
+            ),
+            (
+                lambda: oq.qconv2d_prepack(cw, cs, cz, 0.1, 0, [1], [0, 0], [1, 1], 1),
+                conv + "stride, padding and dilation must have two values each",
+            ),
+            (
+                lambda: oq.qconv2d_prepack(cw, cs, cz, 0.1, 0, [0, 1], [0, 0], [1, 1], 1),
+                conv + r"stride and dilation must be at least 1 and padding at least 0, got stride \[0, 1\]",
+            ),
+            (
+                lambda: oq.qconv2d_prepack(cw, cs, cz, 0.1, 0, [1, 1], [0, 0], [1, 1], 3),
+                conv + r"groups \(3\) must be at least 1 and divide the output channels \(8\)",
+            ),
+        ]
+        for call, message in cases:
+            with self.assertRaisesRegex(RuntimeError, message):
+                call()
+        # the same checks on the meta device
+        with self.assertRaisesRegex(RuntimeError, linear + "in_features must be at least 1"):
+            oq.qlinear_prepack(*(t.to("meta") for t in (w[:, :0], ws, wz)))
+        # no CPU kernel: a CPU weight is not packed for openreg
+        with self.assertRaisesRegex(NotImplementedError, "openreg_quant::qlinear_prepack.*'CPU' backend"):
+            oq.qlinear_prepack(w.cpu(), ws.cpu(), wz.cpu())
+
+    def test_non_zero_zero_points_fail_in_the_kernel(self):
+        # Symmetric weights only. The zero points are in device memory: the prepack's kernel checks
+        # them (the host never waits) and the next synchronising call reports the failure; every
+        # kernel that uses the weight fails the same way.
+        w, ws, wz = dev(*weights(8, 16))
+        xq = dev(activations(4, 16)[0])[0]
+        packed = oq.qlinear_prepack(w, ws, wz + 3)
+        with self.assertRaisesRegex(
+            RuntimeError, "openreg_quant::qlinear_prepack: w_zero_points must be all zero: the op takes symmetric"
+        ):
+            torch.openreg.synchronize()
+        oq.qlinear(xq, 0.03, 128, packed, None, 1.0, 0, torch.float32, "none")
+        with self.assertRaisesRegex(RuntimeError, "openreg_quant::qlinear: w_zero_points must be all zero"):
+            torch.openreg.synchronize()
+        cw, cs, cz = dev(*weights(8, 4, 3, 3))
+        oq.qconv2d_prepack(cw, cs, cz - 1, 0.03, 128, [1, 1], [0, 0], [1, 1], 1)
+        with self.assertRaisesRegex(RuntimeError, "openreg_quant::qconv2d_prepack: w_zero_points must be all zero"):
+            torch.openreg.synchronize()
+        want = cpu_qlinear(xq.cpu(), 0.03, 128, w.cpu(), ws.cpu(), wz.cpu())
+        got = qlinear(xq, 0.03, 128, w, ws, wz, None, 1.0, 0, torch.float32, "none")
+        self.assertEqual(got.cpu(), want, atol=0, rtol=0)
 
 
 class TestNativeAndAsynchronous(TestCase):
@@ -376,28 +452,35 @@ class TestNativeAndAsynchronous(TestCase):
         cw, cs, cz = dev(*weights(8, 4, 3, 3))
         xq = dev(activations(4, 16)[0])[0]
         xc = dev(activations(1, 4, 6, 6)[0])[0]
-        calls = [
-            lambda: oq.qlinear(xq, 0.03, 128, w, ws, wz, None, 0.05, 100, None, "relu"),
-            lambda: oq.qconv2d(
-                xc, 0.03, 128, cw, cs, cz, None, [1, 1], [1, 1], [1, 1], 1, 1.0, 0, torch.float32, "none"
-            ),
+        geo = ([1, 1], [1, 1], [1, 1], 1)
+        linear, conv = oq.qlinear_prepack(w, ws, wz), oq.qconv2d_prepack(cw, cs, cz, 0.03, 128, *geo)
+        calls = [  # (call, kernels it launches)
+            (lambda: oq.qlinear(xq, 0.03, 128, linear, None, 0.05, 100, None, "relu"), 1),
+            (lambda: oq.qconv2d(xc, 0.03, 128, conv, None, 1.0, 0, torch.float32, "none"), 1),
+            # the prepacks: three copies (weight, scales, zero points) and the packing
+            (lambda: oq.qlinear_prepack(w, ws, wz), 4),
+            (lambda: oq.qconv2d_prepack(cw, cs, cz, 0.03, 128, *geo), 4),
         ]
-        for call in calls:
+        for call, _ in calls:
             call()
         torch.openreg.synchronize()
         torch.openreg.reset_fallback_op_counts()
         torch.openreg.set_strict_mode(True)
-        for call in calls:
-            before = torch.openreg._runtime_counters()
-            call()
-            after = torch.openreg._runtime_counters()
-            self.assertEqual(after["kernels_launched"] - before["kernels_launched"], 1)
-            self.assertEqual(after["memcpy_d2h"] - before["memcpy_d2h"], 0)
-        self.assertEqual(torch.openreg.fallback_op_counts(), {})
-        torch.openreg.set_strict_mode(False)
+        try:
+            for call, kernels in calls:
+                before = torch.openreg._runtime_counters()
+                call()
+                after = torch.openreg._runtime_counters()
+                launched = after["kernels_launched"] - before["kernels_launched"]
+                launched += after["memcpy_d2d"] - before["memcpy_d2d"]
+                self.assertEqual(launched, kernels)
+                self.assertEqual(after["memcpy_d2h"] - before["memcpy_d2h"], 0)
+            self.assertEqual(torch.openreg.fallback_op_counts(), {})
+        finally:
+            torch.openreg.set_strict_mode(False)
         with StreamHold() as held:  # the device is busy until released
-            results = [call() for call in calls]
+            results = [call() for call, _ in calls]
             busy = not held.stream.query()
         self.assertTrue(busy, "a call waited for the device")
         torch.openreg.synchronize()
-        self.assertEqual(len(results), 2)
+        self.assertEqual(len(results), 4)

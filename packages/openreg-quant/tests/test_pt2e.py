@@ -2,6 +2,7 @@
 CNN and a 2-block transformer; accuracy against float32, the lowered graph against the unlowered one,
 reduced-range (7-bit) activations, and QAT."""
 
+import copy
 import os
 
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
@@ -88,7 +89,6 @@ class TestPTQ(TestCase):
         with torch.no_grad():
             want, unlowered = model(x), converted(x)
         quantum = last_quantum(converted)
-        packed_before = torch.ops.openreg_quant.packed_weight_count()
         lowered = lower_pt2e(converted)
         got = lowered(x)
         self.assertEqual(got.device.type, "openreg")
@@ -100,13 +100,40 @@ class TestPTQ(TestCase):
         self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_channel"), 0)
         self.assertEqual(calls(lowered, "aten.clamp"), 0)  # full-range quantizes fold in whole
         self.assertEqual(calls(lowered, "aten.relu"), 0)  # each relu follows a conv or linear: fused
-        float_weights = [n for n, p in lowered.named_parameters() if n.endswith("weight") and p.dim() > 1]
-        self.assertEqual(float_weights, [])
-        self.assertGreaterEqual(torch.ops.openreg_quant.packed_weight_count(), packed_before + linears + convs)
+        # each fused op's weight is its own packed weight on the device, and no float or int8 weight is left
+        weights = [n for n, t in [*lowered.named_parameters(), *lowered.named_buffers()] if t.dim() > 1]
+        self.assertEqual(weights, [])
+        packed = [
+            getattr(lowered, n.args[3].target)
+            for n in lowered.graph.nodes
+            if str(n.target).startswith(("openreg_quant.qconv2d", "openreg_quant.qlinear"))
+        ]
+        self.assertEqual(len({id(p) for p in packed}), convs + linears)
+        self.assertEqual(sorted(p.kind() for p in packed), sorted(["qconv2d"] * convs + ["qlinear"] * linears))
+        self.assertTrue(all(t.device.type == "openreg" for p in packed for t in p.unpack()))
         return lowered
 
     def test_small_cnn(self):
-        self._ptq(SmallCNN(), (4, 3, 16, 16), convs=2, linears=1)
+        lowered = self._ptq(SmallCNN(), (4, 3, 16, 16), convs=2, linears=1)
+        # a copy of the lowered model has copies of the packed weights and computes the same
+        copied = copy.deepcopy(lowered)
+        packed = [n.target for n in lowered.graph.nodes if n.op == "get_attr" and n.target.startswith("_openreg")]
+        self.assertEqual(len(packed), 3)
+        for name in packed:
+            self.assertIsNot(getattr(copied, name), getattr(lowered, name))
+        x = torch.randn(4, 3, 16, 16, device="openreg")
+        self.assertEqual(copied(x).cpu(), lowered(x).cpu(), atol=0, rtol=0)
+
+    def test_a_model_off_openreg_is_refused(self):
+        # A packed weight cannot move: lowering a model that is not on openreg raises before changing it.
+        _, _, converted = self._convert(SmallCNN(), (2, 3, 16, 16))
+        converted = converted.cpu()
+        before = str(converted.graph)
+        with self.assertRaisesRegex(
+            ValueError, r"lower_pt2e: \S+ is on cpu; the fused ops' weights are packed on openreg"
+        ):
+            lower_pt2e(converted)
+        self.assertEqual(str(converted.graph), before)
 
     def test_transformer(self):
         self._ptq(transformer(), (2, 8, 64), convs=0, linears=8)

@@ -6,15 +6,16 @@
 // qlinear_pointwise / qconv2d_pointwise (measured on this machine's AVX2 CPU:
 // 1024x1024 linear at M=32 ~0.06 ms vs 0.43 ms in float32; fbgemm's
 // quantized::linear and _int_mm were slower than float32). oneDNN wants its
-// weight reordered once ("prepacked"): the packed form is device-side state
-// owned by the weight tensor (a cache entry that dies with the weight's
-// TensorImpl and is rebuilt when the weight is written), made by the first
-// kernel that needs it, or ahead of time by the prepack ops (qlinear_prepack, qconv2d_prepack).
-// The op takes symmetric weights only: w_zero_points must be zeros.
+// weight reordered once: the prepack ops return a PackedWeight
+// (torch.classes.openreg_quant.PackedWeight) that owns device copies of the
+// weight and its parameters and, as device-side state, oneDNN's form of it;
+// qlinear and qconv2d take that object as their weight, as oneDNN's own ops take
+// a prepacked weight. The ops take symmetric weights only: w_zero_points must be zeros.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/Utils.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../QuantCommon.h"
@@ -29,71 +31,68 @@
 namespace openreg_quant {
 namespace {
 
-// ---- the packed-weight cache: one entry per (weight, packing parameters) ----
+// ---- the packed weight: what the prepack ops return and qlinear/qconv2d take ----
 
-struct Packed {
-  std::mutex mutex;  // kernels of several streams may pack the same weight
+// oneDNN's form of a packed weight: device-side state, made by a kernel (the prepack's, or the
+// first call that finds it missing) and read by kernels only. Kernels capture it, not the
+// PackedWeight: dropping the object frees its device tensors at once, as dropping any tensor does
+// while its kernels are queued.
+struct OneDnnForm {
+  std::mutex mutex;      // kernels of several streams may use one packed weight
+  bool checked = false;  // the zero points were found all zero
   at::Tensor onednn;
 };
 
-// What the host sees of a weight: a write through the tensor moves the version; `.data = t`
-// and `set_` change the storage or the geometry without moving it.
-struct WeightState {
-  uint32_t version;
-  const void* data;
-  int64_t offset;
-  std::vector<int64_t> sizes, strides;
-  bool operator==(const WeightState& o) const {
-    return version == o.version && data == o.data && offset == o.offset && sizes == o.sizes && strides == o.strides;
+// torch.classes.openreg_quant.PackedWeight: an int8 weight packed once on the device. It owns its
+// own copies of the weight and its per-channel parameters (made on the device by the prepack op),
+// so nothing the host does to the tensors it was made from can leave oneDNN's form stale. A conv
+// weight is packed for one geometry and one quantization of its activations, as oneDNN packs it.
+struct PackedWeight : torch::CustomClassHolder {
+  std::string kind;  // "linear" or "conv2d"
+  at::Tensor weight, w_scales, w_zero_points;
+  double x_scale = 0;  // conv2d only, from here on
+  int64_t x_zero_point = 0;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups = 1;
+  std::shared_ptr<OneDnnForm> form = std::make_shared<OneDnnForm>();
+
+  // What pickling and copy.deepcopy keep: the tensors and the packing parameters (the oneDNN form
+  // is made again on the device).
+  using State = std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor, double, int64_t, std::vector<int64_t>,
+                           std::vector<int64_t>, std::vector<int64_t>, int64_t>;
+  State state() const {
+    return {kind, weight, w_scales, w_zero_points, x_scale, x_zero_point, stride, padding, dilation, groups};
+  }
+  static c10::intrusive_ptr<PackedWeight> from_state(State s) {
+    auto p = c10::make_intrusive<PackedWeight>();
+    std::tie(p->kind, p->weight, p->w_scales, p->w_zero_points, p->x_scale, p->x_zero_point, p->stride, p->padding,
+             p->dilation, p->groups) = std::move(s);
+    return p;
   }
 };
+using PackedWeightPtr = c10::intrusive_ptr<PackedWeight>;
 
-WeightState state_of(const at::Tensor& weight) {
-  return {weight.unsafeGetTensorImpl()->version_counter().current_version(), weight.storage().data(),
-          weight.storage_offset(), weight.sizes().vec(), weight.strides().vec()};
+// Device side: the op is symmetric-only. Reading the zero points on the host would make the prepack
+// wait for the device, so the first kernel that uses the packed weight checks them, and the next
+// synchronising call reports a failure (every later kernel that uses it fails the same way).
+void check_symmetric(OneDnnForm& form, const at::Tensor& zero_points, const char* name) {
+  if (form.checked) return;
+  TORCH_CHECK(!zero_points.any().item<bool>(), name,
+              ": w_zero_points must be all zero: the op takes symmetric int8 weights only (dequantize the weight, "
+              "or requantize it symmetrically, for an asymmetric one).");
+  form.checked = true;
 }
 
-struct CacheEntry {
-  c10::weak_intrusive_ptr<c10::TensorImpl> owner;
-  const c10::TensorImpl* impl;
-  WeightState state;
-  std::string key;
-  std::shared_ptr<Packed> packed;
-};
-
-std::mutex cache_mutex;
-std::vector<CacheEntry> cache;
-
-// Host side: the packed form for `weight` under `key`; a new (empty) one when the weight changed
-// in a way the host sees (WeightState) or was never packed with these parameters.
-std::shared_ptr<Packed> packed_for(const at::Tensor& weight, const std::string& key) {
-  WeightState state = state_of(weight);
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  // Entries of weights that no longer exist go first (their TensorImpl address may be reused).
-  cache.erase(std::remove_if(cache.begin(), cache.end(), [](const CacheEntry& e) { return e.owner.expired(); }),
-              cache.end());
-  for (auto& e : cache) {
-    if (e.impl != weight.unsafeGetTensorImpl() || e.key != key) continue;
-    if (!(e.state == state)) e.packed = std::make_shared<Packed>(), e.state = std::move(state);
-    return e.packed;
-  }
-  cache.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()), weight.unsafeGetTensorImpl(),
-                   std::move(state), key, std::make_shared<Packed>()});
-  return cache.back().packed;
-}
-
-// Device side: packs with `pack` (given contiguous `sources`) unless `packed` holds a form
-// already. Whether it is still the form of these values is the host's to say (packed_for's key):
-// comparing the bytes here would cost a pass over the weight in every call.
+// Device side: oneDNN's form of the weight, made with `pack` (given contiguous `sources`) unless
+// made already.
 template <typename Pack>
-at::Tensor ensure_packed(Packed& packed, const std::vector<at::Tensor>& sources, Pack pack) {
-  std::lock_guard<std::mutex> lock(packed.mutex);
-  if (!packed.onednn.defined()) {
+at::Tensor ensure_packed(OneDnnForm& form, const std::vector<at::Tensor>& sources, Pack pack) {
+  if (!form.onednn.defined()) {
     std::vector<at::Tensor> contiguous;
     for (const auto& t : sources) contiguous.push_back(t.contiguous());
-    packed.onednn = pack(contiguous);
+    form.onednn = pack(contiguous);
   }
-  return packed.onednn;
+  return form.onednn;
 }
 
 // Calls a CPU operator (oneDNN's) through the dispatcher, boxed: its handle is looked up once.
@@ -114,27 +113,22 @@ OPENREG_QUANT_ONEDNN_OP(onednn_conv_prepack, "onednn::qconv_prepack")
 OPENREG_QUANT_ONEDNN_OP(onednn_conv, "onednn::qconv2d_pointwise")
 #undef OPENREG_QUANT_ONEDNN_OP
 
-std::string key_of(std::initializer_list<std::string> parts) {
-  std::string key;
-  for (const auto& p : parts) key += p + ";";
-  return key;
-}
-
 std::string str(c10::IntArrayRef v) {
   std::ostringstream s;
   s << v;
   return s.str();
 }
 
-void check_common(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& w_scales,
-                  const at::Tensor& w_zero_points, const std::optional<at::Tensor>& bias,
-                  std::optional<at::ScalarType> output_dtype, c10::string_view post_op, const char* name) {
-  TORCH_CHECK(x.scalar_type() == at::kByte || x.scalar_type() == at::kChar, name,
-              ": x must be uint8 or int8 (quantized activations), got ", py_dtype(x.scalar_type()), ".");
+// Host side, at prepack: the int8 weight (`rank`-D) and its per-channel parameters.
+void check_weight(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points, int64_t rank,
+                  const char* name) {
+  TORCH_CHECK(weight.dim() == rank, name, ": weight must be ",
+              rank == 2 ? "2-D [out_features, in_features]" : "4-D [out_channels, in_channels / groups, kH, kW]",
+              ", got ", weight.dim(), "-D.");
   TORCH_CHECK(weight.scalar_type() == at::kChar, name, ": weight must be int8, got ", py_dtype(weight.scalar_type()),
               ".");
-  for (const at::Tensor* t : {&weight, &w_scales, &w_zero_points})
-    check_on_device(*t, x, "weight and its qparams", name);
+  check_on_device(w_scales, weight, "w_scales", name);
+  check_on_device(w_zero_points, weight, "w_zero_points", name);
   TORCH_CHECK(w_scales.scalar_type() == at::kFloat && w_scales.dim() == 1 && w_scales.numel() == weight.size(0), name,
               ": w_scales must be float32 with one value per output channel (", weight.size(0), "), got ",
               py_dtype(w_scales.scalar_type()), " of shape ", str(w_scales.sizes()), ".");
@@ -142,10 +136,42 @@ void check_common(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
       w_zero_points.scalar_type() == at::kLong && w_zero_points.dim() == 1 && w_zero_points.numel() == weight.size(0),
       name, ": w_zero_points must be int64 with one value per output channel (", weight.size(0), "), got ",
       py_dtype(w_zero_points.scalar_type()), " of shape ", str(w_zero_points.sizes()), ".");
+  // oneDNN has no empty reduction and cannot build an empty convolution: on the CPU the same calls
+  // die with SIGFPE or fail to build the primitive.
+  bool empty = weight.size(1) == 0;
+  if (rank == 4) empty = empty || weight.size(2) == 0 || weight.size(3) == 0;
+  TORCH_CHECK(!empty, name,
+              rank == 2 ? ": in_features must be at least 1"
+                        : ": weight must have at least one input channel per "
+                          "group and a non-empty kernel",
+              ", got weight of shape ", str(weight.sizes()), ".");
+}
+
+// Host side: a new packed weight holding device copies of `weight` and its parameters (made on the
+// current stream; on the meta device, meta tensors).
+PackedWeightPtr new_packed(const char* kind, const at::Tensor& weight, const at::Tensor& w_scales,
+                           const at::Tensor& w_zero_points) {
+  auto p = c10::make_intrusive<PackedWeight>();
+  p->kind = kind;
+  p->weight = weight.clone(at::MemoryFormat::Contiguous);
+  p->w_scales = w_scales.clone(at::MemoryFormat::Contiguous);
+  p->w_zero_points = w_zero_points.clone(at::MemoryFormat::Contiguous);
+  return p;
+}
+
+// Host side, at the call: the activations, the packed weight and the other arguments.
+void check_call(const at::Tensor& x, const PackedWeight& w, const char* kind, const std::optional<at::Tensor>& bias,
+                std::optional<at::ScalarType> output_dtype, c10::string_view post_op, const char* name) {
+  TORCH_CHECK(w.kind == kind, name, ": weight was packed by openreg_quant::", w.kind,
+              "_prepack; pack it with openreg_quant::", kind, "_prepack.");
+  TORCH_CHECK(x.scalar_type() == at::kByte || x.scalar_type() == at::kChar, name,
+              ": x must be uint8 or int8 (quantized activations), got ", py_dtype(x.scalar_type()), ".");
+  check_on_device(w.weight, x, "the packed weight", name);
+  const int64_t out_channels = w.weight.size(0);
   if (bias && bias->defined()) {
     check_on_device(*bias, x, "bias", name);
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->numel() == weight.size(0), name,
-                ": bias must be float32 with one value per output channel (", weight.size(0), ").");
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->numel() == out_channels, name,
+                ": bias must be float32 with one value per output channel (", out_channels, ").");
   }
   if (output_dtype)
     TORCH_CHECK(*output_dtype == at::kFloat || *output_dtype == at::kBFloat16, name,
@@ -154,18 +180,18 @@ void check_common(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   TORCH_CHECK(post_op == "none" || post_op == "relu", name, ": post_op must be 'none' or 'relu', got '", post_op, "'.");
 }
 
-// Device side: the op is symmetric-only. Reading the zero points on the host would make it wait
-// for the device, so the kernel checks them and the next synchronising call reports a failure.
-void check_symmetric(const at::Tensor& zero_points, const char* name) {
-  TORCH_CHECK(!zero_points.any().item<bool>(), name,
-              ": w_zero_points must be all zero: the op takes symmetric int8 weights only (dequantize the weight, "
-              "or requantize it symmetrically, for an asymmetric one).");
-}
-
 // The output's dtype: the activations' (quantized output) or the requested float type.
 at::ScalarType out_type(const at::Tensor& x, std::optional<at::ScalarType> output_dtype) {
   return output_dtype.value_or(x.scalar_type());
 }
+
+// What a kernel captures of a packed weight: views of its tensors and its oneDNN form.
+struct PackedArgs {
+  KernelTensorArg weight, w_scales, w_zero_points;
+  std::shared_ptr<OneDnnForm> form;
+  explicit PackedArgs(const PackedWeight& p)
+      : weight(p.weight), w_scales(p.w_scales), w_zero_points(p.w_zero_points), form(p.form) {}
+};
 
 // ---- oneDNN's int8 products on CPUs without VNNI ----
 
@@ -214,242 +240,243 @@ at::Tensor exact_int8(const at::Tensor& acc, double x_scale, const at::Tensor& w
 
 // ---- qlinear ----
 
-// Device side: the oneDNN form of a linear weight (packed now unless already from these values).
-at::Tensor pack_linear(Packed& packed, const at::Tensor& weight) {
-  return ensure_packed(packed, {weight}, [](const std::vector<at::Tensor>& src) {
+// Device side: the oneDNN form of a linear weight (made now unless made already), under form's mutex.
+at::Tensor onednn_linear_form(OneDnnForm& form, const at::Tensor& weight) {
+  return ensure_packed(form, {weight}, [](const std::vector<at::Tensor>& src) {
     return call_boxed(onednn_linear_prepack(), {src[0], c10::IValue()}).toTensor();
   });
 }
 
-void check_linear_weight_rank(const at::Tensor& weight, const char* name) {
-  TORCH_CHECK(weight.dim() == 2, name, ": weight must be 2-D [out_features, in_features], got ", weight.dim(), "-D.");
-}
-
-std::vector<int64_t> linear_shape(const at::Tensor& x, const at::Tensor& weight, const char* name) {
-  check_linear_weight_rank(weight, name);
+std::vector<int64_t> linear_shape(const at::Tensor& x, const PackedWeight& w, const char* name) {
+  const at::Tensor& weight = w.weight;
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), name, ": x's last dimension (", x.dim() ? x.size(-1) : 0,
               ") must equal in_features (", weight.size(1), ").");
-  // oneDNN has no empty reduction: on the CPU the same call dies with SIGFPE.
-  TORCH_CHECK(weight.size(1) > 0, name, ": in_features must be at least 1, got weight of shape ", str(weight.sizes()),
-              ".");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);
   return shape;
 }
 
-at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& weight,
-                   const at::Tensor& w_scales, const at::Tensor& w_zero_points, const std::optional<at::Tensor>& bias,
-                   double output_scale, int64_t output_zero_point, std::optional<at::ScalarType> output_dtype,
-                   c10::string_view post_op) {
+at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
+                   const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
+                   std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
   const char* name = "openreg_quant::qlinear";
-  check_linear_weight_rank(weight, name);  // before the per-channel checks, which read size(0)
-  check_common(x, weight, w_scales, w_zero_points, bias, output_dtype, post_op, name);
-  at::Tensor out = at::empty(linear_shape(x, weight, name), x.options().dtype(out_type(x, output_dtype)));
+  check_call(x, *weight, "qlinear", bias, output_dtype, post_op, name);
+  at::Tensor out = at::empty(linear_shape(x, *weight, name), x.options().dtype(out_type(x, output_dtype)));
   if (out.numel() == 0) return out;
-  auto packed = packed_for(weight, "linear");
   std::optional<KernelTensorArg> b_arg;
   if (bias && bias->defined()) b_arg.emplace(*bias);
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
-      [x_arg = KernelTensorArg(x), w_arg = KernelTensorArg(weight), s_arg = KernelTensorArg(w_scales),
-       z_arg = KernelTensorArg(w_zero_points), b_arg, y_arg = KernelTensorArg(out), packed, x_scale, x_zero_point,
+      [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
        output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
         at::Tensor xv = x_arg.materialize().contiguous();
-        at::Tensor zero_points = z_arg.materialize();
-        check_symmetric(zero_points, "openreg_quant::qlinear");
+        at::Tensor weight = w.weight.materialize(), scales = w.w_scales.materialize();
+        at::Tensor zero_points = w.w_zero_points.materialize();
         at::Tensor y = y_arg.materialize();
-        if (needs_exact_path(xv)) {
+        const bool exact = needs_exact_path(xv);
+        at::Tensor onednn;
+        {
+          std::lock_guard<std::mutex> lock(w.form->mutex);
+          check_symmetric(*w.form, zero_points, "openreg_quant::qlinear");
+          if (!exact) onednn = onednn_linear_form(*w.form, weight);
+        }
+        std::optional<at::Tensor> b;
+        if (b_arg) b = b_arg->materialize().contiguous();
+        if (exact) {
           at::Tensor x2 = xv.reshape({-1, xv.size(-1)}).to(at::kDouble) - static_cast<double>(x_zero_point);
-          at::Tensor acc = at::mm(x2, w_arg.materialize().to(at::kDouble).t());
-          std::optional<at::Tensor> b;
-          if (b_arg) b = b_arg->materialize();
-          y.copy_(exact_int8(acc, x_scale, s_arg.materialize(), b, output_scale, output_zero_point, output_dtype,
-                             post_op, xv.scalar_type())
+          at::Tensor acc = at::mm(x2, weight.to(at::kDouble).t());
+          y.copy_(exact_int8(acc, x_scale, scales, b, output_scale, output_zero_point, output_dtype, post_op,
+                             xv.scalar_type())
                       .view(y.sizes()));
           return;
         }
-        at::Tensor onednn = pack_linear(*packed, w_arg.materialize());
         c10::List<std::optional<at::Scalar>> no_args;
-        at::Tensor r = call_boxed(onednn_linear(),
-                                  {xv.reshape({-1, xv.size(-1)}), x_scale, x_zero_point, onednn,
-                                   s_arg.materialize().contiguous(), zero_points.contiguous(),
-                                   b_arg ? c10::IValue(b_arg->materialize().contiguous()) : c10::IValue(), output_scale,
-                                   output_zero_point, output_dtype ? c10::IValue(*output_dtype) : c10::IValue(),
-                                   post_op, no_args, std::string()})
-                           .toTensor();
+        at::Tensor r =
+            call_boxed(onednn_linear(),
+                       {xv.reshape({-1, xv.size(-1)}), x_scale, x_zero_point, onednn, scales, zero_points,
+                        b ? c10::IValue(*b) : c10::IValue(), output_scale, output_zero_point,
+                        output_dtype ? c10::IValue(*output_dtype) : c10::IValue(), post_op, no_args, std::string()})
+                .toTensor();
         y.copy_(r.view(y.sizes()));
       }));
   return out;
 }
 
-at::Tensor qlinear_meta(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& weight,
-                        const at::Tensor& w_scales, const at::Tensor& w_zero_points,
+at::Tensor qlinear_meta(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
                         const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
                         std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
-  return at::empty(linear_shape(x, weight, "openreg_quant::qlinear"), x.options().dtype(out_type(x, output_dtype)));
+  const char* name = "openreg_quant::qlinear";
+  check_call(x, *weight, "qlinear", bias, output_dtype, post_op, name);
+  return at::empty(linear_shape(x, *weight, name), x.options().dtype(out_type(x, output_dtype)));
+}
+
+// Host side: a linear weight packed on the device (the copies and the packing are queued on the
+// current stream; nothing waits).
+PackedWeightPtr qlinear_prepack(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points) {
+  const char* name = "openreg_quant::qlinear_prepack";
+  check_weight(weight, w_scales, w_zero_points, 2, name);
+  PackedWeightPtr p = new_packed("qlinear", weight, w_scales, w_zero_points);
+  if (weight.is_meta()) return p;
+  OPENREG_CHECK(::openreg::launch(stream_of(weight), name, [w = PackedArgs(*p)] {
+    at::Tensor zero_points = w.w_zero_points.materialize();
+    std::lock_guard<std::mutex> lock(w.form->mutex);
+    check_symmetric(*w.form, zero_points, "openreg_quant::qlinear_prepack");
+    onednn_linear_form(*w.form, w.weight.materialize());
+  }));
+  return p;
 }
 
 // ---- qconv2d ----
 
-void check_conv_ranks(const at::Tensor& x, const at::Tensor& weight, const char* name) {
-  TORCH_CHECK(x.dim() == 4 && weight.dim() == 4, name, ": x and weight must be 4-D (NCHW), got ", x.dim(), "-D and ",
-              weight.dim(), "-D.");
-}
-
-std::vector<int64_t> conv_shape(const at::Tensor& x, const at::Tensor& weight, c10::IntArrayRef stride,
-                                c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups, const char* name) {
-  check_conv_ranks(x, weight, name);
-  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, name,
-              ": stride, padding and dilation must have two values each.");
-  TORCH_CHECK(groups >= 1 && x.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0, name, ": x has ",
-              x.size(1), " channels; weight ", str(weight.sizes()), " with groups=", groups, " expects ",
-              weight.size(1) * groups, ".");
-  // oneDNN cannot build an empty convolution (on the CPU: "could not create a primitive descriptor").
-  TORCH_CHECK(weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0, name,
-              ": weight must have at least one input channel per group and a non-empty kernel, got ",
-              str(weight.sizes()), ".");
+std::vector<int64_t> conv_shape(const at::Tensor& x, const PackedWeight& w, const char* name) {
+  const at::Tensor& weight = w.weight;
+  TORCH_CHECK(x.dim() == 4, name, ": x must be 4-D (NCHW), got ", x.dim(), "-D.");
+  TORCH_CHECK(x.size(1) == weight.size(1) * w.groups, name, ": x has ", x.size(1), " channels; weight ",
+              str(weight.sizes()), " with groups=", w.groups, " expects ", weight.size(1) * w.groups, ".");
   std::vector<int64_t> shape{x.size(0), weight.size(0), 0, 0};
   for (int d = 0; d < 2; ++d) {
-    const int64_t span = dilation[d] * (weight.size(2 + d) - 1) + 1;
-    shape[2 + d] = (x.size(2 + d) + 2 * padding[d] - span) / stride[d] + 1;
+    const int64_t span = w.dilation[d] * (weight.size(2 + d) - 1) + 1;
+    shape[2 + d] = (x.size(2 + d) + 2 * w.padding[d] - span) / w.stride[d] + 1;
     TORCH_CHECK(shape[2 + d] > 0, name, ": the kernel (", span, " with dilation) is larger than the padded input.");
   }
   return shape;
 }
 
-// The packed conv weight depends on the input's quantization and the geometry.
-// oneDNN's packing takes the weight's scales too: their state as the host sees it is part of it.
-std::string conv_key(double x_scale, int64_t x_zero_point, c10::IntArrayRef stride, c10::IntArrayRef padding,
-                     c10::IntArrayRef dilation, int64_t groups, const at::Tensor& scales) {
-  const WeightState sc = state_of(scales);
-  std::ostringstream where;
-  where << sc.data << "+" << sc.offset << "@v" << sc.version;
-  return key_of({"conv", std::to_string(x_scale), std::to_string(x_zero_point), str(stride), str(padding),
-                 str(dilation), std::to_string(groups), where.str()});
+// oneDNN packs a conv weight for the activations' scale and zero point: the call must bring those.
+void check_conv_call(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
+                     const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype,
+                     c10::string_view post_op, const char* name) {
+  check_call(x, *weight, "qconv2d", bias, output_dtype, post_op, name);
+  TORCH_CHECK(x_scale == weight->x_scale && x_zero_point == weight->x_zero_point, name,
+              ": the weight was packed for activations of scale ", weight->x_scale, " and zero point ",
+              weight->x_zero_point, ", got ", x_scale, " and ", x_zero_point, ".");
 }
 
-// Packs a conv weight on the device (the kernel's first step, shared by qconv2d and qconv2d_prepack);
-// oneDNN's packing takes the weight's scales too, so they are part of what must match.
-at::Tensor pack_conv(Packed& packed, const at::Tensor& weight, const at::Tensor& scales, double x_scale,
-                     int64_t x_zero_point, const std::vector<int64_t>& st, const std::vector<int64_t>& pad,
-                     const std::vector<int64_t>& dil, int64_t groups) {
-  return ensure_packed(packed, {weight, scales}, [&](const std::vector<at::Tensor>& src) {
+at::TensorOptions conv_out_options(const at::Tensor& x, std::optional<at::ScalarType> output_dtype) {
+  // oneDNN computes channels-last; the output is channels-last, as x86's quantized conv gives it.
+  return x.options().dtype(out_type(x, output_dtype)).memory_format(at::MemoryFormat::ChannelsLast);
+}
+
+// Device side: the oneDNN form of a conv weight (made now unless made already), under form's mutex.
+at::Tensor onednn_conv_form(OneDnnForm& form, const at::Tensor& weight, const at::Tensor& scales, double x_scale,
+                            int64_t x_zero_point, const std::vector<int64_t>& st, const std::vector<int64_t>& pad,
+                            const std::vector<int64_t>& dil, int64_t groups) {
+  return ensure_packed(form, {weight, scales}, [&](const std::vector<at::Tensor>& src) {
     return call_boxed(onednn_conv_prepack(),
                       {src[0], src[1], x_scale, x_zero_point, st, pad, dil, groups, c10::IValue()})
         .toTensor();
   });
 }
 
-at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& weight,
-                   const at::Tensor& w_scales, const at::Tensor& w_zero_points, const std::optional<at::Tensor>& bias,
-                   c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
-                   double output_scale, int64_t output_zero_point, std::optional<at::ScalarType> output_dtype,
-                   c10::string_view post_op) {
+at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
+                   const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
+                   std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
   const char* name = "openreg_quant::qconv2d";
-  check_conv_ranks(x, weight, name);  // before the per-channel checks, which read size(0)
-  check_common(x, weight, w_scales, w_zero_points, bias, output_dtype, post_op, name);
-  // oneDNN computes channels-last; the output is channels-last, as x86's quantized conv gives it.
-  at::Tensor out =
-      at::empty(conv_shape(x, weight, stride, padding, dilation, groups, name),
-                x.options().dtype(out_type(x, output_dtype)).memory_format(at::MemoryFormat::ChannelsLast));
+  check_conv_call(x, x_scale, x_zero_point, weight, bias, output_dtype, post_op, name);
+  at::Tensor out = at::empty(conv_shape(x, *weight, name), conv_out_options(x, output_dtype));
   if (out.numel() == 0) return out;
-  // The packed conv weight depends on the input's quantization and the geometry.
-  auto packed = packed_for(weight, conv_key(x_scale, x_zero_point, stride, padding, dilation, groups, w_scales));
   std::optional<KernelTensorArg> b_arg;
   if (bias && bias->defined()) b_arg.emplace(*bias);
-  std::vector<int64_t> st(stride.begin(), stride.end()), pad(padding.begin(), padding.end()),
-      dil(dilation.begin(), dilation.end());
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
-      [x_arg = KernelTensorArg(x), w_arg = KernelTensorArg(weight), s_arg = KernelTensorArg(w_scales),
-       z_arg = KernelTensorArg(w_zero_points), b_arg, y_arg = KernelTensorArg(out), packed, x_scale, x_zero_point, st,
-       pad, dil, groups, output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
+      [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
+       st = weight->stride, pad = weight->padding, dil = weight->dilation, groups = weight->groups, output_scale,
+       output_zero_point, output_dtype, post_op = std::string(post_op)] {
         at::Tensor xv = x_arg.materialize().contiguous(at::MemoryFormat::ChannelsLast);
-        at::Tensor scales = s_arg.materialize().contiguous();
-        at::Tensor zero_points = z_arg.materialize();
-        check_symmetric(zero_points, "openreg_quant::qconv2d");
-        if (needs_exact_path(xv)) {
-          at::Tensor acc = at::conv2d(xv.to(at::kDouble) - static_cast<double>(x_zero_point),
-                                      w_arg.materialize().to(at::kDouble), {}, st, pad, dil, groups);
-          std::optional<at::Tensor> b;
-          if (b_arg) b = b_arg->materialize();
+        at::Tensor weight = w.weight.materialize(), scales = w.w_scales.materialize();
+        at::Tensor zero_points = w.w_zero_points.materialize();
+        const bool exact = needs_exact_path(xv);
+        at::Tensor onednn;
+        {
+          std::lock_guard<std::mutex> lock(w.form->mutex);
+          check_symmetric(*w.form, zero_points, "openreg_quant::qconv2d");
+          if (!exact) onednn = onednn_conv_form(*w.form, weight, scales, x_scale, x_zero_point, st, pad, dil, groups);
+        }
+        std::optional<at::Tensor> b;
+        if (b_arg) b = b_arg->materialize().contiguous();
+        if (exact) {
+          at::Tensor acc = at::conv2d(xv.to(at::kDouble) - static_cast<double>(x_zero_point), weight.to(at::kDouble),
+                                      {}, st, pad, dil, groups);
           y_arg.materialize().copy_(exact_int8(acc, x_scale, scales, b, output_scale, output_zero_point, output_dtype,
                                                post_op, xv.scalar_type()));
           return;
         }
-        at::Tensor onednn =
-            pack_conv(*packed, w_arg.materialize(), scales, x_scale, x_zero_point, st, pad, dil, groups);
         c10::List<std::optional<at::Scalar>> no_args;
         at::Tensor r =
-            call_boxed(onednn_conv(),
-                       {xv, x_scale, x_zero_point, onednn, scales, zero_points.contiguous(),
-                        b_arg ? c10::IValue(b_arg->materialize().contiguous()) : c10::IValue(), st, pad, dil, groups,
-                        output_scale, output_zero_point, output_dtype ? c10::IValue(*output_dtype) : c10::IValue(),
-                        post_op, no_args, c10::IValue(std::string())})
+            call_boxed(onednn_conv(), {xv, x_scale, x_zero_point, onednn, scales, zero_points,
+                                       b ? c10::IValue(*b) : c10::IValue(), st, pad, dil, groups, output_scale,
+                                       output_zero_point, output_dtype ? c10::IValue(*output_dtype) : c10::IValue(),
+                                       post_op, no_args, c10::IValue(std::string())})
                 .toTensor();
         y_arg.materialize().copy_(r);
       }));
   return out;
 }
 
-at::Tensor qconv2d_meta(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& weight,
-                        const at::Tensor& w_scales, const at::Tensor& w_zero_points,
-                        const std::optional<at::Tensor>& bias, c10::IntArrayRef stride, c10::IntArrayRef padding,
-                        c10::IntArrayRef dilation, int64_t groups, double output_scale, int64_t output_zero_point,
+at::Tensor qconv2d_meta(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
+                        const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
                         std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
-  return at::empty(conv_shape(x, weight, stride, padding, dilation, groups, "openreg_quant::qconv2d"),
-                   x.options().dtype(out_type(x, output_dtype)).memory_format(at::MemoryFormat::ChannelsLast));
+  const char* name = "openreg_quant::qconv2d";
+  check_conv_call(x, x_scale, x_zero_point, weight, bias, output_dtype, post_op, name);
+  return at::empty(conv_shape(x, *weight, name), conv_out_options(x, output_dtype));
 }
 
-// ---- prepack: pack now (one kernel) instead of in the first call ----
-
-void qlinear_prepack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.is_privateuseone() && weight.scalar_type() == at::kChar && weight.dim() == 2,
-              "openreg_quant::qlinear_prepack: weight must be a 2-D int8 openreg tensor.");
-  auto packed = packed_for(weight, "linear");
-  OPENREG_CHECK(
-      ::openreg::launch(stream_of(weight), "openreg_quant::qlinear_prepack",
-                        [w_arg = KernelTensorArg(weight), packed] { pack_linear(*packed, w_arg.materialize()); }));
-}
-
-void qconv2d_prepack(const at::Tensor& weight, const at::Tensor& w_scales, double x_scale, int64_t x_zero_point,
-                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
-  TORCH_CHECK(weight.is_privateuseone() && weight.scalar_type() == at::kChar && weight.dim() == 4,
-              "openreg_quant::qconv2d_prepack: weight must be a 4-D int8 openreg tensor.");
-  check_on_device(w_scales, weight, "w_scales", "openreg_quant::qconv2d_prepack");
-  auto packed = packed_for(weight, conv_key(x_scale, x_zero_point, stride, padding, dilation, groups, w_scales));
-  std::vector<int64_t> st(stride.begin(), stride.end()), pad(padding.begin(), padding.end()),
-      dil(dilation.begin(), dilation.end());
-  OPENREG_CHECK(::openreg::launch(stream_of(weight), "openreg_quant::qconv2d_prepack",
-                                  [w_arg = KernelTensorArg(weight), s_arg = KernelTensorArg(w_scales), packed, x_scale,
-                                   x_zero_point, st, pad, dil, groups] {
-                                    pack_conv(*packed, w_arg.materialize(), s_arg.materialize().contiguous(), x_scale,
-                                              x_zero_point, st, pad, dil, groups);
-                                  }));
-}
-
-int64_t packed_weight_count() {
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  cache.erase(std::remove_if(cache.begin(), cache.end(), [](const CacheEntry& e) { return e.owner.expired(); }),
-              cache.end());
-  return static_cast<int64_t>(cache.size());
+// Host side: a conv weight packed on the device for this geometry and these activations' scale and
+// zero point (the copies and the packing are queued on the current stream; nothing waits).
+PackedWeightPtr qconv2d_prepack(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points,
+                                double x_scale, int64_t x_zero_point, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                c10::IntArrayRef dilation, int64_t groups) {
+  const char* name = "openreg_quant::qconv2d_prepack";
+  check_weight(weight, w_scales, w_zero_points, 4, name);
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, name,
+              ": stride, padding and dilation must have two values each.");
+  TORCH_CHECK(std::all_of(stride.begin(), stride.end(), [](int64_t v) { return v >= 1; }) &&
+                  std::all_of(dilation.begin(), dilation.end(), [](int64_t v) { return v >= 1; }) &&
+                  std::all_of(padding.begin(), padding.end(), [](int64_t v) { return v >= 0; }),
+              name, ": stride and dilation must be at least 1 and padding at least 0, got stride ", str(stride),
+              ", padding ", str(padding), ", dilation ", str(dilation), ".");
+  TORCH_CHECK(groups >= 1 && weight.size(0) % groups == 0, name, ": groups (", groups,
+              ") must be at least 1 and divide the output channels (", weight.size(0), ").");
+  PackedWeightPtr p = new_packed("qconv2d", weight, w_scales, w_zero_points);
+  p->x_scale = x_scale, p->x_zero_point = x_zero_point, p->groups = groups;
+  p->stride = stride.vec(), p->padding = padding.vec(), p->dilation = dilation.vec();
+  if (weight.is_meta()) return p;
+  OPENREG_CHECK(::openreg::launch(
+      stream_of(weight), name,
+      [w = PackedArgs(*p), x_scale, x_zero_point, st = p->stride, pad = p->padding, dil = p->dilation, groups] {
+        at::Tensor zero_points = w.w_zero_points.materialize();
+        std::lock_guard<std::mutex> lock(w.form->mutex);
+        check_symmetric(*w.form, zero_points, "openreg_quant::qconv2d_prepack");
+        onednn_conv_form(*w.form, w.weight.materialize(), w.w_scales.materialize(), x_scale, x_zero_point, st, pad, dil,
+                         groups);
+      }));
+  return p;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(openreg_quant, m) {
+  m.class_<PackedWeight>("PackedWeight")
+      .def("kind", [](const PackedWeightPtr& self) { return self->kind; })
+      // Copies: writing to them cannot change the packed form.
+      .def("unpack",
+           [](const PackedWeightPtr& self) {
+             return std::make_tuple(self->weight.clone(), self->w_scales.clone(), self->w_zero_points.clone());
+           })
+      .def_pickle([](const PackedWeightPtr& self) { return self->state(); },
+                  [](PackedWeight::State s) { return PackedWeight::from_state(std::move(s)); });
   m.def(
-      "qlinear(Tensor x, float x_scale, int x_zero_point, Tensor weight, Tensor w_scales, Tensor w_zero_points, "
+      "qlinear(Tensor x, float x_scale, int x_zero_point, __torch__.torch.classes.openreg_quant.PackedWeight weight, "
       "Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, str post_op) -> Tensor");
   m.def(
-      "qconv2d(Tensor x, float x_scale, int x_zero_point, Tensor weight, Tensor w_scales, Tensor w_zero_points, "
-      "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, float output_scale, "
-      "int output_zero_point, ScalarType? output_dtype, str post_op) -> Tensor");
-  m.def("qlinear_prepack(Tensor weight) -> ()");
+      "qconv2d(Tensor x, float x_scale, int x_zero_point, __torch__.torch.classes.openreg_quant.PackedWeight weight, "
+      "Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, str post_op) -> Tensor");
   m.def(
-      "qconv2d_prepack(Tensor weight, Tensor w_scales, float x_scale, int x_zero_point, int[] stride, int[] padding, "
-      "int[] dilation, int groups) -> ()");
-  m.def("packed_weight_count() -> int", TORCH_FN(packed_weight_count));
+      "qlinear_prepack(Tensor weight, Tensor w_scales, Tensor w_zero_points) -> "
+      "__torch__.torch.classes.openreg_quant.PackedWeight");
+  m.def(
+      "qconv2d_prepack(Tensor weight, Tensor w_scales, Tensor w_zero_points, float x_scale, int x_zero_point, "
+      "int[] stride, int[] padding, int[] dilation, int groups) -> __torch__.torch.classes.openreg_quant.PackedWeight");
   // Whether this CPU takes the exact path for activations oneDNN would saturate on (see above).
   m.def("int8_pairs_saturate() -> bool", TORCH_FN(int8_pairs_saturate));
 }
@@ -461,9 +488,12 @@ TORCH_LIBRARY_IMPL(openreg_quant, PrivateUse1, m) {
   m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
 }
 
+// The same host code on the meta device: checks and shapes, no launch.
 TORCH_LIBRARY_IMPL(openreg_quant, Meta, m) {
   m.impl("qlinear", TORCH_FN(qlinear_meta));
   m.impl("qconv2d", TORCH_FN(qconv2d_meta));
+  m.impl("qlinear_prepack", TORCH_FN(qlinear_prepack));
+  m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
 }
 
 }  // namespace openreg_quant
