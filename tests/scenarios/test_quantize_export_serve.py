@@ -71,6 +71,10 @@ class TestQuantizeExportServe(TestCase):
         self.assertTrue(any(str(n.target).startswith("openreg_quant.qconv2d") for n in lowered.graph.nodes))
         with torch.no_grad():
             int8 = lowered(x).cpu()
+            # and compiled by Inductor (openreg-inductor), the fused ops with their packed weights
+            # as extern calls: the same values
+            compiled = torch.compile(lowered, fullgraph=True)(x).cpu()
+        self.assertEqual(compiled, int8, atol=0, rtol=0)
 
         # Served int8 against openreg's fused int8 kernels: onnxruntime's int8 arithmetic may round an
         # output to the neighbouring step of its grid (measured: 0.2 of a step); both near the float model.

@@ -52,6 +52,9 @@ def _define_decomposed_schemas() -> None:
 
 _define_decomposed_schemas()
 
+# The fused ops' fake (and meta) kernels and the fake class of their packed weight.
+from . import fake  # noqa: E402, F401
+
 
 def __getattr__(name: str):
     # The PT2E flow needs torchao: imported on first use, not when `import torch` loads the plugin.

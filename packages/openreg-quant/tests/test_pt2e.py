@@ -3,6 +3,7 @@ CNN and a 2-block transformer; accuracy against float32, the lowered graph again
 reduced-range (7-bit) activations, and QAT."""
 
 import copy
+import io
 import os
 
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
@@ -123,6 +124,27 @@ class TestPTQ(TestCase):
             self.assertIsNot(getattr(copied, name), getattr(lowered, name))
         x = torch.randn(4, 3, 16, 16, device="openreg")
         self.assertEqual(copied(x).cpu(), lowered(x).cpu(), atol=0, rtol=0)
+
+    def test_lowered_model_exports_and_compiles(self):
+        # The packed weights are torchbind constants: torch.export and torch.compile trace them with a
+        # fake of them (openreg_quant/fake.py) and the fused ops with their fake kernels.
+        _, x, converted = self._convert(SmallCNN(), (2, 3, 16, 16))
+        lowered = lower_pt2e(converted)
+        with torch.no_grad():
+            want = lowered(x).cpu()
+            exported = torch.export.export(lowered, (x,))
+            self.assertEqual(calls(exported.graph_module, "openreg_quant.q"), 3)
+            self.assertEqual(
+                sorted(c.kind() for c in exported.constants.values() if isinstance(c, torch.ScriptObject)),
+                ["qconv2d", "qconv2d", "qlinear"],
+            )
+            self.assertEqual(exported.module()(x).cpu(), want, atol=0, rtol=0)
+            saved = io.BytesIO()
+            torch.export.save(exported, saved)
+            saved.seek(0)
+            self.assertEqual(torch.export.load(saved).module()(x).cpu(), want, atol=0, rtol=0)
+            compiled = torch.compile(lowered, backend="aot_eager", fullgraph=True)
+            self.assertEqual(compiled(x).cpu(), want, atol=0, rtol=0)
 
     def test_a_model_off_openreg_is_refused(self):
         # A packed weight cannot move: lowering a model that is not on openreg raises before changing it.

@@ -302,14 +302,6 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
   return out;
 }
 
-at::Tensor qlinear_meta(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
-                        const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
-                        std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
-  const char* name = "openreg_quant::qlinear";
-  check_call(x, *weight, "qlinear", bias, output_dtype, post_op, name);
-  return at::empty(linear_shape(x, *weight, name), x.options().dtype(out_type(x, output_dtype)));
-}
-
 // Host side: a linear weight packed on the device (the copies and the packing are queued on the
 // current stream; nothing waits).
 PackedWeightPtr qlinear_prepack(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points) {
@@ -413,14 +405,6 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
   return out;
 }
 
-at::Tensor qconv2d_meta(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
-                        const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
-                        std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
-  const char* name = "openreg_quant::qconv2d";
-  check_conv_call(x, x_scale, x_zero_point, weight, bias, output_dtype, post_op, name);
-  return at::empty(conv_shape(x, *weight, name), conv_out_options(x, output_dtype));
-}
-
 // Host side: a conv weight packed on the device for this geometry and these activations' scale and
 // zero point (the copies and the packing are queued on the current stream; nothing waits).
 PackedWeightPtr qconv2d_prepack(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points,
@@ -463,6 +447,21 @@ TORCH_LIBRARY(openreg_quant, m) {
            [](const PackedWeightPtr& self) {
              return std::make_tuple(self->weight.clone(), self->w_scales.clone(), self->w_zero_points.clone());
            })
+      // Its fields by name, from which torch.export and torch.compile make a fake of it
+      // (openreg_quant/fake.py::FakePackedWeight; the fused ops' fake kernels are there too).
+      .def("__obj_flatten__",
+           [](const PackedWeightPtr& self) {
+             return std::make_tuple(std::make_tuple(std::string("kind"), self->kind),
+                                    std::make_tuple(std::string("weight"), self->weight),
+                                    std::make_tuple(std::string("w_scales"), self->w_scales),
+                                    std::make_tuple(std::string("w_zero_points"), self->w_zero_points),
+                                    std::make_tuple(std::string("x_scale"), self->x_scale),
+                                    std::make_tuple(std::string("x_zero_point"), self->x_zero_point),
+                                    std::make_tuple(std::string("stride"), self->stride),
+                                    std::make_tuple(std::string("padding"), self->padding),
+                                    std::make_tuple(std::string("dilation"), self->dilation),
+                                    std::make_tuple(std::string("groups"), self->groups));
+           })
       .def_pickle([](const PackedWeightPtr& self) { return self->state(); },
                   [](PackedWeight::State s) { return PackedWeight::from_state(std::move(s)); });
   m.def(
@@ -488,10 +487,9 @@ TORCH_LIBRARY_IMPL(openreg_quant, PrivateUse1, m) {
   m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
 }
 
-// The same host code on the meta device: checks and shapes, no launch.
+// The prepacks' host code on the meta device: checks, and a packed weight of meta tensors. The fused
+// ops' meta kernels are their fake kernels (openreg_quant/fake.py), which also take a fake packed weight.
 TORCH_LIBRARY_IMPL(openreg_quant, Meta, m) {
-  m.impl("qlinear", TORCH_FN(qlinear_meta));
-  m.impl("qconv2d", TORCH_FN(qconv2d_meta));
   m.impl("qlinear_prepack", TORCH_FN(qlinear_prepack));
   m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
 }
