@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
 
 import torch  # noqa: E402
+from conftest import run_recorded  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
 
 
@@ -77,11 +78,8 @@ class TestTorchaoConfigs(TestCase):
         self._model = model
         x = torch.randn(8, 64).to(device)
         with torch.no_grad():
-            model(x)
-            before = torch.openreg._runtime_counters()["memcpy_d2h"]
-            y = model(x)
-            torch.openreg.synchronize()
-            copies = torch.openreg._runtime_counters()["memcpy_d2h"] - before
+            model(x)  # first calls of each signature run synchronously: record the second forward
+            y, self._ops, self._generic, copies = run_recorded(lambda: model(x))
         return y.cpu(), copies
 
     def test_int8_weight_only(self):
@@ -91,6 +89,11 @@ class TestTorchaoConfigs(TestCase):
         got, copies = self._run(Int8WeightOnlyConfig(), "openreg", 40)
         self.assertEqual(got, want, atol=1e-5, rtol=1e-5)
         self.assertEqual(copies, 0)
+        # torchao 0.18's Int8Tensor converts the int8 weight to the activations' dtype on the device and
+        # multiplies in float (aten._weight_int8pack_mm is not on its path, on any device)
+        self.assertLessEqual({"aten._to_copy.default", "aten.mm.default"}, self._ops)
+        self.assertNotIn("aten._weight_int8pack_mm.default", self._ops)
+        self.assertEqual(self._generic, {"aten::mul.Tensor", "aten::add_.Tensor", "aten::relu"})
 
     def test_stock_int8_dynamic_config_copies_to_the_host(self):
         # torchao's own config gives the CPU's numbers on openreg, but its safe_int_mm formats the
@@ -101,6 +104,9 @@ class TestTorchaoConfigs(TestCase):
         got, copies = self._run(Int8DynamicActivationInt8WeightConfig(), "openreg", 40)
         self.assertEqual(got, want, atol=1e-5, rtol=1e-5)
         self.assertGreater(copies, 0)
+        # and its int8 x int8 product is an int32 aten.mm, not aten._int_mm
+        self.assertIn("aten.mm.default", self._ops)
+        self.assertNotIn("aten._int_mm.default", self._ops)
 
     def test_openreg_int8_dynamic_config(self):
         from openreg_quant import OpenRegInt8DynamicActivationInt8WeightConfig
@@ -110,6 +116,16 @@ class TestTorchaoConfigs(TestCase):
             got, copies = self._run(OpenRegInt8DynamicActivationInt8WeightConfig(), "openreg", width)
             self.assertEqual(got, want, atol=1e-6, rtol=1e-6)
             self.assertEqual(copies, 0)
+            # the int8 product is the native aten._int_mm, the activations are quantized per token by
+            # the native kernels; only the elementwise ops (scales, bias, relu) take core's generic path
+            native = {
+                "aten._int_mm.default",
+                "quantized_decomposed.choose_qparams_per_token.default",
+                "quantized_decomposed.quantize_per_token.default",
+            }
+            self.assertLessEqual(native, self._ops)
+            self.assertNotIn("aten.mm.default", self._ops)
+            self.assertEqual(self._generic, {"aten::mul.Tensor", "aten::add.Tensor", "aten::relu"})
             # and close to the float model
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, width))

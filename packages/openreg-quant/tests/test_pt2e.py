@@ -11,6 +11,7 @@ os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's C
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from conftest import run_recorded  # noqa: E402
 from openreg_quant import OpenRegQuantizer, lower_pt2e  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
 from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
@@ -91,8 +92,15 @@ class TestPTQ(TestCase):
             want, unlowered = model(x), converted(x)
         quantum = last_quantum(converted)
         lowered = lower_pt2e(converted)
-        got = lowered(x)
+        lowered(x)  # first calls of each signature run synchronously: count the second forward
+        got, ops, generic, copies = run_recorded(lambda: lowered(x))
         self.assertEqual(got.device.type, "openreg")
+        # int8 products only, by the fused ops; the quantization ops run their native kernels, not
+        # core's generic path; nothing is copied to the host
+        float_products = {"convolution", "conv2d", "linear", "mm", "addmm", "bmm"}
+        self.assertEqual({op for op in ops if op.split(".")[1] in float_products}, set())
+        self.assertEqual({op for op in generic if op.startswith(("openreg_quant", "quantized_decomposed"))}, set())
+        self.assertEqual(copies, 0)
         self.assertLess(rel_err(got, want), 0.05)
         self.assertLessEqual((got - unlowered).abs().max().item(), quantum)
         # the graph calls the fused ops; no weight dequantize and no float weight is left
