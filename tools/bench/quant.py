@@ -10,7 +10,10 @@ Rows (openreg column / reference column; ratio = openreg / reference):
 - quant-fp32-m{1,32,256}: the same qlinear on openreg against the float32 linear on openreg (report:
   what int8 buys on this CPU);
 - quant-cnn: the PT2E-lowered small CNN (openreg_quant.pt2e) against the float32 CNN, both on
-  openreg (report).
+  openreg (report);
+- quant-cnn-int8: the same lowered CNN on openreg against the CPU's own int8 CNN: the x86 PT2E flow
+  (X86InductorQuantizer, convert_pt2e) compiled by Inductor with freezing, which lowers it to
+  oneDNN's int8 convolutions and linear (report; its compile is ~20 s of the CPU process).
 
 Each device runs in a process of its own (this file with --serve DEVICE), as in eager.py.
 
@@ -27,12 +30,19 @@ from typing import Callable, Dict, List
 from rows import module_main, ratio_row, serve_each_device
 
 MS = (1, 32, 256)
-IDS = ("quant-qdq-256k", *(f"quant-qlinear-m{m}" for m in MS), *(f"quant-fp32-m{m}" for m in MS), "quant-cnn")
+IDS = (
+    "quant-qdq-256k",
+    *(f"quant-qlinear-m{m}" for m in MS),
+    *(f"quant-fp32-m{m}" for m in MS),
+    "quant-cnn",
+    "quant-cnn-int8",
+)
 NAMES = {
     "quant-qdq-256k": "q+dq per tensor 256K: native vs decomposed (both openreg)",
     **{f"quant-qlinear-m{m}": f"qlinear M={m} K=N=1024: openreg vs CPU int8 (oneDNN)" for m in MS},
     **{f"quant-fp32-m{m}": f"qlinear M={m} K=N=1024 vs float32 linear (both openreg)" for m in MS},
     "quant-cnn": "PT2E-lowered CNN vs float32 CNN (both openreg, batch 8)",
+    "quant-cnn-int8": "PT2E-lowered CNN on openreg vs the CPU's int8 CNN (x86 PT2E + Inductor, batch 8)",
 }
 GOALS = {"quant-qdq-256k": 0.2, **{f"quant-qlinear-m{m}": 1.05 for m in MS}}
 
@@ -111,13 +121,15 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
             out[f"quant-qlinear-m{m}:cpu"] = _time(cpu_int8, sync, iters, reps)
     if device == "openreg":
         out.update(_cnn(device, sync, max(1, iters // 5), reps))
+        out["quant-cnn-int8:openreg"] = out["quant-cnn:openreg"]
+    else:
+        out["quant-cnn-int8:cpu"] = _cpu_int8_cnn(max(1, iters // 5), reps)
     return out
 
 
-def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
+def _cnn_model(device: str):
+    """The benchmark's small CNN and its input (batch 8, 32 x 32)."""
     import torch
-    from openreg_quant import OpenRegQuantizer, lower_pt2e
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     torch.manual_seed(0)
     model = (
@@ -132,7 +144,15 @@ def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
         .eval()
         .to(device)
     )
-    x = torch.randn(8, 3, 32, 32, device=device)
+    return model, torch.randn(8, 3, 32, 32, device=device)
+
+
+def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
+    import torch
+    from openreg_quant import OpenRegQuantizer, lower_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    model, x = _cnn_model(device)
     prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
     prepared(x)
     lowered = lower_pt2e(convert_pt2e(prepared))
@@ -141,6 +161,27 @@ def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
             "quant-cnn:openreg": _time(lambda: lowered(x), sync, iters, reps),
             "quant-cnn:cpu": _time(lambda: model(x), sync, iters, reps),
         }
+
+
+def _cpu_int8_cnn(iters: int, reps: int) -> float:
+    """The CPU's own int8 path for the same CNN: what PyTorch gives a CPU user (the x86 quantizer,
+    then Inductor with freezing, which lowers the q/dq patterns to oneDNN's int8 kernels)."""
+    import torch
+    import torch._inductor.config as inductor_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    model, x = _cnn_model("cpu")
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+    prepared(x)
+    inductor_config.freezing = True  # this process's last measure: the setting stays
+    with torch.no_grad():
+        compiled = torch.compile(convert_pt2e(prepared))
+        return _time(lambda: compiled(x), lambda: None, iters, reps)
 
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
