@@ -13,7 +13,8 @@ Rows (openreg column / reference column; ratio = openreg / reference):
   openreg (report);
 - quant-cnn-int8: the same lowered CNN on openreg against the CPU's own int8 CNN: the x86 PT2E flow
   (X86InductorQuantizer, convert_pt2e) compiled by Inductor with freezing, which lowers it to
-  oneDNN's int8 convolutions and linear (report; its compile is ~20 s of the CPU process).
+  oneDNN's int8 convolutions and linear (goal <= 1.05, as qlinear's; its compile is ~20 s of the
+  CPU process).
 
 Each device runs in a process of its own (this file with --serve DEVICE), as in eager.py.
 
@@ -44,7 +45,7 @@ NAMES = {
     "quant-cnn": "PT2E-lowered CNN vs float32 CNN (both openreg, batch 8)",
     "quant-cnn-int8": "PT2E-lowered CNN on openreg vs the CPU's int8 CNN (x86 PT2E + Inductor, batch 8)",
 }
-GOALS = {"quant-qdq-256k": 0.2, **{f"quant-qlinear-m{m}": 1.05 for m in MS}}
+GOALS = {"quant-qdq-256k": 0.2, **{f"quant-qlinear-m{m}": 1.05 for m in MS}, "quant-cnn-int8": 1.05}
 
 
 def _time(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
