@@ -19,6 +19,9 @@ from torch_openreg.utils.testing import StreamHold
 R = dist.ReduceOp
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INTS = (torch.int32, torch.int64, torch.uint8)
+# The dtypes each rooted, list and coalesced operation is checked in (both integer widths: int32
+# and int64 are carried and reduced as themselves, as bfloat16 and float16 are).
+DTYPES = FLOATS + (torch.int32, torch.int64)
 
 
 def ramp(rank, dtype, n=6):
@@ -85,10 +88,26 @@ class TestCollectives(OcclTestCase):
         self.assertEqual(x.cpu(), (ramp(0, torch.float32) + ramp(1, torch.float32)) * (1 + 2j))
 
     def test_all_reduce_coalesced(self):
-        xs = [ramp(self.rank, torch.float32, n).to(self.device) for n in (3, 5)]
-        dist.all_reduce_coalesced(xs)
-        for x, n in zip(xs, (3, 5)):
-            self.assertEqual(x.cpu(), ramp(0, torch.float32, n) * 3)
+        # dist.all_reduce_coalesced: one dtype per call; asynchronously it returns the Work's future,
+        # whose wait() orders the current stream and gives the reduced tensors.
+        for dtype in DTYPES:
+            for op in (R.SUM, R.AVG):
+                for async_op in (False, True):
+                    xs = [ramp(self.rank, dtype, n).to(self.device) for n in (3, 5)]
+                    fut = dist.all_reduce_coalesced(xs, op=op, async_op=async_op)
+                    if async_op:
+                        self.assertIsInstance(fut, torch._C.Future)  # not a Work
+                        got = fut.wait()
+                        self.assertEqual(len(got), 2)
+                        for g, x in zip(got, xs, strict=True):
+                            self.assertEqual(g.data_ptr(), x.data_ptr())  # the caller's tensors, reduced in place
+                    else:
+                        self.assertIsNone(fut)
+                    for x, n in zip(xs, (3, 5), strict=True):
+                        a, b = ramp(0, torch.float64, n), ramp(1, torch.float64, n)
+                        ref = a + b if op == R.SUM else (a + b) / 2
+                        ref = ref if dtype.is_floating_point else ref.trunc()
+                        self.assertEqual(x.cpu(), ref.to(dtype), msg=f"{dtype} {op} async={async_op} n={n}")
         # Mixed dtypes in one coalesced all-reduce: each reduced in its own dtype (AVG truncates integers).
         dtypes = (torch.float32, torch.int64, torch.bfloat16, torch.int64)
         for op, want in ((R.SUM, lambda a, b: a + b), (R.AVG, lambda a, b: (a + b) / 2)):
@@ -265,20 +284,31 @@ class TestCollectives(OcclTestCase):
                 self.assertEqual(out.cpu().float(), torch.cat(parts).to(dtype).float())
 
     def test_all_to_all(self):
-        ins = [torch.full((r + 1,), float(10 * self.rank + r), device=self.device) for r in (0, 1)]
-        outs = [torch.empty(self.rank + 1, device=self.device) for _ in (0, 1)]
-        dist.all_to_all(outs, ins)
-        for r in (0, 1):
-            self.assertEqual(outs[r].cpu(), torch.full((self.rank + 1,), float(10 * r + self.rank)))
+        # Rank r sends rank s (s + 1) elements of value 10 r + s.
+        for dtype in DTYPES:
+            for async_op in (False, True):
+                ins = [torch.full((r + 1,), 10 * self.rank + r, dtype=dtype, device=self.device) for r in (0, 1)]
+                outs = [torch.empty(self.rank + 1, dtype=dtype, device=self.device) for _ in (0, 1)]
+                self.run_op(lambda ao: dist.all_to_all(outs, ins, async_op=ao), async_op)
+                for r in (0, 1):
+                    want = torch.full((self.rank + 1,), 10 * r + self.rank, dtype=dtype)
+                    self.assertEqual(outs[r].cpu(), want, msg=f"{dtype} async={async_op} from {r}")
+                for r in (0, 1):  # the inputs are untouched
+                    self.assertEqual(ins[r].cpu(), torch.full((r + 1,), 10 * self.rank + r, dtype=dtype))
 
     def test_reduce(self):
+        a, b = ramp(0, torch.float64), ramp(1, torch.float64)
+        cases = ((R.SUM, a + b), (R.MAX, torch.maximum(a, b)), (R.AVG, (a + b) / 2))  # AVG truncates integers
+        for dtype in DTYPES:
+            for root in (0, 1):
+                for async_op in (False, True):
+                    for op, want in cases:
+                        x = ramp(self.rank, dtype).to(self.device)
+                        self.run_op(lambda ao: dist.reduce(x, dst=root, op=op, async_op=ao), async_op)
+                        if self.rank == root:  # elsewhere the transport may use it as scratch space
+                            ref = want if dtype.is_floating_point else want.trunc()
+                            self.assertEqual(x.cpu(), ref.to(dtype), msg=f"{dtype} root {root} {op} async={async_op}")
         a, b = ramp(0, torch.float32), ramp(1, torch.float32)
-        for root in (0, 1):
-            for op, want in ((R.SUM, a + b), (R.MAX, torch.maximum(a, b)), (R.AVG, (a + b) / 2)):
-                x = ramp(self.rank, torch.float32).to(self.device)
-                dist.reduce(x, dst=root, op=op)
-                if self.rank == root:
-                    self.assertEqual(x.cpu(), want)
         x = ramp(self.rank, torch.float32).to(self.device)
         dist.reduce(x, dst=0, op=dist._make_nccl_premul_sum(2.0))
         if self.rank == 0:
@@ -287,17 +317,22 @@ class TestCollectives(OcclTestCase):
             self.assertEqual(x.cpu(), b)  # off the root the input is not scaled in place
 
     def test_gather_scatter(self):
-        for root in (0, 1):
-            mine = ramp(self.rank, torch.float32, 3).to(self.device)
-            outs = [torch.empty(3, device=self.device) for _ in (0, 1)] if self.rank == root else None
-            dist.gather(mine, outs, dst=root)
-            if self.rank == root:
-                for r in (0, 1):
-                    self.assertEqual(outs[r].cpu(), ramp(r, torch.float32, 3))
-            out = torch.empty(3, device=self.device)
-            ins = [ramp(r, torch.float32, 3).to(self.device) * 7 for r in (0, 1)] if self.rank == root else None
-            dist.scatter(out, ins, src=root)
-            self.assertEqual(out.cpu(), ramp(self.rank, torch.float32, 3) * 7)
+        for dtype in DTYPES:
+            for root in (0, 1):
+                for async_op in (False, True):
+                    msg = f"{dtype} root {root} async={async_op}"
+                    mine = ramp(self.rank, dtype, 3).to(self.device)
+                    is_root = self.rank == root
+                    outs = [torch.empty(3, dtype=dtype, device=self.device) for _ in (0, 1)] if is_root else None
+                    self.run_op(lambda ao: dist.gather(mine, outs, dst=root, async_op=ao), async_op)
+                    if is_root:
+                        for r in (0, 1):
+                            self.assertEqual(outs[r].cpu(), ramp(r, dtype, 3), msg=f"gather {msg} from {r}")
+                    self.assertEqual(mine.cpu(), ramp(self.rank, dtype, 3))  # the input is untouched
+                    out = torch.empty(3, dtype=dtype, device=self.device)
+                    ins = [(ramp(r, dtype, 3) * 7).to(self.device) for r in (0, 1)] if is_root else None
+                    self.run_op(lambda ao: dist.scatter(out, ins, src=root, async_op=ao), async_op)
+                    self.assertEqual(out.cpu(), ramp(self.rank, dtype, 3) * 7, msg=f"scatter {msg}")
 
     def test_send_recv(self):
         peer = 1 - self.rank
@@ -329,13 +364,25 @@ class TestCollectives(OcclTestCase):
             self.assertEqual(g.cpu(), ramp(peer, torch.float32, n))
 
     def test_recv_anysource(self):
-        if self.rank == 1:
-            dist.send(torch.full((2,), 5.0, device=self.device), 0)
-        else:
-            got = torch.empty(2, device=self.device)
-            src = dist.recv(got)
-            self.assertEqual(src, 1)
-            self.assertEqual(got.cpu(), torch.full((2,), 5.0))
+        # Rank 1 sends rank 0 one message per round, each with values of its own; rank 0 receives
+        # from any source: dist.recv returns the sender, dist.irecv's Work knows it once done.
+        rounds = [(dtype, async_op) for dtype in DTYPES for async_op in (False, True)]
+        for i, (dtype, async_op) in enumerate(rounds):
+            sent = ramp(1, dtype, 4) + i
+            if self.rank == 1:
+                x = sent.to(self.device)
+                self.run_op(lambda ao: dist.isend(x, 0) if ao else dist.send(x, 0), async_op)
+                continue
+            got = torch.empty(4, dtype=dtype, device=self.device)
+            if async_op:
+                work = dist.irecv(got)  # no source: any
+                self.assertIsNotNone(work)
+                work.wait()
+                src = work._source_rank()
+            else:
+                src = dist.recv(got)
+            self.assertEqual(src, 1, msg=f"{dtype} async={async_op}")
+            self.assertEqual(got.cpu(), sent, msg=f"{dtype} async={async_op}")
 
     def assert_waits_for_the_late_rank(self, barrier, key):
         """barrier() returns on rank 0 only once rank 1 has reached it: rank 1 arrives 0.5 s late,
@@ -522,6 +569,70 @@ class TestCollectives(OcclTestCase):
             self.assertLess(time.monotonic() - t0, 10, "the ended collectives' tensors were not released")
             time.sleep(0.02)
         self.assertEqual(work.result()[0].cpu(), torch.full((n // 2,), 2.0))
+
+    def test_inputs_dropped_in_flight_live_until_their_collective_ran(self):
+        """As NCCL's (which stashes a collective's tensors in its Work): inputs the caller drops while
+        their collective is still queued stay allocated until it has run, so the caching allocator
+        cannot hand their blocks to tensors allocated meanwhile on the current stream (filled there
+        when the hold ends, while the comm stream reads the inputs). With the caller's Work kept
+        (all_gather_single, all_to_all) or dropped too (reduce_scatter_single: the group keeps it).
+        Were the inputs freed, 4 of the 6 new tensors below would get their memory."""
+        d, n = self.device, 1024  # 4 KiB of float32: blocks of the small pool, allocated exactly
+
+        def issue(held):
+            """The collectives, each input dropped once issued; returns the outputs, the Works kept,
+            and each dropped input's (data_ptr, nbytes)."""
+            # Made on the device (a copy from the host would wait for the held stream).
+            g_in, g_out = torch.arange(1.0, n + 1, device=d) * (self.rank + 1), torch.empty(2 * n, device=d)
+            rs_in, rs_out = torch.arange(1.0, 2 * n + 1, device=d) * (self.rank + 1), torch.empty(n, device=d)
+            a_ins = [torch.full((n,), 10.0 * self.rank + r, device=d) for r in (0, 1)]
+            a_outs = [torch.empty(n, device=d) for _ in (0, 1)]
+            dropped = [(t.data_ptr(), t.nbytes) for t in (g_in, rs_in, *a_ins)]
+            works = [dist.all_gather_single(g_out, g_in, async_op=True)]
+            dist.reduce_scatter_single(rs_out, rs_in, async_op=True)  # no Work kept
+            works.append(dist.all_to_all(a_outs, a_ins, async_op=True))
+            allocated = torch.openreg.memory_allocated(d)
+            del g_in, rs_in, a_ins
+            if held:  # (else they may have ended already) nothing was freed: the group holds the inputs
+                self.assertEqual(torch.openreg.memory_allocated(d), allocated)
+            return (g_out, rs_out, a_outs), works, dropped
+
+        def fill():
+            """New tensors of the dropped inputs' sizes, filled on the current stream."""
+            return [torch.full((k,), -1.0, device=d) for k in (n, 2 * n, n, n, n, 2 * n)]
+
+        # Warm-up: every operator called in the hold has had its (synchronous) first call.
+        _, works, _ = issue(held=False)
+        fill()
+        for w in works:
+            w.wait()
+        torch.openreg.synchronize(d)
+        # issue()'s memory check can fail: a tensor dropped with no collective is freed at once.
+        t = torch.empty(n, device=d)
+        allocated = torch.openreg.memory_allocated(d)
+        del t
+        self.assertEqual(torch.openreg.memory_allocated(d), allocated - 4 * n)
+
+        with StreamHold(d.index, timeout=60) as held:
+            outs, works, dropped = issue(held=True)
+            fresh = fill()
+            for f in fresh:  # no new tensor got memory of a dropped input
+                lo, hi = f.data_ptr(), f.data_ptr() + f.nbytes
+                for p, size in dropped:
+                    self.assertFalse(lo < p + size and p < hi, f"a new tensor reuses a dropped input's memory ({p:#x})")
+            for w in works:
+                self.assertFalse(w.is_completed())  # queued behind the hold
+            self.assertFalse(held.stream.query())
+        for w in works:
+            w.wait()
+        torch.openreg.synchronize(d)  # for the reduce-scatter, whose Work was dropped
+        g_out, rs_out, a_outs = outs
+        self.assertEqual(g_out.cpu(), torch.cat([ramp(0, torch.float32, n), ramp(1, torch.float32, n)]))
+        self.assertEqual(rs_out.cpu(), (ramp(0, torch.float32, 2 * n) * 3)[n * self.rank : n * self.rank + n])
+        for r in (0, 1):
+            self.assertEqual(a_outs[r].cpu(), torch.full((n,), 10.0 * r + self.rank))
+        for f in fresh:
+            self.assertEqual(f.cpu(), torch.full((f.numel(),), -1.0))
 
     def test_object_collectives(self):
         objs = [None, None]
