@@ -9,6 +9,9 @@ Installed, it is loaded by openreg-core's plugin discovery (entry point ``distri
   and ``torch.distributed.get_default_backend_for_device("openreg") == "occl"``;
 - registers DDP's reducer timer for openreg (C++, ``csrc/Module.cpp``).
 
+``openreg_distributed.OcclOptions`` (``pg_options`` of ``init_process_group``/``new_group``) says
+where a group's transport connects: the network interface or address, and its threads.
+
 ``openreg_distributed.comm_hooks`` has DDP's bfloat16 compression hook for openreg (torch's own is
 allowed on CUDA and XPU only).
 
@@ -19,7 +22,7 @@ Gloo group as the transport (``csrc/Transport.hpp`` is the seam a vendor's fabri
 """
 
 __version__ = "0.1.0"
-__all__ = ["BACKEND_NAME", "comm_hooks", "create_occl_backend", "flight_recorder", "register"]
+__all__ = ["BACKEND_NAME", "OcclOptions", "comm_hooks", "create_occl_backend", "flight_recorder", "register"]
 
 
 def _load() -> None:
@@ -34,4 +37,4 @@ def _load() -> None:
 import torch_openreg  # noqa: E402, F401  (the device, and the libraries the extension links against)
 
 from . import comm_hooks, flight_recorder  # noqa: E402
-from ._backend import BACKEND_NAME, create_occl_backend, register  # noqa: E402
+from ._backend import BACKEND_NAME, OcclOptions, create_occl_backend, register  # noqa: E402

@@ -1,6 +1,9 @@
 """Registration of occl with torch.distributed, and the creator it calls for each group."""
 
 import atexit
+import dataclasses
+import functools
+from typing import Optional
 
 import torch.distributed as dist
 
@@ -9,10 +12,47 @@ BACKEND_NAME = "occl"
 _TRANSPORT_PREFIX = "occl-transport/"
 
 
-def _make_transport(store, rank, size, timeout):
+@dataclasses.dataclass
+class OcclOptions:
+    """Options of an occl group, given as ``pg_options`` to ``init_process_group`` or ``new_group``:
+    where the group's transport (a private Gloo group) connects. A vendor's options would choose its
+    fabric here. Groups split from the group (``split_group``, ``new_group`` of a subset) keep them.
+
+    - ``interface``: the network interface to use (as ``GLOO_SOCKET_IFNAME``);
+    - ``hostname``: the address or host name to bind to, instead of an interface;
+    - ``threads``: the transport's threads (Gloo's default, 2).
+
+    With neither ``interface`` nor ``hostname``, the transport connects as Gloo's default device
+    does: ``GLOO_SOCKET_IFNAME`` if set, else the address of the host's name.
+    """
+
+    interface: str = ""
+    hostname: str = ""
+    threads: int = 2
+
+    def __post_init__(self):
+        if self.interface and self.hostname:
+            raise ValueError("OcclOptions: give interface or hostname, not both")
+        if self.threads < 1:
+            raise ValueError(f"OcclOptions: threads must be at least 1, got {self.threads}")
+
+
+def _make_transport(store, rank, size, timeout, options: Optional[OcclOptions] = None):
     """A Gloo backend of `size` ranks that rendezvouses on `store`, under occl's prefix (the group
-    may have a Gloo backend of its own on the same store)."""
-    return dist.ProcessGroupGloo(dist.PrefixStore(_TRANSPORT_PREFIX, store), rank, size, timeout)
+    may have a Gloo backend of its own on the same store), connected as `options` say."""
+    store = dist.PrefixStore(_TRANSPORT_PREFIX, store)
+    if options is None:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    gloo = dist.ProcessGroupGloo
+    transport_options = gloo._Options()
+    transport_options._timeout = timeout
+    transport_options._threads = options.threads
+    if options.interface or options.hostname:
+        device = gloo.create_device(interface=options.interface, hostname=options.hostname)
+    else:
+        device = gloo.create_default_device()
+    transport_options._devices = [device]
+    return gloo(store, rank, size, transport_options)
 
 
 def create_occl_backend(opts, backend_options=None):
@@ -20,11 +60,18 @@ def create_occl_backend(opts, backend_options=None):
 
     The transport is a Gloo backend of the same ranks, made with torch.distributed's public
     ProcessGroupGloo on the group's own store (under a prefix), so it rendezvouses wherever the
-    group does (multi-node included; GLOO_SOCKET_IFNAME selects the interface as for Gloo).
+    group does (multi-node included). ``backend_options`` (the call's ``pg_options``), an
+    :class:`OcclOptions`, say how it connects.
     """
     from . import _C
 
-    gloo = _make_transport(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    if backend_options is not None and not isinstance(backend_options, OcclOptions):
+        raise TypeError(
+            "occl: pg_options must be an openreg_distributed.OcclOptions, got "
+            f"{type(backend_options).__module__}.{type(backend_options).__qualname__}"
+        )
+    make_transport = functools.partial(_make_transport, options=backend_options)
+    gloo = make_transport(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     gloo.options.global_ranks_in_group = list(opts.global_ranks_in_group)
     gloo.options.group_name = f"{opts.group_id}:occl-transport"
     return _C.OcclBackend(
@@ -33,7 +80,7 @@ def create_occl_backend(opts, backend_options=None):
         opts.group_size,
         opts.timeout,
         gloo,
-        _make_transport,
+        make_transport,
         global_ranks=list(opts.global_ranks_in_group),
         group_name=str(opts.group_id),
     )

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.distributed.tensor as dtensor
 import torch.nn as nn
 from conftest import OcclTestCase
+from openreg_distributed import OcclOptions
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
@@ -49,6 +50,30 @@ class TestMesh(OcclTestCase):
         y = torch.full((2,), float(self.rank + 1), device=self.device)
         dist.all_reduce(y, group=pair)
         self.assertEqual(y.cpu(), torch.full((2,), 3.0))
+
+    def test_group_options_choose_the_transport(self):
+        # pg_options, an OcclOptions, say where the group's private Gloo transport connects; the
+        # groups split from it keep them (the split makes its transport with the same options).
+        group = dist.new_group([0, 1], backend="occl", pg_options=OcclOptions(interface="lo", threads=1))
+        x = torch.full((2,), float(self.rank + 1), device=self.device)
+        dist.all_reduce(x, group=group)
+        self.assertEqual(x.cpu(), torch.full((2,), 3.0))
+        alone = dist.split_group(group, split_ranks=[[0], [1]])
+        dist.all_reduce(x, group=alone)
+        self.assertEqual(x.cpu(), torch.full((2,), 3.0))  # a group of one
+        # the options are used: an interface that does not exist fails Gloo's device on every rank
+        with self.assertRaisesRegex(RuntimeError, "Unable to find address for: no-such-if0"):
+            dist.new_group([0, 1], backend="occl", pg_options=OcclOptions(interface="no-such-if0"))
+        with self.assertRaisesRegex(
+            TypeError, "occl: pg_options must be an openreg_distributed.OcclOptions, got builtins.dict"
+        ):
+            dist.new_group([0, 1], backend="occl", pg_options={"interface": "lo"})
+        with self.assertRaisesRegex(ValueError, "OcclOptions: give interface or hostname, not both"):
+            OcclOptions(interface="lo", hostname="localhost")
+        # the default group still works after the refused groups
+        y = torch.ones(1, device=self.device)
+        dist.all_reduce(y)
+        self.assertEqual(y.item(), 2.0)
 
     def test_device_mesh_1d_and_2d(self):
         mesh = init_device_mesh("openreg", (2,))
