@@ -1,5 +1,7 @@
 """The multi-node recipe: `torchrun --nnodes 2 --nproc-per-node 2` on loopback, two "nodes" of two
-openreg devices each, the interface chosen with GLOO_SOCKET_IFNAME (what occl's Gloo transport uses)."""
+openreg devices each, the transport's interface chosen through the backend's options
+(``pg_options=OcclOptions(interface="lo")``, where NCCL's and HCCL's Options carry their fabric's
+settings) or, for every group, with GLOO_SOCKET_IFNAME (what occl's Gloo transport reads)."""
 
 import os
 import re
@@ -13,8 +15,10 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 SCRIPT = """
 import os, torch, torch.distributed as dist
+from openreg_distributed import OcclOptions
 local = int(os.environ["LOCAL_RANK"])
-dist.init_process_group(device_id=torch.device("openreg", local))
+options = OcclOptions(interface="lo") if os.environ.get("USE_OCCL_OPTIONS") else None
+dist.init_process_group(device_id=torch.device("openreg", local), pg_options=options)
 x = torch.full((4,), float(dist.get_rank() + 1), device="openreg")
 dist.all_reduce(x)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -25,6 +29,16 @@ dist.destroy_process_group()
 
 class TestTorchrun(TestCase):
     def test_two_nodes_on_loopback(self):
+        # node 0: the interface from the environment; node 1: from the group's options
+        env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+        self._two_nodes(
+            [
+                dict(env, OPENREG_DEVICE_COUNT="2", GLOO_SOCKET_IFNAME="lo"),
+                dict(env, OPENREG_DEVICE_COUNT="2", USE_OCCL_OPTIONS="1"),
+            ]
+        )
+
+    def _two_nodes(self, node_envs):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -32,12 +46,11 @@ class TestTorchrun(TestCase):
             script = os.path.join(tmp, "train.py")
             with open(script, "w") as f:
                 f.write(textwrap.dedent(SCRIPT))
-            env = dict(os.environ, OPENREG_DEVICE_COUNT="2", GLOO_SOCKET_IFNAME="lo")
             nodes = [
                 subprocess.Popen(
                     [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
                     + ["--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port), script],
-                    env=env,
+                    env=node_envs[n],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
