@@ -23,24 +23,27 @@ def make_model():
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
-def full_batch(step):
-    """Both ranks' batches of one step (the same on every rank), on the CPU."""
+def full_batch(step, ranks=2):
+    """All ranks' batches of one step (the same on every rank), on the CPU."""
     g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(2 * BATCH, 8, generator=g), torch.randn(2 * BATCH, 4, generator=g)
+    return torch.randn(ranks * BATCH, 8, generator=g), torch.randn(ranks * BATCH, 4, generator=g)
 
 
-class TestDDP(OcclTestCase):
+class DDPTraining:
+    """DDP training against the single-process reference, for a class of any number of ranks
+    (test_three_ranks.py uses it too)."""
+
     def train(self, hook=None, accumulate=False):
         """DDP on this rank's half of each batch, and the single-process reference on the full
         batch; returns both models."""
         ref = make_model().to(self.device)
-        model = DDP(copy.deepcopy(ref), device_ids=[self.rank])
+        model = DDP(copy.deepcopy(ref), device_ids=[self.device.index])
         if hook is not None:
             model.register_comm_hook(dist.group.WORLD, hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(STEPS):
-            x, y = full_batch(step)
+            x, y = full_batch(step, self.world_size)
             x, y = x.to(self.device), y.to(self.device)
             mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
             opt.zero_grad()
@@ -64,6 +67,8 @@ class TestDDP(OcclTestCase):
         for p, q in zip(model.module.parameters(), ref.parameters()):
             self.assertEqual(p.detach().cpu(), q.detach().cpu(), **tol)
 
+
+class TestDDP(DDPTraining, OcclTestCase):
     def test_equals_full_batch_training(self):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -1,5 +1,5 @@
-"""DeviceMesh, DTensor, tensor parallel and FSDP2 over occl on 2 ranks, each equal to its
-single-process reference on the device."""
+"""DeviceMesh, DTensor, tensor parallel and FSDP2 over occl on 2 ranks, and a 2 x 2 mesh on 4, each
+equal to its single-process reference on the device."""
 
 import copy
 import os
@@ -26,12 +26,54 @@ def make_model():
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
-def full_batch(step, device):
+def full_batch(step, device, ranks=2):
     g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(2 * BATCH, 8, generator=g).to(device), torch.randn(2 * BATCH, 4, generator=g).to(device)
+    return torch.randn(ranks * BATCH, 8, generator=g).to(device), torch.randn(ranks * BATCH, 4, generator=g).to(device)
 
 
-class TestMesh(OcclTestCase):
+class FSDPTraining:
+    """FSDP2 training against the single-process reference, for a class of any number of ranks
+    (test_three_ranks.py uses it too)."""
+
+    def fsdp_train(self, meta=False, **kwargs):
+        mesh = init_device_mesh("openreg", (self.world_size,))
+        ref = make_model().to(self.device)
+        if meta:
+            with torch.device("meta"):
+                model = make_model()
+        else:
+            model = copy.deepcopy(ref)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh, **kwargs)
+        fully_shard(model, mesh=mesh, **kwargs)
+        if meta:
+            # Materialised on the device, then given the reference's values, shard by shard.
+            model.to_empty(device=self.device)
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), ref.parameters()):
+                    p.copy_(distribute_tensor(q.detach(), p.device_mesh, p.placements))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
+        for step in range(3):
+            x, y = full_batch(step, self.device, self.world_size)
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            nn.functional.mse_loss(ref(x), y).backward()
+            ref_opt.step()
+        return model, ref
+
+    def assert_fsdp2_equals_full_batch_training(self):
+        for reshard in (True, False):
+            model, ref = self.fsdp_train(reshard_after_forward=reshard)
+            for p, q in zip(model.parameters(), ref.parameters()):
+                self.assertEqual(p.full_tensor().cpu(), q.detach().cpu(), atol=1e-5, rtol=1e-5)
+
+
+class TestMesh(FSDPTraining, OcclTestCase):
     # The default group is "openreg:occl" (device_id alone). In a "cpu:gloo,openreg:occl" group,
     # torch 2.13's own Gloo split (the cpu part) hangs once a rank was left out of a new_group.
     backend = None
@@ -122,42 +164,8 @@ class TestMesh(OcclTestCase):
         x, _ = full_batch(0, self.device)
         self.assertEqual(model(x).cpu(), ref(x).cpu(), atol=1e-5, rtol=1e-5)
 
-    def fsdp_train(self, meta=False, **kwargs):
-        mesh = init_device_mesh("openreg", (2,))
-        ref = make_model().to(self.device)
-        if meta:
-            with torch.device("meta"):
-                model = make_model()
-        else:
-            model = copy.deepcopy(ref)
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh, **kwargs)
-        fully_shard(model, mesh=mesh, **kwargs)
-        if meta:
-            # Materialised on the device, then given the reference's values, shard by shard.
-            model.to_empty(device=self.device)
-            with torch.no_grad():
-                for p, q in zip(model.parameters(), ref.parameters()):
-                    p.copy_(distribute_tensor(q.detach(), p.device_mesh, p.placements))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-        mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
-        for step in range(3):
-            x, y = full_batch(step, self.device)
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-            opt.step()
-            ref_opt.zero_grad()
-            nn.functional.mse_loss(ref(x), y).backward()
-            ref_opt.step()
-        return model, ref
-
     def test_fsdp2_equals_full_batch_training(self):
-        for reshard in (True, False):
-            model, ref = self.fsdp_train(reshard_after_forward=reshard)
-            for p, q in zip(model.parameters(), ref.parameters()):
-                self.assertEqual(p.full_tensor().cpu(), q.detach().cpu(), atol=1e-5, rtol=1e-5)
+        self.assert_fsdp2_equals_full_batch_training()
 
     def test_dcp_save_load_fsdp2(self):
         import torch.distributed.checkpoint as dcp
@@ -198,6 +206,36 @@ class TestMesh(OcclTestCase):
         model, ref = self.fsdp_train(mp_policy=policy)
         for p, q in zip(model.parameters(), ref.parameters()):
             self.assertEqual(p.full_tensor().cpu(), q.detach().cpu(), atol=2e-2, rtol=2e-2)
+
+
+class TestMesh2x2(OcclTestCase):
+    """A 2-D mesh of 4 ranks, 2 x 2 (the 2-rank class can only make a 1 x 2 one): rank r is at
+    (r // 2, r % 2); groups along each dimension, and DTensors sharded over both."""
+
+    world_size = 4
+    backend = None
+
+    def test_device_mesh_2x2_and_dtensor(self):
+        mesh = init_device_mesh("openreg", (2, 2), mesh_dim_names=("dp", "tp"))
+        r = self.rank
+        for dim, peers in (("dp", [r % 2, r % 2 + 2]), ("tp", [r // 2 * 2, r // 2 * 2 + 1])):
+            group = mesh[dim].get_group()
+            self.assertEqual(sorted(dist.get_process_group_ranks(group)), peers)
+            x = torch.full((3,), float(r + 1), device=self.device)
+            dist.all_reduce(x, group=group)
+            self.assertEqual(x.cpu(), torch.full((3,), float(sum(p + 1 for p in peers))), msg=dim)
+        # a tensor sharded over both dimensions: rows over dp, columns over tp
+        full = torch.arange(64.0).reshape(8, 8)
+        t = distribute_tensor(full.to(self.device), mesh, [Shard(0), Shard(1)])
+        self.assertEqual(t.to_local().cpu(), full[r // 2 * 4 : r // 2 * 4 + 4, r % 2 * 4 : r % 2 * 4 + 4])
+        self.assertEqual(t.full_tensor().cpu(), full)
+        moved = t.redistribute(mesh, [Replicate(), Shard(0)])
+        self.assertEqual(moved.to_local().cpu(), full[r % 2 * 4 : r % 2 * 4 + 4])
+        # a product whose contraction dimension is sharded over tp: partial sums reduced over tp
+        w = torch.arange(16.0).reshape(8, 2) / 16
+        a = distribute_tensor(full.to(self.device), mesh, [Replicate(), Shard(1)])
+        b = distribute_tensor(w.to(self.device), mesh, [Replicate(), Shard(0)])
+        self.assertEqual((a @ b).full_tensor().cpu(), full @ w)
 
 
 if __name__ == "__main__":
