@@ -12,9 +12,9 @@ Rows (openreg column / reference column; ratio = openreg / reference):
 - quant-cnn: the PT2E-lowered small CNN (openreg_quant.pt2e) against the float32 CNN, both on
   openreg (report);
 - quant-cnn-int8: the same lowered CNN on openreg against the CPU's own int8 CNN: the x86 PT2E flow
-  (X86InductorQuantizer, convert_pt2e) compiled by Inductor with freezing, which lowers it to
-  oneDNN's int8 convolutions and linear (goal <= 1.05, as qlinear's; its compile is ~20 s of the
-  CPU process).
+  (X86InductorQuantizer, convert_pt2e, with the activations' range OpenRegQuantizer picks on this
+  CPU) compiled by Inductor with freezing, which lowers it to oneDNN's int8 convolutions and
+  linear (goal <= 1.05, as qlinear's; its compile is ~20 s of the CPU process).
 
 Each device runs in a process of its own (this file with --serve DEVICE), as in eager.py.
 
@@ -167,6 +167,7 @@ def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
 def _cpu_int8_cnn(iters: int, reps: int) -> float:
     """The CPU's own int8 path for the same CNN: what PyTorch gives a CPU user (the x86 quantizer,
     then Inductor with freezing, which lowers the q/dq patterns to oneDNN's int8 kernels)."""
+    import openreg_quant  # noqa: F401  (int8_pairs_saturate)
     import torch
     import torch._inductor.config as inductor_config
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -176,7 +177,11 @@ def _cpu_int8_cnn(iters: int, reps: int) -> float:
     )
 
     model, x = _cnn_model("cpu")
-    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    # The activations' range openreg's quantizer picks on this CPU (7 bits where int8 products
+    # saturate), so that both sides compute the same thing with oneDNN.
+    reduce_range = bool(torch.ops.openreg_quant.int8_pairs_saturate())
+    config = get_default_x86_inductor_quantization_config(reduce_range=reduce_range)
+    quantizer = X86InductorQuantizer().set_global(config)
     prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
     prepared(x)
     inductor_config.freezing = True  # this process's last measure: the setting stays

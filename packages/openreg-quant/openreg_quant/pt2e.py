@@ -50,6 +50,13 @@ class OpenRegQuantizer(Quantizer):
     prepared, calibrated and converted on openreg tensors, and ``lower_pt2e`` maps the result to
     ``torch.ops.openreg_quant``.
 
+    ``reduce_range`` quantizes activations to 7 bits (uint8 0..127), as PyTorch's x86 configs do on
+    CPUs whose int8 products saturate. None (the default) chooses by the CPU under the device: True
+    where oneDNN's u8 x s8 products saturate (``torch.ops.openreg_quant.int8_pairs_saturate()``, x86
+    without VNNI), where 8-bit activations above 127 would make the fused kernels take their exact
+    but slow path (measured: a small CNN's lowered forward 249 ms with 8-bit activations, 14 ms with
+    7-bit, 48 ms in float32); False elsewhere.
+
     With ``is_qat=True`` the weights' fake quantization is ``FakeQuantize`` over a per-channel
     moving-average observer instead of x86's ``FusedMovingAvgObsFakeQuantize``: that one calls
     ``aten::fused_moving_avg_obs_fake_quant``, which resizes its scale and zero-point arguments to
@@ -59,10 +66,13 @@ class OpenRegQuantizer(Quantizer):
     generic ops, asynchronously, with the CPU's numbers.
     """
 
-    def __init__(self, is_qat: bool = False):
+    def __init__(self, is_qat: bool = False, reduce_range: Optional[bool] = None):
         super().__init__()
         self.is_qat = is_qat
-        config = get_default_x86_inductor_quantization_config(is_qat=is_qat)
+        if reduce_range is None:
+            reduce_range = bool(torch.ops.openreg_quant.int8_pairs_saturate())
+        self.reduce_range = reduce_range
+        config = get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
         if is_qat:
             weight = dataclasses.replace(
                 config.weight,

@@ -76,12 +76,14 @@ def rel_err(a, b):
 
 
 class TestPTQ(TestCase):
-    def _convert(self, model, shape):
-        """The model on openreg, an input, and the model quantized by convert_pt2e (4 calibrations)."""
+    def _convert(self, model, shape, reduce_range=False):
+        """The model on openreg, an input, and the model quantized by convert_pt2e (4 calibrations),
+        with 8-bit activations unless `reduce_range` (None: the quantizer's default for this CPU)."""
         torch.manual_seed(0)
         model = model.eval().to("openreg")
         x = torch.randn(*shape, device="openreg")
-        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), OpenRegQuantizer())
+        quantizer = OpenRegQuantizer(reduce_range=reduce_range)
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
         for _ in range(4):
             prepared(torch.randn(*shape, device="openreg"))
         return model, x, convert_pt2e(prepared)
@@ -132,6 +134,26 @@ class TestPTQ(TestCase):
             self.assertIsNot(getattr(copied, name), getattr(lowered, name))
         x = torch.randn(4, 3, 16, 16, device="openreg")
         self.assertEqual(copied(x).cpu(), lowered(x).cpu(), atol=0, rtol=0)
+
+    def test_default_range_follows_the_cpu(self):
+        # 7-bit activations where oneDNN's int8 products saturate (x86 without VNNI), so the fused
+        # kernels never need their exact path; 8-bit elsewhere. Either way the lowered model is within
+        # a quantum of the unlowered one, and the narrower range is kept by a clamp after each fused op
+        # with a quantized output.
+        saturate = torch.ops.openreg_quant.int8_pairs_saturate()
+        self.assertEqual(OpenRegQuantizer().reduce_range, saturate)
+        self.assertEqual(OpenRegQuantizer(is_qat=True).reduce_range, saturate)
+        model, x, converted = self._convert(SmallCNN(), (4, 3, 16, 16), reduce_range=None)
+        ranges = {(n.args[3], n.args[4]) for n in converted.graph.nodes if n.target == qd.quantize_per_tensor.default}
+        self.assertEqual(ranges, {(0, 127) if saturate else (0, 255)})
+        with torch.no_grad():
+            want, unlowered = model(x), converted(x)
+            lowered = lower_pt2e(converted)
+            got = lowered(x)
+        self.assertLess(rel_err(got, want), 0.05)
+        self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
+        # after the first conv (the second gives a float output to the flatten)
+        self.assertEqual(calls(lowered, "aten.clamp"), 1 if saturate else 0)
 
     def test_lowered_model_exports_and_compiles(self):
         # The packed weights are torchbind constants: torch.export and torch.compile trace them with a
