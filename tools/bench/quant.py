@@ -4,7 +4,8 @@ Rows (openreg column / reference column; ratio = openreg / reference):
 
 - quant-qdq-256k: quantize + dequantize per tensor of 256K float32 on openreg, native kernels
   against the decomposition run op by op on openreg (goal <= 0.2, i.e. at least 5x faster);
-- quant-qlinear-m{1,32,256}: openreg_quant.qlinear (K = N = 1024, uint8 in, uint8 out) on openreg
+- quant-qlinear-m{1,32,256}: openreg_quant.qlinear (K = N = 1024, uint8 in, uint8 out; the
+  activations 7-bit on CPUs whose int8 products saturate, as OpenRegQuantizer makes them) on openreg
   against the CPU's own int8 path (oneDNN qlinear_pointwise on CPU tensors, in a CPU process; goal
   <= 1.05);
 - quant-fp32-m{1,32,256}: the same qlinear on openreg against the float32 linear on openreg (report:
@@ -96,11 +97,16 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         out["quant-qdq-256k:openreg"] = _time(native, sync, iters, reps)
         out["quant-qdq-256k:cpu"] = _time(decomposed_qdq, sync, max(1, iters // 5), reps)
     w, wq, ws, wz, b = _weights(1024, 1024, device)
-    for m in MS:
-        xq = torch.randint(0, 256, (m, 1024), dtype=torch.uint8).to(device)
-        if device == "openreg":
-            import openreg_quant  # noqa: F401
+    import openreg_quant  # noqa: F401  (int8_pairs_saturate)
 
+    # Activations as OpenRegQuantizer makes them on this CPU: 7-bit where oneDNN's int8 products
+    # saturate (above 127 openreg's kernels take their exact path, and the CPU's oneDNN call would
+    # give wrong results: the two would not compute the same thing), else 8-bit.
+    top = 128 if torch.ops.openreg_quant.int8_pairs_saturate() else 256
+    for m in MS:
+        xq = torch.randint(0, top, (m, 1024), dtype=torch.uint8, generator=torch.Generator().manual_seed(m))
+        xq = xq.to(device)
+        if device == "openreg":
             packed = torch.ops.openreg_quant.qlinear_prepack(wq, ws, wz)
 
             def int8():
