@@ -75,7 +75,8 @@ class FSDPTraining:
 
 class TestMesh(FSDPTraining, OcclTestCase):
     # The default group is "openreg:occl" (device_id alone). In a "cpu:gloo,openreg:occl" group,
-    # torch 2.13's own Gloo split (the cpu part) hangs once a rank was left out of a new_group.
+    # torch 2.13's own Gloo split (the cpu part) waits until its timeout once a rank was left out of a
+    # new_group (the ranks hash different group names: see docs/mechanisms/distributed.md).
     backend = None
 
     def test_groups_split_and_non_member(self):
