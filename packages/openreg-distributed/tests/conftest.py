@@ -44,6 +44,13 @@ class OcclTestCase(MultiProcContinuousTest):
         return torch.device("openreg", self.rank % torch.openreg.device_count())
 
 
+def sgd_step(model, opt, x, y):
+    """One training step of the DDP and FSDP2 tests (and of their single-process references)."""
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
 # Fault tests use groups of their own with a short timeout.
 TIMEOUT = timedelta(seconds=3)
 

@@ -8,7 +8,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from conftest import OcclTestCase
+from conftest import OcclTestCase, sgd_step
 from openreg_distributed.comm_hooks import occl_bf16_compress_hook
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -46,21 +46,19 @@ class DDPTraining:
             x, y = full_batch(step, self.world_size)
             x, y = x.to(self.device), y.to(self.device)
             mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
-            opt.zero_grad()
             if accumulate:
                 # Two micro-batches: the first under no_sync (no communication), the second syncs.
+                opt.zero_grad()
                 half = BATCH // 2
                 first = slice(mine.start, mine.start + half)
                 second = slice(mine.start + half, mine.stop)
                 with model.no_sync():
                     (nn.functional.mse_loss(model(x[first]), y[first]) / 2).backward()
                 (nn.functional.mse_loss(model(x[second]), y[second]) / 2).backward()
+                opt.step()
             else:
-                nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-            opt.step()
-            ref_opt.zero_grad()
-            nn.functional.mse_loss(ref(x), y).backward()
-            ref_opt.step()
+                sgd_step(model, opt, x[mine], y[mine])
+            sgd_step(ref, ref_opt, x, y)
         return model, ref
 
     def assert_same_parameters(self, model, ref, **tol):

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.tensor as dtensor
 import torch.nn as nn
-from conftest import OcclTestCase
+from conftest import OcclTestCase, sgd_step
 from openreg_distributed import OcclOptions
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -58,12 +58,8 @@ class FSDPTraining:
         mine = slice(self.rank * BATCH, (self.rank + 1) * BATCH)
         for step in range(3):
             x, y = full_batch(step, self.device, self.world_size)
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-            opt.step()
-            ref_opt.zero_grad()
-            nn.functional.mse_loss(ref(x), y).backward()
-            ref_opt.step()
+            sgd_step(model, opt, x[mine], y[mine])
+            sgd_step(ref, ref_opt, x, y)
         return model, ref
 
     def assert_fsdp2_equals_full_batch_training(self):

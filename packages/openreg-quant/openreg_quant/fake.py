@@ -11,7 +11,7 @@ reads the same fields from either.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 from torch._library.fake_class_registry import FakeScriptObject
@@ -65,20 +65,7 @@ def _check(x: torch.Tensor, w: FakePackedWeight, kind: str, output_dtype, post_o
         raise RuntimeError(f"{name}: post_op must be 'none' or 'relu', got '{post_op}'.")
 
 
-@torch.library.register_fake("openreg_quant::qlinear")
-def _qlinear_fake(
-    x,
-    x_scale,
-    x_zero_point,
-    weight,
-    bias,
-    output_scale,
-    output_zero_point,
-    output_dtype: Optional[torch.dtype],
-    post_op,
-):
-    w = _fields(weight)
-    _check(x, w, "qlinear", output_dtype, post_op)
+def _linear_output(x, x_scale, x_zero_point, w: FakePackedWeight, output_dtype):
     out_features, in_features = w.weight.shape
     torch._check(
         x.dim() >= 1 and x.shape[-1] == in_features,
@@ -90,20 +77,7 @@ def _qlinear_fake(
     return x.new_empty((*x.shape[:-1], out_features), dtype=output_dtype or x.dtype)
 
 
-@torch.library.register_fake("openreg_quant::qconv2d")
-def _qconv2d_fake(
-    x,
-    x_scale,
-    x_zero_point,
-    weight,
-    bias,
-    output_scale,
-    output_zero_point,
-    output_dtype: Optional[torch.dtype],
-    post_op,
-):
-    w = _fields(weight)
-    _check(x, w, "qconv2d", output_dtype, post_op)
+def _conv2d_output(x, x_scale, x_zero_point, w: FakePackedWeight, output_dtype):
     name = "openreg_quant::qconv2d"
     torch._check(x.dim() == 4, lambda: f"{name}: x must be 4-D (NCHW), got {x.dim()}-D.")
     out_channels, in_per_group, kh, kw = w.weight.shape
@@ -129,3 +103,28 @@ def _qconv2d_fake(
         shape.append(size)
     # oneDNN computes channels-last; so is the output, as x86's quantized conv gives it.
     return x.new_empty(shape, dtype=output_dtype or x.dtype).contiguous(memory_format=torch.channels_last)
+
+
+def _fake_kernel(kind: str, output: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The fake kernel of ``openreg_quant::<kind>`` (both ops have the same arguments)."""
+
+    def fake(
+        x,
+        x_scale,
+        x_zero_point,
+        weight,
+        bias,
+        output_scale,
+        output_zero_point,
+        output_dtype: Optional[torch.dtype],
+        post_op,
+    ):
+        w = _fields(weight)
+        _check(x, w, kind, output_dtype, post_op)
+        return output(x, x_scale, x_zero_point, w, output_dtype)
+
+    return fake
+
+
+torch.library.register_fake("openreg_quant::qlinear", _fake_kernel("qlinear", _linear_output))
+torch.library.register_fake("openreg_quant::qconv2d", _fake_kernel("qconv2d", _conv2d_output))

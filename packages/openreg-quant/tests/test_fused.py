@@ -96,6 +96,12 @@ def cpu_qconv2d(x, xs, xz, w, ws, wz, geo):
     return int8_conv2d(x, xs, xz, w, ws, wz, None, geo, 1.0, 0, torch.float32, "none")
 
 
+def outputs(x_dtype):
+    """The output types the fused ops are checked with: (output_dtype, output_scale, output_zero_point)
+    of a quantized output of the activations' dtype, float32 and bfloat16."""
+    return ((None, 0.05, 100 if x_dtype == torch.uint8 else 3), (torch.float32, 1.0, 0), (torch.bfloat16, 1.0, 0))
+
+
 def symmetric_weights(*shape):
     """weights() within [-127, 127], so that negating them is exact."""
     w, ws, wz = weights(*shape)
@@ -121,11 +127,7 @@ class TestQLinear(TestCase):
                 xq, xs, xz, lo, hi = activations(*shape, dtype=x_dtype)
                 for b in (bias, None):
                     for post in ("none", "relu"):
-                        for out_dtype, os, oz in (
-                            (None, 0.05, 100 if x_dtype == torch.uint8 else 3),
-                            (torch.float32, 1.0, 0),
-                            (torch.bfloat16, 1.0, 0),
-                        ):
+                        for out_dtype, os, oz in outputs(x_dtype):
                             msg = f"{x_dtype} {shape} bias={b is not None} {post} {out_dtype}"
                             got = qlinear(*dev(xq, xs, xz, w, ws, wz, b), os, oz, out_dtype, post)
                             want = int8_linear(xq, xs, xz, w, ws, wz, b, os, oz, out_dtype, post)
@@ -219,11 +221,7 @@ class TestQConv2d(TestCase):
                 for x in (xq, xq.contiguous(memory_format=torch.channels_last)):
                     for b in (bias, None):
                         for post in ("none", "relu"):
-                            for out_dtype, os, oz in (
-                                (None, 0.05, 100 if x_dtype == torch.uint8 else 3),
-                                (torch.float32, 1.0, 0),
-                                (torch.bfloat16, 1.0, 0),
-                            ):
+                            for out_dtype, os, oz in outputs(x_dtype):
                                 msg = (
                                     f"groups={groups} stride={stride} padding={padding} dilation={dilation} "
                                     f"{x_dtype} bias={b is not None} {post} {out_dtype}"
