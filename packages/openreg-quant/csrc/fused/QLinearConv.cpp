@@ -48,7 +48,7 @@ struct OneDnnForm {
 // so nothing the host does to the tensors it was made from can leave oneDNN's form stale. A conv
 // weight is packed for one geometry and one quantization of its activations, as oneDNN packs it.
 struct PackedWeight : torch::CustomClassHolder {
-  std::string kind;  // "linear" or "conv2d"
+  std::string kind;  // "qlinear" or "qconv2d": the op it was packed for
   at::Tensor weight, w_scales, w_zero_points;
   double x_scale = 0;  // conv2d only, from here on
   int64_t x_zero_point = 0;
