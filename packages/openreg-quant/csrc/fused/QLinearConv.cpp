@@ -83,18 +83,6 @@ void check_symmetric(OneDnnForm& form, const at::Tensor& zero_points, const char
   form.checked = true;
 }
 
-// Device side: oneDNN's form of the weight, made with `pack` (given contiguous `sources`) unless
-// made already.
-template <typename Pack>
-at::Tensor ensure_packed(OneDnnForm& form, const std::vector<at::Tensor>& sources, Pack pack) {
-  if (!form.onednn.defined()) {
-    std::vector<at::Tensor> contiguous;
-    for (const auto& t : sources) contiguous.push_back(t.contiguous());
-    form.onednn = pack(contiguous);
-  }
-  return form.onednn;
-}
-
 // Calls a CPU operator (oneDNN's) through the dispatcher, boxed: its handle is looked up once.
 c10::IValue call_boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
   op.callBoxed(&args);
@@ -185,13 +173,55 @@ at::ScalarType out_type(const at::Tensor& x, std::optional<at::ScalarType> outpu
   return output_dtype.value_or(x.scalar_type());
 }
 
-// What a kernel captures of a packed weight: views of its tensors and its oneDNN form.
+// What a kernel captures of a packed weight: views of its tensors, its packing parameters and its
+// oneDNN form.
 struct PackedArgs {
   KernelTensorArg weight, w_scales, w_zero_points;
+  bool conv;
+  double x_scale;
+  int64_t x_zero_point;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
   std::shared_ptr<OneDnnForm> form;
   explicit PackedArgs(const PackedWeight& p)
-      : weight(p.weight), w_scales(p.w_scales), w_zero_points(p.w_zero_points), form(p.form) {}
+      : weight(p.weight),
+        w_scales(p.w_scales),
+        w_zero_points(p.w_zero_points),
+        conv(p.kind == "qconv2d"),
+        x_scale(p.x_scale),
+        x_zero_point(p.x_zero_point),
+        stride(p.stride),
+        padding(p.padding),
+        dilation(p.dilation),
+        groups(p.groups),
+        form(p.form) {}
+
+  // Device side, first in every kernel that uses the weight: checks the zero points (once) and, with
+  // `pack`, returns oneDNN's form of the weight, made now unless made already (the exact path needs
+  // none).
+  at::Tensor prepare(const char* name, bool pack) const {
+    at::Tensor zero_points = w_zero_points.materialize();
+    std::lock_guard<std::mutex> lock(form->mutex);
+    check_symmetric(*form, zero_points, name);
+    if (pack && !form->onednn.defined()) {
+      at::Tensor w = weight.materialize().contiguous();
+      form->onednn =
+          conv ? call_boxed(onednn_conv_prepack(), {w, w_scales.materialize().contiguous(), x_scale, x_zero_point,
+                                                    stride, padding, dilation, groups, c10::IValue()})
+                     .toTensor()
+               : call_boxed(onednn_linear_prepack(), {w, c10::IValue()}).toTensor();
+    }
+    return pack ? form->onednn : at::Tensor();
+  }
 };
+
+// Host side: queues the packing of `p` (one kernel) on the current stream of its device; on the meta
+// device, nothing.
+PackedWeightPtr launch_prepack(PackedWeightPtr p, const char* name) {
+  if (p->weight.is_meta()) return p;
+  OPENREG_CHECK(::openreg::launch(stream_of(p->weight), name, [w = PackedArgs(*p), name] { w.prepare(name, true); }));
+  return p;
+}
 
 // ---- oneDNN's int8 products on CPUs without VNNI ----
 
@@ -240,13 +270,6 @@ at::Tensor exact_int8(const at::Tensor& acc, double x_scale, const at::Tensor& w
 
 // ---- qlinear ----
 
-// Device side: the oneDNN form of a linear weight (made now unless made already), under form's mutex.
-at::Tensor onednn_linear_form(OneDnnForm& form, const at::Tensor& weight) {
-  return ensure_packed(form, {weight}, [](const std::vector<at::Tensor>& src) {
-    return call_boxed(onednn_linear_prepack(), {src[0], c10::IValue()}).toTensor();
-  });
-}
-
 std::vector<int64_t> linear_shape(const at::Tensor& x, const PackedWeight& w, const char* name) {
   const at::Tensor& weight = w.weight;
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), name, ": x's last dimension (", x.dim() ? x.size(-1) : 0,
@@ -270,16 +293,11 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
        output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
         at::Tensor xv = x_arg.materialize().contiguous();
+        const bool exact = needs_exact_path(xv);
+        at::Tensor onednn = w.prepare("openreg_quant::qlinear", !exact);
         at::Tensor weight = w.weight.materialize(), scales = w.w_scales.materialize();
         at::Tensor zero_points = w.w_zero_points.materialize();
         at::Tensor y = y_arg.materialize();
-        const bool exact = needs_exact_path(xv);
-        at::Tensor onednn;
-        {
-          std::lock_guard<std::mutex> lock(w.form->mutex);
-          check_symmetric(*w.form, zero_points, "openreg_quant::qlinear");
-          if (!exact) onednn = onednn_linear_form(*w.form, weight);
-        }
         std::optional<at::Tensor> b;
         if (b_arg) b = b_arg->materialize().contiguous();
         if (exact) {
@@ -307,15 +325,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
 PackedWeightPtr qlinear_prepack(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points) {
   const char* name = "openreg_quant::qlinear_prepack";
   check_weight(weight, w_scales, w_zero_points, 2, name);
-  PackedWeightPtr p = new_packed("qlinear", weight, w_scales, w_zero_points);
-  if (weight.is_meta()) return p;
-  OPENREG_CHECK(::openreg::launch(stream_of(weight), name, [w = PackedArgs(*p)] {
-    at::Tensor zero_points = w.w_zero_points.materialize();
-    std::lock_guard<std::mutex> lock(w.form->mutex);
-    check_symmetric(*w.form, zero_points, "openreg_quant::qlinear_prepack");
-    onednn_linear_form(*w.form, w.weight.materialize());
-  }));
-  return p;
+  return launch_prepack(new_packed("qlinear", weight, w_scales, w_zero_points), name);
 }
 
 // ---- qconv2d ----
@@ -334,56 +344,33 @@ std::vector<int64_t> conv_shape(const at::Tensor& x, const PackedWeight& w, cons
   return shape;
 }
 
-// oneDNN packs a conv weight for the activations' scale and zero point: the call must bring those.
-void check_conv_call(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
-                     const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype,
-                     c10::string_view post_op, const char* name) {
-  check_call(x, *weight, "qconv2d", bias, output_dtype, post_op, name);
-  TORCH_CHECK(x_scale == weight->x_scale && x_zero_point == weight->x_zero_point, name,
-              ": the weight was packed for activations of scale ", weight->x_scale, " and zero point ",
-              weight->x_zero_point, ", got ", x_scale, " and ", x_zero_point, ".");
-}
-
-at::TensorOptions conv_out_options(const at::Tensor& x, std::optional<at::ScalarType> output_dtype) {
-  // oneDNN computes channels-last; the output is channels-last, as x86's quantized conv gives it.
-  return x.options().dtype(out_type(x, output_dtype)).memory_format(at::MemoryFormat::ChannelsLast);
-}
-
-// Device side: the oneDNN form of a conv weight (made now unless made already), under form's mutex.
-at::Tensor onednn_conv_form(OneDnnForm& form, const at::Tensor& weight, const at::Tensor& scales, double x_scale,
-                            int64_t x_zero_point, const std::vector<int64_t>& st, const std::vector<int64_t>& pad,
-                            const std::vector<int64_t>& dil, int64_t groups) {
-  return ensure_packed(form, {weight, scales}, [&](const std::vector<at::Tensor>& src) {
-    return call_boxed(onednn_conv_prepack(),
-                      {src[0], src[1], x_scale, x_zero_point, st, pad, dil, groups, c10::IValue()})
-        .toTensor();
-  });
-}
-
 at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
                    const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
                    std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
   const char* name = "openreg_quant::qconv2d";
-  check_conv_call(x, x_scale, x_zero_point, weight, bias, output_dtype, post_op, name);
-  at::Tensor out = at::empty(conv_shape(x, *weight, name), conv_out_options(x, output_dtype));
+  check_call(x, *weight, "qconv2d", bias, output_dtype, post_op, name);
+  // oneDNN packs a conv weight for the activations' scale and zero point: the call must bring those.
+  TORCH_CHECK(x_scale == weight->x_scale && x_zero_point == weight->x_zero_point, name,
+              ": the weight was packed for activations of scale ", weight->x_scale, " and zero point ",
+              weight->x_zero_point, ", got ", x_scale, " and ", x_zero_point, ".");
+  // oneDNN computes channels-last; the output is channels-last, as x86's quantized conv gives it.
+  at::Tensor out =
+      at::empty(conv_shape(x, *weight, name),
+                x.options().dtype(out_type(x, output_dtype)).memory_format(at::MemoryFormat::ChannelsLast));
   if (out.numel() == 0) return out;
   std::optional<KernelTensorArg> b_arg;
   if (bias && bias->defined()) b_arg.emplace(*bias);
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
-       st = weight->stride, pad = weight->padding, dil = weight->dilation, groups = weight->groups, output_scale,
-       output_zero_point, output_dtype, post_op = std::string(post_op)] {
+       output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
         at::Tensor xv = x_arg.materialize().contiguous(at::MemoryFormat::ChannelsLast);
+        const bool exact = needs_exact_path(xv);
+        at::Tensor onednn = w.prepare("openreg_quant::qconv2d", !exact);
         at::Tensor weight = w.weight.materialize(), scales = w.w_scales.materialize();
         at::Tensor zero_points = w.w_zero_points.materialize();
-        const bool exact = needs_exact_path(xv);
-        at::Tensor onednn;
-        {
-          std::lock_guard<std::mutex> lock(w.form->mutex);
-          check_symmetric(*w.form, zero_points, "openreg_quant::qconv2d");
-          if (!exact) onednn = onednn_conv_form(*w.form, weight, scales, x_scale, x_zero_point, st, pad, dil, groups);
-        }
+        const auto &st = w.stride, &pad = w.padding, &dil = w.dilation;
+        const int64_t groups = w.groups;
         std::optional<at::Tensor> b;
         if (b_arg) b = b_arg->materialize().contiguous();
         if (exact) {
@@ -424,17 +411,7 @@ PackedWeightPtr qconv2d_prepack(const at::Tensor& weight, const at::Tensor& w_sc
   PackedWeightPtr p = new_packed("qconv2d", weight, w_scales, w_zero_points);
   p->x_scale = x_scale, p->x_zero_point = x_zero_point, p->groups = groups;
   p->stride = stride.vec(), p->padding = padding.vec(), p->dilation = dilation.vec();
-  if (weight.is_meta()) return p;
-  OPENREG_CHECK(::openreg::launch(
-      stream_of(weight), name,
-      [w = PackedArgs(*p), x_scale, x_zero_point, st = p->stride, pad = p->padding, dil = p->dilation, groups] {
-        at::Tensor zero_points = w.w_zero_points.materialize();
-        std::lock_guard<std::mutex> lock(w.form->mutex);
-        check_symmetric(*w.form, zero_points, "openreg_quant::qconv2d_prepack");
-        onednn_conv_form(*w.form, w.weight.materialize(), w.w_scales.materialize(), x_scale, x_zero_point, st, pad, dil,
-                         groups);
-      }));
-  return p;
+  return launch_prepack(p, name);
 }
 
 }  // namespace
