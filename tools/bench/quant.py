@@ -102,7 +102,8 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
     # Activations as OpenRegQuantizer makes them on this CPU: 7-bit where oneDNN's int8 products
     # saturate (above 127 openreg's kernels take their exact path, and the CPU's oneDNN call would
     # give wrong results: the two would not compute the same thing), else 8-bit.
-    top = 128 if torch.ops.openreg_quant.int8_pairs_saturate() else 256
+    seven_bit = bool(torch.ops.openreg_quant.int8_pairs_saturate())
+    top = 128 if seven_bit else 256
     for m in MS:
         xq = torch.randint(0, top, (m, 1024), dtype=torch.uint8, generator=torch.Generator().manual_seed(m))
         xq = xq.to(device)
@@ -130,7 +131,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         out.update(_cnn(device, sync, max(1, iters // 5), reps))
         out["quant-cnn-int8:openreg"] = out["quant-cnn:openreg"]
     else:
-        out["quant-cnn-int8:cpu"] = _cpu_int8_cnn(max(1, iters // 5), reps)
+        out["quant-cnn-int8:cpu"] = _cpu_int8_cnn(max(1, iters // 5), reps, reduce_range=seven_bit)
     return out
 
 
@@ -170,10 +171,11 @@ def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
         }
 
 
-def _cpu_int8_cnn(iters: int, reps: int) -> float:
+def _cpu_int8_cnn(iters: int, reps: int, reduce_range: bool) -> float:
     """The CPU's own int8 path for the same CNN: what PyTorch gives a CPU user (the x86 quantizer,
-    then Inductor with freezing, which lowers the q/dq patterns to oneDNN's int8 kernels)."""
-    import openreg_quant  # noqa: F401  (int8_pairs_saturate)
+    then Inductor with freezing, which lowers the q/dq patterns to oneDNN's int8 kernels), with the
+    activations' range openreg's quantizer picks on this CPU, so that both sides compute the same
+    thing with oneDNN."""
     import torch
     import torch._inductor.config as inductor_config
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -183,9 +185,6 @@ def _cpu_int8_cnn(iters: int, reps: int) -> float:
     )
 
     model, x = _cnn_model("cpu")
-    # The activations' range openreg's quantizer picks on this CPU (7 bits where int8 products
-    # saturate), so that both sides compute the same thing with oneDNN.
-    reduce_range = bool(torch.ops.openreg_quant.int8_pairs_saturate())
     config = get_default_x86_inductor_quantization_config(reduce_range=reduce_range)
     quantizer = X86InductorQuantizer().set_global(config)
     prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)

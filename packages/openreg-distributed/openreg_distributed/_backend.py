@@ -39,10 +39,10 @@ class OcclOptions:
 
 def _make_transport(store, rank, size, timeout, options: Optional[OcclOptions] = None):
     """A Gloo backend of `size` ranks that rendezvouses on `store`, under occl's prefix (the group
-    may have a Gloo backend of its own on the same store), connected as `options` say."""
+    may have a Gloo backend of its own on the same store), connected as `options` say (the defaults:
+    as ProcessGroupGloo(store, rank, size, timeout) connects)."""
+    options = options or OcclOptions()
     store = dist.PrefixStore(_TRANSPORT_PREFIX, store)
-    if options is None:
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
     gloo = dist.ProcessGroupGloo
     transport_options = gloo._Options()
     transport_options._timeout = timeout
