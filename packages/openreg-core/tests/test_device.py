@@ -1,5 +1,6 @@
 """Device registration, torch.openreg's device API and torch.accelerator."""
 
+import sys
 import threading
 
 import pytest
@@ -58,15 +59,18 @@ class TestRegistration(TestCase):
         """OpenRegExtension: core's headers and libraries, no debug information by default (Python's
         CFLAGS carry -g), and a plugin's own flags after that, so that its "-g" wins."""
         import torch_openreg
-        from torch_openreg.utils.cpp_extension import OpenRegExtension
+        from torch_openreg.utils.cpp_extension import OpenRegExtension, openmp_flags
 
         ext = OpenRegExtension("p._C", ["a.cpp"])
-        self.assertEqual(ext.extra_compile_args, ["-g0", "-O2", "-Wall", "-Wno-unused-parameter"])
+        omp = ["-fopenmp"] if sys.platform.startswith("linux") else []
+        self.assertEqual(openmp_flags(), omp)
+        self.assertEqual(ext.extra_compile_args, ["-g0", *omp, "-O2", "-Wall", "-Wno-unused-parameter"])
+        self.assertEqual(ext.extra_link_args[:-1], omp)
         self.assertTrue({"torch_openreg", "openreg"} <= set(ext.libraries), ext.libraries)
         self.assertTrue(set(torch_openreg.include_paths()) <= set(ext.include_dirs))
         self.assertTrue(set(torch_openreg.library_paths()) <= set(ext.library_dirs))
         ext = OpenRegExtension("p._C", ["a.cpp"], extra_compile_args=["-O3", "-g"])
-        self.assertEqual(ext.extra_compile_args, ["-g0", "-O3", "-g"])
+        self.assertEqual(ext.extra_compile_args, ["-g0", *omp, "-O3", "-g"])
         self.assertFalse(ext.openreg_unity)
 
     def test_plugin_extension_unity_source(self):
@@ -91,6 +95,51 @@ class TestRegistration(TestCase):
             unity_source("p._C", sources[:1], tmp)
             self.assertNotEqual(path.stat().st_mtime, 0)
             self.assertEqual(path.read_text().count("#include"), 1)
+
+    def test_plugin_extension_parallel_for_uses_torchs_team(self):
+        """A unit built with OpenRegExtension's flags runs at::parallel_for on torch's OpenMP team:
+        torch.set_num_threads sizes it, beyond the core count too (a second OpenMP runtime would
+        ignore it). Without the flags the header template runs serially (team of 1)."""
+        import ctypes
+        import tempfile
+        from pathlib import Path
+
+        from torch.utils.cpp_extension import load
+        from torch_openreg.utils.cpp_extension import OpenRegExtension, openmp_flags
+
+        probe = """
+            #include <ATen/Parallel.h>
+            #include <atomic>
+            #include <cstdint>
+            // How many threads ran a chunk of at::parallel_for over n one-element chunks.
+            extern "C" int team_size(int64_t n) {
+              std::atomic<uint64_t> seen{0};
+              at::parallel_for(0, n, 1, [&](int64_t, int64_t) { seen |= uint64_t{1} << at::get_thread_num(); });
+              int count = 0;
+              for (uint64_t m = seen.load(); m; m &= m - 1) ++count;
+              return count;
+            }
+        """
+        ext = OpenRegExtension("p._C", ["probe.cpp"])
+        before = torch.get_num_threads()
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "probe.cpp").write_text(probe)
+            path = load(
+                "openreg_team_probe",
+                [str(Path(tmp, "probe.cpp"))],
+                extra_cflags=ext.extra_compile_args,
+                extra_ldflags=ext.extra_link_args,
+                build_directory=tmp,
+                is_python_module=False,
+            )
+            team_size = ctypes.CDLL(path).team_size
+            team_size.argtypes = [ctypes.c_int64]
+            try:
+                for n in (1, 2, 3):
+                    torch.set_num_threads(n)
+                    self.assertEqual(team_size(64), n if openmp_flags() else 1)
+            finally:
+                torch.set_num_threads(before)
 
     def test_backend_name_and_module(self):
         self.assertEqual(torch._C._get_privateuse1_backend_name(), "openreg")

@@ -18,6 +18,14 @@ build folder that includes them in order). Most of a unit's compile time goes to
 headers, once per unit: openreg-quant's eight sources took 235 s one after another and 109 s as one
 unit on one core (2026-12-03). The sources must then not define the same internal name twice (the
 compiler says "redefinition"); the sdist still lists the sources themselves.
+
+On Linux, where torch runs its intra-op threads on OpenMP, the extension compiles and links with
+``-fopenmp``. ``at::parallel_for`` is a header template that runs its body serially in a unit
+compiled without OpenMP, so a plugin's kernels would otherwise use one thread while torch's own use
+the whole team. The extension then needs ``libgomp.so.1``, which resolves to the copy torch already
+loaded: one OpenMP runtime, and ``torch.set_num_threads`` sizes the plugin's teams too. Elsewhere
+(torch's macOS and Windows builds would need their own OpenMP flags and headers) the flag is left
+out and ``at::parallel_for`` in a plugin runs serially, with the same results.
 """
 
 import os
@@ -27,6 +35,7 @@ from typing import Any, List
 
 os.environ.setdefault("MAX_JOBS", "2")
 
+import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 from .. import include_paths, library_paths  # noqa: E402
@@ -34,6 +43,11 @@ from .. import include_paths, library_paths  # noqa: E402
 # Plugins are installed next to core (same site-packages); the loader finds core's libraries
 # through this rpath, and in practice through the copies core already loaded.
 _RPATH = "@loader_path/../torch_openreg/lib" if sys.platform == "darwin" else "$ORIGIN/../torch_openreg/lib"
+
+
+def openmp_flags() -> List[str]:
+    """The compile and link flags that give a plugin's at::parallel_for torch's OpenMP team."""
+    return ["-fopenmp"] if sys.platform.startswith("linux") and torch.backends.openmp.is_available() else []
 
 
 def unity_source(name: str, sources: List[str], folder: str) -> str:
@@ -69,8 +83,8 @@ def OpenRegExtension(name: str, sources: List[str], unity: bool = False, **kwarg
     # headers doubled the plugins' compile time and quadrupled their size. A plugin's own flags
     # come after it, so a "-g" there brings it back.
     flags = kwargs.get("extra_compile_args", ["-O2", "-Wall", "-Wno-unused-parameter"])
-    kwargs["extra_compile_args"] = ["-g0", *flags]
-    kwargs["extra_link_args"] = [*kwargs.get("extra_link_args", []), f"-Wl,-rpath,{_RPATH}"]
+    kwargs["extra_compile_args"] = ["-g0", *openmp_flags(), *flags]
+    kwargs["extra_link_args"] = [*kwargs.get("extra_link_args", []), *openmp_flags(), f"-Wl,-rpath,{_RPATH}"]
     ext = CppExtension(name, sources, **kwargs)
     ext.openreg_unity = unity
     return ext
