@@ -103,6 +103,9 @@ _LINEAR = (aten.linear.default,)
 _RELU = (aten.relu.default, aten.relu_.default)
 # Views that need strides compatible with the new shape (a channels-last input can fail them).
 _STRIDED_VIEWS = (aten.view.default, aten._unsafe_view.default)
+# Ops that only reshape: between a dequantize and a quantize of the same parameters they can reshape
+# the quantized tensor instead (_requantize_views).
+_RESHAPES = (aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 # The range qlinear/qconv2d clamp a quantized output to: the whole of its dtype's.
 _FULL_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
 
@@ -190,6 +193,52 @@ def _narrower_range(q: torch.fx.Node, dtype: torch.dtype) -> Any:
     return None if (qmin, qmax) == (lo, hi) else (qmin, qmax)
 
 
+def _retype_meta(node: torch.fx.Node, like: torch.fx.Node, dtype: torch.dtype) -> None:
+    """Gives ``node`` the metadata of ``like`` with its example value (meta "val", a fake tensor) in
+    ``dtype``: a reshape or fused op that now runs on the quantized tensor."""
+    node.meta.update(like.meta)
+    node.meta.pop("tensor_meta", None)  # describes the old dtype
+    val = like.meta.get("val")
+    mode = getattr(val, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            node.meta["val"] = val.to(dtype)
+
+
+def _requantize_views(graph: torch.fx.Graph) -> int:
+    """Replaces quantize(reshape(dequantize(q))) by reshape(q) where the quantize has the
+    dequantize's parameters (scale, zero point, range, dtype) and q comes from a quantize whose range
+    lies inside that one: the flatten before a classifier, which the x86 annotations give its input's
+    quantization. Exact: for an integer k in the range, (k - zp) * scale * (1 / scale) rounds back to
+    k - zp in float32 (the relative error is a few ulps, far below half a quantum), and the clamp
+    leaves k alone. The float round trip wrote and read four times the bytes and cost two kernels.
+    Returns the count of quantizes replaced."""
+    count = 0
+    for q in [n for n in graph.nodes if n.target in _Q_TENSOR]:
+        chain, node = [], q.args[0]
+        while isinstance(node, torch.fx.Node) and node.target in _RESHAPES:
+            chain.append(node)
+            node = node.args[0]
+        dq = node
+        if not chain or not (isinstance(dq, torch.fx.Node) and dq.target in _DQ_TENSOR):
+            continue
+        if tuple(dq.args[1:6]) != tuple(q.args[1:6]) or dq.kwargs.get("out_dtype") not in (None, torch.float32):
+            continue
+        src = dq.args[0]
+        if not (isinstance(src, torch.fx.Node) and src.target in _Q_TENSOR and src.args[5] == q.args[5]):
+            continue
+        lo, hi = q.args[3], q.args[4]
+        if not (type(lo) is int and type(hi) is int and lo <= src.args[3] and src.args[4] <= hi):
+            continue
+        with graph.inserting_before(q):
+            for op in reversed(chain):
+                src = graph.call_function(op.target, (src, *op.args[1:]), dict(op.kwargs))
+                _retype_meta(src, op, q.args[5])
+        q.replace_all_uses_with(src)
+        count += 1
+    return count
+
+
 def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx.Node]) -> None:
     """qconv2d's output is channels-last (as oneDNN's quantized conv gives it) where the conv2d it
     replaces gave a contiguous one for a contiguous input; layout-preserving ops (dequantize, relu,
@@ -235,7 +284,9 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     whose quant_min/quant_max are narrower than its dtype's range (reduce_range) becomes the fused
     op followed by ``aten.clamp`` to that range. Views after a lowered conv, and the outputs it
     feeds, get a contiguous tensor as before (``_contiguous_where_needed``: qconv2d's output is
-    channels-last). Patterns it does not recognise stay as they are (they still run natively: the
+    channels-last). A dequantize -> flatten/view/reshape -> quantize of the same parameters becomes
+    the reshape of the quantized tensor (``_requantize_views``). Patterns it does not recognise stay
+    as they are (they still run natively: the
     decomposed q/dq ops have openreg kernels).
     Returns the model, changed in place."""
     gm = model
@@ -247,6 +298,7 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 f"lower_pt2e: {name} is on {t.device}; the fused ops' weights are packed on openreg, "
                 "so move the model to openreg before quantizing it."
             )
+    _requantize_views(graph)
     count = 0
     lowered_convs: List[torch.fx.Node] = []
     for node in list(graph.nodes):
@@ -291,13 +343,21 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             (user,) = node.users
             if user.target in _RELU:
                 last, post_op = user, "relu"
-        out_q, out_range = None, None
-        if len(last.users) == 1:
-            (user,) = last.users
+        # A quantize after reshapes (conv -> relu -> flatten -> quantize before a classifier) folds in
+        # too: quantizing is elementwise, so the fused op quantizes and the reshapes move after it,
+        # onto a quarter of the bytes.
+        out_q, out_range, reshapes, tail = None, None, [], last
+        while len(tail.users) == 1 and next(iter(tail.users)).target in _RESHAPES:
+            tail = next(iter(tail.users))
+            reshapes.append(tail)
+        if len(tail.users) == 1:
+            (user,) = tail.users
             if user.target in _Q_TENSOR and user.args[5] == x_dtype:
                 out_q, out_range = user, _narrower_range(user, x_dtype)
                 if out_range is False:
                     out_q, out_range = None, None
+        if out_q is None:
+            reshapes = []
         # The weight is packed now, on the device (one copy and one packing kernel, queued).
         if is_conv:
             packed = torch.ops.openreg_quant.qconv2d_prepack(
@@ -314,11 +374,16 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 op, (x_q, x_scale, x_zp, w_node, bias_node, out_scale, out_zp, out_dtype, post_op)
             )
             fused.meta.update((out_q or last).meta)
+            if reshapes:  # the fused op gives the relu's shape in the quantize's dtype
+                _retype_meta(fused, last, x_dtype)
             result = fused
             if out_range is not None:
                 # clamp(clamp(v, 0, 255), 0, 127) == clamp(v, 0, 127): the quantize's own range, exactly
                 result = graph.call_function(aten.clamp.default, (fused, *out_range))
-                result.meta.update(out_q.meta)
+                result.meta.update(fused.meta)
+            for op in reshapes:
+                result = graph.call_function(op.target, (result, *op.args[1:]), dict(op.kwargs))
+                _retype_meta(result, op, x_dtype)
         (out_q or last).replace_all_uses_with(result)
         if is_conv:
             lowered_convs.append(result)

@@ -135,6 +135,59 @@ class TestPTQ(TestCase):
         x = torch.randn(4, 3, 16, 16, device="openreg")
         self.assertEqual(copied(x).cpu(), lowered(x).cpu(), atol=0, rtol=0)
 
+    def test_flatten_runs_on_the_quantized_tensor(self):
+        # Before the classifier the flatten of a channels-last conv output copies: it copies bytes,
+        # not float32. SmallCNN's graph quantizes after the flatten (conv -> relu -> flatten ->
+        # quantize: the quantize folds into the conv, the flatten moves after it); a Sequential with
+        # nn.Flatten quantizes on both sides (quantize -> dequantize -> flatten -> quantize of the
+        # same parameters: the flatten takes the first quantize's output). Either way the input's is
+        # the only quantize left and no dequantize is.
+        sequential = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * 8 * 8, 10),
+        )
+        for model in (SmallCNN(), sequential):
+            model, x, converted = self._convert(model, (4, 3, 16, 16))
+            with torch.no_grad():
+                unlowered = converted(x)
+                lowered = lower_pt2e(converted)
+                got = lowered(x)
+            self.assertEqual(calls(lowered, "quantized_decomposed.quantize_per_tensor"), 1)
+            self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_tensor"), 0)
+            (flatten,) = [n for n in lowered.graph.nodes if n.target == torch.ops.aten.flatten.using_ints]
+            self.assertEqual(flatten.args[0].target, torch.ops.openreg_quant.qconv2d.default)
+            self.assertEqual(flatten.meta["val"].dtype, torch.uint8)
+            self.assertEqual(flatten.meta["val"].shape, (4, 32 * 8 * 8))
+            self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
+
+    def test_requantize_after_a_reshape_needs_the_range(self):
+        # quantize -> dequantize -> flatten -> quantize becomes the flatten of the first quantize's
+        # output only when that output lies in the second quantize's range: with 0..255 first and
+        # 0..127 after, the second quantize clamps 128..255, so it must stay.
+        class Requantize(nn.Module):
+            def __init__(self, first_max):
+                super().__init__()
+                self.first_max = first_max
+
+            def forward(self, x):
+                q = qd.quantize_per_tensor(x, 0.05, 3, 0, self.first_max, torch.uint8)
+                d = qd.dequantize_per_tensor(q, 0.05, 3, 0, 127, torch.uint8)
+                return qd.quantize_per_tensor(torch.flatten(d, 1), 0.05, 3, 0, 127, torch.uint8)
+
+        x = torch.randn(4, 3, 5, 5, device="openreg") * 5  # quantizes to 0..255: half of it above 127
+        for first_max, folds in ((127, True), (255, False)):
+            exported = torch.export.export(Requantize(first_max), (x,)).module()
+            want = exported(x)
+            lowered = lower_pt2e(exported)
+            self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_tensor"), 0 if folds else 1)
+            self.assertEqual(calls(lowered, "quantized_decomposed.quantize_per_tensor"), 1 if folds else 2)
+            self.assertEqual(lowered(x).cpu(), want.cpu(), atol=0, rtol=0)
+            self.assertEqual(int(want.max()), 127)
+
     def test_default_range_follows_the_cpu(self):
         # 7-bit activations where oneDNN's int8 products saturate (x86 without VNNI), so the fused
         # kernels never need their exact path; 8-bit elsewhere. Either way the lowered model is within
@@ -152,8 +205,8 @@ class TestPTQ(TestCase):
             got = lowered(x)
         self.assertLess(rel_err(got, want), 0.05)
         self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
-        # after the first conv (the second gives a float output to the flatten)
-        self.assertEqual(calls(lowered, "aten.clamp"), 1 if saturate else 0)
+        # after each conv (the second's quantize comes after the flatten and folds in all the same)
+        self.assertEqual(calls(lowered, "aten.clamp"), 2 if saturate else 0)
 
     def test_lowered_model_exports_and_compiles(self):
         # The packed weights are torchbind constants: torch.export and torch.compile trace them with a
