@@ -14,7 +14,9 @@ a device synchronisation), algbw = bytes / time and busbw = algbw x nccl-tests' 
 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, send/recv 1), and the number
 of wrong results (checked once per size against hand-computed values). Goals: busbw >= 0.9x Gloo's
 from 1 MiB up (time ratio <= 1.11x), small-message latency <= 1.5x Gloo's, >= 1.5x copy-through's
-busbw at 16 MiB (time ratio <= 0.67x). allreduce is in place, the others out of place.
+busbw at 16 MiB (time ratio <= 0.67x). Sizes 8 B to 64 MiB. A row times the out-of-place form
+(all_reduce and broadcast: in place, their only form); all_gather and reduce_scatter are also timed
+in place (IN_PLACE, in the details), and their wrong-result count covers both forms.
 
     python tools/bench/collectives.py [--quick]     prints one dict per measure
 """
@@ -31,7 +33,11 @@ import time
 from typing import Callable, Dict, List
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
-SIZES = {"8b": 8, "64k": 64 << 10, "1m": 1 << 20, "16m": 16 << 20}
+SIZES = {"8b": 8, "64k": 64 << 10, "1m": 1 << 20, "16m": 16 << 20, "64m": 64 << 20}
+# The collectives whose torch API takes either form: the in-place one's input is the rank's slice of
+# its output (all_gather) or its output the rank's slice of its input (reduce_scatter), as in
+# nccl-tests. all_reduce and broadcast are in place only; all_to_all_single and send/recv out of place.
+IN_PLACE = ("allgather", "reducescatter")
 IDS = (*(f"coll-{op}-{s}" for op in OPS for s in SIZES), "coll-copythrough-allreduce-16m")
 BUSBW = {
     "allreduce": lambda n: 2 * (n - 1) / n,
@@ -69,7 +75,7 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
     dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=WORLD)
     peer = 1 - rank
 
-    def make(op: str, nbytes: int, device):
+    def make(op: str, nbytes: int, device, in_place: bool = False):
         n = max(nbytes // 4, WORLD)
         n -= n % WORLD
         x = torch.full((n,), float(rank + 1), device=device)
@@ -77,9 +83,13 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
             return lambda: dist.all_reduce(x), None, x
         if op == "allgather":
             out = torch.empty(n * WORLD, device=device)
+            if in_place:
+                x = out[rank * n : (rank + 1) * n]
+                x.fill_(float(rank + 1))
             return lambda: dist.all_gather_into_tensor(out, x), None, (out, n)
         if op == "reducescatter":
-            out = torch.empty(n // WORLD, device=device)
+            m = n // WORLD
+            out = x[rank * m : (rank + 1) * m] if in_place else torch.empty(m, device=device)
             return lambda: dist.reduce_scatter_tensor(out, x), None, out
         if op == "alltoall":
             out = torch.empty(n, device=device)
@@ -95,9 +105,9 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
 
         return sendrecv, None, out
 
-    def check(op: str, nbytes: int, device) -> int:
+    def check(op: str, nbytes: int, device, in_place: bool = False) -> int:
         """Wrong elements after one operation from fresh inputs."""
-        fn, _, res = make(op, nbytes, device)
+        fn, _, res = make(op, nbytes, device, in_place)
         fn()
         if op == "allreduce":
             want = lambda t: torch.full_like(t, 3.0)  # noqa: E731
@@ -146,6 +156,10 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
             t_gloo = timed(gloo_fn, iters, reps)
             row = {"occl_s": t_occl, "gloo_s": t_gloo, "iters": iters, "reps": reps, "bytes": nbytes}
             row["wrong"] = check(op, nbytes, dev)
+            if op in IN_PLACE:
+                row["in_place_occl_s"] = timed(make(op, nbytes, dev, in_place=True)[0], iters, reps)
+                row["in_place_gloo_s"] = timed(make(op, nbytes, "cpu", in_place=True)[0], iters, reps)
+                row["wrong"] += check(op, nbytes, dev, in_place=True)
             if op == "allreduce" and nbytes >= (1 << 20):
                 x = torch.full((nbytes // 4,), float(rank + 1), device=dev)
 
@@ -199,6 +213,10 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
         }
         if "copythrough_s" in r:
             details["algbw_GBps"]["copy_through"] = r["bytes"] / r["copythrough_s"] / 1e9
+        if "in_place_occl_s" in r:
+            details["in_place_time_us"] = {"occl": r["in_place_occl_s"] * 1e6, "gloo_cpu": r["in_place_gloo_s"] * 1e6}
+            details["algbw_GBps"]["occl_in_place"] = r["bytes"] / r["in_place_occl_s"] / 1e9
+            details["algbw_GBps"]["gloo_cpu_in_place"] = r["bytes"] / r["in_place_gloo_s"] / 1e9
         details["busbw_GBps"] = {k: v * factor for k, v in details["algbw_GBps"].items()}
         goal = _goal(id_)
         rows.append(
