@@ -65,6 +65,24 @@ def _check(x: torch.Tensor, w: FakePackedWeight, kind: str, output_dtype, post_o
         raise RuntimeError(f"{name}: post_op must be 'none' or 'relu', got '{post_op}'.")
 
 
+def _check_range(x: torch.Tensor, kind: str, output_dtype, qmin: Optional[int], qmax: Optional[int]) -> None:
+    """csrc/fused/QLinearConv.cpp::out_range's checks, same messages."""
+    if qmin is None and qmax is None:
+        return
+    name = f"openreg_quant::{kind}"
+    if output_dtype is not None:
+        raise RuntimeError(
+            f"{name}: output_quant_min/output_quant_max apply to a quantized output only (output_dtype None), "
+            f"got output_dtype {output_dtype}."
+        )
+    lo, hi = (0, 255) if x.dtype == torch.uint8 else (-128, 127)
+    a, b = lo if qmin is None else qmin, hi if qmax is None else qmax
+    if not lo <= a <= b <= hi:
+        raise RuntimeError(
+            f"{name}: the output range [{a}, {b}] must lie inside {x.dtype}'s [{lo}, {hi}] with min <= max."
+        )
+
+
 def _linear_output(x, x_scale, x_zero_point, w: FakePackedWeight, output_dtype):
     out_features, in_features = w.weight.shape
     torch._check(
@@ -118,9 +136,12 @@ def _fake_kernel(kind: str, output: Callable[..., torch.Tensor]) -> Callable[...
         output_zero_point,
         output_dtype: Optional[torch.dtype],
         post_op,
+        output_quant_min: Optional[int] = None,
+        output_quant_max: Optional[int] = None,
     ):
         w = _fields(weight)
         _check(x, w, kind, output_dtype, post_op)
+        _check_range(x, kind, output_dtype, output_quant_min, output_quant_max)
         return output(x, x_scale, x_zero_point, w, output_dtype)
 
     return fake

@@ -106,7 +106,7 @@ _STRIDED_VIEWS = (aten.view.default, aten._unsafe_view.default)
 # Ops that only reshape: between a dequantize and a quantize of the same parameters they can reshape
 # the quantized tensor instead (_requantize_views).
 _RESHAPES = (aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-# The range qlinear/qconv2d clamp a quantized output to: the whole of its dtype's.
+# The range qlinear/qconv2d clamp a quantized output to by default: the whole of its dtype's.
 _FULL_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
 
 
@@ -181,11 +181,12 @@ def _drop_dead_tensors(gm: torch.fx.GraphModule) -> List[str]:
 
 def _narrower_range(q: torch.fx.Node, dtype: torch.dtype) -> Any:
     """How an output quantize folds into qlinear/qconv2d, whose quantized output is clamped to the
-    whole of ``dtype``'s range: None when the quantize's quant_min/quant_max are that range (the
-    fused op is the quantize); (quant_min, quant_max) when they are a narrower range inside it, as
-    the x86 quantizer's reduce_range / 7-bit activations give (uint8 0..127): the fused op then
-    needs an ``aten.clamp`` to that range after it; False when they are anything else (not plain
-    ints, or not inside the dtype's range), so the quantize must stay as it is."""
+    whole of ``dtype``'s range unless given a narrower one: None when the quantize's
+    quant_min/quant_max are that range (the fused op is the quantize); (quant_min, quant_max) when
+    they are a narrower range inside it, as the x86 quantizer's reduce_range / 7-bit activations give
+    (uint8 0..127): the fused op then takes them as its output_quant_min/output_quant_max; False
+    when they are anything else (not plain ints, or not inside the dtype's range), so the quantize
+    must stay as it is."""
     lo, hi = _FULL_RANGE[dtype]
     qmin, qmax = q.args[3], q.args[4]
     if type(qmin) is not int or type(qmax) is not int or not lo <= qmin <= qmax <= hi:
@@ -282,7 +283,7 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     ends in a quantize, float output otherwise), packs the int8 weights on the device (the model
     must be on openreg: ValueError otherwise) and drops the dead float and int8 weights. A quantize
     whose quant_min/quant_max are narrower than its dtype's range (reduce_range) becomes the fused
-    op followed by ``aten.clamp`` to that range. Views after a lowered conv, and the outputs it
+    op's output_quant_min/output_quant_max. Views after a lowered conv, and the outputs it
     feeds, get a contiguous tensor as before (``_contiguous_where_needed``: qconv2d's output is
     channels-last). A dequantize -> flatten/view/reshape -> quantize of the same parameters becomes
     the reshape of the quantized tensor (``_requantize_views``). Patterns it does not recognise stay
@@ -330,10 +331,10 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 [v] * 2 if isinstance(v, int) else list(v) for v in (stride, padding, dilation)
             )
         # [relu], then [quantize] when the (relu) output feeds exactly one quantize of the same dtype.
-        # The fused ops clamp a quantized output to the dtype's whole range, so a quantize with a
-        # narrower quant_min/quant_max (reduce_range: uint8 0..127) folds in followed by a clamp to
-        # its range, which is exact (both clamps are monotone and the second range is inside the
-        # first) and keeps the activations 8-bit; a float output followed by the original quantize
+        # The fused ops clamp a quantized output to the dtype's whole range unless told a narrower
+        # one, so a quantize with a narrower quant_min/quant_max (reduce_range: uint8 0..127) folds in
+        # as the op's output range, which is exact (rounding, then the clamp to the quantize's own
+        # range, as the quantize does) and keeps the activations 8-bit; a float output followed by the original quantize
         # would be just as exact but writes and reads float32. The 7-bit range also matters to the
         # next fused op: on CPUs whose int8 products saturate, activations above 127 take the slow
         # exact path. The dequantize feeding the op needs no such care: its quant_min/quant_max
@@ -370,17 +371,15 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             out_scale, out_zp = (out_q.args[1], out_q.args[2]) if out_q is not None else (1.0, 0)
             out_dtype = None if out_q is not None else torch.float32
             op = torch.ops.openreg_quant.qconv2d.default if is_conv else torch.ops.openreg_quant.qlinear.default
+            # A narrower range is the op's output_quant_min/max: it clamps as it writes its output.
             fused = graph.call_function(
-                op, (x_q, x_scale, x_zp, w_node, bias_node, out_scale, out_zp, out_dtype, post_op)
+                op,
+                (x_q, x_scale, x_zp, w_node, bias_node, out_scale, out_zp, out_dtype, post_op, *(out_range or ())),
             )
             fused.meta.update((out_q or last).meta)
             if reshapes:  # the fused op gives the relu's shape in the quantize's dtype
                 _retype_meta(fused, last, x_dtype)
             result = fused
-            if out_range is not None:
-                # clamp(clamp(v, 0, 255), 0, 127) == clamp(v, 0, 127): the quantize's own range, exactly
-                result = graph.call_function(aten.clamp.default, (fused, *out_range))
-                result.meta.update(fused.meta)
             for op in reshapes:
                 result = graph.call_function(op.target, (result, *op.args[1:]), dict(op.kwargs))
                 _retype_meta(result, op, x_dtype)

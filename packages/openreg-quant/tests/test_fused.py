@@ -293,6 +293,60 @@ class TestQConv2d(TestCase):
         self.assertTrue(out.is_contiguous(memory_format=torch.channels_last))
 
 
+class TestOutputRange(TestCase):
+    """output_quant_min/max: a quantized output clamped to a narrower range as the kernel writes it
+    (what lower_pt2e gives the ops for a reduce_range quantize), on oneDNN's path and on the exact
+    one, equal to the whole-range output clamped."""
+
+    def test_narrower_range_equals_the_clamped_output(self):
+        w, ws, wz = dev(*weights(8, 16))
+        packed_linear = oq.qlinear_prepack(w, ws, wz)
+        cw, cws, cwz = dev(*weights(8, 4, 3, 3, seed=2))
+        for x_dtype, (qmin, qmax) in ((torch.uint8, (0, 127)), (torch.uint8, (10, 200)), (torch.int8, (-64, 63))):
+            xq, xs, xz, _, _ = activations(6, 16, dtype=x_dtype)
+            cx, cxs, cxz, _, _ = activations(2, 4, 7, 7, dtype=x_dtype, seed=3)
+            packed_conv = oq.qconv2d_prepack(cw, cws, cwz, cxs, cxz, [1, 1], [1, 1], [1, 1], 1)
+            # 7-bit uint8 activations stay on oneDNN where int8 products saturate; 8-bit ones take the
+            # exact path there
+            for x, cxv in ((xq, cx), (xq.clamp(max=127), cx.clamp(max=127))):
+                x, cxv = dev(x, cxv)
+                calls = (
+                    lambda *r: oq.qlinear(x, xs, xz, packed_linear, None, 0.004, 5, None, "none", *r),
+                    lambda *r: oq.qconv2d(cxv, cxs, cxz, packed_conv, None, 0.004, 5, None, "relu", *r),
+                )
+                for call in calls:
+                    whole, narrow = call().cpu(), call(qmin, qmax).cpu()
+                    self.assertEqual(narrow, whole.clamp(qmin, qmax), atol=0, rtol=0)
+                    self.assertEqual(narrow.dtype, x_dtype)
+                    self.assertTrue(bool((whole < qmin).any() or (whole > qmax).any()))  # the clamp acts
+                    # one bound alone: the other is the dtype's
+                    self.assertEqual(call(None, qmax).cpu(), whole.clamp(max=qmax), atol=0, rtol=0)
+
+    def test_bad_ranges(self):
+        w, ws, wz = weights(8, 16)
+        for device in ("openreg", "meta"):
+            packed = oq.qlinear_prepack(w.to(device), ws.to(device), wz.to(device))
+            x = activations(4, 16)[0].to(device)
+            cases = [
+                (
+                    lambda: oq.qlinear(x, 0.1, 0, packed, None, 1.0, 0, torch.float32, "none", 0, 127),
+                    "output_quant_min/output_quant_max apply to a quantized output only "
+                    r"\(output_dtype None\), got output_dtype torch.float32",
+                ),
+                (
+                    lambda: oq.qlinear(x, 0.1, 0, packed, None, 1.0, 0, None, "none", -1, 127),
+                    r"the output range \[-1, 127\] must lie inside torch.uint8's \[0, 255\] with min <= max",
+                ),
+                (
+                    lambda: oq.qlinear(x, 0.1, 0, packed, None, 1.0, 0, None, "none", 100, 50),
+                    r"the output range \[100, 50\] must lie inside",
+                ),
+            ]
+            for call, message in cases:
+                with self.assertRaisesRegex(RuntimeError, message, msg=device):
+                    call()
+
+
 class TestPackedWeight(TestCase):
     """torch.classes.openreg_quant.PackedWeight, what the prepack ops return."""
 

@@ -191,8 +191,8 @@ class TestPTQ(TestCase):
     def test_default_range_follows_the_cpu(self):
         # 7-bit activations where oneDNN's int8 products saturate (x86 without VNNI), so the fused
         # kernels never need their exact path; 8-bit elsewhere. Either way the lowered model is within
-        # a quantum of the unlowered one, and the narrower range is kept by a clamp after each fused op
-        # with a quantized output.
+        # a quantum of the unlowered one, and each fused op with a quantized output is given the
+        # narrower range.
         saturate = torch.ops.openreg_quant.int8_pairs_saturate()
         self.assertEqual(OpenRegQuantizer().reduce_range, saturate)
         self.assertEqual(OpenRegQuantizer(is_qat=True).reduce_range, saturate)
@@ -205,8 +205,10 @@ class TestPTQ(TestCase):
             got = lowered(x)
         self.assertLess(rel_err(got, want), 0.05)
         self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
-        # after each conv (the second's quantize comes after the flatten and folds in all the same)
-        self.assertEqual(calls(lowered, "aten.clamp"), 2 if saturate else 0)
+        # each conv (the second's quantize comes after the flatten and folds in all the same)
+        ranges = [n.args[9:] for n in lowered.graph.nodes if str(n.target).startswith("openreg_quant.qconv2d")]
+        self.assertEqual(ranges, [(0, 127)] * 2 if saturate else [(), ()])
+        self.assertEqual(calls(lowered, "aten.clamp"), 0)
 
     def test_lowered_model_exports_and_compiles(self):
         # The packed weights are torchbind constants: torch.export and torch.compile trace them with a
@@ -362,7 +364,8 @@ class ConvNet(nn.Module):
 
 class TestReducedRange(TestCase):
     """x86's reduce_range (7-bit activations: quantize_per_tensor(..., 0, 127, torch.uint8)): the
-    fused ops clamp a quantized output to 0..255, so lower_pt2e must keep the quantize's own range."""
+    fused ops clamp a quantized output to 0..255 by default, so lower_pt2e must give them the
+    quantize's own range."""
 
     def _converted(self, model_cls, shape, device):
         torch.manual_seed(0)
@@ -386,9 +389,11 @@ class TestReducedRange(TestCase):
         lowered = lower_pt2e(converted)
         got = lowered(x.to("openreg")).cpu()
         self.assertLessEqual((got - want).abs().max().item(), quantum)
-        # every conv/linear is lowered; each of the two folded quantizes leaves a clamp to 0..127
+        # every conv/linear is lowered; each of the two folded quantizes gives its op the range 0..127
         self.assertEqual(calls(lowered, op), 3)
-        self.assertEqual(calls(lowered, "aten.clamp"), 2)
+        ranges = [n.args[9:] for n in lowered.graph.nodes if str(n.target).startswith(op)]
+        self.assertEqual(sorted(ranges), [(), (0, 127), (0, 127)])  # the last has a float output
+        self.assertEqual(calls(lowered, "aten.clamp"), 0)
         self.assertEqual(calls(lowered, "quantized_decomposed.quantize_per_tensor"), 1)  # the input's
 
     def test_lowering_keeps_the_quantize_range_linear(self):

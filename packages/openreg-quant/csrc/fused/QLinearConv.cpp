@@ -1,6 +1,6 @@
 // Fused int8 operators in the openreg_quant namespace: qlinear and qconv2d
-// (torch.ops.openreg_quant.*), with an optional relu and a quantized or float
-// output, and their prepack ops.
+// (torch.ops.openreg_quant.*), with an optional relu and a quantized (optionally
+// clamped to a narrower range) or float output, and their prepack ops.
 //
 // On the device they run the CPU's fastest int8 path over kernel views: oneDNN's
 // qlinear_pointwise / qconv2d_pointwise (measured on this machine's AVX2 CPU:
@@ -173,6 +173,35 @@ at::ScalarType out_type(const at::Tensor& x, std::optional<at::ScalarType> outpu
   return output_dtype.value_or(x.scalar_type());
 }
 
+// The range a quantized output is clamped to: output_quant_min/max, inside the dtype's range, which
+// each defaults to (the quantize the op replaces: a 7-bit uint8 0..127 is a narrower one).
+struct OutRange {
+  int64_t lo, hi;
+  bool narrower;  // than the dtype's whole range: the kernel clamps as it writes the output
+};
+
+OutRange out_range(const at::Tensor& x, std::optional<at::ScalarType> output_dtype, std::optional<int64_t> qmin,
+                   std::optional<int64_t> qmax, const char* name) {
+  const bool u8 = x.scalar_type() == at::kByte;
+  const int64_t lo = u8 ? 0 : -128, hi = u8 ? 255 : 127;
+  if (!qmin && !qmax) return {lo, hi, false};
+  TORCH_CHECK(!output_dtype, name, ": output_quant_min/output_quant_max apply to a quantized output only (",
+              "output_dtype None), got output_dtype ", py_dtype(*output_dtype), ".");
+  const int64_t a = qmin.value_or(lo), b = qmax.value_or(hi);
+  TORCH_CHECK(lo <= a && a <= b && b <= hi, name, ": the output range [", a, ", ", b, "] must lie inside ",
+              py_dtype(x.scalar_type()), "'s [", lo, ", ", hi, "] with min <= max.");
+  return {a, b, a != lo || b != hi};
+}
+
+// Device side: writes oneDNN's result into the output, clamped to a narrower quantized range.
+void write_output(at::Tensor& y, const at::Tensor& r, const OutRange& range) {
+  if (range.narrower) {
+    at::clamp_out(y, r, range.lo, range.hi);
+  } else {
+    y.copy_(r);
+  }
+}
+
 // What a kernel captures of a packed weight: views of its tensors, its packing parameters and its
 // oneDNN form.
 struct PackedArgs {
@@ -255,19 +284,19 @@ bool needs_exact_path(const at::Tensor& x) {
 
 // The exact path: the integer products summed in float64 (exact: |sum| < 2^53), then what oneDNN
 // does with its int32 sums: scaled by x_scale * w_scale in float32, bias, post-op, and the output
-// rounded half to even and clamped (quantized) or cast (float).
+// rounded half to even and clamped to its range (quantized) or cast (float).
 at::Tensor exact_int8(const at::Tensor& acc, double x_scale, const at::Tensor& w_scales,
                       const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
-                      std::optional<at::ScalarType> output_dtype, const std::string& post_op, at::ScalarType x_dtype) {
+                      std::optional<at::ScalarType> output_dtype, const std::string& post_op, at::ScalarType x_dtype,
+                      const OutRange& range) {
   std::vector<int64_t> per_channel(acc.dim(), 1);
   per_channel[1] = -1;  // [M, N] or [N, C, H, W]: the channels are dimension 1
   at::Tensor y = acc.to(at::kFloat) * (w_scales.to(at::kFloat) * static_cast<float>(x_scale)).view(per_channel);
   if (bias) y = y + bias->to(at::kFloat).view(per_channel);
   if (post_op == "relu") y = y.relu();
   if (output_dtype) return y.to(*output_dtype);
-  const bool u8 = x_dtype == at::kByte;
   return (at::round(y * static_cast<float>(1.0 / output_scale)) + output_zero_point)
-      .clamp(u8 ? 0 : -128, u8 ? 255 : 127)
+      .clamp(range.lo, range.hi)
       .to(x_dtype);
 }
 
@@ -284,9 +313,11 @@ std::vector<int64_t> linear_shape(const at::Tensor& x, const PackedWeight& w, co
 
 at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
                    const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
-                   std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
+                   std::optional<at::ScalarType> output_dtype, c10::string_view post_op,
+                   std::optional<int64_t> output_quant_min, std::optional<int64_t> output_quant_max) {
   const char* name = "openreg_quant::qlinear";
   check_call(x, *weight, "qlinear", bias, output_dtype, post_op, name);
+  const OutRange range = out_range(x, output_dtype, output_quant_min, output_quant_max, name);
   at::Tensor out = at::empty(linear_shape(x, *weight, name), x.options().dtype(out_type(x, output_dtype)));
   if (out.numel() == 0) return out;
   std::optional<KernelTensorArg> b_arg;
@@ -294,7 +325,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
-       output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
+       output_scale, output_zero_point, output_dtype, post_op = std::string(post_op), range] {
         at::Tensor xv = x_arg.materialize().contiguous();
         const bool exact = needs_exact_path(xv);
         at::Tensor onednn = w.prepare("openreg_quant::qlinear", !exact);
@@ -307,7 +338,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
           at::Tensor x2 = xv.reshape({-1, xv.size(-1)}).to(at::kDouble) - static_cast<double>(x_zero_point);
           at::Tensor acc = at::mm(x2, weight.to(at::kDouble).t());
           y.copy_(exact_int8(acc, x_scale, scales, b, output_scale, output_zero_point, output_dtype, post_op,
-                             xv.scalar_type())
+                             xv.scalar_type(), range)
                       .view(y.sizes()));
           return;
         }
@@ -318,7 +349,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                         b ? c10::IValue(*b) : c10::IValue(), output_scale, output_zero_point,
                         output_dtype ? c10::IValue(*output_dtype) : c10::IValue(), post_op, no_args, std::string()})
                 .toTensor();
-        y.copy_(r.view(y.sizes()));
+        write_output(y, r.view(y.sizes()), range);
       }));
   return out;
 }
@@ -349,9 +380,11 @@ std::vector<int64_t> conv_shape(const at::Tensor& x, const PackedWeight& w, cons
 
 at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const PackedWeightPtr& weight,
                    const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
-                   std::optional<at::ScalarType> output_dtype, c10::string_view post_op) {
+                   std::optional<at::ScalarType> output_dtype, c10::string_view post_op,
+                   std::optional<int64_t> output_quant_min, std::optional<int64_t> output_quant_max) {
   const char* name = "openreg_quant::qconv2d";
   check_call(x, *weight, "qconv2d", bias, output_dtype, post_op, name);
+  const OutRange range = out_range(x, output_dtype, output_quant_min, output_quant_max, name);
   // oneDNN packs a conv weight for the activations' scale and zero point: the call must bring those.
   TORCH_CHECK(x_scale == weight->x_scale && x_zero_point == weight->x_zero_point, name,
               ": the weight was packed for activations of scale ", weight->x_scale, " and zero point ",
@@ -366,7 +399,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
-       output_scale, output_zero_point, output_dtype, post_op = std::string(post_op)] {
+       output_scale, output_zero_point, output_dtype, post_op = std::string(post_op), range] {
         at::Tensor xv = x_arg.materialize().contiguous(at::MemoryFormat::ChannelsLast);
         const bool exact = needs_exact_path(xv);
         at::Tensor onednn = w.prepare("openreg_quant::qconv2d", !exact);
@@ -380,7 +413,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
           at::Tensor acc = at::conv2d(xv.to(at::kDouble) - static_cast<double>(x_zero_point), weight.to(at::kDouble),
                                       {}, st, pad, dil, groups);
           y_arg.materialize().copy_(exact_int8(acc, x_scale, scales, b, output_scale, output_zero_point, output_dtype,
-                                               post_op, xv.scalar_type()));
+                                               post_op, xv.scalar_type(), range));
           return;
         }
         c10::List<std::optional<at::Scalar>> no_args;
@@ -390,7 +423,8 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                                        output_zero_point, output_dtype ? c10::IValue(*output_dtype) : c10::IValue(),
                                        post_op, no_args, c10::IValue(std::string())})
                 .toTensor();
-        y_arg.materialize().copy_(r);
+        at::Tensor y = y_arg.materialize();
+        write_output(y, r, range);
       }));
   return out;
 }
@@ -446,10 +480,12 @@ TORCH_LIBRARY(openreg_quant, m) {
                   [](PackedWeight::State s) { return PackedWeight::from_state(std::move(s)); });
   m.def(
       "qlinear(Tensor x, float x_scale, int x_zero_point, __torch__.torch.classes.openreg_quant.PackedWeight weight, "
-      "Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, str post_op) -> Tensor");
+      "Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, str post_op, "
+      "int? output_quant_min=None, int? output_quant_max=None) -> Tensor");
   m.def(
       "qconv2d(Tensor x, float x_scale, int x_zero_point, __torch__.torch.classes.openreg_quant.PackedWeight weight, "
-      "Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, str post_op) -> Tensor");
+      "Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, str post_op, "
+      "int? output_quant_min=None, int? output_quant_max=None) -> Tensor");
   m.def(
       "qlinear_prepack(Tensor weight, Tensor w_scales, Tensor w_zero_points) -> "
       "__torch__.torch.classes.openreg_quant.PackedWeight");
