@@ -206,15 +206,13 @@ def _retype_meta(node: torch.fx.Node, like: torch.fx.Node, dtype: torch.dtype) -
             node.meta["val"] = val.to(dtype)
 
 
-def _requantize_views(graph: torch.fx.Graph) -> int:
+def _requantize_views(graph: torch.fx.Graph) -> None:
     """Replaces quantize(reshape(dequantize(q))) by reshape(q) where the quantize has the
     dequantize's parameters (scale, zero point, range, dtype) and q comes from a quantize whose range
     lies inside that one: the flatten before a classifier, which the x86 annotations give its input's
     quantization. Exact: for an integer k in the range, (k - zp) * scale * (1 / scale) rounds back to
     k - zp in float32 (the relative error is a few ulps, far below half a quantum), and the clamp
-    leaves k alone. The float round trip wrote and read four times the bytes and cost two kernels.
-    Returns the count of quantizes replaced."""
-    count = 0
+    leaves k alone. The float round trip wrote and read four times the bytes and cost two kernels."""
     for q in [n for n in graph.nodes if n.target in _Q_TENSOR]:
         chain, node = [], q.args[0]
         while isinstance(node, torch.fx.Node) and node.target in _RESHAPES:
@@ -236,8 +234,6 @@ def _requantize_views(graph: torch.fx.Graph) -> int:
                 src = graph.call_function(op.target, (src, *op.args[1:]), dict(op.kwargs))
                 _retype_meta(src, op, q.args[5])
         q.replace_all_uses_with(src)
-        count += 1
-    return count
 
 
 def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx.Node]) -> None:
@@ -334,8 +330,8 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         # The fused ops clamp a quantized output to the dtype's whole range unless told a narrower
         # one, so a quantize with a narrower quant_min/quant_max (reduce_range: uint8 0..127) folds in
         # as the op's output range, which is exact (rounding, then the clamp to the quantize's own
-        # range, as the quantize does) and keeps the activations 8-bit; a float output followed by the original quantize
-        # would be just as exact but writes and reads float32. The 7-bit range also matters to the
+        # range, as the quantize does) and keeps the activations 8-bit; a float output followed by
+        # the original quantize would be just as exact but writes and reads float32. The 7-bit range also matters to the
         # next fused op: on CPUs whose int8 products saturate, activations above 127 take the slow
         # exact path. The dequantize feeding the op needs no such care: its quant_min/quant_max
         # are metadata (neither it nor the fused kernels read them).
@@ -380,12 +376,12 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             if reshapes:  # the fused op gives the relu's shape in the quantize's dtype
                 _retype_meta(fused, last, x_dtype)
             result = fused
-            for op in reshapes:
-                result = graph.call_function(op.target, (result, *op.args[1:]), dict(op.kwargs))
-                _retype_meta(result, op, x_dtype)
+            for reshape in reshapes:
+                result = graph.call_function(reshape.target, (result, *reshape.args[1:]), dict(reshape.kwargs))
+                _retype_meta(result, reshape, x_dtype)
         (out_q or last).replace_all_uses_with(result)
         if is_conv:
-            lowered_convs.append(result)
+            lowered_convs.append(fused)  # its channels-last output reaches the moved reshapes too
         count += 1
     _contiguous_where_needed(graph, lowered_convs)
     graph.eliminate_dead_code()

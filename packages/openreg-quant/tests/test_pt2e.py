@@ -164,6 +164,38 @@ class TestPTQ(TestCase):
             self.assertEqual(flatten.meta["val"].shape, (4, 32 * 8 * 8))
             self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
 
+    def test_a_view_moved_after_a_lowered_conv_views_a_contiguous_tensor(self):
+        # conv -> relu -> view -> quantize: the view moves after the fused op, onto its channels-last
+        # output, and must view a contiguous copy as every view after a lowered conv does. (The x86
+        # annotations quantize on both sides of a view; the graph is edited to have one between the
+        # relu and the quantize, as lower_pt2e may be given.)
+        class OneConv(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c, self.fc = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Linear(8 * 8 * 8, 5)
+
+            def forward(self, x):
+                return self.fc(torch.flatten(torch.relu(self.c(x)), 1))
+
+        model, x, converted = self._convert(OneConv(), (4, 3, 16, 16))
+        graph = converted.graph
+        (flatten,) = [n for n in graph.nodes if n.target == torch.ops.aten.flatten.using_ints]
+        self.assertEqual(flatten.args[0].target, torch.ops.aten.relu.default)
+        with graph.inserting_before(flatten):
+            view = graph.call_function(torch.ops.aten.view.default, (flatten.args[0], [4, -1]))
+        view.meta.update(flatten.meta)
+        flatten.replace_all_uses_with(view)
+        graph.erase_node(flatten)
+        converted.recompile()
+        with torch.no_grad():
+            unlowered = converted(x)
+            lowered = lower_pt2e(converted)
+            got = lowered(x)
+        (view,) = [n for n in lowered.graph.nodes if n.target == torch.ops.aten.view.default]
+        self.assertEqual(view.args[0].target, torch.ops.aten.contiguous.default)
+        self.assertEqual(view.args[0].args[0].target, torch.ops.openreg_quant.qconv2d.default)
+        self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
+
     def test_requantize_after_a_reshape_needs_the_range(self):
         # quantize -> dequantize -> flatten -> quantize becomes the flatten of the first quantize's
         # output only when that output lies in the second quantize's range: with 0..255 first and
