@@ -236,6 +236,38 @@ def _requantize_views(graph: torch.fx.Graph) -> None:
         q.replace_all_uses_with(src)
 
 
+def _flatten_channels_last(
+    graph: torch.fx.Graph, x_q: torch.fx.Node, x_dq: torch.fx.Node, w: Dict[str, torch.Tensor]
+) -> torch.fx.Node:
+    """The classifier after a lowered conv: flatten(qconv2d(...), 1) -> linear. The conv's output is
+    channels-last, so flattening it in (C, H, W) order is a transposing copy; flattened in (H, W, C)
+    order it is a view. That order is taken when the flatten feeds only this linear: the weight's
+    columns are permuted to match (w["weight"], before it is packed), which leaves every output's
+    integer dot product the same sum in another order, so the result is the same. Returns the
+    linear's new input, or ``x_q`` where the pattern does not hold."""
+    if not (x_q.target is aten.flatten.using_ints and tuple(x_q.args[1:]) in ((1,), (1, -1))):
+        return x_q
+    src, val = x_q.args[0], x_q.args[0].meta.get("val")
+    if src.target is not torch.ops.openreg_quant.qconv2d.default or len(x_q.users) != 1 or len(x_dq.users) != 1:
+        return x_q
+    if not isinstance(val, torch.Tensor) or val.dim() != 4 or not all(type(d) is int for d in val.shape):
+        return x_q
+    _, c, h, wd = val.shape
+    weight = w["weight"]
+    if weight.dim() != 2 or weight.shape[1] != c * h * wd:
+        return x_q
+    w["weight"] = weight.view(-1, c, h, wd).permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+    with graph.inserting_before(x_q):
+        nhwc = graph.call_function(aten.permute.default, (src, [0, 2, 3, 1]))
+        flat = graph.call_function(aten.flatten.using_ints, (nhwc, 1))
+    for node, like in ((nhwc, src), (flat, x_q)):
+        node.meta.update(like.meta)
+    with val.fake_mode:
+        nhwc.meta["val"] = val.permute(0, 2, 3, 1)
+    x_q.replace_all_uses_with(flat)
+    return flat
+
+
 def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx.Node]) -> None:
     """qconv2d's output is channels-last (as oneDNN's quantized conv gives it) where the conv2d it
     replaces gave a contiguous one for a contiguous input; layout-preserving ops (dequantize, relu,
@@ -311,6 +343,8 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         w = _int8_weight(gm, node.args[1])
         if w is None:
             continue
+        if not is_conv:
+            x_q = _flatten_channels_last(graph, x_q, x_dq, w)
         bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         if bias_node is not None and _attr(gm, bias_node) is None:
             continue
@@ -331,9 +365,9 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         # one, so a quantize with a narrower quant_min/quant_max (reduce_range: uint8 0..127) folds in
         # as the op's output range, which is exact (rounding, then the clamp to the quantize's own
         # range, as the quantize does) and keeps the activations 8-bit; a float output followed by
-        # the original quantize would be just as exact but writes and reads float32. The 7-bit range also matters to the
-        # next fused op: on CPUs whose int8 products saturate, activations above 127 take the slow
-        # exact path. The dequantize feeding the op needs no such care: its quant_min/quant_max
+        # the original quantize would be just as exact but writes and reads float32. The 7-bit range
+        # also matters to the next fused op: on CPUs whose int8 products saturate, activations above
+        # 127 take the slow exact path. The dequantize feeding the op needs no such care: its quant_min/quant_max
         # are metadata (neither it nor the fused kernels read them).
         last, post_op = node, "none"
         if len(node.users) == 1:
@@ -372,9 +406,10 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 op,
                 (x_q, x_scale, x_zp, w_node, bias_node, out_scale, out_zp, out_dtype, post_op, *(out_range or ())),
             )
-            fused.meta.update((out_q or last).meta)
-            if reshapes:  # the fused op gives the relu's shape in the quantize's dtype
+            if out_q is not None:  # the relu's (or conv's) shape in the quantize's dtype
                 _retype_meta(fused, last, x_dtype)
+            else:
+                fused.meta.update(last.meta)
             result = fused
             for reshape in reshapes:
                 result = graph.call_function(reshape.target, (result, *reshape.args[1:]), dict(reshape.kwargs))

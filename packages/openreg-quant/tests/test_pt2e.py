@@ -5,6 +5,7 @@ reduced-range (7-bit) activations, and QAT."""
 import copy
 import io
 import os
+from unittest import mock
 
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
 
@@ -12,7 +13,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from conftest import run_recorded  # noqa: E402
-from openreg_quant import OpenRegQuantizer, lower_pt2e  # noqa: E402
+from openreg_quant import OpenRegQuantizer, lower_pt2e, pt2e  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
 from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e  # noqa: E402
@@ -141,7 +142,9 @@ class TestPTQ(TestCase):
         # quantize: the quantize folds into the conv, the flatten moves after it); a Sequential with
         # nn.Flatten quantizes on both sides (quantize -> dequantize -> flatten -> quantize of the
         # same parameters: the flatten takes the first quantize's output). Either way the input's is
-        # the only quantize left and no dequantize is.
+        # the only quantize left and no dequantize is. The conv's output is channels-last, so the
+        # flatten is taken in (H, W, C) order, a view, with the classifier's weight columns permuted
+        # to match: the same output, bit for bit, as flattening in (C, H, W) order.
         sequential = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1),
             nn.ReLU(),
@@ -152,17 +155,24 @@ class TestPTQ(TestCase):
         )
         for model in (SmallCNN(), sequential):
             model, x, converted = self._convert(model, (4, 3, 16, 16))
+            nchw_order = copy.deepcopy(converted)
             with torch.no_grad():
                 unlowered = converted(x)
                 lowered = lower_pt2e(converted)
                 got = lowered(x)
+                with mock.patch.object(pt2e, "_flatten_channels_last", lambda graph, x_q, x_dq, w: x_q):
+                    want = lower_pt2e(nchw_order)(x)
             self.assertEqual(calls(lowered, "quantized_decomposed.quantize_per_tensor"), 1)
             self.assertEqual(calls(lowered, "quantized_decomposed.dequantize_per_tensor"), 0)
             (flatten,) = [n for n in lowered.graph.nodes if n.target == torch.ops.aten.flatten.using_ints]
-            self.assertEqual(flatten.args[0].target, torch.ops.openreg_quant.qconv2d.default)
+            permute = flatten.args[0]
+            self.assertEqual((permute.target, permute.args[1]), (torch.ops.aten.permute.default, [0, 2, 3, 1]))
+            self.assertEqual(permute.args[0].target, torch.ops.openreg_quant.qconv2d.default)
             self.assertEqual(flatten.meta["val"].dtype, torch.uint8)
             self.assertEqual(flatten.meta["val"].shape, (4, 32 * 8 * 8))
             self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
+            self.assertEqual(got.cpu(), want.cpu(), atol=0, rtol=0)
+            self.assertEqual(calls(lowered, "aten.contiguous"), 0)  # no copy before the classifier
 
     def test_a_view_moved_after_a_lowered_conv_views_a_contiguous_tensor(self):
         # conv -> relu -> view -> quantize: the view moves after the fused op, onto its channels-last
