@@ -75,7 +75,7 @@ def _check_range(x: torch.Tensor, kind: str, output_dtype, qmin: Optional[int], 
             f"{name}: output_quant_min/output_quant_max apply to a quantized output only (output_dtype None), "
             f"got output_dtype {output_dtype}."
         )
-    lo, hi = (0, 255) if x.dtype == torch.uint8 else (-128, 127)
+    lo, hi = torch.iinfo(x.dtype).min, torch.iinfo(x.dtype).max
     a, b = lo if qmin is None else qmin, hi if qmax is None else qmax
     if not lo <= a <= b <= hi:
         raise RuntimeError(

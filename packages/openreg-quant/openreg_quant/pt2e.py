@@ -367,8 +367,8 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         # range, as the quantize does) and keeps the activations 8-bit; a float output followed by
         # the original quantize would be just as exact but writes and reads float32. The 7-bit range
         # also matters to the next fused op: on CPUs whose int8 products saturate, activations above
-        # 127 take the slow exact path. The dequantize feeding the op needs no such care: its quant_min/quant_max
-        # are metadata (neither it nor the fused kernels read them).
+        # 127 take the slow exact path. The dequantize feeding the op needs no such care: its
+        # quant_min/quant_max are metadata (neither it nor the fused kernels read them).
         last, post_op = node, "none"
         if len(node.users) == 1:
             (user,) = node.users

@@ -83,8 +83,9 @@ def OpenRegExtension(name: str, sources: List[str], unity: bool = False, **kwarg
     # headers doubled the plugins' compile time and quadrupled their size. A plugin's own flags
     # come after it, so a "-g" there brings it back.
     flags = kwargs.get("extra_compile_args", ["-O2", "-Wall", "-Wno-unused-parameter"])
-    kwargs["extra_compile_args"] = ["-g0", *openmp_flags(), *flags]
-    kwargs["extra_link_args"] = [*kwargs.get("extra_link_args", []), *openmp_flags(), f"-Wl,-rpath,{_RPATH}"]
+    omp = openmp_flags()
+    kwargs["extra_compile_args"] = ["-g0", *omp, *flags]
+    kwargs["extra_link_args"] = [*kwargs.get("extra_link_args", []), *omp, f"-Wl,-rpath,{_RPATH}"]
     ext = CppExtension(name, sources, **kwargs)
     ext.openreg_unity = unity
     return ext

@@ -182,8 +182,8 @@ struct OutRange {
 
 OutRange out_range(const at::Tensor& x, std::optional<at::ScalarType> output_dtype, std::optional<int64_t> qmin,
                    std::optional<int64_t> qmax, const char* name) {
-  const bool u8 = x.scalar_type() == at::kByte;
-  const int64_t lo = u8 ? 0 : -128, hi = u8 ? 255 : 127;
+  int64_t lo = 0, hi = 0;
+  qvalue_bounds(x.scalar_type(), lo, hi);  // uint8 or int8: check_call checked x
   if (!qmin && !qmax) return {lo, hi, false};
   TORCH_CHECK(!output_dtype, name, ": output_quant_min/output_quant_max apply to a quantized output only (",
               "output_dtype None), got output_dtype ", py_dtype(*output_dtype), ".");
