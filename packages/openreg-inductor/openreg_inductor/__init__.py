@@ -12,6 +12,7 @@ Installed, it is loaded by openreg-core's plugin discovery (entry point ``induct
   (``cpp_wrapper=True``) and the config ``config`` (its
   ``codegen_version`` is part of Inductor's FX-graph cache key);
 - the torch 2.13 workarounds in ``_torch213``;
+- ``max-autotune``'s choices for openreg and their timing with openreg events (``autotune``);
 - Inductor's graph policy ``graphs.OpenRegGraphPolicy``: ``mode="reduce-overhead"`` replays
   openreg graphs as openreg device graphs (``torch.accelerator.Graph``).
 
@@ -51,7 +52,7 @@ def register() -> None:
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
     from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
 
-    from . import _torch213, config, graphs
+    from . import _torch213, autotune, config, graphs
     from .codegen.cpp_wrapper import OpenRegCppWrapper
     from .codegen.op_overrides import OpenRegDeviceOpOverrides
     from .codegen.scheduling import OpenRegScheduling
@@ -59,6 +60,7 @@ def register() -> None:
 
     _torch213.apply()
     register_dynamo()
+    autotune.register()
     register_device_op_overrides(DEVICE, OpenRegDeviceOpOverrides())
     register_backend_for_device(
         DEVICE,

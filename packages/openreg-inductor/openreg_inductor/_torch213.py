@@ -139,6 +139,48 @@ def _make_reduction_inner(original, x, *, axis, keepdims, dtype, override_return
     return kwargs
 
 
+# 8. torch/_inductor/utils.py, _use_template_for_cpu(): Inductor's C++ GEMM templates
+#    (use_cpp_gemm_template, use_cpp_bmm_template) are offered for device type "cpu" only, so
+#    max-autotune on openreg had the extern ATen kernel as its one choice and timed nothing.
+#    openreg generates the CPU's C++, so it gets the CPU's templates (autotune.py).
+#    Test: tests/test_autotune.py::TestTemplates::test_cpp_gemm_template_with_a_fused_epilogue.
+def _use_template_for_cpu(original, layout) -> bool:
+    if layout.device.type != DEVICE:
+        return original(layout)
+    from torch._inductor import config
+
+    return bool(config.max_autotune or config.max_autotune_gemm)
+
+
+# 9. torch/_inductor/autotune_process.py, GPUDeviceBenchmarkMixin.do_bench(): the benchmark device
+#    is the first input's only if ``is_gpu``, else "cuda", so an extern kernel's benchmark on openreg
+#    asked for CUDA ("Torch not compiled with CUDA enabled"). For openreg it is openreg: its
+#    device interface and its benchmarker (autotune.benchmark_with_events).
+#    Test: tests/test_autotune.py::TestChoices::test_both_choices_are_timed_with_openreg_events.
+def _autotune_is_gpu(original, device: str | None) -> bool:
+    return device == DEVICE or original(device)
+
+
+# 10. torch/_inductor/codegen/cpp_template.py, CppTemplate.generate(): a C++ template's benchmark is
+#     a ``CppBenchmarkRequest``, which calls the kernel on the host over ``data_ptr()``: on openreg
+#     that reads device memory on the host (a segfault). openreg's request (autotune.py) launches
+#     it on the stream. Test: the one of workaround 9 (it benchmarks a template on openreg).
+#
+# 11. torch/_inductor/select_algorithm.py, AlgorithmSelectorCache.__call__(): the choice between
+#     templates is deferred to fusion time (``return_multi_template``, from
+#     ``config.benchmark_epilogue_fusion``) except on the CPU with C++ code, and the deferred choice
+#     benchmarks fusions with Triton ("No module named 'triton'"). openreg decides at once, as the
+#     CPU does. Test: tests/test_autotune.py::TestChoices::test_bmm_with_an_epilogue_chooses_at_once.
+def _selector_call(original):
+    @functools.wraps(original)
+    def call(self, name, choices, input_nodes, layout, *args, **kwargs):
+        if layout is not None and layout.device.type == DEVICE:
+            kwargs["return_multi_template"] = False
+        return original(self, name, choices, input_nodes, layout, *args, **kwargs)
+
+    return call
+
+
 class WrapperFixes:
     """Fixes that live in openreg's wrapper classes (subclass overrides, no patching).
 
@@ -164,7 +206,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4, 6 and 7 (5 is in the wrapper classes). Idempotent."""
+    """Installs workarounds 1-4 and 6-11 (5 is in the wrapper classes). Idempotent."""
     global _applied
     if _applied:
         return
@@ -173,11 +215,16 @@ def apply() -> None:
             f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
             f"not {torch.__version__}: review openreg_inductor/_torch213.py"
         )
+    import torch._inductor.autotune_process as autotune_process
     import torch._inductor.codegen.common as common
+    import torch._inductor.codegen.cpp_template as cpp_template
     import torch._inductor.kernel.mm_common as mm_common
     import torch._inductor.lowering as lowering
     import torch._inductor.scheduler as scheduler
+    import torch._inductor.select_algorithm as select_algorithm
     import torch._inductor.utils as utils
+
+    from . import autotune
 
     backend = functools.partial(_get_current_backend, utils.get_current_backend)
     # Modules that did ``from ..utils import get_current_backend`` hold their own reference.
@@ -188,4 +235,9 @@ def apply() -> None:
     scheduler.device_need_guard = functools.partial(_device_need_guard, utils.device_need_guard)
     lowering.use_two_step_variance = functools.partial(_use_two_step_variance, lowering.use_two_step_variance)
     lowering._make_reduction_inner = functools.partial(_make_reduction_inner, lowering._make_reduction_inner)
+    utils._use_template_for_cpu = functools.partial(_use_template_for_cpu, utils._use_template_for_cpu)
+    autotune_process.is_gpu = functools.partial(_autotune_is_gpu, utils.is_gpu)
+    cpp_template.CppBenchmarkRequest = autotune.benchmark_request
+    selector = select_algorithm.AlgorithmSelectorCache
+    selector.__call__ = _selector_call(selector.__call__)
     _applied = True
