@@ -3,6 +3,7 @@
 import io
 import os
 import tempfile
+from copy import deepcopy
 
 import torch
 from conftest import run_python
@@ -109,3 +110,39 @@ class TestBackendMeta(TestCase):
             functional = FunctionalTensor.to_functional(self.t)  # the Python subclass torch.compile uses
         self.assertEqual(get_backend_meta(functional), BackendMeta(9, True))
         self.assertEqual(get_backend_meta(functional.elem), BackendMeta(9, True))
+
+
+class TestUnderDynamo(TestCase):
+    def test_compiled_autograd_in_a_compiled_step(self):
+        # Compiled autograd makes FakeTensors of the backward's inputs while the compiled step's
+        # frame callback is active; the propagation wrapper around torch's FakeTensorConverter is
+        # this package's code, which Dynamo compiled (and failed on: "Found tensor of type
+        # Parameter, which is not supported by FakeTensorMode") until it was marked skipped, as
+        # torch's own code is (backend_meta._skipped_by_dynamo).
+        torch.manual_seed(0)
+        cpu = torch.nn.Linear(6, 3)
+        dev = deepcopy(cpu).to("openreg")
+        set_backend_meta(dev.weight, format=4)
+        x = torch.randn(4, 6)
+
+        def make_step(model):
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+
+            def step(inp):
+                optimizer.zero_grad()
+                model(inp).square().sum().backward()
+                optimizer.step()
+
+            return step
+
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(compiled_autograd=True):
+            # openreg first: compiled autograd would reuse the graph the CPU's run cached, without fakes.
+            for model, inp in ((dev, x.to("openreg")), (cpu, x)):
+                step = torch.compile(make_step(model), backend="eager")
+                for _ in range(3):
+                    step(inp)
+        torch._dynamo.reset()
+        self.assertEqual(dev.weight.cpu(), cpu.weight, atol=1e-6, rtol=1e-6)
+        self.assertEqual(dev.bias.cpu(), cpu.bias, atol=1e-6, rtol=1e-6)
+        self.assertEqual(get_backend_meta(dev.weight), BackendMeta(4, False))

@@ -49,6 +49,18 @@ def _copy_meta(src: torch.Tensor, dst: torch.Tensor) -> None:
         _C._set_backend_meta(dst, *found)
 
 
+def _skipped_by_dynamo(fn) -> None:
+    """Dynamo runs ``fn``'s frames as they are, as it does torch's own code. These wrappers stand in
+    for torch functions that Dynamo never compiles (its skip rules cover files under ``torch/``),
+    but they live in this package, so with a compiled region's frame callback active (compiled
+    autograd fakifies the backward's inputs from such a frame) Dynamo tried to compile them and
+    failed. ``set_code_exec_strategy`` is the C half of ``torch._dynamo.eval_frame.skip_code``:
+    importing ``torch._dynamo`` here would add about a second to ``import torch``."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+
+
 def _install_propagation() -> None:
     """Makes FakeTensors and Python FunctionalTensors carry the metadata of what they wrap.
 
@@ -70,6 +82,7 @@ def _install_propagation() -> None:
             return out
 
         from_real_tensor_with_meta._openreg_backend_meta = True
+        _skipped_by_dynamo(from_real_tensor_with_meta)
         converter.from_real_tensor = from_real_tensor_with_meta
 
     functional = functional_tensor.FunctionalTensor
@@ -83,4 +96,5 @@ def _install_propagation() -> None:
             return out
 
         new_with_meta._openreg_backend_meta = True
+        _skipped_by_dynamo(new_with_meta)
         functional.__new__ = staticmethod(new_with_meta)
