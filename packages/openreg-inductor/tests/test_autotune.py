@@ -130,14 +130,13 @@ class TestChoices(TestCase):
         self.assertEqual(out.cpu(), f(a, b), atol=1e-5, rtol=1e-5)
 
     def test_events_time_the_device_not_the_host(self):
+        # Each run enqueues a kernel that sleeps 5 ms on the stream's worker and returns: a host
+        # timer would read microseconds, the events read the sleep.
         x = torch.zeros(4, device="openreg")
         sleep_on_device(x, 1.0)  # an op's first call is synchronous
         torch.openreg.synchronize()
-        start = time.perf_counter()
         ms = benchmarking.benchmarker.benchmark(lambda: sleep_on_device(x, 5.0), device="openreg", warmup=1, rep=20)
-        self.assertGreaterEqual(ms, 5.0)  # each run sleeps 5 ms on the stream's worker
-        torch.openreg.synchronize()
-        self.assertGreaterEqual(time.perf_counter() - start, 5 * ms / 1000)
+        self.assertGreaterEqual(ms, 5.0)
 
 
 class TestTemplates(TestCase):
