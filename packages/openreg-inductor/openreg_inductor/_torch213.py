@@ -17,6 +17,7 @@ would replace each of these with a hook.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
@@ -215,6 +216,8 @@ def apply() -> None:
             f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
             f"not {torch.__version__}: review openreg_inductor/_torch213.py"
         )
+    # Inductor in its own import order first: codegen.cpp_template imported on its own is circular.
+    importlib.import_module("torch._inductor.compile_fx")
     import torch._inductor.autotune_process as autotune_process
     import torch._inductor.codegen.common as common
     import torch._inductor.codegen.cpp_template as cpp_template

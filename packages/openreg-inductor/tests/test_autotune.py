@@ -7,6 +7,7 @@ import math
 import time
 from unittest import mock
 
+import openreg_inductor
 import torch
 from conftest import release
 from test_streams import hold, launches_in
@@ -15,6 +16,11 @@ from torch._inductor import config
 from torch._inductor.runtime import benchmarking
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def setUpModule():
+    openreg_inductor.register()  # before any compile: the tests reach the benchmarker directly
+
 
 MODE = "max-autotune-no-cudagraphs"  # the graph mode of "max-autotune" is tested in test_graphs.py
 
