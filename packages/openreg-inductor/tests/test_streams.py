@@ -23,6 +23,19 @@ def hold():
     return hold_stream(token)
 
 
+def call_while_held(fn, *args):
+    """Calls ``fn(*args)`` while the current stream is held: returns its output, whether the stream
+    was still busy when the call returned, and what the runtime's counters counted during the call."""
+    held = hold()
+    before = torch.openreg._runtime_counters()
+    out = fn(*args)
+    after = torch.openreg._runtime_counters()
+    busy = not torch.openreg.current_stream().query()
+    release.set()
+    del held
+    return out, busy, {name: after[name] - before[name] for name in after}
+
+
 def launches_in(code: str) -> int:
     """Kernel launches in one run of generated code: calls of openreg launchers."""
     return len(re.findall(r"^\s*openreg_\w+\(raw_stream\w*, ", code, flags=re.M))
@@ -43,19 +56,13 @@ class TestAsynchrony(TestCase):
         compiled = torch.compile(chain)
         _, (code,) = run_and_get_code(compiled, x, w)  # compile outside the measured call
         expected = chain(x.cpu(), w.cpu())
-        held = hold()
-        before = torch.openreg._runtime_counters()
-        out = compiled(x, w)
-        after = torch.openreg._runtime_counters()
-        busy = not torch.openreg.current_stream().query()
-        release.set()
+        out, busy, counted = call_while_held(compiled, x, w)
         self.assertTrue(busy, "the compiled call waited for the device")
-        self.assertEqual(after["memcpy_h2d"] - before["memcpy_h2d"], 0)
-        self.assertEqual(after["memcpy_d2h"] - before["memcpy_d2h"], 0)
+        self.assertEqual(counted["memcpy_h2d"], 0)
+        self.assertEqual(counted["memcpy_d2h"], 0)
         self.assertGreaterEqual(launches_in(code), 1)
-        self.assertEqual(after["kernels_launched"] - before["kernels_launched"], launches_in(code))
+        self.assertEqual(counted["kernels_launched"], launches_in(code))
         self.assertEqual([t.cpu() for t in out], list(expected))
-        del held
 
     def test_outer_side_stream(self):
         # A compiled call under `with torch.openreg.stream(s)` launches on s: it completes while
