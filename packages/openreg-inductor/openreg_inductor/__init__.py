@@ -4,7 +4,8 @@ Installed, it is loaded by openreg-core's plugin discovery (entry point ``induct
 ``torch_openreg.plugins`` group) right after ``import torch`` has set up the device;
 ``import openreg_inductor`` also works and loads core first. Loading registers:
 
-- the Dynamo device interface (``device_interface.OpenRegInterface``);
+- the Dynamo device interface (``device_interface.OpenRegInterface``) and traceable stand-ins for
+  ``torch.openreg.synchronize``/``current_stream``/``current_device`` (``polyfills``);
 - Inductor's device op overrides (``codegen.op_overrides``) and backend for "openreg":
   ``codegen.scheduling.OpenRegScheduling`` (Inductor's CPU C++ kernels, packaged as
   launchers that run on openreg streams, see ``codegen.launch``), the Python wrapper
@@ -37,9 +38,11 @@ def register_dynamo() -> None:
     import torch_openreg  # noqa: F811  (this module's own import of it may not have run yet: see the end)
     from torch._dynamo.device_interface import register_interface_for_device
 
+    from . import polyfills
     from .device_interface import OpenRegInterface
 
     register_interface_for_device(DEVICE, OpenRegInterface)
+    polyfills.register()
     for index in range(torch_openreg.openreg.device_count()):
         register_interface_for_device(f"{DEVICE}:{index}", OpenRegInterface)
 

@@ -182,6 +182,16 @@ def _selector_call(original):
     return call
 
 
+def _flush_deferred_kernels() -> None:
+    """Writes the kernel call CppScheduling holds back (it defers each kernel group to a flush)."""
+    from torch._inductor.virtualized import V
+
+    scheduler = getattr(V.graph, "scheduler", None)
+    if scheduler is not None:
+        for backend in scheduler.backends.values():
+            backend.flush()
+
+
 class WrapperFixes:
     """Fixes that live in openreg's wrapper classes (subclass overrides, no patching).
 
@@ -191,16 +201,30 @@ class WrapperFixes:
        device guard). Flushing the scheduler's backends when the guard exits keeps every call
        inside; without it, a graph whose last kernel runs in a user stream context launches it
        on the default stream. Test: tests/test_streams.py::TestAsynchrony::test_stream_context_inside_the_region.
+
+    12. The same function flushes the deferred kernel before an extern call only when the extern
+        node has a device. The ``streams`` ops that ``torch.accelerator.synchronize()`` and event
+        calls in a compiled region become (``torch.ops.streams.synchronize_device``,
+        ``record_event``, ``wait_event``: fallback kernels without tensor arguments) have none,
+        so their call was written before the kernel that precedes them, and the inputs that kernel
+        reads were freed before its call (``UnboundLocalError`` at run time; an event recorded
+        before the kernel it should follow). Fallback calls flush first. CPU Inductor has the same
+        defect (with openreg as the accelerator, a CPU graph calling ``torch.accelerator.synchronize()``
+        fails the same way); Triton's scheduling does not defer. Test:
+        tests/test_streams.py::TestDeviceCallsInTheRegion::test_synchronize_between_kernels.
     """
 
     def codegen_device_guard_exit(self) -> None:
-        from torch._inductor.virtualized import V
-
-        scheduler = getattr(V.graph, "scheduler", None)
-        if scheduler is not None:
-            for backend in scheduler.backends.values():
-                backend.flush()
+        _flush_deferred_kernels()
         super().codegen_device_guard_exit()
+
+    def generate_fallback_kernel(self, node) -> None:
+        _flush_deferred_kernels()
+        super().generate_fallback_kernel(node)
+
+    def generate_fallback_kernel_with_runtime_lookup(self, *args, **kwargs) -> None:
+        _flush_deferred_kernels()
+        super().generate_fallback_kernel_with_runtime_lookup(*args, **kwargs)
 
 
 _applied = False

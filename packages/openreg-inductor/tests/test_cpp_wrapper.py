@@ -80,11 +80,19 @@ class TestCppWrapper(TestCase):
         ):
             torch.compile(f, **CPP)(torch.randn(8, device="openreg"))
 
-    def test_second_device(self):
+    def test_second_device_and_a_synchronize_between_kernels(self):
+        # The synchronize is a fallback call without a device: its call used to be written before the
+        # kernel that precedes it, after that kernel's input was released (a crash; workaround 12).
+        def f(t):
+            y = t.cos()
+            torch.openreg.synchronize(1)
+            return y * 3
+
         x = torch.randn(100)
-        out = torch.compile(lambda t: t.cos() * 3, **CPP)(x.to("openreg:1"))
+        out, (code,) = run_and_get_code(torch.compile(f, **CPP), x.to("openreg:1"))
         self.assertEqual(out.device, torch.device("openreg:1"))
         self.assertEqual(out.cpu(), x.cos() * 3)
+        self.assertLess(code.index("current_stream(1)"), code.index('"streams::synchronize_device"'))
 
     def test_every_fallback_operator_has_a_generated_shim(self):
         from openreg_inductor.codegen import shims

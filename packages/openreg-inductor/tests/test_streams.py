@@ -4,6 +4,7 @@ exactly the generated kernels, run on the current (or in-region) stream and hono
 Kernel failures surface at the next synchronisation, naming the kernel."""
 
 import re
+import threading
 
 import torch
 from conftest import hold_stream, release
@@ -282,6 +283,60 @@ class TestCrossStreamBuffers(TestCase):
         release.set()
         self.assertEqual(got, (x.cpu().sin() * 3).sum(0), rtol=1e-4, atol=1e-4)
         del held
+
+
+class TestDeviceCallsInTheRegion(TestCase):
+    def tearDown(self):
+        release.set()
+        super().tearDown()
+
+    def test_synchronize_between_kernels(self):
+        # A synchronize in the region is a fallback call without a device (streams.synchronize_device):
+        # its call used to be written before the deferred kernel that precedes it, after that kernel's
+        # input was freed (UnboundLocalError when run). Workaround 12 in openreg_inductor/_torch213.py.
+        def f(x):
+            y = x.sin() + 1
+            torch.accelerator.synchronize()
+            return y * 2
+
+        # Compared with eager: CPU Inductor has the same defect (a CPU graph with this synchronize of
+        # the accelerator fails the same way), which openreg's wrapper classes do not reach.
+        x = torch.randn(64)
+        torch._dynamo.reset()
+        out, (code,) = run_and_get_code(torch.compile(f), x.to("openreg"))
+        self.assertEqual(out.cpu(), f(x))
+        launch = re.search(r"^\s*openreg_\w+\(raw_stream\w*, ", code, flags=re.M)
+        sync = code.index("torch.ops.streams.synchronize_device")
+        self.assertLess(launch.start(), sync)
+
+    def test_device_module_calls_trace_in_a_full_graph(self):
+        # torch.openreg.synchronize/current_stream/current_device under fullgraph=True
+        # (openreg_inductor/polyfills.py): each behaves as the eager call.
+        def f(x):
+            y = x + 1
+            torch.openreg.synchronize()
+            return y * 2, torch.openreg.current_stream(), torch.openreg.current_device()
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True)
+        x = torch.randn(8, device="openreg")
+        compiled(x)  # compiles; the stream is not held yet
+        side = torch.openreg.Stream()
+        with torch.openreg.stream(side):
+            held = hold()
+            timer = threading.Timer(1.0, release.set)  # the synchronize returns once this fires
+            timer.start()
+            out, stream, index = compiled(x)
+            done = side.query()
+            timer.join()
+        del held
+        self.assertTrue(done, "torch.openreg.synchronize() in the region did not wait for the device")
+        self.assertEqual(out.cpu(), (x.cpu() + 1) * 2)
+        self.assertEqual((stream.device_index, stream.stream_id), (0, side.stream_id))
+        self.assertEqual(index, 0)
+        torch.openreg.set_device(1)
+        _, stream, index = compiled(torch.randn(8, device="openreg:1"))
+        self.assertEqual((index, stream.device_index), (1, 1))
 
 
 class TestKernelFailures(TestCase):

@@ -26,6 +26,7 @@ from __future__ import annotations
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.virtualized import V
 
+from .. import _torch213
 from . import launch, shims
 
 DEVICE = "openreg"
@@ -72,7 +73,7 @@ STREAMS_UNSUPPORTED = (
 )
 
 
-class OpenRegCppWrapper(CppWrapperCpu):
+class OpenRegCppWrapper(_torch213.WrapperFixes, CppWrapperCpu):
     def __init__(self):
         self.device = DEVICE
         super().__init__()

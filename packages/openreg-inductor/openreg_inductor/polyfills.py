@@ -1,0 +1,55 @@
+"""What Dynamo traces of ``torch.openreg``.
+
+Dynamo knows the device modules of CUDA, XPU and MPS: ``torch.cuda.synchronize()`` or
+``torch.cuda.current_stream()`` inside a compiled region become graph operations. It does not know
+``torch.openreg``, and stops at the binding the module calls (a graph break, an error under
+``fullgraph=True``). The device-generic ``torch.accelerator`` functions it does know, so the device
+module's functions get their ``torch.accelerator`` equivalents as traceable stand-ins, through
+``torch.compiler.substitute_in_graph`` (the public hook for functions Dynamo cannot trace). Outside
+a compiled region the real functions run, unchanged.
+
+What differs while tracing: ``current_stream()`` gives a ``torch.Stream`` (the base class of
+``torch.openreg.Stream``, with the same id, device and methods), as ``torch.accelerator`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_registered = False
+
+
+def _device(device) -> torch.device:
+    """``torch.openreg``'s device argument as an indexed openreg device (None: the current one)."""
+    if device is None:
+        return torch.device("openreg", torch.accelerator.current_device_index())
+    if isinstance(device, int):
+        return torch.device("openreg", device)
+    device = torch.device(device)
+    if device.type != "openreg":
+        raise ValueError(f"Expected an openreg device, got {device}")
+    if device.index is None:
+        return torch.device("openreg", torch.accelerator.current_device_index())
+    return device
+
+
+def register() -> None:
+    """Installs the stand-ins (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from torch.compiler import substitute_in_graph
+
+    @substitute_in_graph(torch.openreg.synchronize)
+    def synchronize(device=None):
+        torch.accelerator.synchronize(_device(device))
+
+    @substitute_in_graph(torch.openreg.current_stream)
+    def current_stream(device=None):
+        return torch.accelerator.current_stream(_device(device))
+
+    @substitute_in_graph(torch.openreg.current_device)
+    def current_device():
+        return torch.accelerator.current_device_index()
+
+    _registered = True
