@@ -30,9 +30,8 @@ import statistics
 import torch
 from torch._inductor.autotune_process import CppBenchmarkRequest
 
+from . import DEVICE
 from .codegen import launch
-
-DEVICE = "openreg"
 
 
 def benchmark_with_events(benchmarker, fn, *, warmup: float, rep: float, **kwargs) -> float:

@@ -16,21 +16,20 @@ from __future__ import annotations
 
 import torch
 
+from . import DEVICE
+
 _registered = False
 
 
 def _device(device) -> torch.device:
-    """``torch.openreg``'s device argument as an indexed openreg device (None: the current one)."""
-    if device is None:
-        return torch.device("openreg", torch.accelerator.current_device_index())
+    """``torch.openreg``'s device argument as an indexed openreg device (None: the current one).
+    Core's ``_get_device_index`` does this through a binding Dynamo cannot trace."""
     if isinstance(device, int):
-        return torch.device("openreg", device)
-    device = torch.device(device)
-    if device.type != "openreg":
+        return torch.device(DEVICE, device)
+    device = torch.device(DEVICE if device is None else device)
+    if device.type != DEVICE:
         raise ValueError(f"Expected an openreg device, got {device}")
-    if device.index is None:
-        return torch.device("openreg", torch.accelerator.current_device_index())
-    return device
+    return device if device.index is not None else torch.device(DEVICE, torch.accelerator.current_device_index())
 
 
 def register() -> None:

@@ -37,9 +37,13 @@ def call_while_held(fn, *args):
     return out, busy, {name: after[name] - before[name] for name in after}
 
 
+# A call of an openreg launcher in generated code.
+LAUNCH_LINE = re.compile(r"^\s*openreg_\w+\(raw_stream\w*, ", flags=re.M)
+
+
 def launches_in(code: str) -> int:
     """Kernel launches in one run of generated code: calls of openreg launchers."""
-    return len(re.findall(r"^\s*openreg_\w+\(raw_stream\w*, ", code, flags=re.M))
+    return len(LAUNCH_LINE.findall(code))
 
 
 def chain(x, w):
@@ -305,7 +309,7 @@ class TestDeviceCallsInTheRegion(TestCase):
         torch._dynamo.reset()
         out, (code,) = run_and_get_code(torch.compile(f), x.to("openreg"))
         self.assertEqual(out.cpu(), f(x))
-        launch = re.search(r"^\s*openreg_\w+\(raw_stream\w*, ", code, flags=re.M)
+        launch = LAUNCH_LINE.search(code)
         sync = code.index("torch.ops.streams.synchronize_device")
         self.assertLess(launch.start(), sync)
 
