@@ -1,7 +1,10 @@
 """quantized::linear / linear_relu on quantized openreg tensors with weights packed on openreg
 (csrc/qtensor/QLinear.cpp): equal to the CPU's quantized::linear, through the ops and through
 torch.ao.nn.quantized.Linear; CPU-packed weights given openreg inputs (and the other way round) raise,
-naming the op; one launch, no host wait."""
+naming the op; one launch, no host wait; deepcopy and torch.save/torch.load of openreg-packed weights."""
+
+import copy
+import io
 
 import torch
 import torch.ao.nn.quantized as nnq
@@ -91,6 +94,39 @@ class TestQuantizedLinear(TestCase):
         ):
             ops.linear_dynamic(torch.randn(2, 4), packed)
         self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))
+
+    def test_deepcopy_and_pickling_keep_openreg_packed_weights(self):
+        # torch's __setstate__ packs unpickled weights with the CPU engine, which read the openreg weight as
+        # host memory and killed the process; openreg-quant sends openreg weights to quantized::linear_prepack
+        w, b = weight(24, 40, True), torch.randn(24)
+        cpu_layer = nnq.Linear(40, 24)
+        cpu_layer.set_weight_bias(w, b)
+        cpu_layer.scale, cpu_layer.zero_point = 0.07, 60
+        layer = nnq.Linear(40, 24)
+        layer.set_weight_bias(w.to("openreg"), b.to("openreg"))
+        layer.scale, layer.zero_point = 0.07, 60
+        x = activation(5, 40)
+        want = cpu_layer(x)
+        saved = io.BytesIO()
+        torch.save(layer, saved)
+        saved.seek(0)
+        loaded = torch.load(saved, weights_only=False)
+        saved.seek(0)
+        on_cpu = torch.load(saved, map_location="cpu", weights_only=False)
+        for name, other in (("deepcopy", copy.deepcopy(layer)), ("torch.load", loaded)):
+            packed = other._packed_params._packed_params
+            self.assertIsNot(packed, layer._packed_params._packed_params, name)
+            w_back, b_back = ops.linear_unpack(packed)
+            self.assertEqual((w_back.device.type, b_back.device.type), ("openreg", "openreg"), name)
+            self.assertTrue(torch.equal(w_back.int_repr().cpu(), w.int_repr()), name)
+            self.assertEqual(w_back.q_per_channel_scales().cpu(), w.q_per_channel_scales(), msg=name)
+            self.assertEqual(b_back.cpu(), b, msg=name)
+            self.assertSameQ(other(x.to("openreg")), want, msg=name)
+        # map_location="cpu" unpickles CPU weights, packed by torch's own __setstate__
+        self.assertEqual(on_cpu.weight().device.type, "cpu")
+        self.assertTrue(torch.equal(on_cpu(x).int_repr(), want.int_repr()))
+        # CPU-packed modules still copy through torch's path
+        self.assertTrue(torch.equal(copy.deepcopy(cpu_layer)(x).int_repr(), want.int_repr()))
 
     def test_bad_arguments(self):
         w = weight(3, 4, False).to("openreg")

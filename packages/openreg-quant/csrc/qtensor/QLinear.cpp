@@ -13,12 +13,17 @@
 // A weight packed by the CPU (an nn.quantized.Linear built on the CPU and moved
 // with .to("openreg"), which does not move packed parameters) is a CPU packed
 // object: given an openreg input it raises, naming the op, and the other way round.
+//
+// Unpickling (copy.deepcopy, torch.load of a module) rebuilds packed parameters
+// with the class's __setstate__, which torch binds to the CPU engine's prepack;
+// for openreg weights it is routed to the dispatcher here (see the end of the file).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
 #include <ATen/ops/_empty_affine_quantized.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -173,5 +178,43 @@ TORCH_LIBRARY_IMPL(quantized, QuantizedPrivateUse1, m) {
   m.impl("linear", TORCH_FN(linear<false>));
   m.impl("linear_relu", TORCH_FN(linear<true>));
 }
+
+namespace {
+
+// torch 2.13's __setstate__ of quantized.LinearPackedParamsBase (register_linear_params in
+// aten/src/ATen/native/quantized/cpu/fbgemm_utils.cpp) packs the unpickled (weight, bias) with the CPU
+// engine's PackedLinearWeight::prepack directly, not through quantized::linear_prepack, so an openreg
+// weight (what OpenRegLinearPackedParams::unpack gives __getstate__) would be read as host memory: the
+// process dies in deepcopy or torch.load. The method is swapped once, at load, for one that sends openreg
+// weights to the dispatcher (this file's linear_prepack) and everything else to torch's own. Same schema,
+// so TorchScript and Python's pickling call it as before.
+void route_openreg_setstate_through_the_dispatcher() {
+  const c10::ClassTypePtr& cls = c10::getCustomClassType<PackedPtr>();
+  torch::jit::Function* torchs = cls->findMethod("__setstate__");
+  TORCH_INTERNAL_ASSERT(torchs, "quantized.LinearPackedParamsBase has no __setstate__");
+  auto ours = std::make_unique<torch::jit::BuiltinOpFunction>(
+      torchs->qualname(), torchs->getSchema(),
+      [torchs](torch::jit::Stack& stack) {
+        // stack: self, (weight, bias)
+        const auto& state = stack.back().toTupleRef().elements();
+        const at::Tensor& weight = state.at(0).toTensor();
+        if (!weight.is_privateuseone()) {
+          torchs->run(stack);
+          return;
+        }
+        PackedPtr packed = linear_prepack(weight, state.at(1).toOptional<at::Tensor>());
+        stack.at(stack.size() - 2).toObject()->setSlot(0, c10::IValue::make_capsule(std::move(packed)));
+        torch::jit::drop(stack, 2);
+        stack.emplace_back();
+      },
+      std::string(torchs->doc_string()));
+  cls->unsafeRemoveMethod("__setstate__");
+  cls->addMethod(ours.get());
+  torch::registerCustomClassMethod(std::move(ours));  // owns it, as for methods torch::class_ defines
+}
+
+[[maybe_unused]] const bool setstate_routed = (route_openreg_setstate_through_the_dispatcher(), true);
+
+}  // namespace
 
 }  // namespace openreg_quant
