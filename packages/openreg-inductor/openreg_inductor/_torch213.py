@@ -182,6 +182,19 @@ def _selector_call(original):
     return call
 
 
+# 13. torch/_inductor/ir.py, is_cpu(): the C++ backend's heuristics for storing an intermediate
+#     result instead of recomputing it in each user are for device type "cpu" only: a reused result
+#     of a heavy op (exp, log, sigmoid, tanh...) is stored (StorageBox.should_realize_on_reuse), and
+#     the C++ thresholds of op count and accumulated reads (Loops.has_large_inner_fn,
+#     StorageBox.has_exceeded_max_reads) replace Triton's. openreg's softmax recomputed exp(x - max)
+#     in its last pass where CPU Inductor's keeps it in a per-row local buffer: twice the CPU's
+#     kernel time (tools/bench/compile_bench.py, compile-softmax). openreg takes the CPU's branches;
+#     ir.is_cpu is read by nothing else.
+#     Test: tests/test_codegen.py::TestReductions::test_softmax_stores_exp_once_as_on_the_cpu.
+def _ir_is_cpu(original, get_device_type, x) -> bool:
+    return original(x) or get_device_type(x) == DEVICE
+
+
 def _flush_deferred_kernels() -> None:
     """Writes the kernel call CppScheduling holds back (it defers each kernel group to a flush)."""
     from torch._inductor.virtualized import V
@@ -231,7 +244,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4 and 6-11 (5 is in the wrapper classes). Idempotent."""
+    """Installs workarounds 1-4, 6-11 and 13 (5 and 12 are in the wrapper classes). Idempotent."""
     global _applied
     if _applied:
         return
@@ -245,6 +258,7 @@ def apply() -> None:
     import torch._inductor.autotune_process as autotune_process
     import torch._inductor.codegen.common as common
     import torch._inductor.codegen.cpp_template as cpp_template
+    import torch._inductor.ir as ir
     import torch._inductor.kernel.mm_common as mm_common
     import torch._inductor.lowering as lowering
     import torch._inductor.scheduler as scheduler
@@ -267,4 +281,5 @@ def apply() -> None:
     cpp_template.CppBenchmarkRequest = autotune.benchmark_request
     selector = select_algorithm.AlgorithmSelectorCache
     selector.__call__ = _selector_call(selector.__call__)
+    ir.is_cpu = functools.partial(_ir_is_cpu, ir.is_cpu, ir.get_device_type)
     _applied = True
