@@ -195,6 +195,37 @@ def _ir_is_cpu(original, get_device_type, x) -> bool:
     return original(x) or get_device_type(x) == DEVICE
 
 
+# 14. torch/_inductor/codecache.py, FxGraphHashDetails.__init__(): the FX-graph cache key (and
+#     AOTAutograd's, whose details subclass it) hashes a graph without its node meta, and the stream
+#     each node runs on (``node.meta["custom"]["stream"]``, from a stream context in the compiled
+#     region, which the wrapper turns into ``with stream1:`` blocks) is only there. The same operations
+#     inside a stream context and outside one shared a key, so the second compile loaded the first's
+#     code: outside after inside, it looked up a stream its caller never registered (AssertionError
+#     "Index not registered in index_to_user_object_weakref"); inside after outside, its kernel ran on
+#     the current stream instead of the side stream. Any device with streams has this; for graphs with
+#     openreg values the annotations are recorded on the details, as torch records other node meta there.
+#     Test: tests/test_streams.py::TestAsynchrony::test_a_stream_context_is_part_of_the_graph_cache_key.
+def _hash_details_init(original):
+    @functools.wraps(original)
+    def init(self, gm, *args, **kwargs):
+        original(self, gm, *args, **kwargs)
+        if gm is None:
+            return
+        streams = []
+        on_openreg = False
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                for n in module.graph.nodes:
+                    if "stream" in n.meta.get("custom", {}):
+                        streams.append((n.name, n.meta["custom"]["stream"]))
+                    value = n.meta.get("val", n.meta.get("example_value"))  # AOT graphs / Dynamo graphs
+                    on_openreg = on_openreg or getattr(getattr(value, "device", None), "type", "") == DEVICE
+        if streams and on_openreg:
+            self.openreg_node_streams = streams
+
+    return init
+
+
 def _flush_deferred_kernels() -> None:
     """Writes the kernel call CppScheduling holds back (it defers each kernel group to a flush)."""
     from torch._inductor.virtualized import V
@@ -244,7 +275,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4, 6-11 and 13 (5 and 12 are in the wrapper classes). Idempotent."""
+    """Installs workarounds 1-4, 6-11, 13 and 14 (5 and 12 are in the wrapper classes). Idempotent."""
     global _applied
     if _applied:
         return
@@ -256,6 +287,7 @@ def apply() -> None:
     # Inductor in its own import order first: codegen.cpp_template imported on its own is circular.
     importlib.import_module("torch._inductor.compile_fx")
     import torch._inductor.autotune_process as autotune_process
+    import torch._inductor.codecache as codecache
     import torch._inductor.codegen.common as common
     import torch._inductor.codegen.cpp_template as cpp_template
     import torch._inductor.ir as ir
@@ -282,4 +314,5 @@ def apply() -> None:
     selector = select_algorithm.AlgorithmSelectorCache
     selector.__call__ = _selector_call(selector.__call__)
     ir.is_cpu = functools.partial(_ir_is_cpu, ir.is_cpu, ir.get_device_type)
+    codecache.FxGraphHashDetails.__init__ = _hash_details_init(codecache.FxGraphHashDetails.__init__)
     _applied = True

@@ -115,6 +115,51 @@ class TestAsynchrony(TestCase):
         self.assertEqual(got, x.cpu() * 2 + x.cpu().sum(), rtol=1e-4, atol=1e-4)
         del held
 
+    def test_a_stream_context_is_part_of_the_graph_cache_key(self):
+        # The same operations inside a stream context and outside one are different entries of
+        # Inductor's FX-graph cache (_torch213.py, workaround 14). Outside after inside, the cached
+        # code looked up the first call's stream (AssertionError "Index not registered in
+        # index_to_user_object_weakref"); inside after outside, the kernel ran on the current stream.
+        # Constants of their own keep these graphs apart from other tests' in the shared cache.
+        s = torch.openreg.Stream()
+
+        def inside(x):
+            with s:
+                y = x * 3.0625 + 0.8125
+            return y
+
+        def outside(x):
+            return x * 3.0625 + 0.8125
+
+        def inside2(x):
+            with s:
+                y = x * 5.0625 - 0.4375
+            return y
+
+        def outside2(x):
+            return x * 5.0625 - 0.4375
+
+        x = torch.randn(64, device="openreg")
+        want = x.cpu()
+        with torch._inductor.config.patch(fx_graph_cache=True):
+            torch.compile(inside, fullgraph=True)(x)
+            s.synchronize()
+            torch._dynamo.reset()
+            self.assertEqual(torch.compile(outside, fullgraph=True)(x).cpu(), want * 3.0625 + 0.8125)
+            torch._dynamo.reset()
+            torch.compile(outside2, fullgraph=True)(x)
+            torch._dynamo.reset()
+            compiled = torch.compile(inside2, fullgraph=True)
+            compiled(x)
+            s.wait_stream(torch.openreg.current_stream())  # x's producer (before the hold)
+            held = hold()  # the current stream is held: a kernel launched there has not run
+            out = compiled(x)
+            with torch.openreg.stream(s):
+                got = out.cpu()  # waits for s only
+            release.set()
+            del held
+        self.assertEqual(got, want * 5.0625 - 0.4375)
+
     def test_wait_stream_in_region(self):
         s = torch.openreg.Stream()
 
