@@ -38,12 +38,11 @@ def register_dynamo() -> None:
     import torch_openreg  # noqa: F811  (this module's own import of it may not have run yet: see the end)
     from torch._dynamo.device_interface import register_interface_for_device
 
-    from . import _torch213, polyfills
+    from . import polyfills
     from .device_interface import OpenRegInterface
 
     register_interface_for_device(DEVICE, OpenRegInterface)
     polyfills.register()
-    _torch213.apply_dynamo()
     for index in range(torch_openreg.openreg.device_count()):
         register_interface_for_device(f"{DEVICE}:{index}", OpenRegInterface)
 

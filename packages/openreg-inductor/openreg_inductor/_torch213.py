@@ -11,7 +11,7 @@ bits such as ``is_gpu`` / ``exposes_streams`` on ``DeviceInterface``) and its In
 (https://github.com/pytorch/pytorch/issues/189137: codegen registration without monkeypatching)
 would replace each of these with a hook.
 
-``apply()`` and ``apply_dynamo()`` refuse other torch minor versions: the patched names may have moved.
+``apply()`` refuses other torch minor versions: the patched names may have moved.
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ SUPPORTED = (2, 13)
 def _version() -> tuple[int, int]:
     major, minor = torch.__version__.split(".")[:2]
     return int(major), int(minor)
-
-
-def _check_version() -> None:
-    if _version() != SUPPORTED:
-        raise RuntimeError(
-            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
-            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
-        )
 
 
 # 1. torch/_inductor/utils.py, get_current_backend(): any device other than cpu/mps/xpu/tpu gets
@@ -234,23 +226,6 @@ def _hash_details_init(original):
     return init
 
 
-# 15. torch/_dynamo/variables/user_defined.py, UserDefinedClassVariable._in_graph_classes(): the stream
-#     and event classes Dynamo builds in the graph are a fixed set (torch.Stream and torch.Event, and
-#     those of CUDA, XPU and HPU). ``torch.openreg.Event()`` or ``torch.openreg.Stream()`` in a compiled
-#     region was traced into its Python ``__new__`` and stopped at torch.Event's C constructor (a graph
-#     break, an error under ``fullgraph=True``). openreg's classes join the set (cached, so extended in
-#     place). As for torch.cuda.Event, an object that leaves the region is rebuilt as a torch.Event or
-#     torch.Stream on the same device.
-#     Test: tests/test_streams.py::TestDeviceCallsInTheRegion::test_openreg_stream_and_event_made_in_the_region.
-def apply_dynamo() -> None:
-    """Installs workaround 15, at the Dynamo registration (before any trace; Inductor's workarounds
-    wait for the first compile). Idempotent."""
-    _check_version()
-    from torch._dynamo.variables.user_defined import UserDefinedClassVariable
-
-    UserDefinedClassVariable._in_graph_classes().update((torch.openreg.Stream, torch.openreg.Event))
-
-
 def _flush_deferred_kernels() -> None:
     """Writes the kernel call CppScheduling holds back (it defers each kernel group to a flush)."""
     from torch._inductor.virtualized import V
@@ -300,12 +275,15 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4, 6-11, 13 and 14 (5 and 12 are in the wrapper classes; 15, Dynamo's,
-    is ``apply_dynamo``'s). Idempotent."""
+    """Installs workarounds 1-4, 6-11, 13 and 14 (5 and 12 are in the wrapper classes). Idempotent."""
     global _applied
     if _applied:
         return
-    _check_version()
+    if _version() != SUPPORTED:
+        raise RuntimeError(
+            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
+            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
+        )
     # Inductor in its own import order first: codegen.cpp_template imported on its own is circular.
     importlib.import_module("torch._inductor.compile_fx")
     import torch._inductor.autotune_process as autotune_process

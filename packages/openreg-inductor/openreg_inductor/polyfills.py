@@ -9,14 +9,10 @@ module's functions get their ``torch.accelerator`` equivalents as traceable stan
 a compiled region the real functions run, unchanged.
 
 What differs while tracing: ``current_stream()`` gives a ``torch.Stream`` (the base class of
-``torch.openreg.Stream``, with the same id, device and methods), as ``torch.accelerator`` does;
-``stream(s)`` is ``s`` itself as the context (``with s:``), so a stream of another device is not
-refused there as it is outside. Streams and events made in the region are _torch213's (workaround 15).
+``torch.openreg.Stream``, with the same id, device and methods), as ``torch.accelerator`` does.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -54,10 +50,5 @@ def register() -> None:
     @substitute_in_graph(torch.openreg.current_device)
     def current_device():
         return torch.accelerator.current_device_index()
-
-    @substitute_in_graph(torch.openreg.stream)
-    def stream(stream):
-        # a torch.Stream is itself the context that makes it current (Dynamo traces `with s:`)
-        return contextlib.nullcontext() if stream is None else stream
 
     _registered = True

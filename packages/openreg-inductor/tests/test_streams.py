@@ -387,43 +387,6 @@ class TestDeviceCallsInTheRegion(TestCase):
         _, stream, index = compiled(torch.randn(8, device="openreg:1"))
         self.assertEqual((index, stream.device_index), (1, 1))
 
-    def test_openreg_stream_and_event_made_in_the_region(self):
-        # torch.openreg.Stream(), torch.openreg.Event() and torch.openreg.stream(s) under fullgraph=True
-        # (openreg_inductor/_torch213.py, workaround 15, and polyfills.py): the work in the stream
-        # context runs on the new stream, the events time it, and what leaves the region is a stream
-        # and events of openreg.
-        def f(x):
-            s = torch.openreg.Stream()
-            start, end = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)
-            with torch.openreg.stream(s):
-                start.record()
-                y = (x + 1).sin()
-                end.record()
-            with torch.openreg.stream(None):
-                z = x * 2
-            torch.openreg.current_stream().wait_stream(s)
-            return y + z, s, start, end
-
-        torch._dynamo.reset()
-        compiled = torch.compile(f, fullgraph=True)
-        x = torch.randn(64, device="openreg")
-        want = (x.cpu() + 1).sin() + x.cpu() * 2
-        out, s, start, end = compiled(x)
-        end.synchronize()
-        self.assertEqual(out.cpu(), want)
-        self.assertEqual((s.device, start.device, end.device), (x.device,) * 3)
-        self.assertGreaterEqual(start.elapsed_time(end), 0.0)
-        # The y kernel runs on the region's stream (which waits for nothing here): with the current
-        # stream held, the region's stream still finishes it.
-        held = hold()
-        out, s, start, end = compiled(x)
-        end.synchronize()
-        busy = not torch.openreg.current_stream().query()
-        release.set()
-        del held
-        self.assertTrue(busy, "the current stream was not held")
-        self.assertEqual(out.cpu(), want)
-
 
 class TestKernelFailures(TestCase):
     def test_integer_division_by_zero(self):
