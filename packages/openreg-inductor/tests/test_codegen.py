@@ -197,6 +197,50 @@ class TestIndirect(TestCase):
         compare_with_cpu_inductor(self, f, x, idx, torch.randn(3, 5), torch.randn(5, 5), exact=False)
 
 
+class TestParallelFailures(TestCase):
+    """launch.catch_in_parallel_regions over the layouts Inductor's CPU codegen writes."""
+
+    HEAD = "{\n    inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;\n"
+    TAIL = "    inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);\n}\n"
+
+    def catch(self, body):
+        from openreg_inductor.codegen.launch import catch_in_parallel_regions
+
+        return catch_in_parallel_regions(self.HEAD + body + self.TAIL)
+
+    def test_the_innermost_collapsed_loop_catches(self):
+        body = (
+            "    #pragma omp for collapse(2)\n    for(a)\n    {\n        for(b)\n        {\n"
+            '            TORCH_CHECK(x, "index out of bounds");\n        }\n    }\n'
+        )
+        lines = self.catch(body).split("\n")
+        inner = lines.index("        for(b)")
+        self.assertEqual(
+            lines[inner + 1 : inner + 4],
+            [
+                "        {",
+                "            if (openreg_parallel_failure.failed.load(std::memory_order_relaxed)) continue;",
+                "            try {",
+            ],
+        )
+        self.assertIn("            } catch (...) { openreg_parallel_failure.note(std::current_exception()); }", lines)
+        self.assertIn("    OpenRegParallelFailure openreg_parallel_failure;", lines)
+        self.assertEqual(lines[-3], "    openreg_parallel_failure.rethrow();")  # after the regions and the flag
+
+    def test_a_single_block_catches_without_skipping(self):
+        lines = self.catch('    #pragma omp single\n    {\n        TORCH_CHECK(x, "m");\n    }\n').split("\n")
+        self.assertEqual(lines[lines.index("    #pragma omp single") + 2], "        try {")
+        self.assertNotIn("continue;", "\n".join(lines))
+
+    def test_kernels_that_cannot_throw_or_are_not_understood_are_unchanged(self):
+        no_throw = "    #pragma omp for\n    for(a)\n    {\n        y = x;\n    }\n"
+        self.assertEqual(self.catch(no_throw), self.HEAD + no_throw + self.TAIL)
+        serial = '    for(a)\n    {\n        TORCH_CHECK(x, "m");\n    }\n'
+        self.assertEqual(self.catch(serial), self.HEAD + serial + self.TAIL)
+        unbraced = '    #pragma omp for\n    for(a)\n        TORCH_CHECK(x, "m");\n'
+        self.assertEqual(self.catch(unbraced), self.HEAD + unbraced + self.TAIL)
+
+
 class TestRandom(TestCase):
     def test_reproducible_and_fresh(self):
         def f(x):

@@ -403,6 +403,27 @@ class TestKernelFailures(TestCase):
         with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg_fused_\w+' failed .*index out of bounds"):
             torch.openreg.synchronize()
 
+    @torch._inductor.config.patch({"cpp.threads": 2})
+    def test_index_out_of_bounds_in_a_parallel_loop(self):
+        # The assert fires inside an OpenMP worksharing loop (2 threads, 32K rows): it may not throw
+        # out of the region (the process would end, as with CPU Inductor); the iteration catches
+        # it, the kernel rethrows the first after the region (launch.catch_in_parallel_regions).
+        def gather_then_scatter(w, i):
+            return torch.zeros_like(w).index_put_((i,), w[i] * 2, accumulate=True)
+
+        f = torch.compile(gather_then_scatter)
+        w = torch.randn(32768, 8)
+        good = torch.randint(0, 32768, (32768,))
+        bad = good.clone()
+        bad[20000] = 32768
+        wd, badd = w.to("openreg"), bad.to("openreg")
+        _, (code, *_) = run_and_get_code(f, wd, badd)
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg_fused_\w+' failed .*index out of bounds"):
+            torch.openreg.synchronize()
+        self.assertIn("#pragma omp for", code)
+        self.assertIn("catch (...) { openreg_parallel_failure.note(", code)
+        self.assertEqual(f(wd, good.to("openreg")).cpu(), gather_then_scatter(w, good))  # the device recovers
+
 
 if __name__ == "__main__":
     run_tests()

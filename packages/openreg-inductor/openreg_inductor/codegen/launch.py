@@ -126,6 +126,95 @@ extern "C" void {entry}({", ".join(params)}) {{
 """
 
 
+# An exception may not leave an OpenMP region: one thrown inside it (an index assert of a large
+# gather) ends the process, with CPU Inductor as on openreg before this. Each iteration of a
+# worksharing loop (and each `omp single` block) of a kernel that can throw catches its own; the
+# first is rethrown after the body's regions, where `run` reports it like any kernel failure.
+# Iterations after a failure are skipped: the asserts precede the accesses they guard, so none of
+# them reads or writes out of bounds.
+_FAILURE_SLOT = """
+#ifndef OPENREG_PARALLEL_FAILURE
+#define OPENREG_PARALLEL_FAILURE
+#include <atomic>
+#include <exception>
+#include <mutex>
+struct OpenRegParallelFailure {
+  std::atomic<bool> failed{false};
+  std::mutex lock;
+  std::exception_ptr first;
+  void note(std::exception_ptr e) {
+    std::lock_guard<std::mutex> guard(lock);
+    if (!first) first = e;
+    failed.store(true, std::memory_order_relaxed);
+  }
+  void rethrow() {
+    if (first) std::rethrow_exception(first);
+  }
+};
+#endif
+"""
+_SLOT = "openreg_parallel_failure"
+_BODY_START = "inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;"
+_BODY_END = "inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);"
+_THROWS = ("TORCH_CHECK(", "AOTI_TORCH_CHECK(")
+
+
+def _block_end(lines: list[str], open_at: int) -> int | None:
+    """Index of the ``}`` closing the ``{`` alone on line ``open_at`` (Inductor's BracesBuffer
+    writes each brace on a line of its own, at the block's indentation)."""
+    closing = lines[open_at].replace("{", "}")
+    for j in range(open_at + 1, len(lines)):
+        if lines[j] == closing:
+            return j
+    return None
+
+
+def catch_in_parallel_regions(source: str) -> str:
+    """``source`` with the exceptions of its OpenMP regions caught inside them (see _FAILURE_SLOT).
+    Unchanged when nothing in it can throw, or when its layout is not the one this expects."""
+    if not any(t in source for t in _THROWS) or "#pragma omp" not in source:
+        return source
+    lines = source.split("\n")
+    if sum(line.strip() == _BODY_START for line in lines) != 1 or sum(line.strip() == _BODY_END for line in lines) != 1:
+        return source
+    wraps = []  # (line of the "{" that opens a per-iteration or single block, skip-after-failure)
+    for i, line in enumerate(lines):
+        head = line.strip()
+        if head.startswith("#pragma omp for"):
+            depth = int(head.split("collapse(")[1].split(")")[0]) if "collapse(" in head else 1
+            j = i + 1
+            for level in range(depth):  # the last of the collapsed loops owns the iteration body
+                if not lines[j].strip().startswith("for(") or lines[j + 1].strip() != "{":
+                    return source
+                j = j + 1 if level == depth - 1 else j + 2
+            wraps.append((j, True))
+        elif head == "#pragma omp single":
+            if lines[i + 1].strip() != "{":
+                return source
+            wraps.append((i + 1, False))
+    edits = {}
+    for open_at, skip in wraps:
+        close_at = _block_end(lines, open_at)
+        if close_at is None:
+            return source
+        if not any(t in line for line in lines[open_at:close_at] for t in _THROWS):
+            continue  # nothing in this block throws: no cost for it
+        pad = lines[open_at][: len(lines[open_at]) - len(lines[open_at].lstrip())] + "    "
+        first = [f"{pad}if ({_SLOT}.failed.load(std::memory_order_relaxed)) continue;"] if skip else []
+        edits[open_at] = [lines[open_at], *first, f"{pad}try {{"]
+        edits[close_at] = [f"{pad}}} catch (...) {{ {_SLOT}.note(std::current_exception()); }}", lines[close_at]]
+    if not edits:
+        return source
+    out = [_FAILURE_SLOT]
+    for i, line in enumerate(lines):
+        out.extend(edits.get(i, [line]))
+        if line.strip() == _BODY_START:
+            out.append(line.replace(_BODY_START, f"OpenRegParallelFailure {_SLOT};"))
+        elif line.strip() == _BODY_END:
+            out.append(line.replace(_BODY_END, f"{_SLOT}.rethrow();"))
+    return "\n".join(out)
+
+
 def load_kernel(async_compile, argtypes: list[str], source: str):
     """What generated wrappers call (``openreg_kernel(...)``) in place of ``async_compile.cpp_pybinding``:
     compiles in Inductor's compile workers when it has them, cached like CPU kernels."""
