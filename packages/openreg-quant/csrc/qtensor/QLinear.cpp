@@ -45,7 +45,9 @@ struct DeviceState {
   PackedPtr cpu;
 };
 
-const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>& cpu_prepack() {
+// quantized::linear_prepack through the dispatcher: the CPU's kernel for CPU tensors, this file's
+// for openreg tensors.
+const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>& linear_prepack_op() {
   static const auto handle = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("quantized::linear_prepack", "")
                                  .typed<PackedPtr(at::Tensor, std::optional<at::Tensor>)>();
@@ -60,7 +62,7 @@ LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weigh
   if (!state.cpu) {
     std::optional<at::Tensor> b;
     if (bias) b = bias->materialize().clone();
-    state.cpu = cpu_prepack().call(weight.owned_copy(), b);
+    state.cpu = linear_prepack_op().call(weight.owned_copy(), b);
   }
   return *state.cpu;
 }
@@ -186,8 +188,8 @@ namespace {
 // engine's PackedLinearWeight::prepack directly, not through quantized::linear_prepack, so an openreg
 // weight (what OpenRegLinearPackedParams::unpack gives __getstate__) would be read as host memory: the
 // process dies in deepcopy or torch.load. The method is swapped once, at load, for one that sends openreg
-// weights to the dispatcher (this file's linear_prepack) and everything else to torch's own. Same schema,
-// so TorchScript and Python's pickling call it as before.
+// weights to the dispatcher (quantized::linear_prepack, this file's kernel for them) and everything else to
+// torch's own. Same schema, so TorchScript and Python's pickling call it as before.
 void route_openreg_setstate_through_the_dispatcher() {
   const c10::ClassTypePtr& cls = c10::getCustomClassType<PackedPtr>();
   torch::jit::Function* torchs = cls->findMethod("__setstate__");
@@ -202,7 +204,7 @@ void route_openreg_setstate_through_the_dispatcher() {
           torchs->run(stack);
           return;
         }
-        PackedPtr packed = linear_prepack(weight, state.at(1).toOptional<at::Tensor>());
+        PackedPtr packed = linear_prepack_op().call(weight, state.at(1).toOptional<at::Tensor>());
         stack.at(stack.size() - 2).toObject()->setSlot(0, c10::IValue::make_capsule(std::move(packed)));
         torch::jit::drop(stack, 2);
         stack.emplace_back();
