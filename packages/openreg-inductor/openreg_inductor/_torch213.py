@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 
 import torch
 
@@ -224,6 +225,44 @@ def _hash_details_init(original):
             self.openreg_node_streams = streams
 
     return init
+
+
+# 15. torch/_inductor/codegen/common.py, Kernel.indirect_assert(), and codegen/cpp.py,
+#     CppVecKernel.indirect_assert(): a masked index check is written ``(cond) | ~(mask)`` so that
+#     masked-out elements pass. When the mask is a C++ ``bool`` (a scalar mask, or a vector mask
+#     reduced with ``.all_masked()`` for a scalar index), ``~`` promotes it to int and gives -2 or -1,
+#     never 0: the check always passes, and an out-of-bounds index under a mask (a gather that
+#     ``F.pad`` masks) is read without a word, on the CPU too. In openreg's kernels a scalar index
+#     under a vector mask is checked when any lane of the mask is set (``(mask).all_zero()`` passes;
+#     ``all_masked()`` would skip vectors that are only partly set), the negation of a bool mask is
+#     ``!``, and a vector mask's stays ``~`` (an overload picks it). A source fix of openreg's
+#     kernels, no patching.
+#     Test: tests/test_streams.py::TestKernelFailures::test_masked_index_out_of_bounds.
+MASK_NOT = """
+#ifndef OPENREG_MASK_NOT
+#define OPENREG_MASK_NOT
+inline bool openreg_mask_not(bool mask) { return !mask; }
+template <typename Mask>
+inline auto openreg_mask_not(const Mask& mask) { return ~mask; }
+#endif
+"""
+
+
+_ALL_MASKED = re.compile(r"\| ~\(\((\w+)\)\.all_masked\(\)\)")
+
+
+def fix_masked_index_asserts(source: str) -> str:
+    """``source`` with the masked index checks' negation as the mask's type needs (see 15)."""
+    lines = source.split("\n")
+    fixed = [
+        _ALL_MASKED.sub(r"| (\1).all_zero()", line).replace("| ~(", "| openreg_mask_not(")
+        if "TORCH_CHECK(" in line
+        else line
+        for line in lines
+    ]
+    if fixed == lines:
+        return source
+    return MASK_NOT + "\n".join(fixed)
 
 
 def _flush_deferred_kernels() -> None:

@@ -241,6 +241,28 @@ class TestParallelFailures(TestCase):
         self.assertEqual(self.catch(unbraced), self.HEAD + unbraced + self.TAIL)
 
 
+class TestMaskedIndexAsserts(TestCase):
+    """_torch213.fix_masked_index_asserts (workaround 15) over the checks Inductor's C++ codegen writes."""
+
+    def fix(self, line):
+        from openreg_inductor._torch213 import MASK_NOT, fix_masked_index_asserts
+
+        fixed = fix_masked_index_asserts(line)
+        return fixed[len(MASK_NOT) :] if fixed.startswith(MASK_NOT) else fixed
+
+    def test_a_scalar_index_under_a_vector_mask_is_checked_where_any_lane_is_set(self):
+        line = 'TORCH_CHECK(((0 <= tmp18) & (tmp18 < 64L)) | ~((tmp9).all_masked()), "index out of bounds");'
+        self.assertEqual(
+            self.fix(line), 'TORCH_CHECK(((0 <= tmp18) & (tmp18 < 64L)) | (tmp9).all_zero(), "index out of bounds");'
+        )
+
+    def test_other_masks_are_negated_by_their_type(self):
+        line = 'TORCH_CHECK((0 <= tmp3) | ~(tmp2), "index out of bounds");'
+        self.assertEqual(self.fix(line), 'TORCH_CHECK((0 <= tmp3) | openreg_mask_not(tmp2), "index out of bounds");')
+        unmasked = 'TORCH_CHECK((0 <= tmp3) & (tmp3 < 8L), "index out of bounds");\nauto y = ~(x);'
+        self.assertEqual(self.fix(unmasked), unmasked)
+
+
 class TestRandom(TestCase):
     def test_reproducible_and_fresh(self):
         def f(x):

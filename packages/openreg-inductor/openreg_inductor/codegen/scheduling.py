@@ -16,6 +16,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.utils import Placeholder, get_fused_kernel_name
 from torch._inductor.virtualized import V
 
+from .. import _torch213
 from .. import config as openreg_config
 from . import launch
 
@@ -58,7 +59,7 @@ class OpenRegScheduling(CppScheduling):
             names = {}
         body = src_code.replace(str(Placeholder.KERNEL_NAME), names.get("body", launch.KERNEL_BODY))
         body = body.replace(str(Placeholder.DESCRIPTIVE_NAME), kernel_name).replace("#pragma CMT", "//")
-        body = launch.catch_in_parallel_regions(body)
+        body = launch.catch_in_parallel_regions(_torch213.fix_masked_index_asserts(body))
         args = self.kernel_group.args if kernel_args is None else kernel_args
         arg_defs, call_args, arg_types = args.cpp_argdefs()
         host = [t.endswith("*") and _is_host_scalar(c) for c, t in zip(call_args, arg_types, strict=True)]
