@@ -241,6 +241,18 @@ class TestParallelFailures(TestCase):
         self.assertEqual(self.catch(unbraced), self.HEAD + unbraced + self.TAIL)
 
 
+class TestDivisionFlag(TestCase):
+    def test_only_dividing_kernels_take_the_lock_before_the_flag(self):
+        from openreg_inductor.codegen.launch import one_division_flag_user_at_a_time
+
+        body = "{\n    std::atomic<int> inductor_cpu_integer_div_error{0};\n    out = floor_divide_integral(a, b);\n}"
+        lines = one_division_flag_user_at_a_time(body).split("\n")
+        guard = lines.index("    std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);")
+        self.assertEqual(lines[guard + 1], "    std::atomic<int> inductor_cpu_integer_div_error{0};")
+        plain = body.replace("floor_divide_integral(a, b)", "std::fmod(a, b)")
+        self.assertEqual(one_division_flag_user_at_a_time(plain), plain)
+
+
 class TestMaskedIndexAsserts(TestCase):
     """_torch213.fix_masked_index_asserts (workaround 15) over the checks Inductor's C++ codegen writes."""
 

@@ -397,6 +397,27 @@ class TestKernelFailures(TestCase):
             torch.openreg.synchronize()
         self.assertEqual(f(a, torch.ones_like(a)).cpu(), torch.arange(10) + 1)  # the device recovers
 
+    def test_integer_division_on_two_streams_at_once(self):
+        # One library's division-error flag, two streams running it: without one call at a time
+        # (launch.one_division_flag_user_at_a_time) the process ended within a few rounds.
+        f = torch.compile(lambda a, b: (a // b) + 1)
+        a = torch.arange(1 << 16, device="openreg")
+        good = torch.ones_like(a)
+        bad = good.clone()
+        bad[1000] = 0
+        f(a, good)
+        torch.openreg.synchronize()
+        streams = torch.openreg.Stream(), torch.openreg.Stream()
+        for _ in range(40):
+            with torch.openreg.stream(streams[0]):
+                for _ in range(20):
+                    f(a, bad)
+            with torch.openreg.stream(streams[1]):
+                outs = [f(a, good) for _ in range(20)]
+            with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg_fused_\w+' failed .*ZeroDivisionError"):
+                torch.openreg.synchronize()
+        self.assertEqual(outs[-1].cpu(), torch.arange(1 << 16) + 1)
+
     def test_index_out_of_bounds(self):
         f = torch.compile(lambda w, i: w[i] * 2)
         f(torch.randn(5, device="openreg"), torch.tensor([1, 7], device="openreg"))

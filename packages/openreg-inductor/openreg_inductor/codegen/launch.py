@@ -24,6 +24,7 @@ flags and full optimisation (Inductor compiles any other device type at -O1, see
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Sequence
 
@@ -212,6 +213,37 @@ def catch_in_parallel_regions(source: str) -> str:
             out.append(line.replace(_BODY_START, f"OpenRegParallelFailure {_SLOT};"))
         elif line.strip() == _BODY_END:
             out.append(line.replace(_BODY_END, f"{_SLOT}.rethrow();"))
+    return "\n".join(out)
+
+
+# Inductor's integer division, modulus and remainder report a zero divisor through one flag per
+# kernel library (``inductor_cpu_integer_div_error_flag``, torch/csrc/inductor/cpp_prefix.h): each
+# call points it at a local of its own and sets it back to null at its end. Two streams running the
+# same library at once share it: one call's reset leaves the other's division by zero to throw
+# inside its OpenMP region (the process ends), and one call may report the other's error. A library
+# whose kernels divide integers runs one of their calls at a time; the others run as before.
+_DIVISION_LOCK = """
+#ifndef OPENREG_INTEGER_DIVISION_LOCK
+#define OPENREG_INTEGER_DIVISION_LOCK
+#include <mutex>
+inline std::mutex openreg_integer_division_lock;  // one per library, as the flag
+#endif
+"""
+_DIVIDES = re.compile(r"\b(floor_divide_integral|remainder_integral|mod)\(")
+_FLAG_LOCAL = "std::atomic<int> inductor_cpu_integer_div_error{0};"
+
+
+def one_division_flag_user_at_a_time(source: str) -> str:
+    """``source`` with the calls of its dividing kernels serialised (see _DIVISION_LOCK)."""
+    if not _DIVIDES.search(source):
+        return source
+    lines = source.split("\n")
+    out = [_DIVISION_LOCK]
+    for line in lines:
+        if line.strip() == _FLAG_LOCAL:
+            pad = line[: len(line) - len(line.lstrip())]
+            out.append(f"{pad}std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);")
+        out.append(line)
     return "\n".join(out)
 
 

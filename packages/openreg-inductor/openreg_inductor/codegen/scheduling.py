@@ -59,7 +59,8 @@ class OpenRegScheduling(CppScheduling):
             names = {}
         body = src_code.replace(str(Placeholder.KERNEL_NAME), names.get("body", launch.KERNEL_BODY))
         body = body.replace(str(Placeholder.DESCRIPTIVE_NAME), kernel_name).replace("#pragma CMT", "//")
-        body = launch.catch_in_parallel_regions(_torch213.fix_masked_index_asserts(body))
+        body = _torch213.fix_masked_index_asserts(body)
+        body = launch.catch_in_parallel_regions(launch.one_division_flag_user_at_a_time(body))
         args = self.kernel_group.args if kernel_args is None else kernel_args
         arg_defs, call_args, arg_types = args.cpp_argdefs()
         host = [t.endswith("*") and _is_host_scalar(c) for c, t in zip(call_args, arg_types, strict=True)]
