@@ -314,7 +314,8 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4, 6-11, 13 and 14 (5 and 12 are in the wrapper classes). Idempotent."""
+    """Installs workarounds 1-4, 6-11, 13 and 14 (5 and 12 are in the wrapper classes; 15 is a source fix
+    that OpenRegScheduling.define_kernel applies to each kernel). Idempotent."""
     global _applied
     if _applied:
         return
