@@ -22,6 +22,7 @@ kernels launched asynchronously on the current openreg stream. See
 ``docs/mechanisms/compiler.md`` in the repository.
 """
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
@@ -50,6 +51,12 @@ def register_dynamo() -> None:
 def register() -> None:
     """Registers the device interface and the Inductor backend for openreg (idempotent)."""
     global _registered
+    if _registered:
+        return
+    # Called before Inductor is imported, this import runs the whole registration itself (the
+    # hook of _load). Without this check the outer call then applied every workaround a second
+    # time: argmax's logical-index loader wrapped twice returned ((value, index), index).
+    importlib.import_module("torch._inductor.compile_fx")
     if _registered:
         return
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
