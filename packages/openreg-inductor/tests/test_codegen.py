@@ -251,6 +251,8 @@ class TestDivisionFlag(TestCase):
         self.assertEqual(lines[guard + 1], "    std::atomic<int> inductor_cpu_integer_div_error{0};")
         plain = body.replace("floor_divide_integral(a, b)", "std::fmod(a, b)")
         self.assertEqual(one_division_flag_user_at_a_time(plain), plain)
+        flagless = body.replace("    std::atomic<int> inductor_cpu_integer_div_error{0};\n", "")
+        self.assertEqual(one_division_flag_user_at_a_time(flagless), flagless)  # no flag, no lock to add
 
 
 class TestMaskedIndexAsserts(TestCase):

@@ -160,6 +160,10 @@ _BODY_END = "inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_er
 _THROWS = ("TORCH_CHECK(", "AOTI_TORCH_CHECK(")
 
 
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
 def _block_end(lines: list[str], open_at: int) -> int | None:
     """Index of the ``}`` closing the ``{`` alone on line ``open_at`` (Inductor's BracesBuffer
     writes each brace on a line of its own, at the block's indentation)."""
@@ -200,7 +204,7 @@ def catch_in_parallel_regions(source: str) -> str:
             return source
         if not any(t in line for line in lines[open_at:close_at] for t in _THROWS):
             continue  # nothing in this block throws: no cost for it
-        pad = lines[open_at][: len(lines[open_at]) - len(lines[open_at].lstrip())] + "    "
+        pad = _indent(lines[open_at]) + "    "
         first = [f"{pad}if ({_SLOT}.failed.load(std::memory_order_relaxed)) continue;"] if skip else []
         edits[open_at] = [lines[open_at], *first, f"{pad}try {{"]
         edits[close_at] = [f"{pad}}} catch (...) {{ {_SLOT}.note(std::current_exception()); }}", lines[close_at]]
@@ -235,14 +239,14 @@ _FLAG_LOCAL = "std::atomic<int> inductor_cpu_integer_div_error{0};"
 
 def one_division_flag_user_at_a_time(source: str) -> str:
     """``source`` with the calls of its dividing kernels serialised (see _DIVISION_LOCK)."""
-    if not _DIVIDES.search(source):
-        return source
     lines = source.split("\n")
+    if not _DIVIDES.search(source) or not any(line.strip() == _FLAG_LOCAL for line in lines):
+        return source  # no division, or no flag to guard (then Inductor's layout changed: nothing to lock)
     out = [_DIVISION_LOCK]
     for line in lines:
         if line.strip() == _FLAG_LOCAL:
-            pad = line[: len(line) - len(line.lstrip())]
-            out.append(f"{pad}std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);")
+            guard = "std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);"
+            out.append(_indent(line) + guard)
         out.append(line)
     return "\n".join(out)
 
