@@ -1,6 +1,9 @@
 """Plugin discovery: core loads plugins from the `torch_openreg.plugins` entry-point group."""
 
+import importlib
+import importlib.abc
 import os
+import sys
 import tempfile
 import textwrap
 
@@ -147,6 +150,95 @@ print([str(w.message) for w in caught if "openreg plugin" in str(w.message)])
 print(sorted(m for m in sys.modules if m.startswith("openreg_test_")))
 print(torch.ones(2, device="openreg").add(1).cpu().tolist())
 """
+
+
+class TestWhenImported(TestCase):
+    """torch_openreg.utils.imports.when_imported: how plugins wait for the import of a heavy module."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp()
+        sys.path.insert(0, self.root)
+        self.addCleanup(sys.path.remove, self.root)
+
+    def module(self, name: str, body: str = "VALUE = 42\n") -> str:
+        name = f"openreg_test_watched_{name}"
+        with open(os.path.join(self.root, f"{name}.py"), "w") as f:
+            f.write(body)
+        self.addCleanup(sys.modules.pop, name, None)
+        return name
+
+    def test_called_once_right_after_the_import(self):
+        from torch_openreg.utils.imports import _finder, _pending, when_imported
+
+        name, seen = self.module("later"), []
+
+        def callback(module):
+            seen.append((module.__name__, module.VALUE, name in sys.modules))
+
+        when_imported(name, callback)
+        when_imported(name, callback)  # the same pair again: still one call
+        self.assertEqual(seen, [])
+        self.assertIn(_finder, sys.meta_path)
+        module = importlib.import_module(name)
+        self.assertEqual(seen, [(name, 42, True)])
+        self.assertNotIsInstance(module.__loader__, importlib.abc.MetaPathFinder)  # the real loader
+        self.assertIs(module.__spec__.loader, module.__loader__)
+        self.assertNotIn(name, _pending)
+        self.assertEqual(_finder in sys.meta_path, bool(_pending))  # it leaves when nothing is left to watch
+        importlib.reload(module)
+        self.assertEqual(len(seen), 1)
+
+    def test_an_imported_module_is_passed_at_once(self):
+        from torch_openreg.utils.imports import when_imported
+
+        seen = []
+        when_imported("json", seen.append)
+        self.assertEqual(seen, [sys.modules["json"]])
+        with self.assertRaisesRegex(ValueError, "at once"):
+            when_imported("json", lambda m: (_ for _ in ()).throw(ValueError("at once")))
+
+    def test_a_callback_may_import_its_module_and_watch_another(self):
+        # inductor's register() imports the module it waits for; a callback may also ask for more.
+        from torch_openreg.utils.imports import when_imported
+
+        first, second, order = self.module("first"), self.module("second"), []
+
+        def on_first(module):
+            self.assertIs(importlib.import_module(first), module)
+            when_imported(second, lambda m: order.append(m.__name__))
+            order.append(module.__name__)
+
+        when_imported(first, on_first)
+        importlib.import_module(first)
+        importlib.import_module(second)
+        self.assertEqual(order, [first, second])
+
+    def test_a_failing_callback_warns_and_the_import_succeeds(self):
+        from torch_openreg.utils.imports import when_imported
+
+        name, seen = self.module("broken"), []
+
+        def broken(module):
+            raise RuntimeError("cannot register")
+
+        when_imported(name, broken)
+        when_imported(name, seen.append)
+        with self.assertWarnsRegex(
+            RuntimeWarning, rf"broken, run after the import of {name}, failed: RuntimeError: cannot register"
+        ):
+            module = importlib.import_module(name)
+        self.assertEqual(module.VALUE, 42)
+        self.assertEqual(seen, [module])  # the next callback still ran
+
+    def test_a_missing_module_stays_missing(self):
+        from torch_openreg.utils.imports import _pending, when_imported
+
+        name = "openreg_test_watched_nowhere"
+        self.addCleanup(_pending.pop, name, None)
+        when_imported(name, lambda m: self.fail("called for a module that does not exist"))
+        with self.assertRaises(ModuleNotFoundError):
+            importlib.import_module(name)
+        self.assertIn(name, _pending)  # still waiting: it may be installed later
 
 
 class TestCoreVersions(TestCase):

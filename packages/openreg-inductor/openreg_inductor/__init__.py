@@ -23,10 +23,6 @@ kernels launched asynchronously on the current openreg stream. See
 """
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
 
 __version__ = "0.1.0"
 
@@ -85,48 +81,24 @@ def register() -> None:
     _registered = True
 
 
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs ``action`` right after the module ``name`` has been imported: registration waits for
-    the import of Dynamo (the device interface) and of Inductor's ``compile_fx`` (the backend),
-    so ``import torch`` does not pay for importing them (about a second) in processes that never
-    compile. ``compile_fx`` is imported by every Inductor compile and imports everything the
-    backend needs, so when it is done no module the registration touches is half-initialised."""
-
-    def __init__(self, name, action):
-        self.name, self.action = name, action
-
-    def find_spec(self, name, path, target=None):
-        if name != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        self._loader = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        module.__loader__ = module.__spec__.loader = self._loader  # the module looks untouched
-        try:
-            self.action()
-        except Exception as e:  # a broken plugin must not break torch.compile for other devices
-            warnings.warn(f"openreg-inductor failed to register: {type(e).__name__}: {e}", RuntimeWarning)
+def _on_dynamo_import(module) -> None:
+    register_dynamo()
 
 
-def _when_imported(name, action) -> None:
-    if name in sys.modules:
-        action()
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, action))
+def _on_inductor_import(module) -> None:
+    register()
 
 
 def _load() -> None:
-    """Entry point of core's plugin group."""
-    _when_imported("torch._dynamo", register_dynamo)
-    _when_imported("torch._inductor.compile_fx", register)
+    """Entry point of core's plugin group. Registration waits for the import of Dynamo (the device
+    interface) and of Inductor's ``compile_fx`` (the backend), so ``import torch`` does not pay for
+    importing them (about a second) in processes that never compile. ``compile_fx`` is imported by
+    every Inductor compile and imports everything the backend needs, so when it is done no module
+    the registration touches is half-initialised."""
+    from torch_openreg.utils.imports import when_imported
+
+    when_imported("torch._dynamo", _on_dynamo_import)
+    when_imported("torch._inductor.compile_fx", _on_inductor_import)
 
 
 # Imported after _load is defined: `import openreg_inductor` first imports core, whose plugin

@@ -1,8 +1,8 @@
 """How the plugin attaches to torch.onnx without importing it (or onnx, onnxscript, onnxruntime).
 
 ``import torch`` does not import ``torch.onnx``; the exporter's registry module imports
-onnxscript and onnx, seconds of work. So loading the plugin only puts a finder on
-``sys.meta_path`` that waits for two modules:
+onnxscript and onnx, seconds of work. So loading the plugin only asks core's
+``torch_openreg.utils.imports.when_imported`` to call it when one of two modules is imported:
 
 - ``torch.onnx`` (cheap; the TorchScript exporter's symbolic registry lives there): when it has
   been imported, openreg's ops get TorchScript symbolic functions (``dynamo=False``), and
@@ -28,12 +28,9 @@ entries are added with ``register_op`` inside ``from_torchlib``, before the user
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
 import threading
 import warnings
-from typing import Callable, Dict
+from typing import Dict
 
 import torch
 
@@ -49,44 +46,6 @@ _state = {"installed": False, "registry_patched": False, "symbolics_registered":
 def _torch_minor() -> tuple:
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return int(major), int(minor)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs a callback right after one of the watched modules has been executed.
-
-    It finds the module's real spec through the rest of ``sys.meta_path`` and wraps only its
-    loader; every other import passes through untouched (``find_spec`` returns None)."""
-
-    def __init__(self, callbacks: Dict[str, Callable[[object], None]]):
-        self.callbacks = dict(callbacks)
-        self._busy = set()
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.callbacks or fullname in self._busy:
-            return None
-        self._busy.add(fullname)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy.discard(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        real, callback = spec.loader, self.callbacks.pop(fullname)
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return real.create_module(spec)
-
-            def exec_module(self, module):
-                # The module keeps the real loader (inspect, importlib.resources and reloads use it).
-                module.__loader__ = module.__spec__.loader = real
-                real.exec_module(module)
-                callback(module)
-
-        spec.loader = _Loader()
-        if not self.callbacks and self in sys.meta_path:
-            sys.meta_path.remove(self)
-        return spec
 
 
 def _patch_registry(registration) -> None:
@@ -130,18 +89,14 @@ def _register_symbolics(torch_onnx) -> None:
 
 def install() -> None:
     """Attaches the hooks now if torch.onnx is already imported, else when it gets imported."""
+    from torch_openreg.utils.imports import when_imported
+
     with _lock:
         if _state["installed"]:
             return
         _state["installed"] = True
-        pending = {}
-        for name, callback in ((_TORCH_ONNX, _register_symbolics), (_REGISTRATION, _patch_registry)):
-            if name in sys.modules:
-                callback(sys.modules[name])
-            else:
-                pending[name] = callback
-        if pending:
-            sys.meta_path.insert(0, _AfterImport(pending))
+    when_imported(_TORCH_ONNX, _register_symbolics)
+    when_imported(_REGISTRATION, _patch_registry)
 
 
 def status() -> Dict[str, bool]:
