@@ -25,12 +25,11 @@ device process's 45 s; the GPT step is compiled in the scenario group and in ope
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from typing import Callable, Dict, List
 
-from rows import module_main, ratio_row, serve_each_device
+from rows import module_main, ratio_row, serve_each_device, time_per_call
 
 SIZES = {"1k": 1024, "256k": 256 * 1024, "16m": 16 * 1024 * 1024}
 IDS = (
@@ -78,20 +77,6 @@ def chain(x):
     return x
 
 
-def _time(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
-    """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end)."""
-    fn()
-    sync()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
-
-
 def serve(device: str, quick: bool) -> Dict[str, float]:
     import torch
 
@@ -113,14 +98,14 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         x = torch.randn(n, device=device)
         torch._dynamo.reset()
         compiled = torch.compile(chain, dynamic=False)
-        out[f"compile-chain-{name}:{device}"] = _time(lambda: compiled(x), sync, iters, reps)
+        out[f"compile-chain-{name}:{device}"] = time_per_call(lambda: compiled(x), sync, iters, reps)
         if device == "openreg":
-            out[f"compile-vs-eager-{name}:eager"] = _time(lambda: chain(x), sync, iters, reps)
+            out[f"compile-vs-eager-{name}:eager"] = time_per_call(lambda: chain(x), sync, iters, reps)
     for id_, (fn, iters) in _models(device).items():
         if quick and id_ in FULL_ONLY:
             continue
         torch._dynamo.reset()
-        out[f"{id_}:{device}"] = _time(fn(), sync, *((2, 3) if quick else (iters, 7)))
+        out[f"{id_}:{device}"] = time_per_call(fn(), sync, *((2, 3) if quick else (iters, 7)))
     return out
 
 

@@ -24,12 +24,10 @@ Each device runs in a process of its own (this file with --serve DEVICE), as in 
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from typing import Callable, Dict, List
 
-from rows import module_main, ratio_row, serve_each_device
+from rows import module_main, ratio_rows, serve_each_device, time_per_call
 
 MS = (1, 32, 256)
 IDS = (
@@ -47,20 +45,6 @@ NAMES = {
     "quant-cnn-int8": "PT2E-lowered CNN on openreg vs the CPU's int8 CNN (x86 PT2E + Inductor, batch 8)",
 }
 GOALS = {"quant-qdq-256k": 0.2, **{f"quant-qlinear-m{m}": 1.05 for m in MS}, "quant-cnn-int8": 1.05}
-
-
-def _time(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
-    """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end)."""
-    fn()
-    sync()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
 
 
 def _weights(n: int, k: int, device: str):
@@ -94,8 +78,8 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
             q = decomposed.quantize_per_tensor(x, 0.02, 3, -128, 127, torch.int8)
             return decomposed.dequantize_per_tensor(q, 0.02, 3, -128, 127, torch.int8)
 
-        out["quant-qdq-256k:openreg"] = _time(native, sync, iters, reps)
-        out["quant-qdq-256k:cpu"] = _time(decomposed_qdq, sync, max(1, iters // 5), reps)
+        out["quant-qdq-256k:openreg"] = time_per_call(native, sync, iters, reps)
+        out["quant-qdq-256k:cpu"] = time_per_call(decomposed_qdq, sync, max(1, iters // 5), reps)
     w, wq, ws, wz, b = _weights(1024, 1024, device)
     import openreg_quant  # noqa: F401  (int8_pairs_saturate)
 
@@ -114,10 +98,10 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
                 return torch.ops.openreg_quant.qlinear(xq, 0.02, 128, packed, b, 0.05, 100, None, "none")
 
             xf = torch.randn(m, 1024, device=device)
-            t = _time(int8, sync, iters, reps)
+            t = time_per_call(int8, sync, iters, reps)
             out[f"quant-qlinear-m{m}:openreg"] = t
             out[f"quant-fp32-m{m}:openreg"] = t
-            out[f"quant-fp32-m{m}:cpu"] = _time(lambda: torch.nn.functional.linear(xf, w, b), sync, iters, reps)
+            out[f"quant-fp32-m{m}:cpu"] = time_per_call(lambda: torch.nn.functional.linear(xf, w, b), sync, iters, reps)
         else:  # packed for this M, as the CPU's own lowering (x86 Inductor) does
             packed = torch.ops.onednn.qlinear_prepack(wq, [m, 1024])
 
@@ -126,7 +110,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
                     xq, 0.02, 128, packed, ws, wz, b, 0.05, 100, None, "none", [], ""
                 )
 
-            out[f"quant-qlinear-m{m}:cpu"] = _time(cpu_int8, sync, iters, reps)
+            out[f"quant-qlinear-m{m}:cpu"] = time_per_call(cpu_int8, sync, iters, reps)
     if device == "openreg":
         out.update(_cnn(device, sync, max(1, iters // 5), reps))
         out["quant-cnn-int8:openreg"] = out["quant-cnn:openreg"]
@@ -166,8 +150,8 @@ def _cnn(device: str, sync, iters: int, reps: int) -> Dict[str, float]:
     lowered = lower_pt2e(convert_pt2e(prepared))
     with torch.no_grad():
         return {
-            "quant-cnn:openreg": _time(lambda: lowered(x), sync, iters, reps),
-            "quant-cnn:cpu": _time(lambda: model(x), sync, iters, reps),
+            "quant-cnn:openreg": time_per_call(lambda: lowered(x), sync, iters, reps),
+            "quant-cnn:cpu": time_per_call(lambda: model(x), sync, iters, reps),
         }
 
 
@@ -192,19 +176,12 @@ def _cpu_int8_cnn(iters: int, reps: int, reduce_range: bool) -> float:
     inductor_config.freezing = True  # this process's last measure: the setting stays
     with torch.no_grad():
         compiled = torch.compile(convert_pt2e(prepared))
-        return _time(lambda: compiled(x), lambda: None, iters, reps)
+        return time_per_call(lambda: compiled(x), lambda: None, iters, reps)
 
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     """Rows for run.py (same keys as its eager rows)."""
-    samples = serve_each_device(__file__, "quant", quick, log, timeout=900)
-    rows = []
-    for id_ in ids:
-        o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
-        if o is None or c is None:
-            continue
-        rows.append(ratio_row("quant", id_, NAMES[id_], o, c, GOALS.get(id_)))
-    return rows
+    return ratio_rows("quant", ids, NAMES, GOALS, serve_each_device(__file__, "quant", quick, log, timeout=900))
 
 
 def main(argv: List[str]) -> None:

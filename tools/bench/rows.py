@@ -1,13 +1,15 @@
 """What the benchmark groups share: the result row they give run.py (openreg against a reference,
-as a ratio) and running a device's measures in a process of its own."""
+as a ratio), timing a call, and running a device's measures in a process of its own."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -39,6 +41,33 @@ def ratio_row(
     if details is not None:
         row["details"] = details
     return row
+
+
+def ratio_rows(
+    group: str, ids: Sequence[str], names: Dict[str, str], goals: Dict[str, float], samples: Dict[str, float]
+) -> List[Dict]:
+    """The rows of the measures in `ids` whose samples ``ID:openreg`` and ``ID:cpu`` both exist."""
+    rows = []
+    for id_ in ids:
+        o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
+        if o is not None and c is not None:
+            rows.append(ratio_row(group, id_, names[id_], o, c, goals.get(id_)))
+    return rows
+
+
+def time_per_call(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
+    """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end),
+    after one call to warm up."""
+    fn()
+    sync()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
 
 
 def serve_in_process(script: str, device: str, quick: bool, timeout: float, env: Optional[Dict] = None) -> Dict:

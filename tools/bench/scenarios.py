@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from rows import module_main, ratio_row, serve_each_device
+from rows import module_main, ratio_rows, serve_each_device
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "tests" / "scenarios"
 IDS = ("scenario-gpt-step", "scenario-checkpoint", "scenario-int8-serve", "scenario-loader")
@@ -152,12 +152,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     """Rows for run.py (same keys as its eager rows)."""
     samples = serve_each_device(__file__, "scenarios", quick, log, timeout=1800, fresh_inductor_cache=True)
-    rows = []
-    for id_ in ids:
-        o, c = samples.get(f"{id_}:openreg"), samples.get(f"{id_}:cpu")
-        if o is not None and c is not None:
-            rows.append(ratio_row("scenarios", id_, NAMES[id_], o, c))
-    return rows
+    return ratio_rows("scenarios", ids, NAMES, {}, samples)  # no goals: the scenarios are reported
 
 
 def main(argv: List[str]) -> None:
