@@ -26,11 +26,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import time
 from typing import Callable, Dict, List
+
+from rows import time_per_call
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
 SIZES = {"8b": 8, "64k": 64 << 10, "1m": 1 << 20, "16m": 16 << 20, "64m": 64 << 20}
@@ -132,17 +132,7 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
         torch.openreg.synchronize()
 
     def timed(fn: Callable[[], None], iters: int, reps: int) -> float:
-        fn()
-        sync()
-        samples = []
-        for _ in range(reps):
-            dist.barrier(group=cpu_group)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            sync()
-            samples.append((time.perf_counter() - t0) / iters)
-        return statistics.median(samples)
+        return time_per_call(fn, sync, iters, reps, start=lambda: dist.barrier(group=cpu_group))
 
     cpu_group = dist.new_group(backend="gloo")
     out: Dict[str, Dict] = {}

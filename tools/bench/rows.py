@@ -55,13 +55,20 @@ def ratio_rows(
     return rows
 
 
-def time_per_call(fn: Callable[[], object], sync: Callable[[], None], iters: int, reps: int) -> float:
+def time_per_call(
+    fn: Callable[[], object],
+    sync: Callable[[], None],
+    iters: int,
+    reps: int,
+    start: Callable[[], None] = lambda: None,
+) -> float:
     """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end),
-    after one call to warm up."""
+    after one call to warm up. `start` runs before each repetition (a barrier that lines ranks up)."""
     fn()
     sync()
     samples = []
     for _ in range(reps):
+        start()
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
