@@ -232,6 +232,28 @@ class TestGenericPath(TestCase):
             x = torch.zeros(3, dtype=torch.uint8, device="openreg")
             self.assertEqual(call(x, -1).cpu(), call(torch.zeros(3, dtype=torch.uint8), -1))  # wraps, as on the CPU
 
+    def test_an_object_result_holds_host_copies_of_its_arguments(self):
+        # quantized::linear_prepack_fp16 has no openreg kernel; its packed weight keeps the bias
+        # tensor it was given. Packed from kernel views, that bias was device memory read after its
+        # kernel had ended: unpack() gave garbage and the packed linear was off by whole units.
+        g = torch.Generator().manual_seed(0)
+        w, b, x = torch.randn(16, 8, generator=g), torch.randn(16, generator=g), torch.randn(4, 8, generator=g)
+        on_cpu = torch.ops.quantized.linear_prepack_fp16(w, b)
+        packed = torch.ops.quantized.linear_prepack_fp16(w.to("openreg"), b.to("openreg"))
+        torch.ones(1 << 16, device="openreg").mul_(7.0)  # device memory is reused and written meanwhile
+        torch.openreg.synchronize()
+        (w_got, b_got), (w_want, b_want) = packed.unpack(), on_cpu.unpack()
+        self.assertEqual((w_got.device, b_got.device), (torch.device("cpu"),) * 2)  # host memory, as packed on the CPU
+        self.assertEqual(w_got, w_want, atol=0, rtol=0)
+        self.assertEqual(b_got, b_want, atol=0, rtol=0)
+        out = torch.ops.quantized.linear_dynamic_fp16(x.to("openreg"), packed)
+        self.assertEqual(out.device, torch.device("openreg", 0))
+        self.assertEqual(out.cpu(), torch.ops.quantized.linear_dynamic_fp16(x, on_cpu), atol=0, rtol=0)
+        # On openreg:1 the arguments come from that device; an object result cannot write an argument.
+        self.assertEqual(
+            torch.ops.quantized.linear_prepack_fp16(w.to("openreg:1"), None).unpack()[0], w_want, atol=0, rtol=0
+        )
+
     def test_an_out_that_is_also_an_input_is_one_tensor_to_the_kernel(self):
         # logical_and_'s composite calls logical_and_out(self, self, other). The CPU kernel refuses
         # to resize self to the broadcast shape because out and self are one tensor; its kernel

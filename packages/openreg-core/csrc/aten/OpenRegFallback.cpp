@@ -81,6 +81,7 @@ bool is_view_return(const c10::Argument& ret) { return ret.alias_info() && !ret.
 struct OpFacts {
   std::atomic<int64_t>* calls;                  // the operator's counter in g_counts
   bool tensor_returns_only = true;              // every return is a Tensor or a Tensor[]
+  bool returns_object = false;                  // some return is a custom class object (a packed weight)
   bool mutates = false;                         // writes an argument, or returns nothing: always needs its kernel
   bool writes_argument = false;                 // in-place or out=: some argument is written
   const c10::OperatorHandle* out_op = nullptr;  // a routed structured op: the out= overload its kernel runs
@@ -101,6 +102,7 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   }
   for (const auto& r : schema.returns()) {
     auto kind = r.type()->kind();
+    f.returns_object |= kind == c10::TypeKind::ClassType || kind == c10::TypeKind::AnyClassType;
     f.tensor_returns_only &=
         kind == c10::TypeKind::TensorType ||
         (kind == c10::TypeKind::ListType &&
@@ -1221,6 +1223,25 @@ void check_not_strict(const c10::FunctionSchema& schema) {
               "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
 }
 
+// ---- 5. ops that return an object ----
+// An object a CPU kernel returns (the packed weight of quantized::linear_prepack_fp16) may keep its
+// tensor arguments, and a kernel view of device memory is valid only while its kernel runs: the
+// fp16-packed weight's bias was read from freed memory afterwards, and its linear gave garbage.
+// Such ops run as the CPU op, over host copies of their arguments: the object holds host memory,
+// as a weight a CPU engine packed does, and tensor results come back to the device.
+void run_on_host_copies(const c10::OperatorHandle& op, Stack* stack, Stack args, c10::Device device) {
+  const auto& schema = op.schema();
+  for (const auto& a : schema.arguments())
+    TORCH_CHECK(!is_written(a), schema.name(), " has no openreg kernel, and openreg cannot run it on host copies: it ",
+                "returns an object and writes its argument '", a.name(), "'");
+  for (c10::IValue& a : args)
+    a = map_tensors(a, [](const at::Tensor& t) { return t.defined() && t.is_privateuseone() ? t.cpu() : t; });
+  replace_devices(args, c10::Device(c10::kCPU));
+  op.callBoxed(args);
+  for (const c10::IValue& r : args)
+    stack->push_back(map_tensors(r, [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; }));
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
   check_not_strict(schema);
@@ -1234,6 +1255,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
   move_indices_to(schema, first, num_args, device);
+  if (facts.returns_object) {
+    run_on_host_copies(op, stack, take_arguments(stack, num_args), device);
+    return;
+  }
   if (facts.fill_value >= 0) check_fill_value(args[facts.fill_value], args[0]);
 
   // 1. Output metadata from the meta kernels (cached).
