@@ -29,34 +29,11 @@ CALLS = """
 import json, sys, time
 
 import torch
-import torch.nn.functional as F
+from torch_openreg.utils.testing import first_use_calls
 
 dev = sys.argv[1]
 sync = torch.openreg.synchronize if dev == "openreg" else (lambda: None)
-calls = {
-    "arange": lambda: torch.arange(10, device=dev),
-    "randn": lambda: torch.randn(3, device=dev),
-    "rand": lambda: torch.rand(3, device=dev),
-    "randint": lambda: torch.randint(0, 5, (3,), device=dev),
-    "normal_": lambda: torch.empty(3, device=dev).normal_(),
-    "uniform_": lambda: torch.empty(3, device=dev).uniform_(),
-    "bernoulli": lambda: torch.bernoulli(torch.full((3,), 0.5, device=dev)),
-    "dropout": lambda: F.dropout(torch.ones(8, device=dev), 0.5, training=True),
-    "linspace": lambda: torch.linspace(0, 1, 5, device=dev),
-    "full": lambda: torch.full((2, 2), 3.0, device=dev),
-    "eye": lambda: torch.eye(3, device=dev),
-    "zeros_like": lambda: torch.zeros_like(torch.ones(2, device=dev)),
-    "sum": lambda: torch.ones(4, device=dev).sum(),
-    "argmax": lambda: torch.ones(4, device=dev).argmax(),
-    "nonzero": lambda: torch.ones(4, device=dev).nonzero(),
-    "cat": lambda: torch.cat([torch.ones(2, device=dev)] * 2),
-    "index_select": lambda: torch.ones(4, device=dev).index_select(0, torch.tensor([0, 2], device=dev)),
-    "embedding": lambda: F.embedding(torch.tensor([1, 2], device=dev), torch.ones(4, 3, device=dev)),
-    "layer_norm": lambda: F.layer_norm(torch.ones(2, 4, device=dev), (4,)),
-    "softmax": lambda: torch.ones(2, 4, device=dev).softmax(-1),
-    "cross_entropy": lambda: F.cross_entropy(torch.ones(2, 4, device=dev), torch.tensor([0, 1], device=dev)),
-    "sdpa": lambda: F.scaled_dot_product_attention(*(torch.ones(1, 2, 4, 8, device=dev),) * 3),
-}
+calls = first_use_calls(dev)
 times = {}
 before = set(sys.modules)
 for name, call in calls.items():

@@ -92,6 +92,40 @@ class StreamHold:
         self.release()
 
 
+def first_use_calls(device: str) -> Dict[str, Callable[[], object]]:
+    """Issue #15's common operators (factories, random, reductions, indexing, normalisation,
+    attention), one call each on ``device``: what core's first-use test runs in a fresh process
+    (none may import a heavy module) and what ``tools/bench/first_use.py`` times."""
+    import torch
+    import torch.nn.functional as F
+
+    dev = device
+    return {
+        "arange": lambda: torch.arange(10, device=dev),
+        "randn": lambda: torch.randn(3, device=dev),
+        "rand": lambda: torch.rand(3, device=dev),
+        "randint": lambda: torch.randint(0, 5, (3,), device=dev),
+        "normal_": lambda: torch.empty(3, device=dev).normal_(),
+        "uniform_": lambda: torch.empty(3, device=dev).uniform_(),
+        "bernoulli": lambda: torch.bernoulli(torch.full((3,), 0.5, device=dev)),
+        "dropout": lambda: F.dropout(torch.ones(8, device=dev), 0.5, training=True),
+        "linspace": lambda: torch.linspace(0, 1, 5, device=dev),
+        "full": lambda: torch.full((2, 2), 3.0, device=dev),
+        "eye": lambda: torch.eye(3, device=dev),
+        "zeros_like": lambda: torch.zeros_like(torch.ones(2, device=dev)),
+        "sum": lambda: torch.ones(4, device=dev).sum(),
+        "argmax": lambda: torch.ones(4, device=dev).argmax(),
+        "nonzero": lambda: torch.ones(4, device=dev).nonzero(),
+        "cat": lambda: torch.cat([torch.ones(2, device=dev)] * 2),
+        "index_select": lambda: torch.ones(4, device=dev).index_select(0, torch.tensor([0, 2], device=dev)),
+        "embedding": lambda: F.embedding(torch.tensor([1, 2], device=dev), torch.ones(4, 3, device=dev)),
+        "layer_norm": lambda: F.layer_norm(torch.ones(2, 4, device=dev), (4,)),
+        "softmax": lambda: torch.ones(2, 4, device=dev).softmax(-1),
+        "cross_entropy": lambda: F.cross_entropy(torch.ones(2, 4, device=dev), torch.tensor([0, 1], device=dev)),
+        "sdpa": lambda: F.scaled_dot_product_attention(*(torch.ones(1, 2, 4, 8, device=dev),) * 3),
+    }
+
+
 def assert_same_quantization(test, got, want, msg=None) -> None:
     """Checks with ``test`` (a TestCase) that quantized tensors ``got`` and ``want`` are quantized
     alike: dtype, scheme, quantization parameters (those of ``got`` on its own device, with
