@@ -343,8 +343,6 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         w = _int8_weight(gm, node.args[1])
         if w is None:
             continue
-        if not is_conv:
-            x_q = _flatten_channels_last(graph, x_q, x_dq, w)
         bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         if bias_node is not None and _attr(gm, bias_node) is None:
             continue
@@ -360,6 +358,8 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             stride, padding, dilation = (
                 [v] * 2 if isinstance(v, int) else list(v) for v in (stride, padding, dilation)
             )
+        else:  # after every check that leaves a pattern as it is: this rewires the linear's input
+            x_q = _flatten_channels_last(graph, x_q, x_dq, w)
         # [relu], then [quantize] when the (relu) output feeds exactly one quantize of the same dtype.
         # The fused ops clamp a quantized output to the dtype's whole range unless told a narrower
         # one, so a quantize with a narrower quant_min/quant_max (reduce_range: uint8 0..127) folds in

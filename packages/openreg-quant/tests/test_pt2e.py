@@ -174,6 +174,34 @@ class TestPTQ(TestCase):
             self.assertEqual(got.cpu(), want.cpu(), atol=0, rtol=0)
             self.assertEqual(calls(lowered, "aten.contiguous"), 0)  # no copy before the classifier
 
+    def test_a_classifier_left_unlowered_keeps_its_input_order(self):
+        # The (H, W, C) flatten before a classifier permutes the linear's weight only as it is
+        # packed: a linear that then stays unlowered (its bias computed in the graph, not a
+        # constant) must keep the (C, H, W) flatten its float weight expects. It got the permuted
+        # input with the unpermuted weight: wrong by up to the output's own size.
+        class ConvClassifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 4 * 4, 5)
+
+            def forward(self, x):
+                return self.fc(torch.flatten(torch.relu(self.c(x)), 1))
+
+        model, x, converted = self._convert(ConvClassifier(), (2, 3, 4, 4))
+        (linear,) = [n for n in converted.graph.nodes if n.target == torch.ops.aten.linear.default]
+        with converted.graph.inserting_before(linear):
+            bias = converted.graph.call_function(torch.ops.aten.mul.Tensor, (linear.args[2], 1.0))
+        linear.replace_input_with(linear.args[2], bias)
+        converted.recompile()
+        with torch.no_grad():
+            unlowered = converted(x)
+            lowered = lower_pt2e(converted)
+            got = lowered(x)
+        self.assertEqual(calls(lowered, "openreg_quant.qconv2d"), 1)
+        self.assertEqual(calls(lowered, "openreg_quant.qlinear"), 0)
+        self.assertEqual(calls(lowered, "aten.permute"), 0)
+        self.assertLessEqual((got - unlowered).abs().max().item(), last_quantum(converted))
+
     def test_a_view_moved_after_a_lowered_conv_views_a_contiguous_tensor(self):
         # conv -> relu -> view -> quantize: the view moves after the fused op, onto its channels-last
         # output, and must view a contiguous copy as every view after a lowered conv does. (The x86
