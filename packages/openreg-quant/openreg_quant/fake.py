@@ -46,7 +46,9 @@ def _fields(packed: Any) -> FakePackedWeight:
     return FakePackedWeight.__obj_unflatten__(packed.__obj_flatten__())  # a real one (meta device)
 
 
-def _check(x: torch.Tensor, w: FakePackedWeight, kind: str, output_dtype, post_op: str) -> None:
+def _check(
+    x: torch.Tensor, w: FakePackedWeight, kind: str, output_scale, output_zero_point, output_dtype, post_op: str
+) -> None:
     """The host checks of csrc/fused/QLinearConv.cpp::check_call that need no device, same messages."""
     name = f"openreg_quant::{kind}"
     if w.kind_ != kind:
@@ -60,6 +62,11 @@ def _check(x: torch.Tensor, w: FakePackedWeight, kind: str, output_dtype, post_o
         raise RuntimeError(
             f"{name}: output_dtype must be None (quantized output), torch.float32 or torch.bfloat16, "
             f"got {output_dtype}."
+        )
+    if output_dtype is not None and (output_scale != 1.0 or output_zero_point != 0):
+        raise RuntimeError(
+            f"{name}: a float output (output_dtype {output_dtype}) takes output_scale 1.0 and output_zero_point 0, "
+            f"got {output_scale} and {output_zero_point}."
         )
     if post_op not in ("none", "relu"):
         raise RuntimeError(f"{name}: post_op must be 'none' or 'relu', got '{post_op}'.")
@@ -140,7 +147,7 @@ def _fake_kernel(kind: str, output: Callable[..., torch.Tensor]) -> Callable[...
         output_quant_max: Optional[int] = None,
     ):
         w = _fields(weight)
-        _check(x, w, kind, output_dtype, post_op)
+        _check(x, w, kind, output_scale, output_zero_point, output_dtype, post_op)
         _check_range(x, kind, output_dtype, output_quant_min, output_quant_max)
         return output(x, x_scale, x_zero_point, w, output_dtype)
 

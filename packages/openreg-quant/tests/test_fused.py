@@ -251,6 +251,7 @@ class TestQConv2d(TestCase):
     def test_bad_arguments_and_meta(self):
         w, ws, wz = dev(*weights(8, 4, 3, 3))
         packed = oq.qconv2d_prepack(w, ws, wz, 0.1, 0, [1, 1], [0, 0], [1, 1], 1)
+        packed_s2 = oq.qconv2d_prepack(w, ws, wz, 0.1, 0, [2, 2], [0, 0], [1, 1], 1)
         x = dev(activations(1, 6, 5, 5)[0])[0]
         cases = [
             (
@@ -280,6 +281,11 @@ class TestQConv2d(TestCase):
             (
                 lambda: oq.qlinear(x[:, :4, 0, 0], 0.1, 0, packed, None, 1.0, 0, None, "none"),
                 "openreg_quant::qlinear: weight was packed by openreg_quant::qconv2d_prepack",
+            ),
+            (
+                # 2 - 3 = -1 rows of room: C++'s division by the stride truncated it to an output row
+                lambda: oq.qconv2d(x[:, :4, :2, :2], 0.1, 0, packed_s2, None, 1.0, 0, None, "none"),
+                r"the kernel \(3 with dilation\) is larger than the padded input",
             ),
         ]
         for call, message in cases:
@@ -342,6 +348,24 @@ class TestOutputRange(TestCase):
                     r"the output range \[100, 50\] must lie inside",
                 ),
             ]
+            # a float output is not quantized: other output parameters are refused (oneDNN refused
+            # them in the kernel and the exact path ignored them: which one ran depended on the values)
+            cw, cws, cwz = (t.to(device) for t in weights(8, 16, 1, 1))
+            conv = oq.qconv2d_prepack(cw, cws, cwz, 0.1, 0, [1, 1], [0, 0], [1, 1], 1)
+            cx = activations(1, 16, 2, 2)[0].to(device)
+            for out_dtype in (torch.float32, torch.bfloat16):
+                for scale, zp in ((0.37, 0), (1.0, 9)):
+                    cases += [
+                        (
+                            lambda s=scale, z=zp, t=out_dtype: oq.qlinear(x, 0.1, 0, packed, None, s, z, t, "none"),
+                            rf"qlinear: a float output \(output_dtype {out_dtype}\) takes output_scale 1.0 and "
+                            "output_zero_point 0, got",
+                        ),
+                        (
+                            lambda s=scale, z=zp, t=out_dtype: oq.qconv2d(cx, 0.1, 0, conv, None, s, z, t, "none"),
+                            r"qconv2d: a float output .* takes output_scale 1.0 and output_zero_point 0, got",
+                        ),
+                    ]
             for call, message in cases:
                 with self.assertRaisesRegex(RuntimeError, message, msg=device):
                     call()

@@ -149,7 +149,8 @@ PackedWeightPtr new_packed(const char* kind, const at::Tensor& weight, const at:
 
 // Host side, at the call: the activations, the packed weight and the other arguments.
 void check_call(const at::Tensor& x, const PackedWeight& w, const char* kind, const std::optional<at::Tensor>& bias,
-                std::optional<at::ScalarType> output_dtype, c10::string_view post_op, const char* name) {
+                double output_scale, int64_t output_zero_point, std::optional<at::ScalarType> output_dtype,
+                c10::string_view post_op, const char* name) {
   TORCH_CHECK(w.kind == kind, name, ": weight was packed by openreg_quant::", w.kind,
               "_prepack; pack it with openreg_quant::", kind, "_prepack.");
   TORCH_CHECK(x.scalar_type() == at::kByte || x.scalar_type() == at::kChar, name,
@@ -165,6 +166,12 @@ void check_call(const at::Tensor& x, const PackedWeight& w, const char* kind, co
     TORCH_CHECK(*output_dtype == at::kFloat || *output_dtype == at::kBFloat16, name,
                 ": output_dtype must be None (quantized output), torch.float32 or torch.bfloat16, got ",
                 py_dtype(*output_dtype), ".");
+  // A float output is not quantized: oneDNN refuses other values in the kernel, the exact path
+  // ignored them, so the same call failed or not depending on the activations' values.
+  if (output_dtype)
+    TORCH_CHECK(output_scale == 1.0 && output_zero_point == 0, name, ": a float output (output_dtype ",
+                py_dtype(*output_dtype), ") takes output_scale 1.0 and output_zero_point 0, got ", output_scale,
+                " and ", output_zero_point, ".");
   TORCH_CHECK(post_op == "none" || post_op == "relu", name, ": post_op must be 'none' or 'relu', got '", post_op, "'.");
 }
 
@@ -316,7 +323,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                    std::optional<at::ScalarType> output_dtype, c10::string_view post_op,
                    std::optional<int64_t> output_quant_min, std::optional<int64_t> output_quant_max) {
   const char* name = "openreg_quant::qlinear";
-  check_call(x, *weight, "qlinear", bias, output_dtype, post_op, name);
+  check_call(x, *weight, "qlinear", bias, output_scale, output_zero_point, output_dtype, post_op, name);
   const OutRange range = out_range(x, output_dtype, output_quant_min, output_quant_max, name);
   at::Tensor out = at::empty(linear_shape(x, *weight, name), x.options().dtype(out_type(x, output_dtype)));
   if (out.numel() == 0) return out;
@@ -372,8 +379,9 @@ std::vector<int64_t> conv_shape(const at::Tensor& x, const PackedWeight& w, cons
   std::vector<int64_t> shape{x.size(0), weight.size(0), 0, 0};
   for (int d = 0; d < 2; ++d) {
     const int64_t span = w.dilation[d] * (weight.size(2 + d) - 1) + 1;
-    shape[2 + d] = (x.size(2 + d) + 2 * w.padding[d] - span) / w.stride[d] + 1;
-    TORCH_CHECK(shape[2 + d] > 0, name, ": the kernel (", span, " with dilation) is larger than the padded input.");
+    const int64_t room = x.size(2 + d) + 2 * w.padding[d] - span;  // checked first: C++ division truncates
+    TORCH_CHECK(room >= 0, name, ": the kernel (", span, " with dilation) is larger than the padded input.");
+    shape[2 + d] = room / w.stride[d] + 1;
   }
   return shape;
 }
@@ -383,7 +391,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                    std::optional<at::ScalarType> output_dtype, c10::string_view post_op,
                    std::optional<int64_t> output_quant_min, std::optional<int64_t> output_quant_max) {
   const char* name = "openreg_quant::qconv2d";
-  check_call(x, *weight, "qconv2d", bias, output_dtype, post_op, name);
+  check_call(x, *weight, "qconv2d", bias, output_scale, output_zero_point, output_dtype, post_op, name);
   const OutRange range = out_range(x, output_dtype, output_quant_min, output_quant_max, name);
   // oneDNN packs a conv weight for the activations' scale and zero point: the call must bring those.
   TORCH_CHECK(x_scale == weight->x_scale && x_zero_point == weight->x_zero_point, name,
