@@ -335,6 +335,17 @@ class TestPerToken(QuantTestCase):
             qd.quantize_per_token(d, s, z, -128, 127, torch.int8)
         with self.assertRaisesRegex(RuntimeError, "unsupported dtype in choose_qparams_per_token: torch.uint8"):
             qd.choose_qparams_per_token(d, torch.uint8)
+        # parameters that would broadcast the input to a larger shape: the output has the input's
+        # shape (PyTorch's meta kernel), so they are refused at the call (the kernel failed)
+        for x, shape in ((torch.tensor(0.5), (1,)), (torch.randn(2, 3), (1, 2, 1))):
+            x, ps, pz = x.to("openreg"), torch.full(shape, 0.1, device="openreg"), torch.zeros(shape, device="openreg")
+            wider = r"would broadcast the input torch.Size\(\[[0-9, ]*\]\) to torch.Size\(\[[0-9, ]+\]\)"
+            with self.assertRaisesRegex(RuntimeError, "quantize_per_token: scales .* " + wider):
+                qd.quantize_per_token(x, ps, pz, -128, 127, torch.int8)
+            q = torch.zeros(x.shape, dtype=torch.int8, device="openreg")
+            with self.assertRaisesRegex(RuntimeError, "dequantize_per_token: scales .* " + wider):
+                qd.dequantize_per_token(q, ps, pz, -128, 127, torch.int8, torch.float32)
+        torch.openreg.synchronize()  # nothing failed in a kernel
 
 
 class TestChooseQParams(QuantTestCase):

@@ -162,6 +162,18 @@ class TestQuantize(QTestCase):
             "axis": both(torch.quantize_per_channel, x, s4, z4, 2, torch.qint8),
             "2-D scales": both(torch.quantize_per_channel, x, s4.view(2, 2), z4, 1, torch.qint8),
             "integer scales": both(torch.quantize_per_channel, x, z4, z4, 1, torch.qint8),
+            # a per-channel tensor along axis 2 in channels-last memory: refused by dequantize (on
+            # openreg it was refused by the kernel, at the next synchronising call)
+            "channels-last dequantize": both(
+                lambda v, s, z: (
+                    torch.quantize_per_channel(v, s, z, 2, torch.qint8)
+                    .contiguous(memory_format=torch.channels_last)
+                    .dequantize()
+                ),
+                values(2, 3, 4, 5),
+                s4,
+                z4,
+            ),
         }
         for name, (on_cpu, on_openreg) in cases.items():
             self.assertSameError(on_cpu, on_openreg, name)

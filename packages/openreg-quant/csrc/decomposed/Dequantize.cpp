@@ -161,7 +161,7 @@ at::Tensor dequantize_per_token(const at::Tensor& input, const at::Tensor& scale
   const c10::ScalarType out_t = dequantize_out_dtype(output_dtype, name);
   check_on_device(scales, input, "scales", name);
   check_on_device(zero_points, input, "zero_points", name);
-  at::infer_size(input.sizes(), at::infer_size(scales.sizes(), zero_points.sizes()));
+  check_token_shapes(input, scales, zero_points, name);
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();

@@ -1,12 +1,14 @@
 // Host-side handling of the decomposed ops' quantization parameters.
 #pragma once
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "../QuantCommon.h"
 
@@ -53,6 +55,18 @@ inline void check_quantize_input(const at::Tensor& input) {
   const auto t = input.scalar_type();
   TORCH_CHECK(t == c10::kFloat || t == c10::kHalf || t == c10::kBFloat16,
               "Expecting input to have dtype torch.float32, but got dtype: ", py_dtype(t));
+}
+
+// Per token: the decomposition broadcasts the parameters against the input, so a shape it cannot
+// broadcast fails at the call with its error. Parameters that broadcast the input to a larger shape
+// are refused: PyTorch's meta kernel gives these ops the input's shape (empty_like), which the
+// kernel writes; the decomposition on CPU tensors would return the larger shape.
+inline void check_token_shapes(const at::Tensor& input, const at::Tensor& scales, const at::Tensor& zero_points,
+                               const char* op) {
+  const std::vector<int64_t> shape = at::infer_size(input.sizes(), at::infer_size(scales.sizes(), zero_points.sizes()));
+  TORCH_CHECK(c10::IntArrayRef(shape) == input.sizes(), op, ": scales ", py_size(scales.sizes()), " and zero_points ",
+              py_size(zero_points.sizes()), " would broadcast the input ", py_size(input.sizes()), " to ",
+              py_size(shape), "; the output has the input's shape.");
 }
 
 inline c10::ScalarType dequantize_out_dtype(std::optional<c10::ScalarType> out_dtype, const char* op) {

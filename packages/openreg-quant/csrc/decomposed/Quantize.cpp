@@ -225,7 +225,7 @@ at::Tensor quantize_per_token(const at::Tensor& input, const at::Tensor& scales,
   check_on_device(scales, input, "scales", name);
   check_on_device(zero_points, input, "zero_points", name);
   // The decomposition broadcasts the parameters: the same shape errors, at the call.
-  at::infer_size(input.sizes(), at::infer_size(scales.sizes(), zero_points.sizes()));
+  check_token_shapes(input, scales, zero_points, name);
   TORCH_CHECK(c10::isFloatingType(input.scalar_type()) && c10::isFloatingType(scales.scalar_type()), name,
               ": input and scales must be floating point, got ", py_dtype(input.scalar_type()), " and ",
               py_dtype(scales.scalar_type()), ".");

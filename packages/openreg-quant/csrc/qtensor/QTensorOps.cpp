@@ -72,6 +72,9 @@ template <bool float_qparams>
 void dequantize_per_channel_kernel(const at::Tensor& qtensor, at::Tensor& rtensor, const at::Tensor& scales,
                                    const at::Tensor& zero_points, int64_t axis) {
   if (qtensor.numel() == 0) return;
+  // The CPU's kernel refuses this layout: the same error at the call, not from the kernel.
+  TORCH_CHECK(rtensor.is_contiguous() || axis <= 1,
+              "If tensor is channels_last contig then per channel quantization is supported only for axis = 0 or 1.");
   OPENREG_CHECK(::openreg::launch(stream_of(rtensor), "openreg_quant::dequantize_per_channel",
                                   [q = KernelQTensorArg(qtensor), r = KernelTensorArg(rtensor),
                                    s = KernelTensorArg(scales), z = KernelTensorArg(zero_points), axis] {
