@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -143,6 +144,14 @@ def run_onnx(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], outputs: Opti
 # --- comparing -------------------------------------------------------------------------------
 
 
+# Significant digits that tell two different values of a dtype apart in a mismatch's detail.
+_DIGITS = {torch.float64: 17, torch.float32: 9}
+
+
+def _is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
 def compare(name: str, kind: str, expected: torch.Tensor, actual: torch.Tensor, tolerances=None) -> Comparison:
     expected, actual = expected.detach().cpu(), actual.detach().cpu()
     rtol, atol = (tolerances or TOLERANCES).get(expected.dtype, EXACT)
@@ -153,6 +162,11 @@ def compare(name: str, kind: str, expected: torch.Tensor, actual: torch.Tensor, 
     if tuple(actual.shape) != shape:
         return Comparison(name, kind, str(expected.dtype), shape, float("inf"), float("inf"), rtol, atol, False,
                           f"shape {list(actual.shape)} instead of {list(shape)}")  # fmt: skip
+    # An output of another dtype is another result (an int64 count returned as float32). The
+    # exporter may keep an intermediate value in a wider type: those are compared by value.
+    if kind == "output" and actual.dtype != expected.dtype:
+        return Comparison(name, kind, str(expected.dtype), shape, float("inf"), float("inf"), rtol, atol, False,
+                          f"dtype {actual.dtype} instead of {expected.dtype}")  # fmt: skip
     if expected.numel() == 0:
         return Comparison(name, kind, str(expected.dtype), shape, 0.0, 0.0, rtol, atol, True)
     e, a = expected.to(torch.float64), actual.to(torch.float64)
@@ -163,11 +177,20 @@ def compare(name: str, kind: str, expected: torch.Tensor, actual: torch.Tensor, 
     rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
     nonfinite = ~(e.isfinite() & a.isfinite()) & ~same_nonfinite  # inf vs a number, NaN vs a number
     bad = (diff > atol + rtol * e.abs().nan_to_num(posinf=0.0)) | nonfinite
+    if not _is_float(expected) and not _is_float(actual):
+        # Integers exactly: float64 holds 53 bits, so 2**53 + 1 and 2**53 compared equal there.
+        bad = expected.to(torch.int64) != actual.to(torch.int64)
+        diff = torch.where(bad, diff.clamp_min(1.0), torch.zeros_like(diff))
     max_abs, max_rel = float(diff.max()), float(torch.where(diff > 0, rel, torch.zeros_like(rel)).max())
     detail = ""
     if bool(bad.any()):
         idx = tuple(int(i) for i in np.unravel_index(int(torch.argmax(torch.where(bad, diff, -1.0))), shape))
-        detail = f"{int(bad.sum())}/{e.numel()} elements; worst at {list(idx)}: expected {e[idx]:.6g}, got {a[idx]:.6g}"
+        if _is_float(expected):
+            digits = _DIGITS.get(expected.dtype, 6)
+            want, got = f"{e[idx]:.{digits}g}", f"{a[idx]:.{digits}g}"
+        else:
+            want, got = str(expected[idx].item()), str(actual[idx].item())
+        detail = f"{int(bad.sum())}/{e.numel()} elements; worst at {list(idx)}: expected {want}, got {got}"
     return Comparison(name, kind, str(expected.dtype), shape, max_abs, max_rel, rtol, atol, not bool(bad.any()), detail)
 
 
@@ -175,9 +198,57 @@ def _flat_tensors(value) -> List[torch.Tensor]:
     return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
+# Batch norm in a captured graph, and the position of its training flag: an ExportedProgram
+# captured from a model in train() mode keeps training batch norm, which the ONNX exporter
+# translates as inference (the running statistics).
+_BATCH_NORM_TRAINING_ARG = {
+    torch.ops.aten.batch_norm.default: 5,
+    torch.ops.aten.native_batch_norm.default: 5,
+    torch.ops.aten._native_batch_norm_legit_functional.default: 5,
+    torch.ops.aten._native_batch_norm_legit.default: 5,
+}
+# Dropout (flag at 2), which the exporter keeps as it is: a Dropout in training mode drops at random.
+_DROPOUT = (
+    torch.ops.aten.dropout.default,
+    torch.ops.aten.native_dropout.default,
+    torch.ops.aten.feature_dropout.default,
+    torch.ops.aten.alpha_dropout.default,
+    torch.ops.aten.feature_alpha_dropout.default,
+)
+
+
+def _inference_module(program: torch.export.ExportedProgram) -> torch.nn.Module:
+    """``program.module()`` computing what its ONNX export computes. A program captured in
+    train() mode runs as a copy with batch norm's training flag off, so the caller's statistics,
+    which the program shares, are not updated either; one that drops at random is refused (its
+    ONNX model drops at random too: nothing to compare)."""
+    gm = program.module()
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    dropping = [n.name for n in calls if n.target in _DROPOUT and len(n.args) > 2 and n.args[2] is True and n.args[1]]
+    if dropping:
+        raise ValueError(
+            f"the program drops at random ({', '.join(dropping)}: dropout in training mode, captured from a "
+            "model in train() mode) and so does its ONNX export; capture it from model.eval(), or pass the "
+            "model itself (a model is exported and compared in eval mode)"
+        )
+
+    def trains(n):
+        index = _BATCH_NORM_TRAINING_ARG.get(n.target) if n.op == "call_function" else None
+        return index is not None and len(n.args) > index and n.args[index] is True
+
+    if not any(trains(n) for n in calls):
+        return gm
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if trains(node):
+            node.update_arg(_BATCH_NORM_TRAINING_ARG[node.target], False)
+    gm.recompile()
+    return gm
+
+
 def _node_values(program: torch.export.ExportedProgram, args, kwargs) -> Dict[str, torch.Tensor]:
     """Every FX node's tensor value when the program runs eagerly (on the program's device)."""
-    gm = program.module()
+    gm = _inference_module(program)
     values: Dict[str, torch.Tensor] = {}
 
     class Recorder(torch.fx.Interpreter):
@@ -215,6 +286,10 @@ def verify(
         args = (args,)
     kwargs = kwargs or {}
     _export.check_devices(model_or_program, (args, kwargs))
+    if isinstance(model_or_program, torch.export.ExportedProgram):
+        run = _inference_module(model_or_program)  # before the export: it may refuse the program
+    else:
+        run = model_or_program
     if onnx_program is None:
         onnx_program = _export.export(
             model_or_program,
@@ -228,17 +303,17 @@ def verify(
             optimize=not intermediates,
         )
     model = onnx_program if isinstance(onnx_program, onnx.ModelProto) else onnx_program.model_proto
-    if isinstance(model_or_program, torch.export.ExportedProgram):
-        run = model_or_program.module()
-    else:
-        run = model_or_program
-    # The export is of inference (a model in train() mode is exported as in eval()): the eager
-    # reference runs in the same mode, which also leaves batch-norm statistics alone; the model
-    # is given back in the mode it had.
+    # The export is of inference (a model in train() mode is exported as in eval(); a program
+    # captured in train() mode has its batch norm translated as inference): the eager reference
+    # runs in the same mode, which also leaves batch-norm statistics alone; the model is given
+    # back in the mode it had.
     with torch.no_grad(), _export.eval_mode(model_or_program):
         expected = _flat_tensors(run(*args, **kwargs))
     inputs = _flat_tensors((args, kwargs))
-    graph_inputs = [i.name for i in model.graph.input]
+    # A file saved with keep_initializers_as_inputs lists its weights among the inputs too; they
+    # keep their stored values (as onnxruntime does when they are not fed).
+    initializers = {i.name for i in model.graph.initializer}
+    graph_inputs = [i.name for i in model.graph.input if i.name not in initializers]
     if len(graph_inputs) != len(inputs):
         raise ValueError(f"the ONNX model takes {len(graph_inputs)} inputs, the call gives {len(inputs)} tensors")
     feeds = {name: _to_numpy(t) for name, t in zip(graph_inputs, inputs)}

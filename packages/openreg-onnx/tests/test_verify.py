@@ -1,5 +1,6 @@
 """openreg_onnx.verify: a wrong translation is reported, tolerances per dtype, backends."""
 
+import onnx
 import openreg_onnx
 import pytest
 import torch
@@ -101,6 +102,54 @@ class TestVerify(TestCase):
             for k, v in before.items():  # bit for bit, num_batches_tracked still 0
                 self.assertTrue(torch.equal(after[k].cpu(), v), k)
 
+    def test_program_captured_in_train_mode_is_verified_as_exported(self):
+        # A program captured from a model in train() mode keeps training batch norm, which the
+        # ONNX exporter translates as inference. The reference ran the program as captured (a
+        # false FAIL) and updated the caller's running statistics, which the program shares with
+        # the model.
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU()).to("openreg")
+        with torch.no_grad():
+            model[1].running_mean.uniform_(-1, 1)
+            model[1].running_var.uniform_(0.5, 2)
+        x = torch.randn(8, 4, device="openreg")
+        program = torch.export.export(model, (x,))
+        before = {k: v.cpu().clone() for k, v in model.state_dict().items()}
+        for intermediates in (False, True):
+            result = openreg_onnx.verify(program, (x,), intermediates=intermediates)
+            self.assertTrue(result.ok, result.report())
+            for k, v in model.state_dict().items():  # bit for bit, num_batches_tracked still 0
+                self.assertTrue(torch.equal(v.cpu(), before[k]), k)
+        # the program itself still trains when run
+        program.module()(x)
+        self.assertEqual(int(model[1].num_batches_tracked), 1)
+        # dropout in training mode is exported as it is (a Dropout that drops at random): refused
+        dropping = torch.export.export(torch.nn.Sequential(model, torch.nn.Dropout(0.5)), (x,))
+        with self.assertRaisesRegex(
+            ValueError, r"the program drops at random \(dropout.*capture it from model.eval\(\)"
+        ):
+            openreg_onnx.verify(dropping, (x,))
+
+    def test_a_file_with_initializers_as_inputs(self):
+        # keep_initializers_as_inputs lists the weights among the graph's inputs too: they are not
+        # fed (their stored values run, as onnxruntime runs them).
+        model = AbsThenScale().to("openreg").eval()
+        x = torch.randn(4, 6, device="openreg")
+        program = openreg_onnx.export(model, (x,))
+        path = self._tmp("kiai.onnx")
+        program.save(path, keep_initializers_as_inputs=True)
+        saved = onnx.load(path)
+        self.assertGreater(len(saved.graph.input), 1)
+        result = openreg_onnx.verify(model, (x,), onnx_program=saved)
+        self.assertTrue(result.ok, result.report())
+
+    def _tmp(self, name):
+        import tempfile
+
+        folder = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, folder)
+        return f"{folder}/{name}"
+
 
 class TestCompare(TestCase):
     def test_tolerance_per_dtype(self):
@@ -120,6 +169,27 @@ class TestCompare(TestCase):
         c = compare("f", "output", inf_nan, torch.tensor([1.0, float("nan"), 1.0]))
         self.assertFalse(c.ok)
         self.assertEqual(c.detail, "1/3 elements; worst at [0]: expected inf, got 1")
+
+    def test_integers_are_exact_beyond_float64_and_an_output_keeps_its_dtype(self):
+        big = torch.tensor([2**53 + 1], dtype=torch.int64)
+        c = compare("i", "output", big, big - 1)  # equal in float64
+        self.assertFalse(c.ok)
+        self.assertEqual(c.detail, "1/1 elements; worst at [0]: expected 9007199254740993, got 9007199254740992")
+        self.assertTrue(compare("i", "output", big, big.clone()).ok)
+        for expected, actual in (
+            (torch.tensor([1, 2]), torch.tensor([1.0, 2.0])),
+            (torch.tensor([True]), torch.tensor([1], dtype=torch.int32)),
+        ):
+            c = compare("d", "output", expected, actual)
+            self.assertFalse(c.ok)
+            self.assertEqual(c.detail, f"dtype {actual.dtype} instead of {expected.dtype}")
+        # an intermediate value may be kept in a wider type: compared by value
+        self.assertTrue(compare("d", "intermediate", torch.tensor([1, 2]), torch.tensor([1.0, 2.0])).ok)
+        # a float64 mismatch prints enough digits to tell the values apart
+        c = compare(
+            "f", "output", torch.tensor([1.0], dtype=torch.float64), torch.tensor([1.000001], dtype=torch.float64)
+        )
+        self.assertEqual(c.detail, "1/1 elements; worst at [0]: expected 1, got 1.0000009999999999")
 
     def test_shape_mismatch(self):
         c = compare("s", "output", torch.zeros(2, 3), torch.zeros(3, 2))
