@@ -113,6 +113,16 @@ def export_without_weights(
             + ("; pass those outside state_dict() by the same dotted names (named_buffers(), the attribute's path)"
                if any(k in kinds for k in missing) else "")
         )  # fmt: skip
+    # What the model's own load_state_dict refuses, refused here: onnxruntime would broadcast a
+    # bias of the wrong shape, and refuse a file whose weight changed dtype.
+    declared = program.exported_program.state_dict | dict(program.exported_program.constants)
+    wrong = [
+        f"{k}: {tuple(weights[k].shape)} {weights[k].dtype} instead of {tuple(declared[k].shape)} {declared[k].dtype}"
+        for k in expected
+        if k in declared and (weights[k].shape != declared[k].shape or weights[k].dtype != declared[k].dtype)
+    ]
+    if wrong:
+        raise ValueError(f"weights do not fit the model's initializers: {'; '.join(wrong[:8])}")
     program.apply_weights({k: weights[k].detach().cpu() for k in expected})
     program.model.metadata_props[_export.METADATA_PREFIX + "weights"] = "applied after a fake-tensor export"
     program.optimize()

@@ -30,11 +30,19 @@ def custom_abs(g, input):
 @parse_args("v", "f")
 def scaled_square(g, x, scale):
     dtype = _type_utils.JitScalarType.from_value(x, _type_utils.JitScalarType.FLOAT)
-    if dtype not in _FLOATING:  # as x * x * scale promotes: an integer x gives the default float type
+    if dtype in _FLOATING:
+        square = g.op("Mul", x, x)
+    else:  # x * x in x's type (an integer square wraps, as _table.py::_square), then promoted
+        square = x
+        if dtype == _type_utils.JitScalarType.INT64:
+            square = g.op("Mul", x, x)
+        elif dtype != _type_utils.JitScalarType.BOOL:
+            wide = g.op("Cast", x, to_i=_type_utils.JitScalarType.INT64.onnx_type())
+            square = g.op("Cast", g.op("Mul", wide, wide), to_i=dtype.onnx_type())
         dtype = _type_utils.JitScalarType.from_dtype(torch.get_default_dtype())
-        x = g.op("Cast", x, to_i=dtype.onnx_type())
+        square = g.op("Cast", square, to_i=dtype.onnx_type())
     s = g.op("Constant", value_t=torch.tensor(scale, dtype=dtype.dtype()))
-    return g.op("Mul", g.op("Mul", x, x), s)
+    return g.op("Mul", square, s)
 
 
 @parse_args("v")

@@ -46,16 +46,14 @@ SIGNATURES = {
 _FLOATING = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT, ir.DataType.DOUBLE)
 
 
-def _to_float(x):
-    """``x * x * scale`` promotes an integer or bool x to the default float type."""
-    if x.dtype in _FLOATING:
-        return x
+def _default_float() -> ir.DataType:
+    """The type ``x * x * scale`` promotes an integer or bool x to: torch's default float type."""
     default = {
         torch.float16: ir.DataType.FLOAT16,
         torch.bfloat16: ir.DataType.BFLOAT16,
         torch.float64: ir.DataType.DOUBLE,
     }
-    return op.Cast(x, to=default.get(torch.get_default_dtype(), ir.DataType.FLOAT))
+    return default.get(torch.get_default_dtype(), ir.DataType.FLOAT)
 
 
 # --- openreg:: operators ------------------------------------------------------------------
@@ -71,9 +69,35 @@ def custom_abs(input):
     return op.Abs(input)
 
 
+# Eager computes ``x * x`` in x's own type, so an integer square wraps before it becomes a float
+# (int8 -100: 10000 wraps to 16). onnxruntime has no Mul for the narrow integers: they square in a
+# wider type that holds every product, and the Cast back wraps as the integer product does.
+_SQUARE_IN = {
+    ir.DataType.INT8: ir.DataType.INT32,
+    ir.DataType.UINT8: ir.DataType.INT32,
+    ir.DataType.INT16: ir.DataType.INT32,
+    ir.DataType.UINT16: ir.DataType.INT64,
+    ir.DataType.INT32: ir.DataType.INT64,
+}
+
+
+def _square(x):
+    """``x * x`` in x's type, as eager computes it."""
+    if x.dtype == ir.DataType.BOOL:
+        return x  # True * True is True
+    wide = _SQUARE_IN.get(x.dtype)
+    if wide is None:
+        return op.Mul(x, x)
+    w = op.Cast(x, to=wide)
+    return op.Cast(op.Mul(w, w), to=x.dtype)
+
+
 def scaled_square(x, scale: float):
-    x = _to_float(x)
-    return op.Mul(op.Mul(x, x), _const(scale, x))
+    # Decided by x's type: the type of a value computed here is not known while tracing.
+    if x.dtype in _FLOATING:
+        return op.Mul(op.Mul(x, x), _const(scale, x))
+    to = _default_float()
+    return op.Mul(op.Cast(_square(x), to=to), op.Constant(value=ir.tensor(scale, dtype=to)))
 
 
 def custom_autograd_fn_returns_self(input):
@@ -89,7 +113,8 @@ def vendor_custom_abs(input):
 
 
 def vendor_scaled_square(x, scale: float):
-    x = _to_float(x)
+    if x.dtype not in _FLOATING:  # the vendor kernel takes floats: an integer square is portable
+        return scaled_square(x, scale)
     return openreg_ops.scaled_square(x, _const(scale, x))
 
 
@@ -118,7 +143,9 @@ def _scale(query, scale):
     e = query.shape[-1]
     if isinstance(e, int):
         return _const(1.0 / math.sqrt(e), query)
-    e = op.Cast(op.Shape(query, start=-1), to=ir.DataType.FLOAT)
+    # In double for a double query (torch's scale is a double); in float for the others.
+    wide = ir.DataType.DOUBLE if query.dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
+    e = op.Cast(op.Shape(query, start=-1), to=wide)
     return op.CastLike(op.Reciprocal(op.Sqrt(e)), query)
 
 

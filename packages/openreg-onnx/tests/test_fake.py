@@ -80,6 +80,26 @@ def test_without_weights_the_graph_saves_without_initializers(tmp_path):
     assert len(model.graph.initializer) == 0
 
 
+def test_weights_of_another_shape_or_dtype_are_refused():
+    # The model's own load_state_dict refuses them; onnxruntime would broadcast a bias of shape
+    # [1] (a wrong result) and refuse a file whose weight changed dtype.
+    weights = MLP().state_dict()
+    for key, value, said in (
+        ("net.2.bias", torch.zeros(1), r"net.2.bias: \(1,\) torch.float32 instead of \(4,\) torch.float32"),
+        ("net.0.weight", weights["net.0.weight"].double(), r"net.0.weight: \(16, 8\) torch.float64 instead of"),
+    ):
+        with pytest.raises(ValueError, match="weights do not fit the model's initializers: " + said):
+            export_without_weights(MLP, lambda: (torch.randn(3, 8),), {**weights, key: value})
+    # the non-persistent buffer and the tensor attribute are checked too
+    real = WithNonPersistent()
+    with pytest.raises(ValueError, match=r"pos: \(3,\) torch.float32 instead of \(4,\)"):
+        export_without_weights(
+            WithNonPersistent,
+            _with_non_persistent_args,
+            {**real.state_dict(), "pos": torch.zeros(3), "scale": real.scale},
+        )
+
+
 class WithNonPersistent(nn.Module):
     """A non-persistent buffer and a plain tensor attribute (neither in ``state_dict()``), and a
     tensor ``forward`` makes from data (a real constant of the program)."""

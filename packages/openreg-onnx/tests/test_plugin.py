@@ -135,10 +135,14 @@ class TestHooksInProcess(TestCase):
                 )
 
         ops = ["Abs", "Mul", "Mul", "Identity", "Identity"]
-        int_ops = ["Abs", "Cast", *ops[1:]]  # x * x * scale promotes an integer x to float
+        # x * x * scale squares an integer x in its own type, then promotes it to float; a narrow
+        # one squares in int64 and wraps back (int8 100 * 100 is 16)
+        int_ops = ["Abs", "Mul", "Cast", "Mul", "Identity", "Identity"]
+        int8_ops = ["Abs", "Cast", "Mul", "Cast", "Cast", "Mul", "Identity", "Identity"]
         for x, want_ops in (
             (torch.randn(3, 4, device="openreg"), ops),
             (torch.randint(-3, 4, (3, 4), device="openreg"), int_ops),
+            (torch.tensor([[-100, 20, 3, 127]], dtype=torch.int8, device="openreg"), int8_ops),
         ):
             f = io.BytesIO()
             with warnings.catch_warnings():

@@ -158,3 +158,44 @@ def test_aliasing_ops(mode, op):
         None, {"in0": x.cpu().numpy()}
     )[0]
     np.testing.assert_array_equal(got, overload(x).cpu().numpy())
+
+
+@pytest.mark.parametrize("mode", _table.MODES)
+def test_integer_scaled_square_wraps_as_eager(mode):
+    # Eager squares an integer x in its own type, so the square wraps before it becomes a float
+    # (int8 -100: 10000 is 16 in int8); the translation used to cast x to float first.
+    class Square(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.openreg.scaled_square(x, 1.5)
+
+    for dtype, values in (
+        (torch.int8, [3, 20, -100]),
+        (torch.uint8, [3, 20, 200]),
+        (torch.int16, [3, 300, -1000]),
+        (torch.int32, [3, 50000, -70000]),
+        (torch.int64, [3, -5]),
+        (torch.bool, [True, False]),
+    ):
+        x = torch.tensor(values, dtype=dtype, device="openreg")
+        result = openreg_onnx.verify(Square(), (x,), mode=mode)
+        assert result.ok, result.report()
+        assert result.backend == "onnxruntime", result.fallback_reason
+        if dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):  # the square does wrap here
+            assert Square()(x).cpu().tolist() != [v * v * 1.5 for v in values]
+
+
+@pytest.mark.parametrize("mode", _table.MODES)
+def test_float64_attention_with_a_dynamic_head_dim_keeps_a_double_scale(mode):
+    # With E symbolic the scale 1/sqrt(E) is computed in the graph: in double for a double query
+    # (in float32 it was off by 1e-6, far beyond float64's tolerance).
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 7, generator=g, dtype=torch.float64).to("openreg") for _ in range(3))
+    e = torch.export.Dim("e", min=2)
+    program = decomposed_program(Attention(), (q, k, v), dynamic_shapes=({3: e}, {3: e}, {3: e}))
+    result = openreg_onnx.verify(program, (q, k, v), mode=mode)
+    assert result.ok, result.report()
+    assert result.comparisons[0].max_abs < 1e-12
