@@ -694,10 +694,12 @@ c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c1
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) return nullptr;  // not a member: the members' rendezvous needs nothing from it
   auto options = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
-  if (opts) {
-    options->group_name = opts->group_name;
-    options->global_ranks_in_group = opts->global_ranks_in_group;
-  }
+  if (opts) options->group_name = opts->group_name;
+  // The members' global ranks, through this group's own (`ranks` are this group's ranks; what c10d
+  // passes in `opts` is this group's list, not the child's).
+  for (int r : ranks)
+    options->global_ranks_in_group.push_back(
+        options_->global_ranks_in_group.empty() ? static_cast<uint64_t>(r) : options_->global_ranks_in_group.at(r));
   // A fresh transport among the members (Gloo's own split needs options of its own type, which occl
   // cannot build without Gloo's headers). It rendezvouses on this group's store under a prefix that
   // every member computes alike: the store c10d passes in is named after state that differs between

@@ -174,7 +174,11 @@ class OcclBackend : public c10d::Backend {
   ~OcclBackend() override;
 
   const std::string getBackendName() const override { return "occl"; }
-  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  // A copy: c10d's splitGroup writes the child's name, timeout and description into the options it
+  // gets here before it calls split(), which changed the parent's own timeout (its watchdog's).
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
+    return c10::make_intrusive<Options>(*options_);
+  }
   const std::shared_ptr<Transport>& transport() const { return transport_; }
   bool supportsCoalescing() const override { return true; }
   // split_group and 2-D DeviceMesh: a sub-backend with a transport of its own among the members.

@@ -5,13 +5,14 @@ import copy
 import os
 import shutil
 import tempfile
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor as dtensor
 import torch.nn as nn
 from conftest import OcclTestCase, sgd_step
-from openreg_distributed import OcclOptions
+from openreg_distributed import OcclOptions, flight_recorder
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
@@ -89,6 +90,25 @@ class TestMesh(FSDPTraining, OcclTestCase):
         y = torch.full((2,), float(self.rank + 1), device=self.device)
         dist.all_reduce(y, group=pair)
         self.assertEqual(y.cpu(), torch.full((2,), 3.0))
+
+    def test_a_split_keeps_its_parent_timeout_and_knows_its_global_ranks(self):
+        # c10d's split_group writes the child's timeout into the options the parent's backend
+        # gives it: they were the parent's own, so the parent's watchdog took the child's timeout
+        # (a 2 s split made the default group time out its collectives after 2 s). The child's
+        # global ranks were the parent's list ([0, 1] for rank 1's group of one), which names the
+        # flight recorder's group, its dump file and the errors it propagates.
+        openreg = torch.device("openreg")
+        parent = dist.group.WORLD._get_backend(openreg)
+        self.assertEqual(parent.timeout, self.timeout)
+        alone = dist.split_group(split_ranks=[[0], [1]], timeout=timedelta(seconds=2))
+        self.assertEqual(alone._get_backend(openreg).timeout, timedelta(seconds=2))
+        self.assertEqual(parent.timeout, self.timeout)
+        init_device_mesh("openreg", (2, 1), mesh_dim_names=("dp", "tp"))  # splits with its default timeout
+        self.assertEqual(parent.timeout, self.timeout)
+        x = torch.ones(2, device=self.device)
+        dist.all_reduce(x, group=alone)
+        torch.openreg.synchronize()
+        self.assertEqual(flight_recorder.dump_json()["pg_config"][alone.group_name]["ranks"], f"[{self.rank}]")
 
     def test_group_options_choose_the_transport(self):
         # pg_options, an OcclOptions, say where the group's private Gloo transport connects; the
