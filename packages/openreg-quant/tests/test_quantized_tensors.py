@@ -122,6 +122,17 @@ class TestQuantize(QTestCase):
                 torch._make_per_channel_quantized_tensor(ints, scales, zps, 0),
                 str(dtype),
             )
+        # channels-last codes: per tensor keeps the layout, per channel is contiguous, as on the CPU
+        ints = torch.randint(0, 256, (2, 3, 4, 5), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+        scales, zps = torch.rand(3, dtype=torch.float64) + 0.1, torch.arange(3)
+        self.assertSameQ(
+            torch._make_per_tensor_quantized_tensor(ints.to("openreg"), 0.2, 3),
+            torch._make_per_tensor_quantized_tensor(ints, 0.2, 3),
+        )
+        self.assertSameQ(
+            torch._make_per_channel_quantized_tensor(ints.to("openreg"), scales.to("openreg"), zps.to("openreg"), 1),
+            torch._make_per_channel_quantized_tensor(ints, scales, zps, 1),
+        )
 
     def test_dequantize_matches_cpu(self):
         x = values(3, 4, 8)

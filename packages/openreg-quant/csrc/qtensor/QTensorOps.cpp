@@ -168,8 +168,10 @@ at::Tensor make_per_channel_quantized_tensor_op(const at::Tensor& self, const at
                                                 const at::Tensor& zero_points, int64_t axis) {
   const auto dtype = quantized_type_of(self, "aten::_make_per_channel_quantized_tensor");
   c10::DeviceGuard guard(self.device());
+  // Contiguous whatever self's layout, as the CPU's kernel makes it (its per-tensor sibling keeps
+  // self's layout: so does openreg's, above).
   at::Tensor q = at::_empty_per_channel_affine_quantized(self.sizes(), scales, zero_points, axis,
-                                                         result_options(self, dtype), self.suggest_memory_format());
+                                                         result_options(self, dtype), at::MemoryFormat::Contiguous);
   plain_alias(q).copy_(self);
   return q;
 }
