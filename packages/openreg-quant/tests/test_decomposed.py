@@ -241,6 +241,31 @@ class TestPerChannel(QuantTestCase):
                                         msg,
                                     )
 
+    def test_narrow_integer_zero_points_subtract_as_the_decomposition(self):
+        # The decomposition subtracts an integer zero point in the type the values and it promote
+        # to: uint8 3 - 128 wraps to 131 there (openreg's fused loop subtracted in float: -125).
+        q, s = torch.tensor([[3, 200]], dtype=torch.uint8), torch.tensor([0.5, 0.5])
+        z = torch.tensor([128, 128], dtype=torch.uint8)
+        want = qd.dequantize_per_channel(q, s, z, 1, 0, 255, torch.uint8)
+        self.assertEqual(want.tolist(), [[65.5, 36.0]])  # the wrap
+        self.assertSame(qd.dequantize_per_channel(*(t.to("openreg") for t in (q, s, z)), 1, 0, 255, torch.uint8), want)
+        qt, st, zt = (
+            torch.tensor([[3, -100]], dtype=torch.int8),
+            torch.tensor([[0.5]]),
+            torch.tensor([[100]], dtype=torch.int8),
+        )
+        want = qd.dequantize_per_token(qt, st, zt, -128, 127, torch.int8, torch.float32)
+        self.assertSame(
+            qd.dequantize_per_token(*(t.to("openreg") for t in (qt, st, zt)), -128, 127, torch.int8, torch.float32),
+            want,
+        )
+        # int64 zero points (the usual ones) do not wrap, and stay on the fused loop's result
+        z64 = z.long()
+        self.assertEqual(
+            qd.dequantize_per_channel(*(t.to("openreg") for t in (q, s, z64)), 1, 0, 255, torch.uint8).cpu().tolist(),
+            [[-62.5, 36.0]],
+        )
+
     def test_one_scale_for_all_channels(self):
         x = ties(6).reshape(4, 6)
         s, z = torch.tensor([0.5]), torch.tensor([3])

@@ -69,6 +69,14 @@ at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tens
 
 // ---- per channel and per token: one (scale, zero point) per group of elements ----
 
+// The decomposition subtracts an integer zero point in the type input and zero point promote to,
+// which wraps when that is narrower than 32 bits (uint8 3 - 128 is 131 there). The fused loops
+// subtract in float: such zero points take the decomposition in the kernel instead, to be bit-exact.
+bool wrapping_zero_point(const at::Tensor& input, const at::Tensor& zero_points) {
+  if (!zero_points.defined() || !c10::isIntegralType(zero_points.scalar_type(), /*includeBool=*/true)) return false;
+  return c10::elementSize(c10::promoteTypes(input.scalar_type(), zero_points.scalar_type())) < 4;
+}
+
 // Launches the fused loop (or, when `fusable` is false or the types are not the loops',
 // `reference` on the kernel views). `groups`/`inner` follow for_each_group; with
 // `axis` >= 0 the inner size is the (flattened) input's stride along that axis.
@@ -138,7 +146,8 @@ at::Tensor dequantize_per_channel(const at::Tensor& input, const at::Tensor& sca
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();
-  const bool fusable = (T == at::kFloat || T == at::kDouble) && n == channels && fused_zero_point(zero_points, T);
+  const bool fusable = (T == at::kFloat || T == at::kDouble) && n == channels && fused_zero_point(zero_points, T) &&
+                       !wrapping_zero_point(input, zero_points);
   launch_dequantize_groups(
       name, input, out, scales, zero_points, axis, fusable,
       [axis](const at::Tensor& x, const at::Tensor& s, const at::Tensor& z, c10::ScalarType out_t) {
@@ -172,7 +181,7 @@ at::Tensor dequantize_per_token(const at::Tensor& input, const at::Tensor& scale
     return true;
   };
   const bool fusable = (T == at::kFloat || T == at::kDouble) && per_row(scales) && per_row(zero_points) &&
-                       fused_zero_point(zero_points, T);
+                       fused_zero_point(zero_points, T) && !wrapping_zero_point(input, zero_points);
   launch_dequantize_groups(name, input, out, scales, zero_points, /*axis=*/-1, fusable,
                            [](const at::Tensor& x, const at::Tensor& s, const at::Tensor& z, c10::ScalarType out_t) {
                              return ((x - z) * s).to(out_t);
