@@ -254,6 +254,29 @@ class TestGenericPath(TestCase):
             torch.ops.quantized.linear_prepack_fp16(w.to("openreg:1"), None).unpack()[0], w_want, atol=0, rtol=0
         )
 
+    def test_a_host_tensor_is_read_at_the_call(self):
+        # A CPU scalar tensor (allowed with device tensors, as on CUDA) was kept by reference and
+        # read when the kernel ran: changed by the host after the call, it gave the new value
+        # (an in-place update of a CPU step or decay between steps). The CPU computes with its
+        # value at the call, and CUDA copies it at the launch.
+        x = torch.ones(4, device="openreg")
+        s = torch.tensor(2.0)
+        calls = {
+            "mul": lambda: x * s,
+            "fill_": lambda: x.clone().fill_(s),
+            "where": lambda: torch.where(x > 0, s, x),
+            "_foreach_mul": lambda: torch._foreach_mul([x], s)[0],
+        }
+        for name, call in calls.items():
+            s.fill_(2.0)
+            want = call().cpu()  # a signature's first call runs synchronously: this one is queued
+            with StreamHold() as held:
+                got = call()
+                s.fill_(100.0)
+                self.assertFalse(held.stream.query())  # the kernel has not run yet
+            self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=name)
+        self.assertEqual(s.item(), 100.0)  # the caller's tensor is the caller's
+
     def test_an_out_that_is_also_an_input_is_one_tensor_to_the_kernel(self):
         # logical_and_'s composite calls logical_and_out(self, self, other). The CPU kernel refuses
         # to resize self to the broadcast shape because out and self are one tensor; its kernel
