@@ -313,6 +313,36 @@ class TestMixedDevices(TestCase):
         self.assertEqual(first.cpu(), torch.full((4,), 2.0))
         self.assertEqual(g(s, x).cpu(), torch.full((4,), 5.0))
 
+    def test_a_cpu_and_an_openreg_kernel_of_one_source(self):
+        # Inductor's table of kernels by source is shared by CPU and openreg scheduling: the second
+        # device's kernel reused the first's, with the other calling convention ("requires 2
+        # args"; a compile error under cpp_wrapper). Likewise two openreg kernels of one source
+        # whose scalar is a CPU tensor in one and a device tensor in the other: the launcher read
+        # a device pointer on the host (a crash) or passed a host one to the kernel.
+        def two_devices(a, b):
+            return a.sin() * 2, b.sin() * 2
+
+        def two_scalars(x, s, t):
+            y = (x * s) @ x
+            return y, y * t
+
+        a, b, x = torch.randn(16), torch.randn(16), torch.randn(4, 4)
+        cpu_s, dev_s = torch.tensor(2.0), torch.tensor(3.0, device="openreg")
+        cases = [
+            (two_devices, (a, b.to("openreg")), {}),
+            (two_devices, (a.to("openreg"), b), {}),
+            (two_scalars, (x.to("openreg"), cpu_s, dev_s), {}),
+            (two_scalars, (x.to("openreg"), dev_s, cpu_s), {}),
+            (two_devices, (a, b.to("openreg")), {"cpp_wrapper": True}),  # the same table
+        ]
+        for fn, args, options in cases:
+            torch._dynamo.reset()
+            got = torch.compile(fn, options=options)(*args)
+            want = fn(*args)
+            for g, w in zip(got, want, strict=True):
+                self.assertEqual(g.device, w.device)
+                self.assertEqual(g.cpu(), w.cpu(), msg=f"{fn.__name__} {options}")
+
 
 class TestDevices(TestCase):
     def test_second_device(self):

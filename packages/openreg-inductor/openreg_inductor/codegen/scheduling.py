@@ -48,11 +48,19 @@ class OpenRegScheduling(CppScheduling):
 
     def define_kernel(self, src_code, nodes, kernel_args=None):
         wrapper = V.graph.wrapper_code
-        if src_code in wrapper.src_to_kernel:
-            return wrapper.src_to_kernel[src_code]
+        args = self.kernel_group.args if kernel_args is None else kernel_args
+        arg_defs, call_args, arg_types = args.cpp_argdefs()
+        host = [t.endswith("*") and _is_host_scalar(c) for c, t in zip(call_args, arg_types, strict=True)]
+        # The wrapper's one table of kernels by source is shared with CPU Inductor's kernels of the
+        # graph: a CPU kernel of the same source has another calling convention (no stream), and
+        # the launcher reads host scalars on the host. Keyed by both, a kernel is reused only with
+        # its own launcher (a CPU and an openreg `x.sin() * 2` in one graph called each other's).
+        key = "openreg launcher, host scalars " + "".join("1" if h else "0" for h in host) + "\n" + src_code
+        if key in wrapper.src_to_kernel:
+            return wrapper.src_to_kernel[key]
         fused = get_fused_kernel_name(nodes, config.cpp.descriptive_names) if config.cpp.descriptive_names else ""
         kernel_name = "_".join(["openreg", fused, wrapper.next_kernel_suffix()])
-        wrapper.src_to_kernel[src_code] = kernel_name
+        wrapper.src_to_kernel[key] = kernel_name
         # The C++ wrapper compiles every kernel into its own translation unit: names must be unique.
         names = dict(body=f"{kernel_name}_body", entry=kernel_name, namespace=f"{kernel_name}_launch")
         if not V.graph.cpp_wrapper:
@@ -61,9 +69,6 @@ class OpenRegScheduling(CppScheduling):
         body = body.replace(str(Placeholder.DESCRIPTIVE_NAME), kernel_name).replace("#pragma CMT", "//")
         body = _torch213.fix_masked_index_asserts(body)
         body = launch.catch_in_parallel_regions(launch.one_division_flag_user_at_a_time(body))
-        args = self.kernel_group.args if kernel_args is None else kernel_args
-        arg_defs, call_args, arg_types = args.cpp_argdefs()
-        host = [t.endswith("*") and _is_host_scalar(c) for c, t in zip(call_args, arg_types, strict=True)]
         source = body + launch.launcher_source(kernel_name, arg_defs, arg_types, host, **names)
         if V.graph.cpp_wrapper:
             wrapper.define_kernel(kernel_name, source, gpu=False)
