@@ -11,6 +11,7 @@
 // OpenRegKernelTensor.h): this is how a vendor's hand-written kernel plugs in,
 // instead of the generic path that would run the CPU operator.
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -68,6 +69,9 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
                 g.device(), ".");
     TORCH_CHECK(g.layout() == at::kStrided, "scaled grads must be strided tensors, got ", g.layout(), ".");
     TORCH_CHECK(at::isFloatingType(g.scalar_type()), "scaled grads must be floating point, got ", g.scalar_type(), ".");
+    // The kernel writes each grad: an overlapping one (expanded) is refused at the call, with the
+    // CPU's error, not by the kernel after earlier grads were unscaled.
+    at::assert_no_internal_overlap(g);
     grads.emplace_back(g);
   }
   if (grads.empty()) return;

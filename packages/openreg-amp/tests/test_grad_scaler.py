@@ -113,6 +113,11 @@ class TestNativeKernels(TestCase):
                 lambda: UNSCALE([torch.ones(2, dtype=torch.int64, device=dev)], torch.zeros(1, device=dev), one),
                 "floating point",
             ),
+            (
+                # written in place: an expanded grad is refused at the call, as on the CPU
+                lambda: UNSCALE([torch.full((4,), 2.0, device=dev).expand(4, 4)], torch.zeros(1, device=dev), one),
+                "more than one element of the written-to tensor refers to a single memory location",
+            ),
             (lambda: UPDATE(one.clone(), torch.zeros(1, device=dev), one, 2.0, 0.5, 1), "growth_tracker must be a int"),
             (
                 lambda: UPDATE(
