@@ -238,6 +238,27 @@ def _hash_details_init(original):
 #     ``!``, and a vector mask's stays ``~`` (an overload picks it). A source fix of openreg's
 #     kernels, no patching.
 #     Test: tests/test_streams.py::TestKernelFailures::test_masked_index_out_of_bounds.
+# 16. torch/_inductor/codegen/cpp_template_kernel.py, CppTemplateKernel.define_buffer() and
+#     define_stack_allocated_buffer(): a C++ template's local accumulation buffer is laid out on
+#     device "cpu" (it is memory of the kernel), and store_output() copies it to the output with
+#     L.copy(), which for an openreg output sees two devices and builds a DeviceCopy over the
+#     template's symbolic block sizes: max-autotune of a small bmm on openreg failed to lower
+#     ("vr must not be None for symbol Nc_blocks"). The local buffer takes the output's device.
+#     Test: tests/test_autotune.py::TestTemplates::test_small_bmm_template_with_a_local_buffer.
+def _store_output(original):
+    def store_output(self, dst, src, *args, **kwargs):
+        device = dst.get_device()
+        local = src.get_name() in self.local_buffers  # the template kernel's own memory
+        if local and device is not None and device.type == DEVICE and src.get_device().type == "cpu":
+            from torch._inductor import ir
+
+            cpu = src.get_layout()
+            src = ir.Buffer(name=src.get_name(), layout=ir.FixedLayout(device, cpu.dtype, cpu.size, cpu.stride))
+        return original(self, dst, src, *args, **kwargs)
+
+    return store_output
+
+
 MASK_NOT = """
 #ifndef OPENREG_MASK_NOT
 #define OPENREG_MASK_NOT
@@ -314,7 +335,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4, 6-11, 13 and 14 (5 and 12 are in the wrapper classes; 15 is a source fix
+    """Installs workarounds 1-4, 6-11, 13, 14 and 16 (5 and 12 are in the wrapper classes; 15 is a source fix
     that OpenRegScheduling.define_kernel applies to each kernel). Idempotent."""
     global _applied
     if _applied:
@@ -330,6 +351,7 @@ def apply() -> None:
     import torch._inductor.codecache as codecache
     import torch._inductor.codegen.common as common
     import torch._inductor.codegen.cpp_template as cpp_template
+    import torch._inductor.codegen.cpp_template_kernel as cpp_template_kernel
     import torch._inductor.ir as ir
     import torch._inductor.kernel.mm_common as mm_common
     import torch._inductor.lowering as lowering
@@ -355,4 +377,6 @@ def apply() -> None:
     selector.__call__ = _selector_call(selector.__call__)
     ir.is_cpu = functools.partial(_ir_is_cpu, ir.is_cpu, ir.get_device_type)
     codecache.FxGraphHashDetails.__init__ = _hash_details_init(codecache.FxGraphHashDetails.__init__)
+    template_kernel = cpp_template_kernel.CppTemplateKernel
+    template_kernel.store_output = _store_output(template_kernel.store_output)
     _applied = True

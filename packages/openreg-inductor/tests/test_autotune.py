@@ -175,6 +175,19 @@ class TestTemplates(TestCase):
         self.assertEqual(counted["kernels_launched"], launches_in(code))
         self.assertEqual(out.cpu(), expected_twice, atol=1e-5, rtol=1e-5)
 
+    def test_small_bmm_template_with_a_local_buffer(self):
+        # At this size the bmm template accumulates in a buffer local to its kernel, laid out on
+        # "cpu" by Inductor; copied to the openreg output it made a DeviceCopy over the
+        # template's symbolic block sizes, which failed to lower (workaround 16).
+        a, b = torch.randn(2, 8, 16), torch.randn(2, 16, 12)
+        torch._dynamo.reset()
+        counters.clear()
+        with config.patch(max_autotune_gemm_backends="CPP"):  # the template only
+            out = torch.compile(torch.bmm, mode=MODE)(a.to("openreg"), b.to("openreg"))
+        self.assertEqual(counters["inductor"]["cpp_templated_kernel_counter"], 1)
+        self.assertEqual(out.device, torch.device("openreg", 0))
+        self.assertEqual(out.cpu(), torch.bmm(a, b), atol=1e-5, rtol=1e-5)
+
     def test_benchmark_request_refuses_code_without_its_entry(self):
         from openreg_inductor.autotune import OpenRegCppBenchmarkRequest
 
