@@ -254,6 +254,32 @@ class TestDivisionFlag(TestCase):
         flagless = body.replace("    std::atomic<int> inductor_cpu_integer_div_error{0};\n", "")
         self.assertEqual(one_division_flag_user_at_a_time(flagless), flagless)  # no flag, no lock to add
 
+    def test_each_kernel_library_has_its_own_flag(self):
+        # cpp_prefix.h's flag is an inline variable, which GCC makes a GNU unique symbol: one for
+        # every kernel library of the process, CPU Inductor's too, whose kernels use it without
+        # openreg's lock. Compiled with -fno-gnu-unique, each openreg library has its own.
+        import ctypes
+        import sys
+
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        x, y = torch.arange(1, 9), torch.arange(2, 10)
+        before = set(CppPythonBindingsCodeCache._loaded_module_names)
+        torch.compile(lambda a, b: a // b + 1)(x.to("openreg"), y.to("openreg"))
+        torch.compile(lambda a, b: a % b * 3)(x.to("openreg"), y.to("openreg"))
+        torch.compile(lambda a, b: a // b - 7)(x, y)  # a CPU kernel library
+        torch.openreg.synchronize()
+        flags = {}
+        for name in set(CppPythonBindingsCodeCache._loaded_module_names) - before:
+            path = sys.modules[name].__file__
+            try:
+                flags[path] = ctypes.c_void_p.in_dll(ctypes.CDLL(path), "inductor_cpu_integer_div_error_flag")
+            except ValueError:  # a library without integer division
+                continue
+        addresses = {ctypes.addressof(flag) for flag in flags.values()}
+        self.assertGreaterEqual(len(flags), 3, list(flags))
+        self.assertEqual(len(addresses), len(flags))
+
 
 class TestMaskedIndexAsserts(TestCase):
     """_torch213.fix_masked_index_asserts (workaround 15) over the checks Inductor's C++ codegen writes."""

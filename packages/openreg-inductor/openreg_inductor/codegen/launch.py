@@ -41,7 +41,13 @@ def link_flags() -> tuple[str, ...]:
     if sys.platform == "win32":
         return (f"/I{include}", f"/LIBPATH:{libdir}", "openreg.lib")
     rpath = f"-Wl,-rpath,{libdir}"
-    return (f"-I{include}", f"-L{libdir}", "-lopenreg", rpath)
+    flags = (f"-I{include}", f"-L{libdir}", "-lopenreg", rpath)
+    from torch._inductor.cpp_builder import is_gcc
+
+    # GCC makes an inline variable of a shared library a GNU unique symbol, one for the whole
+    # process: cpp_prefix.h's integer-division flag, and the lock beside it (_DIVISION_LOCK), would
+    # be shared with every kernel library, CPU Inductor's too, whose kernels use the flag unlocked.
+    return (*flags, "-fno-gnu-unique") if is_gcc() else flags
 
 
 def _c_string(text: str) -> str:
@@ -220,18 +226,18 @@ def catch_in_parallel_regions(source: str) -> str:
     return "\n".join(out)
 
 
-# Inductor's integer division, modulus and remainder report a zero divisor through one flag
-# (``inductor_cpu_integer_div_error_flag``, torch/csrc/inductor/cpp_prefix.h), an inline variable
-# that GCC makes a GNU unique symbol: one for every kernel library of the process. Each call points
-# it at a local of its own and sets it back to null at its end. Two streams running dividing kernels
-# at once share it: one call's reset leaves the other's division by zero to throw inside its OpenMP
-# region (the process ends), and one call may report the other's error. A dividing kernel runs one
-# call at a time with every other one (the lock is unique like the flag); the others run as before.
+# Inductor's integer division, modulus and remainder report a zero divisor through one flag per
+# kernel library (``inductor_cpu_integer_div_error_flag``, torch/csrc/inductor/cpp_prefix.h; per
+# library with GCC only under -fno-gnu-unique, see link_flags). Each call points it at a local of
+# its own and sets it back to null at its end. Two streams running the same library at once share
+# it: one call's reset leaves the other's division by zero to throw inside its OpenMP region (the
+# process ends), and one call may report the other's error. A library whose kernels divide
+# integers runs one of their calls at a time; the others run as before.
 _DIVISION_LOCK = """
 #ifndef OPENREG_INTEGER_DIVISION_LOCK
 #define OPENREG_INTEGER_DIVISION_LOCK
 #include <mutex>
-inline std::mutex openreg_integer_division_lock;  // shared as the flag is
+inline std::mutex openreg_integer_division_lock;  // one per library, as the flag
 #endif
 """
 _DIVIDES = re.compile(r"\b(floor_divide_integral|remainder_integral|mod)\(")
