@@ -218,17 +218,14 @@ struct LaunchStack {
   Stack values;
   c10::SmallVector<std::pair<size_t, KernelTensorArg>, 3> tensors;  // inline: no allocation for most ops
 
-  // Takes the values in [first, last), the arguments of `schema` (moved from).
-  void capture(c10::IValue* first, c10::IValue* last, const c10::FunctionSchema& schema) {
+  // Takes the values in [first, last) (moved from).
+  void capture(c10::IValue* first, c10::IValue* last) {
     values.reserve(values.size() + (last - first));
-    const auto& arguments = schema.arguments();
-    for (size_t i = 0; first != last; ++first, ++i) {
-      if (first->isTensor() && !is_device_tensor(first->toTensor())) {
-        const bool written = i < arguments.size() && is_written(arguments[i]);
-        values.push_back(written ? std::move(*first) : c10::IValue(host_value(first->toTensor())));
-      } else {
+    for (; first != last; ++first) {
+      if (first->isTensor() && !is_device_tensor(first->toTensor()))
+        values.push_back(host_value(std::move(*first).toTensor()));
+      else
         add(*first);
-      }
     }
   }
 
@@ -239,11 +236,12 @@ struct LaunchStack {
       values.push_back(map_tensors(v, [](const at::Tensor& t) { return launch_tensor(host_value(t)); }));
   }
 
-  // A host tensor the operator reads (a CPU scalar tensor, CPU indices): its value at the call, as
-  // the CPU computes with it then and CUDA copies it at the launch. The kernel runs later, and the
-  // caller may change its tensor meanwhile (an in-place update of a CPU step or decay between
-  // steps). A wrapped number (`x * 2`) is the dispatcher's own: nobody else can change it.
-  static at::Tensor host_value(const at::Tensor& t) {
+  // A host tensor the operator reads (a CPU scalar tensor; common_device refuses one it writes): its
+  // value at the call, as the CPU computes with it then and CUDA copies it at the launch. The kernel
+  // runs later, and the caller may change its tensor meanwhile (an in-place update of a CPU step or
+  // decay between steps). A wrapped number (`x * 2`) is the dispatcher's own: nobody else can
+  // change it.
+  static at::Tensor host_value(at::Tensor t) {
     if (!t.defined() || t.is_privateuseone() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
     return t.clone();
   }
@@ -1338,7 +1336,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     for (const c10::IValue& o : outputs) routed &= o.isTensor() && o.toTensor().defined();
     Launch* launch = Launch::make(routed ? *facts.out_op : op);
     launch->writes_argument = facts.writes_argument && !routed;
-    launch->args.capture(first, first + num_args, schema);
+    launch->args.capture(first, first + num_args);
     if (routed) {
       for (const c10::IValue& o : outputs) launch->args.append(o.toTensor());
       launch->outs = outputs.size();
