@@ -174,13 +174,7 @@ at::Tensor dequantize_per_token(const at::Tensor& input, const at::Tensor& scale
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();
-  auto per_row = [&](const at::Tensor& p) {
-    if (p.dim() != input.dim() || input.dim() == 0 || p.size(-1) != 1) return false;
-    for (int64_t d = 0; d + 1 < input.dim(); ++d)
-      if (p.size(d) != input.size(d)) return false;
-    return true;
-  };
-  const bool fusable = (T == at::kFloat || T == at::kDouble) && per_row(scales) && per_row(zero_points) &&
+  const bool fusable = (T == at::kFloat || T == at::kDouble) && per_row(input, scales) && per_row(input, zero_points) &&
                        fused_zero_point(zero_points, T) && !wrapping_zero_point(input, zero_points);
   launch_dequantize_groups(name, input, out, scales, zero_points, /*axis=*/-1, fusable,
                            [](const at::Tensor& x, const at::Tensor& s, const at::Tensor& z, c10::ScalarType out_t) {

@@ -69,6 +69,15 @@ inline void check_token_shapes(const at::Tensor& input, const at::Tensor& scales
               py_size(shape), "; the output has the input's shape.");
 }
 
+// Per-token parameters of the shape choose_qparams_per_token gives: input.shape[:-1] + [1] (what
+// the fused loops take).
+inline bool per_row(const at::Tensor& input, const at::Tensor& p) {
+  if (p.dim() != input.dim() || input.dim() == 0 || p.size(-1) != 1) return false;
+  for (int64_t d = 0; d + 1 < input.dim(); ++d)
+    if (p.size(d) != input.size(d)) return false;
+  return true;
+}
+
 inline c10::ScalarType dequantize_out_dtype(std::optional<c10::ScalarType> out_dtype, const char* op) {
   const c10::ScalarType out = out_dtype.value_or(c10::kFloat);
   TORCH_CHECK(c10::isFloatingType(out), op, ": out_dtype must be a floating dtype, got ", py_dtype(out), ".");

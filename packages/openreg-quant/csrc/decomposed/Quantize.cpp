@@ -201,14 +201,6 @@ at::Tensor quantize_per_channel(const at::Tensor& input, const at::Tensor& scale
 
 // ---- per token ----
 
-// Per-token parameters of the shape choose_qparams_per_token gives: input.shape[:-1] + [1].
-bool per_row(const at::Tensor& input, const at::Tensor& p) {
-  if (p.dim() != input.dim() || input.dim() == 0 || p.size(-1) != 1) return false;
-  for (int64_t d = 0; d + 1 < input.dim(); ++d)
-    if (p.size(d) != input.size(d)) return false;
-  return true;
-}
-
 int64_t num_tokens(const at::Tensor& input) {
   int64_t n = 1;
   for (int64_t d = 0; d + 1 < input.dim(); ++d) n *= input.size(d);
