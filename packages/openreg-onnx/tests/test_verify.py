@@ -1,5 +1,8 @@
 """openreg_onnx.verify: a wrong translation is reported, tolerances per dtype, backends."""
 
+import os
+import tempfile
+
 import onnx
 import openreg_onnx
 import pytest
@@ -136,19 +139,13 @@ class TestVerify(TestCase):
         model = AbsThenScale().to("openreg").eval()
         x = torch.randn(4, 6, device="openreg")
         program = openreg_onnx.export(model, (x,))
-        path = self._tmp("kiai.onnx")
-        program.save(path, keep_initializers_as_inputs=True)
-        saved = onnx.load(path)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "kiai.onnx")
+            program.save(path, keep_initializers_as_inputs=True)
+            saved = onnx.load(path)
         self.assertGreater(len(saved.graph.input), 1)
         result = openreg_onnx.verify(model, (x,), onnx_program=saved)
         self.assertTrue(result.ok, result.report())
-
-    def _tmp(self, name):
-        import tempfile
-
-        folder = tempfile.mkdtemp()
-        self.addCleanup(__import__("shutil").rmtree, folder)
-        return f"{folder}/{name}"
 
 
 class TestCompare(TestCase):
