@@ -1,8 +1,11 @@
 """Streams and events: torch.openreg.Stream/Event over the device guard."""
 
+import ctypes
+import os
 import threading
 
 import torch
+import torch_openreg
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch_openreg.utils.testing import StreamHold
@@ -196,7 +199,7 @@ class TestStreams(TestCase):
         # Kernels run on the streams' workers, each with an OpenMP team of its own, sized when the
         # worker opened its first one; each launch now brings the host's intra-op thread count.
         before = torch.get_num_threads()
-        x = torch.zeros(1, device="openreg")
+        x = _large()
         _team_size(x).cpu()  # a signature's first call runs synchronously: later ones are kernels
         side = torch.openreg.Stream()
         try:
@@ -215,7 +218,7 @@ class TestStreams(TestCase):
         # with): a thread that started before it keeps its own. Kernels follow their launcher, and
         # the worker switching between counts leaves the count new threads start with alone.
         before = torch.get_num_threads()
-        x = torch.zeros(1, device="openreg")
+        x = _large()
         _team_size(x).cpu()
         torch.set_num_threads(2)
         go, done = threading.Semaphore(0), threading.Semaphore(0)
@@ -249,6 +252,76 @@ class TestStreams(TestCase):
             t.join()
             torch.set_num_threads(before)
         self.assertEqual(seen, {"other": [2, 2, 2], "main": [1, 1, 1], "new": 1})
+
+    def test_small_kernels_run_on_one_thread(self):
+        # A kernel whose tensor arguments (inputs and outputs) total less than the limit runs with
+        # one intra-op thread; at the limit, with the launching thread's count.
+        limit = torch_openreg._C._small_kernel_bytes()
+        self.assertEqual(limit, 512 * 1024)  # the default (OPENREG_SMALL_KERNEL_BYTES unset)
+        before = torch.get_num_threads()
+        result = 2 * 8  # _team_size's output: two int64
+        at_limit = torch.zeros((limit - result) // 4, device="openreg")
+        under = torch.zeros((limit - result) // 4 - 1, device="openreg")
+        tiny = torch.zeros(1, device="openreg")
+        _team_size(tiny).cpu()
+        try:
+            for n in (2, 3):
+                torch.set_num_threads(n)
+                sizes = [_team_size(x).tolist()[0] for x in (tiny, under, at_limit, tiny)]
+                self.assertEqual(sizes, [1, 1, n, 1])
+                # A launch that counted no tensor (a compiled kernel's) keeps the host's count.
+                self.assertEqual(_raw_kernel_team_size(), n)
+        finally:
+            torch.set_num_threads(before)
+
+    def test_small_kernel_limit_from_the_environment(self):
+        code = """
+            import torch, torch_openreg
+            from test_streams import _team_size
+            torch.set_num_threads(2)
+            x = torch.zeros(1, device="openreg")
+            _team_size(x).cpu()
+            print(torch_openreg._C._small_kernel_bytes(), _team_size(x).tolist()[0])
+        """
+        r = run_python(code, env={"OPENREG_SMALL_KERNEL_BYTES": "0"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["0", "2"])  # 0 turns the sizing off
+        r = run_python(
+            """
+            import torch
+            for _ in range(2):  # the device stays unusable, with the same error
+                try:
+                    torch.zeros(1, device="openreg")
+                except RuntimeError as e:
+                    print(e)
+            """,
+            env={"OPENREG_SMALL_KERNEL_BYTES": "64k"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines(), ["OPENREG_SMALL_KERNEL_BYTES must be a byte count, got '64k'"] * 2)
+
+
+def _raw_kernel_team_size() -> int:
+    """The intra-op thread count a kernel launched with orLaunchKernel itself, as compiled code
+    launches, runs with on the current stream's worker."""
+    lib = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libopenreg.so"))
+    kernel_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    seen = []
+
+    def kernel(_):
+        seen.append(torch.get_num_threads())
+        return 0
+
+    fn = kernel_type(kernel)
+    lib.orLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p, kernel_type, ctypes.c_void_p, ctypes.c_void_p]
+    assert lib.orLaunchKernel(torch.openreg.current_raw_stream(), b"team_size_probe", fn, None, None) == 0
+    torch.openreg.synchronize()
+    return seen[0]
+
+
+def _large() -> torch.Tensor:
+    """A tensor whose kernels are not small (their tensor arguments reach the limit for one thread)."""
+    return torch.zeros(torch_openreg._C._small_kernel_bytes() // 4, device="openreg")
 
 
 @torch.library.custom_op("openreg_stream_test::team_size", mutates_args=(), device_types="cpu")

@@ -783,6 +783,10 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   Stack kernel_args = args;
   seed_generators(schema, kernel_args.data(), device.index());
   replace_devices(kernel_args, c10::Device(c10::kCPU));
+  for (const c10::IValue& v : args)  // sizes the kernel's thread team (OpenRegStream.h)
+    for_each_tensor(v, [](const at::Tensor& t) {
+      if (t.defined() && t.layout() == c10::kStrided && !t.is_nested()) note_kernel_bytes(t.nbytes());
+    });
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
     c10::WarningUtils::WarningHandlerGuard keep_alerts(&state->alerts);

@@ -9,6 +9,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "../runtime/OpenRegStream.h"
 #include "openreg/runtime.hpp"
 
 namespace c10::openreg {
@@ -19,6 +20,7 @@ namespace c10::openreg {
 // reuses the block for work queued later on the same stream.
 inline at::Tensor launch_tensor(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
+  note_kernel_bytes(t.nbytes());
   const auto& storage = t.storage();
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
                      c10::DataPtr(const_cast<void*>(storage.data()), storage.device()), /*allocator=*/nullptr,
@@ -71,7 +73,9 @@ struct KernelTensorArg {
         strides(t.strides().begin(), t.strides().end()),
         offset(t.storage_offset()),
         conj(t.is_conj()),
-        neg(t.is_neg()) {}
+        neg(t.is_neg()) {
+    note_kernel_bytes(t.nbytes());
+  }
 
   // Device side: the CPU tensor over the kernel view. Its storage is
   // resizable with the CPU allocator: a CPU out= kernel that reallocates its

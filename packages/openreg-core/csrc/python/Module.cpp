@@ -259,6 +259,9 @@ PYBIND11_MODULE(_C, m) {
       "_reset_accumulated_memory_stats", [](int d) { allocator::resetAccumulatedStats(device_index(d)); },
       py::call_guard<py::gil_scoped_release>());
 
+  // launch sizing: kernels below this many bytes of tensor arguments run with one thread
+  m.def("_small_kernel_bytes", [] { return small_kernel_bytes(); });
+
   // random
   m.def("_get_default_generator", [](int d) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(device_index(d))));

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #include "OpenRegCApi.h"
@@ -42,6 +43,7 @@ DevicePools& pools(c10::DeviceIndex device) {
   check_device_index(device);
   DevicePools& p = g_pools[device];
   std::call_once(p.once, [&] {
+    small_kernel_bytes();  // a malformed OPENREG_SMALL_KERNEL_BYTES raises here, at a device's first use
     OPENREG_CHECK(orDeviceGetDefaultStream(device, &p.default_stream));
     int least = 0, greatest = 0;
     OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));
@@ -75,7 +77,36 @@ orStream_t handle_of(c10::DeviceIndex device, c10::StreamId id) {
 // reach it. Each launch carries the launching thread's intra-op thread count instead, and the
 // worker takes it up before a kernel that brings a different one (as a CPU operator follows
 // torch.set_num_threads on its own thread).
-uint64_t capture_intra_op_threads() { return static_cast<uint64_t>(at::get_num_threads()); }
+//
+// A small kernel carries a count of one. The team's other threads share the cores with the host
+// thread and the workers, and after each parallel region libgomp keeps them spinning for
+// milliseconds; on a loaded core a woken host or worker then waits for the scheduler's next tick
+// behind a spinning helper (up to 8 ms on the 2-core VM, against 0.4 ms for the same kernel on the
+// CPU). Below about half a MiB of tensor arguments a kernel gains less from a second thread than
+// that risk costs (docs/benchmarks.md, "Thread budget"). Launch sites count their tensor
+// arguments' bytes (note_kernel_bytes, called by KernelTensorArg and launch_tensor) and the
+// capture below takes them; a launch that counted none (a compiled kernel) keeps the host's count.
+thread_local size_t t_kernel_bytes = 0;
+thread_local bool t_kernel_counted = false;
+
+size_t read_small_kernel_bytes() {
+  const char* env = std::getenv("OPENREG_SMALL_KERNEL_BYTES");
+  if (env == nullptr || *env == '\0') return size_t{512} * 1024;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  TORCH_CHECK(*end == '\0' && env[0] != '-', "OPENREG_SMALL_KERNEL_BYTES must be a byte count, got '", env, "'");
+  return static_cast<size_t>(v);
+}
+
+uint64_t capture_intra_op_threads() {
+  int n = at::get_num_threads();
+  if (t_kernel_counted) {
+    if (t_kernel_bytes < small_kernel_bytes()) n = 1;
+    t_kernel_bytes = 0;
+    t_kernel_counted = false;
+  }
+  return static_cast<uint64_t>(n);
+}
 
 // What at::set_num_threads sets for the calling thread, without its process-wide parts (the
 // recorded count, and the mobile kernels' thread pool, which a different count re-creates): host
@@ -100,6 +131,16 @@ struct LaunchContextRegistrar {
 } g_launch_context_registrar;
 
 }  // namespace
+
+void note_kernel_bytes(size_t nbytes) {
+  t_kernel_bytes += nbytes;
+  t_kernel_counted = true;
+}
+
+size_t small_kernel_bytes() {
+  static const size_t bytes = read_small_kernel_bytes();
+  return bytes;
+}
 
 OpenRegStream::OpenRegStream(c10::Stream stream) : stream_(stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,

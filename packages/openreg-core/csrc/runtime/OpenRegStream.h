@@ -48,6 +48,13 @@ void setCurrentOpenRegStream(OpenRegStream stream);
 // The runtime handle of the current stream of `device` (hot path of every op).
 orStream_t current_stream_handle(c10::DeviceIndex device);
 
+// Launch sizing: a kernel whose tensor arguments total fewer than small_kernel_bytes() bytes
+// (OPENREG_SMALL_KERNEL_BYTES, default 512 KiB; 0 turns it off) runs with one intra-op thread on
+// its stream's worker. Launch sites count the bytes with note_kernel_bytes (KernelTensorArg and
+// launch_tensor do so); the launch takes the count. See OpenRegStream.cpp.
+size_t small_kernel_bytes();
+void note_kernel_bytes(size_t nbytes);
+
 std::ostream& operator<<(std::ostream& os, const OpenRegStream& s);
 
 }  // namespace c10::openreg
