@@ -1,7 +1,8 @@
 """Collective benchmarks (openreg-distributed, backend occl), nccl-tests style, 2 ranks on loopback.
 
 Both ranks run this file (--serve RANK) in one ``cpu:gloo,openreg:occl`` group, so every size is
-measured three ways in the same processes, interleaved:
+measured three ways in the same processes, their repetitions interleaved (in alternating order, so
+that a slow phase of the shared machine weighs on each alike):
 
 - occl: openreg tensors, the collective as a kernel on the comm stream over kernel views (the
   openreg column);
@@ -26,11 +27,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import time
 from typing import Callable, Dict, List
-
-from rows import time_per_call
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
 SIZES = {"8b": 8, "64k": 64 << 10, "1m": 1 << 20, "16m": 16 << 20, "64m": 64 << 20}
@@ -131,8 +132,23 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
     def sync():
         torch.openreg.synchronize()
 
-    def timed(fn: Callable[[], None], iters: int, reps: int) -> float:
-        return time_per_call(fn, sync, iters, reps, start=lambda: dist.barrier(group=cpu_group))
+    def timed(fns: Dict[str, Callable[[], None]], iters: int, reps: int) -> Dict[str, float]:
+        """Median seconds per call of each of `fns` after one warm-up call each: `reps` repetitions
+        of `iters` calls (lined up by a barrier, ended by a synchronisation) per function, the
+        functions taking turns in alternating order."""
+        for fn in fns.values():
+            fn()
+            sync()
+        samples: Dict[str, List[float]] = {k: [] for k in fns}
+        for rep in range(reps):
+            for k in list(fns) if rep % 2 == 0 else reversed(list(fns)):
+                dist.barrier(group=cpu_group)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fns[k]()
+                sync()
+                samples[k].append((time.perf_counter() - t0) / iters)
+        return {k: statistics.median(v) for k, v in samples.items()}
 
     cpu_group = dist.new_group(backend="gloo")
     out: Dict[str, Dict] = {}
@@ -140,16 +156,7 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
     for op in OPS:
         for label, nbytes in SIZES.items():
             iters = max(1, min(50 if quick else 200, (4 << 20) // max(nbytes, 1) // (4 if quick else 1)))
-            occl_fn = make(op, nbytes, dev)[0]
-            gloo_fn = make(op, nbytes, "cpu")[0]
-            t_occl = timed(occl_fn, iters, reps)
-            t_gloo = timed(gloo_fn, iters, reps)
-            row = {"occl_s": t_occl, "gloo_s": t_gloo, "iters": iters, "reps": reps, "bytes": nbytes}
-            row["wrong"] = check(op, nbytes, dev)
-            if op in IN_PLACE:
-                row["in_place_occl_s"] = timed(make(op, nbytes, dev, in_place=True)[0], iters, reps)
-                row["in_place_gloo_s"] = timed(make(op, nbytes, "cpu", in_place=True)[0], iters, reps)
-                row["wrong"] += check(op, nbytes, dev, in_place=True)
+            fns = {"occl_s": make(op, nbytes, dev)[0], "gloo_s": make(op, nbytes, "cpu")[0]}
             if op == "allreduce" and nbytes >= (1 << 20):
                 x = torch.full((nbytes // 4,), float(rank + 1), device=dev)
 
@@ -158,7 +165,16 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
                     dist.all_reduce(h)
                     x.copy_(h)
 
-                row["copythrough_s"] = timed(copy_through, iters, reps)
+                fns["copythrough_s"] = copy_through
+            row = {**timed(fns, iters, reps), "iters": iters, "reps": reps, "bytes": nbytes}
+            row["wrong"] = check(op, nbytes, dev)
+            if op in IN_PLACE:
+                in_place = {
+                    "in_place_occl_s": make(op, nbytes, dev, in_place=True)[0],
+                    "in_place_gloo_s": make(op, nbytes, "cpu", in_place=True)[0],
+                }
+                row.update(timed(in_place, iters, reps))
+                row["wrong"] += check(op, nbytes, dev, in_place=True)
             out[f"coll-{op}-{label}"] = row
     dist.destroy_process_group()
     return out
