@@ -715,13 +715,17 @@ c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c1
   return backend;
 }
 
-orStream_t OcclBackend::comm_stream(c10::Device device, Route route) {
+orStream_t OcclBackend::comm_stream(c10::Device device, Route route, bool completion) {
   std::lock_guard<std::mutex> g(streams_mu_);
   CommStreams& s = streams_[device.index()];
+  // A send is started on the peer's stream and waited for on its send-completion stream; a receive
+  // runs on the peer's stream, or, inside a batch (coalescing), on the batch's receive stream, so
+  // that the batch's sends, started after it, are not held back by it.
   orStream_t* slot = route.lane == Lane::kColl      ? &s.coll
                      : route.lane == Lane::kRecvAny ? &s.recv_any
-                     : route.lane == Lane::kSend    ? &s.send[route.peer]
-                                                    : &s.recv[route.peer];
+                     : route.lane == Lane::kSend    ? (completion ? &s.send_done[route.peer] : &s.peer[route.peer])
+                     : coalescing_                  ? &s.batch_recv[route.peer]
+                                                    : &s.peer[route.peer];
   if (*slot == nullptr) {
     // Dedicated streams, not pool ones: the pool is shared round robin with users' streams, and an
     // operation occupies its stream's worker while it waits for the peers.
@@ -793,12 +797,14 @@ struct UnrunKernel {
   std::shared_ptr<WorkOutcome> outcome;
   std::shared_ptr<GroupError> group;
   std::string what;
-  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w)
-      : outcome(std::move(o)), group(std::move(g)), what(std::move(w)) {}
+  bool finishes = false;  // the second kernel of a send: it ran once the operation finished
+  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w, bool f = false)
+      : outcome(std::move(o)), group(std::move(g)), what(std::move(w)), finishes(f) {}
   UnrunKernel(UnrunKernel&&) = default;
   UnrunKernel(const UnrunKernel&) = delete;
   ~UnrunKernel() {
-    if (!outcome || outcome->started.load(std::memory_order_acquire)) return;  // moved from, or it ran
+    if (!outcome) return;                                                                           // moved from
+    if ((finishes ? outcome->finished : outcome->started).load(std::memory_order_acquire)) return;  // it ran
     outcome->error.set(what + " not run: the device failed its kernel before it started");
     group->set(outcome->error.message());
     outcome->finished.store(true, std::memory_order_release);  // over: the watchdog retires it
@@ -846,6 +852,11 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   }
   check_not_shut_down(c10d::opTypeToString(type).c_str());
   orStream_t comm = comm_stream(device, route);
+  // A send returns from its start before the peer took the data: it is waited for on a stream of
+  // its own, so that the peer's stream goes on to what follows (see CommStreams).
+  orStream_t done = route.lane == Lane::kSend ? comm_stream(device, route, /*completion=*/true) : comm;
+  // Where the Work ends: a staged send's once it started (its data copied), the others' once done.
+  orStream_t ends_on = route.staged ? comm : done;
   orStream_t current = c10::openreg::current_stream_handle(device.index());
   const uint64_t seq = ++seq_;
   const bool p2p = route.lane != Lane::kColl;
@@ -855,7 +866,8 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
     ++collective_seq_;
 
   // 1. The comm stream waits for what the caller queued before the collective, and for the route's
-  //    previous operation if that ran on another device's comm stream (see RouteTail).
+  //    previous operation if that ran on another stream (another device's, see RouteTail; or a
+  //    batch's receive stream).
   orEvent_t ready = events().get();
   OPENREG_CHECK(orEventRecord(ready, current));
   OPENREG_CHECK(orStreamWaitEvent(comm, ready, 0));
@@ -864,8 +876,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   {
     std::lock_guard<std::mutex> g(streams_mu_);
     auto it = tails_.find(route_key);
-    if (it != tails_.end() && it->second.device != device.index())
-      OPENREG_CHECK(orStreamWaitEvent(comm, it->second.event, 0));
+    if (it != tails_.end() && it->second.stream != comm) OPENREG_CHECK(orStreamWaitEvent(comm, it->second.event, 0));
   }
 
   // 2. The collective, on the comm stream's worker.
@@ -890,55 +901,88 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   pg_status_->lastEnqueuedSeq = static_cast<int64_t>(seq);
   pg_status_->lastEnqueuedWorkName = c10d::opTypeToString(type);
 
-  OPENREG_CHECK(::openreg::launch(
-      comm, kernel,
-      [start = std::move(start), outcome, group = error_, what, unrun = UnrunKernel{outcome, error_, what}] {
-        // The stream reached the collective; whatever happens next, it also reaches its end.
-        struct Span {
-          WorkOutcome& o;
-          explicit Span(WorkOutcome& w) : o(w) {
-            if (o.points) o.points->start.mark();
-            o.started.store(true, std::memory_order_release);
-          }
-          ~Span() {
-            if (o.points) o.points->end.mark();
-            o.finished.store(true, std::memory_order_release);
-          }
-        } span(*outcome);
-        if (outcome->error.failed()) throw std::runtime_error(outcome->error.message());  // timed out while queued
-        if (group->failed()) {
-          const std::string msg = what + " not run: the process group failed earlier: " + group->message();
-          outcome->error.set(msg);
-          throw std::runtime_error(msg);
-        }
-        try {
-          Started st = start();
-          for (auto& w : st.works) w->wait();
-          if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
-          if (st.post) st.post();
-        } catch (const std::exception& e) {
-          // The first error wins: the watchdog's timeout, if it caught this collective first.
-          outcome->error.set(what + " failed: " + e.what());
-          group->set(outcome->error.message());
-          throw std::runtime_error(outcome->error.message());
-        }
-      }));
+  // The kernel: it starts the transport's operations, waits for them and finishes the result. A
+  // send's kernel only starts them; a second kernel, on the send's completion stream, waits.
+  struct Running {
+    Started started;
+  };
+  auto running = std::make_shared<Running>();
+  auto begin = [start = std::move(start), outcome, running, group = error_, what] {
+    if (outcome->points) outcome->points->start.mark();
+    outcome->started.store(true, std::memory_order_release);
+    if (outcome->error.failed()) throw std::runtime_error(outcome->error.message());  // timed out while queued
+    if (group->failed()) {
+      const std::string msg = what + " not run: the process group failed earlier: " + group->message();
+      outcome->error.set(msg);
+      throw std::runtime_error(msg);
+    }
+    running->started = start();
+  };
+  auto finish = [outcome, running] {
+    Started& st = running->started;
+    for (auto& w : st.works) w->wait();
+    if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
+    if (st.post) st.post();
+  };
+  // Runs `body` on a worker. A failure becomes the operation's and the group's first error (the
+  // watchdog's timeout, if it caught the operation first) and ends the operation; so does the
+  // `last` kernel of an operation.
+  auto run = [outcome, group = error_, what](bool last, const auto& body) {
+    auto end = [&] {
+      if (outcome->points) outcome->points->end.mark();
+      outcome->finished.store(true, std::memory_order_release);
+    };
+    try {
+      body();
+    } catch (const std::exception& e) {
+      outcome->error.set(what + " failed: " + e.what());
+      group->set(outcome->error.message());
+      end();
+      throw std::runtime_error(outcome->error.message());
+    }
+    if (last) end();
+  };
+  if (done == comm) {
+    OPENREG_CHECK(::openreg::launch(comm, kernel,
+                                    [begin = std::move(begin), finish = std::move(finish), run,
+                                     unrun = UnrunKernel{outcome, error_, what}]() mutable {
+                                      run(/*last=*/true, [&] {
+                                        begin();
+                                        finish();
+                                      });
+                                    }));
+  } else {
+    OPENREG_CHECK(::openreg::launch(
+        comm, kernel,
+        [begin = std::move(begin), run, unrun = UnrunKernel{outcome, error_, what}]() mutable { run(false, begin); }));
+    orEvent_t started = events().get();
+    OPENREG_CHECK(orEventRecord(started, comm));
+    OPENREG_CHECK(orStreamWaitEvent(done, started, 0));
+    events().put(started);
+    OPENREG_CHECK(::openreg::launch(
+        done, kernel,
+        [finish = std::move(finish), run, outcome, unrun = UnrunKernel{outcome, error_, what, /*finishes=*/true}] {
+          // A start that failed ended the operation: nothing to wait for.
+          if (!outcome->finished.load(std::memory_order_acquire)) run(true, finish);
+        }));
+  }
 
   // 3. Its end, and a future completed on the comm stream (as NCCL's: callbacks and waits are
   //    ordered after the collective by device events, not by the host).
   orEvent_t end = events().get();
-  OPENREG_CHECK(orEventRecord(end, comm));
+  OPENREG_CHECK(orEventRecord(end, ends_on));
   {
+    // The route orders starts: a send's tail is its start on the peer's stream.
     std::lock_guard<std::mutex> g(streams_mu_);
     RouteTail& tail = tails_[route_key];
     if (tail.event == nullptr) tail.event = events().get();
-    tail.device = device.index();
+    tail.stream = comm;
     OPENREG_CHECK(orEventRecord(tail.event, comm));
   }
   std::vector<c10::Device> devices{device};
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   {
-    c10::StreamGuard on_comm(c10::openreg::getStreamFromExternal(comm, device.index()));
+    c10::StreamGuard on_comm(c10::openreg::getStreamFromExternal(ends_on, device.index()));
     future->markCompleted(c10::IValue(outputs));
   }
 
@@ -952,8 +996,8 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   watch(Watched{outcome, enqueued, timeout, what, seq, type, trace_id});
   if (coalescing_) {
     if (!coalesced_device_) coalesced_device_ = device;
-    if (p2p && std::find(coalesced_streams_.begin(), coalesced_streams_.end(), comm) == coalesced_streams_.end())
-      coalesced_streams_.push_back(comm);
+    if (p2p && std::find(coalesced_streams_.begin(), coalesced_streams_.end(), ends_on) == coalesced_streams_.end())
+      coalesced_streams_.push_back(ends_on);
   }
   return work;
 }
@@ -1388,9 +1432,14 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
   const auto device = check_tensors("send", tensors, /*p2p=*/true);
   check_rank("send", "destination", dstRank);
   auto t = transport_;
-  return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank), device, tensors, {},
-                 [t, a = kernel_arg(tensors[0]), dstRank, tag] {
+  // A small send is staged: copied when it starts, so that its Work ends there, once the tensor may
+  // be reused, instead of when the peer has received it (as small messages on NCCL and MPI). Its
+  // completion is still waited for (a failure or timeout fails the group), off the peer's stream.
+  const bool staged = tensors[0].nbytes() <= kStagedSendBytes;
+  return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank, staged), device, tensors, {},
+                 [t, a = kernel_arg(tensors[0]), dstRank, tag, staged] {
                    at::Tensor v = carried(a.materialize());
+                   if (staged) v = v.clone();  // the transport's Work holds it until sent
                    return Started{{t->send(v, dstRank, tag)}, [] {}};
                  });
 }

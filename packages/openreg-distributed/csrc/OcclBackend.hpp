@@ -93,13 +93,17 @@ enum class ErrorHandling {
 };
 
 // The streams of a device: collectives run in program order on one (Gloo pairs collectives by the
-// order they are started). Point-to-point has a send and a receive stream per peer, made on first
-// use, and recv_anysource one of its own, as NCCL keys its p2p communicators by peer: a send or
-// receive blocked until its peer posts the matching operation holds back only later operations
-// with that peer, never those with another one.
+// order they are started). Point-to-point has, per peer and made on first use, one stream on which
+// sends and receives with that peer start in program order, as NCCL keys its p2p communicators and
+// streams by peer: a receive blocked until the peer sends holds back later operations with that
+// peer, never those with another one. A send's start does not wait for the peer: it is waited for
+// on the peer's send-completion stream, so the thread that finished a receive starts the next send
+// at once (a ping-pong wakes one thread per message, not two). Receives inside a batch
+// (batch_isend_irecv) run on the peer's batch receive stream, so both ranks may post a batch's
+// receive before its send. recv_anysource has a stream of its own.
 struct CommStreams {
   orStream_t coll = nullptr, recv_any = nullptr;
-  std::map<int, orStream_t> send, recv;  // by peer
+  std::map<int, orStream_t> peer, send_done, batch_recv;  // by peer
 };
 
 // Releasing tensors off the caller's threads (the watchdog does, once their operation ended).
@@ -247,12 +251,16 @@ class OcclBackend : public c10d::Backend {
   };
   using Start = std::function<Started()>;
   enum class Lane { kColl, kSend, kRecv, kRecvAny };
-  // Which comm stream an operation runs on: the lane, and the peer of a send or receive.
+  // Which operations start in program order with one another: the lane, and the peer of a send or
+  // receive (the streams they run on: see CommStreams).
   struct Route {
     Lane lane;
     int peer = -1;
-    Route(Lane l, int p = -1) : lane(l), peer(p) {}  // NOLINT: a lane alone is a route
+    bool staged = false;  // a send whose Work ends once it started (see send())
+    Route(Lane l, int p = -1, bool s = false) : lane(l), peer(p), staged(s) {}  // NOLINT: a lane alone is a route
   };
+  // Sends up to this size are staged (NCCL's small-message protocols cover about this much).
+  static constexpr int64_t kStagedSendBytes = 64 << 10;
 
  private:
   c10::intrusive_ptr<Work> enqueue(c10d::OpType type, const char* kernel, Route route, c10::Device device,
@@ -261,7 +269,8 @@ class OcclBackend : public c10d::Backend {
   c10::intrusive_ptr<Work> enqueue_impl(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                         std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
                                         std::chrono::milliseconds timeout, bool blocking);
-  orStream_t comm_stream(c10::Device device, Route route);
+  // The stream an operation of `route` starts on, or, with `completion`, the one a send is waited for on.
+  orStream_t comm_stream(c10::Device device, Route route, bool completion = false);
   // Raises DistBackendError naming `op` once shutdown() was called.
   void check_not_shut_down(const char* op) const;
   // A root or peer rank given to `op`: raises ValueError at the call when it is not in the group.
@@ -333,13 +342,14 @@ class OcclBackend : public c10d::Backend {
 
   std::mutex streams_mu_;
   std::map<c10::DeviceIndex, CommStreams> streams_;
-  // Per route (lane, peer): the device of its last operation and an event recorded after it. Gloo
-  // pairs a group's operations by the order each rank starts them on a route, and one transport
-  // serves all the group's devices: an operation on another device's comm stream than the route's
-  // last one waits for that one, so a rank whose devices are busy differently cannot start its
-  // collectives in another order than its peers (they paired with the wrong peer operation).
+  // Per route (lane, peer): the stream its last operation started on and an event recorded after
+  // that start. Gloo pairs a group's operations by the order each rank starts them on a route, and
+  // one transport serves all the group's devices: an operation on another stream than the route's
+  // last one (another device's, or a batch's receive stream) waits for that one, so a rank whose
+  // devices are busy differently cannot start its collectives in another order than its peers
+  // (they paired with the wrong peer operation).
   struct RouteTail {
-    c10::DeviceIndex device = -1;
+    orStream_t stream = nullptr;
     orEvent_t event = nullptr;
   };
   std::map<std::pair<int, int>, RouteTail> tails_;  // guarded by streams_mu_

@@ -7,8 +7,10 @@
 // device memory (contiguous, already checked by occl), start the operation and
 // return a c10d::Work that occl waits on from the same worker. Collectives of
 // one transport are started in program order, from one stream per group, so
-// pairing stays consistent between ranks; sends and receives are started in
-// program order per peer (a stream per peer and direction).
+// pairing stays consistent between ranks; sends and receives with one peer are
+// started in program order, on one stream per peer. send() must return without
+// waiting for the peer (occl waits for its Work on another stream, so that the
+// peer's stream goes on to the receive that follows).
 //
 // GlooTransport drives a c10d Gloo backend (TCP, multi-node). A vendor with an
 // RDMA or NVLink-like fabric implements this class over their library and

@@ -1,6 +1,8 @@
-"""Point-to-point on 3 ranks: a ring with batch_isend_irecv, a 1F1B pipeline smoke test, and
-operations with two peers at once, on per-peer send and receive streams (no deadlock whatever the
-order in which ranks post sends and receives, as with Gloo and NCCL)."""
+"""Point-to-point on 3 ranks: a ring with batch_isend_irecv, a 1F1B pipeline smoke test,
+operations with two peers at once on per-peer streams, sends that never hold back the receive after
+them, and small sends that end once staged."""
+
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,17 +44,62 @@ class TestP2P(OcclTestCase):
                 dist.recv(z, src=1)
                 dist.send(z + 100, dst=2)
                 self.assertEqual(z.cpu(), torch.full((4,), 11.0))
-        # The same inside a coalescing manager: its Work ends after every per-peer stream it used.
-        got = {p: torch.empty(4, device=self.device) for p in range(3) if p != self.rank}
-        mine = torch.full((4,), float(self.rank), device=self.device)
-        with dist._coalescing_manager(device=self.device, async_ops=True) as cm:
-            for p in got:
-                dist.irecv(got[p], src=p)
-            for p in got:
-                dist.isend(mine, dst=p)
-        cm.wait()
-        for p, g in got.items():
-            self.assertEqual(g.cpu(), torch.full((4,), float(p)))
+        # The same inside a coalescing manager, every rank posting its receives before its sends
+        # (a batch's receives do not hold back its sends), small (staged) and large: its Work ends
+        # after every per-peer stream it used.
+        for n in (4, 1 << 18):
+            got = {p: torch.empty(n, device=self.device) for p in range(3) if p != self.rank}
+            mine = torch.full((n,), float(self.rank), device=self.device)
+            with dist._coalescing_manager(device=self.device, async_ops=True) as cm:
+                for p in got:
+                    dist.irecv(got[p], src=p)
+                for p in got:
+                    dist.isend(mine, dst=p)
+            cm.wait()
+            for p, g in got.items():
+                self.assertEqual(g.cpu(), torch.full((n,), float(p)))
+
+    def test_both_ranks_send_first(self):
+        # A send never holds back the receive posted after it on its peer's stream, staged or not
+        # (8 B and 1 MiB): both ranks send, then receive.
+        if self.rank == 2:
+            return
+        peer = 1 - self.rank
+        for n in (2, 1 << 18):
+            x = torch.full((n,), float(self.rank), device=self.device)
+            got = torch.empty(n, device=self.device)
+            works = [dist.isend(x, peer), dist.irecv(got, peer)]
+            for w in works:
+                w.wait()
+            self.assertEqual(got.cpu(), torch.full((n,), float(peer)))
+
+    def test_small_sends_end_once_staged(self):
+        # A send of up to 64 KiB is copied when it starts: its Work ends before the peer receives,
+        # and the sender may overwrite the tensor at once. A larger one ends once the peer took it.
+        stream = torch.openreg.current_stream(self.device)
+        for n in (16, (64 << 10) // 4 + 1):  # 64 B, and 4 B over the limit
+            want = torch.arange(n, dtype=torch.float32)
+            if self.rank == 0:
+                x = want.to(self.device)
+                w = dist.isend(x, dst=1)
+                if n == 16:
+                    w.wait()
+                    stream.synchronize()  # not the device's: that waits for the send's completion too
+                    self.assertTrue(w.is_completed())
+                    x.fill_(-1.0)
+                else:
+                    time.sleep(0.2)
+                    self.assertFalse(w.is_completed())  # rank 1 receives only after the barrier
+                dist.barrier()
+                w.wait()
+                stream.synchronize()
+                self.assertTrue(w.is_completed())
+            else:
+                dist.barrier()
+                if self.rank == 1:
+                    got = torch.empty(n, device=self.device)
+                    dist.recv(got, src=0)
+                    self.assertEqual(got.cpu(), want)
 
     def test_1f1b_pipeline(self):
         # Stage s adds s + 1 in "forward"; "backward" doubles the gradient per stage. 1F1B steady
