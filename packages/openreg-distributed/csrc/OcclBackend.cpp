@@ -234,7 +234,7 @@ struct Reduction {
 // (view_as_real), which SUM, AVG and PREMUL_SUM by a real factor reduce exactly.
 at::Tensor reduced_view(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t).view({-1}) : t.view({-1}); }
 
-Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType dtype, int size,
+Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType dtype, int size, c10::Device device,
                     std::vector<at::Tensor>& stash) {
   if (c10::isComplexType(dtype)) {
     // What Gloo and torch.distributed allow on complex tensors: the ops that act on each part alone.
@@ -280,6 +280,9 @@ Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType d
         const at::Tensor& f = sup->tensor_factor;
         TORCH_CHECK(!f.is_complex(), "occl ", op, ": ReduceOp.PREMUL_SUM with a complex factor is not supported");
         if (f.is_privateuseone()) {
+          // Read by the collective's kernel on the tensors' device, as NCCL reads a device factor.
+          TORCH_CHECK(f.device() == device, "occl ", op, ": the ReduceOp.PREMUL_SUM factor is on ", f.device(),
+                      ", the tensors on ", device, " (a device factor must be on the tensors' device)");
           check_tensor(op, f);
           r.factor_tensor.emplace(f);
           stash.push_back(f);
@@ -1064,7 +1067,7 @@ c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors
     if (k == dtypes.size()) {
       dtypes.push_back(dtype);
       members.emplace_back();
-      reductions.push_back(reduction("all_reduce", opts.reduceOp, dtype, size_, stash));
+      reductions.push_back(reduction("all_reduce", opts.reduceOp, dtype, size_, device, stash));
     }
     members[k].push_back(i);
   }
@@ -1099,7 +1102,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, c
   const auto device = check_tensors("reduce", tensors);
   check_rank("reduce", "root", opts.rootRank);
   std::vector<at::Tensor> stash;
-  Reduction r = reduction("reduce", opts.reduceOp, tensors[0].scalar_type(), size_, stash);
+  Reduction r = reduction("reduce", opts.reduceOp, tensors[0].scalar_type(), size_, device, stash);
   auto t = transport_;
   const int root = static_cast<int>(opts.rootRank);
   const bool is_root = root == rank_;
@@ -1241,7 +1244,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
   // each tensor has the reduction of its own dtype (AVG truncates integers). One Reduction for inputs[0]'s
   // dtype refused the mix ("input and output dtypes differ").
   std::vector<Reduction> rs;
-  for (const auto& x : inputs) rs.push_back(reduction(op, opts.reduceOp, x.scalar_type(), size_, stash));
+  for (const auto& x : inputs) rs.push_back(reduction(op, opts.reduceOp, x.scalar_type(), size_, device, stash));
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
@@ -1280,7 +1283,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
                 outputs[0].numel(), " elements, got ", x.numel());
   }
   std::vector<at::Tensor> stash = ins;
-  Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, stash);
+  Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, device, stash);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(

@@ -701,6 +701,11 @@ class TestCollectives(OcclTestCase):
             dist.all_gather_single(torch.empty(8, device=d, dtype=torch.int32), torch.ones(4, device=d))
         with self.assertRaisesRegex(RuntimeError, "all tensors must be on one device"):
             dist.all_gather([torch.empty(4, device=d), torch.empty(4, device=other)], torch.ones(4, device=d))
+        with self.assertRaisesRegex(
+            RuntimeError,
+            rf"occl all_reduce: the ReduceOp.PREMUL_SUM factor is on {other}, the tensors on {d} \(a device factor",
+        ):
+            dist.all_reduce(torch.ones(4, device=d), op=dist._make_nccl_premul_sum(torch.tensor(2.0, device=other)))
         with self.assertRaisesRegex(RuntimeError, r"input split sizes add up to 3 but its dim 0 is 4"):
             dist.all_to_all_single(torch.empty(4, device=d), torch.ones(4, device=d), [2, 2], [1, 2])
         # The root's list of per-rank tensors (each rank calls the backend as its own root here, so
