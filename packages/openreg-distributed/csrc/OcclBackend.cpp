@@ -718,7 +718,7 @@ c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c1
   return backend;
 }
 
-orStream_t OcclBackend::comm_stream(c10::Device device, Route route, bool completion) {
+orStream_t OcclBackend::comm_stream(c10::Device device, Route route, bool completion, bool in_batch) {
   std::lock_guard<std::mutex> g(streams_mu_);
   CommStreams& s = streams_[device.index()];
   // A send is started on the peer's stream and waited for on its send-completion stream; a receive
@@ -727,7 +727,7 @@ orStream_t OcclBackend::comm_stream(c10::Device device, Route route, bool comple
   orStream_t* slot = route.lane == Lane::kColl      ? &s.coll
                      : route.lane == Lane::kRecvAny ? &s.recv_any
                      : route.lane == Lane::kSend    ? (completion ? &s.send_done[route.peer] : &s.peer[route.peer])
-                     : coalescing_                  ? &s.batch_recv[route.peer]
+                     : in_batch                     ? &s.batch_recv[route.peer]
                                                     : &s.peer[route.peer];
   if (*slot == nullptr) {
     // Dedicated streams, not pool ones: the pool is shared round robin with users' streams, and an
@@ -800,15 +800,21 @@ struct UnrunKernel {
   std::shared_ptr<WorkOutcome> outcome;
   std::shared_ptr<GroupError> group;
   std::string what;
-  bool finishes = false;  // the second kernel of a send: it ran once the operation finished
-  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w, bool f = false)
-      : outcome(std::move(o)), group(std::move(g)), what(std::move(w)), finishes(f) {}
+  // The second kernel of a send (it ran once the operation finished), and what it would have waited
+  // for: the transport may still read the data, so that is waited for before the failure is told.
+  bool finishes = false;
+  std::function<void()> drain;
+  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w, bool f = false,
+              std::function<void()> d = {})
+      : outcome(std::move(o)), group(std::move(g)), what(std::move(w)), finishes(f), drain(std::move(d)) {}
   UnrunKernel(UnrunKernel&&) = default;
   UnrunKernel(const UnrunKernel&) = delete;
   ~UnrunKernel() {
     if (!outcome) return;                                                                           // moved from
     if ((finishes ? outcome->finished : outcome->started).load(std::memory_order_acquire)) return;  // it ran
-    outcome->error.set(what + " not run: the device failed its kernel before it started");
+    if (drain) drain();
+    outcome->error.set(what + (finishes ? " not waited for: the device failed its kernel before it completed"
+                                        : " not run: the device failed its kernel before it started"));
     group->set(outcome->error.message());
     outcome->finished.store(true, std::memory_order_release);  // over: the watchdog retires it
   }
@@ -854,7 +860,9 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
                                                " refused: the process group failed earlier: ", error_->message()));
   }
   check_not_shut_down(c10d::opTypeToString(type).c_str());
-  orStream_t comm = comm_stream(device, route);
+  // Coalescing is the calling thread's state, as c10d's coalescing manager is (read once here).
+  const bool coalescing = coalescing_;
+  orStream_t comm = comm_stream(device, route, /*completion=*/false, coalescing);
   // A send returns from its start before the peer took the data: it is waited for on a stream of
   // its own, so that the peer's stream goes on to what follows (see CommStreams).
   orStream_t done = route.lane == Lane::kSend ? comm_stream(device, route, /*completion=*/true) : comm;
@@ -931,19 +939,23 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   // watchdog's timeout, if it caught the operation first) and ends the operation; so does the
   // `last` kernel of an operation.
   auto run = [outcome, group = error_, what](bool last, const auto& body) {
-    auto end = [&] {
-      if (outcome->points) outcome->points->end.mark();
-      outcome->finished.store(true, std::memory_order_release);
-    };
+    struct End {  // also on an unwind that is not an exception (a thread cancelled at exit)
+      WorkOutcome& o;
+      bool ends = true;
+      ~End() {
+        if (!ends) return;
+        if (o.points) o.points->end.mark();
+        o.finished.store(true, std::memory_order_release);
+      }
+    } end{*outcome};
     try {
       body();
     } catch (const std::exception& e) {
       outcome->error.set(what + " failed: " + e.what());
       group->set(outcome->error.message());
-      end();
       throw std::runtime_error(outcome->error.message());
     }
-    if (last) end();
+    end.ends = last;
   };
   if (done == comm) {
     OPENREG_CHECK(::openreg::launch(comm, kernel,
@@ -962,12 +974,21 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
     OPENREG_CHECK(orEventRecord(started, comm));
     OPENREG_CHECK(orStreamWaitEvent(done, started, 0));
     events().put(started);
-    OPENREG_CHECK(::openreg::launch(
-        done, kernel,
-        [finish = std::move(finish), run, outcome, unrun = UnrunKernel{outcome, error_, what, /*finishes=*/true}] {
-          // A start that failed ended the operation: nothing to wait for.
-          if (!outcome->finished.load(std::memory_order_acquire)) run(true, finish);
-        }));
+    // What a discarded second kernel would have waited for (see UnrunKernel).
+    auto drain = [running] {
+      for (auto& w : running->started.works) {
+        try {
+          w->wait();
+        } catch (const std::exception&) {  // the failure told next is the one that counts
+        }
+      }
+    };
+    OPENREG_CHECK(::openreg::launch(done, "occl::send_wait",
+                                    [finish = std::move(finish), run, outcome,
+                                     unrun = UnrunKernel{outcome, error_, what, /*finishes=*/true, std::move(drain)}] {
+                                      // A start that failed ended the operation: nothing to wait for.
+                                      if (!outcome->finished.load(std::memory_order_acquire)) run(true, finish);
+                                    }));
   }
 
   // 3. Its end, and a future completed on the comm stream (as NCCL's: callbacks and waits are
@@ -991,13 +1012,13 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
 
   // 4. The tensors stay referenced until the end event completed.
   for (auto& t : outputs) stash.push_back(t);
-  if (coalescing_) coalesced_outputs_.insert(coalesced_outputs_.end(), outputs.begin(), outputs.end());
+  if (coalescing) coalesced_outputs_.insert(coalesced_outputs_.end(), outputs.begin(), outputs.end());
   auto work =
       c10::make_intrusive<OcclWork>(rank_, type, seq, what, device, end, outcome, std::move(stash), std::move(outputs),
                                     std::move(future), timeout, blocking_wait_ || blocking, error_);
   keep_until_done(work);
   watch(Watched{outcome, enqueued, timeout, what, seq, type, trace_id});
-  if (coalescing_) {
+  if (coalescing) {
     if (!coalesced_device_) coalesced_device_ = device;
     if (p2p && std::find(coalesced_streams_.begin(), coalesced_streams_.end(), ends_on) == coalesced_streams_.end())
       coalesced_streams_.push_back(ends_on);

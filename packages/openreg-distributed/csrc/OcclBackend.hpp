@@ -270,7 +270,8 @@ class OcclBackend : public c10d::Backend {
                                         std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
                                         std::chrono::milliseconds timeout, bool blocking);
   // The stream an operation of `route` starts on, or, with `completion`, the one a send is waited for on.
-  orStream_t comm_stream(c10::Device device, Route route, bool completion = false);
+  // `in_batch`: inside a coalescing manager (a receive then runs on the peer's batch receive stream).
+  orStream_t comm_stream(c10::Device device, Route route, bool completion = false, bool in_batch = false);
   // Raises DistBackendError naming `op` once shutdown() was called.
   void check_not_shut_down(const char* op) const;
   // A root or peer rank given to `op`: raises ValueError at the call when it is not in the group.

@@ -336,7 +336,8 @@ class TestCollectives(OcclTestCase):
 
     def test_send_recv(self):
         peer = 1 - self.rank
-        # Both ranks send first, then receive: sends and receives have their own streams.
+        # Both ranks send first, then receive: a send only starts on the peer's stream (it is waited
+        # for on another), so it never holds back the receive after it.
         for async_op in (False, True):
             mine = ramp(self.rank, torch.float32, 5).to(self.device)
             got = torch.empty(5, device=self.device)

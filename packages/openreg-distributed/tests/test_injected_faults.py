@@ -1,6 +1,7 @@
 """Injected faults (core's OPENREG_FAULTS, docs/mechanisms/reliability.md) under a 2-rank group: a
 collective kernel that fails on one rank fails that rank's collective, and its peer gets an error
-within the group's timeout instead of hanging."""
+within the group's timeout instead of hanging; a send whose completion kernel fails is still
+delivered."""
 
 import time
 
@@ -85,6 +86,44 @@ class TestInjectedKernelFailure(OcclTestCase):
                 self.assertRegex(wait_until_failed(work), reported)  # as in the test above
                 with self.assertRaisesRegex(RuntimeError, reported):
                     torch.openreg.synchronize()
+        finally:
+            torch.openreg._inject_faults("")
+        dist.barrier()
+        dist.destroy_process_group(group)
+
+    def test_failed_send_wait_kernel_fails_the_send_not_its_delivery(self):
+        # The kernel that waits for a send's delivery (occl::send_wait, on the send-completion
+        # stream) discarded by the device: the send had started, so its data still reaches the
+        # peer before the failure is told; the sender's Work and group fail, naming it.
+        group = fault_group("2")
+        dist.barrier()
+        n = (64 << 10) // 4 + 1  # not staged: its Work ends with that kernel
+        want = torch.arange(n, dtype=torch.float32)
+        if self.rank == 0:
+            torch.openreg._inject_faults("kernel:occl::send_wait")
+        try:
+            if self.rank == 0:
+                work = dist.isend(want.to(self.device), dst=1, group=group)
+                with self.assertRaisesRegex(
+                    RuntimeError,
+                    r"kernel 'occl::send_wait' failed on openreg device 0: fault injected by OPENREG_FAULTS",
+                ):
+                    torch.openreg.synchronize()
+                self.assertTrue(work.is_completed())
+                self.assertFalse(work.is_success())
+                not_waited = (
+                    r"occl SEND \(seq \d+, rank 0 of 2\) not waited for: "
+                    r"the device failed its kernel before it completed"
+                )
+                self.assertRegex(str(work.exception()), not_waited)
+                with self.assertRaisesRegex(
+                    dist.DistBackendError, "refused: the process group failed earlier: " + not_waited
+                ):
+                    dist.isend(want.to(self.device), dst=1, group=group)
+            else:
+                got = torch.empty(n, device=self.device)
+                dist.recv(got, src=0, group=group)
+                self.assertEqual(got.cpu(), want)
         finally:
             torch.openreg._inject_faults("")
         dist.barrier()

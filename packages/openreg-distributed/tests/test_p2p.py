@@ -88,8 +88,12 @@ class TestP2P(OcclTestCase):
                     self.assertTrue(w.is_completed())
                     x.fill_(-1.0)
                 else:
-                    time.sleep(0.2)
-                    self.assertFalse(w.is_completed())  # rank 1 receives only after the barrier
+                    # A staged send's Work would complete as soon as its start ran (well within 1 s);
+                    # this one cannot before rank 1 receives, after the barrier.
+                    deadline = time.monotonic() + 1.0
+                    while not w.is_completed() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    self.assertFalse(w.is_completed())
                 dist.barrier()
                 w.wait()
                 stream.synchronize()
