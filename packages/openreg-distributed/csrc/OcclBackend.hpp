@@ -344,11 +344,12 @@ class OcclBackend : public c10d::Backend {
   std::mutex streams_mu_;
   std::map<c10::DeviceIndex, CommStreams> streams_;
   // Per route (lane, peer): the stream its last operation started on and an event recorded after
-  // that start. Gloo pairs a group's operations by the order each rank starts them on a route, and
-  // one transport serves all the group's devices: an operation on another stream than the route's
-  // last one (another device's, or a batch's receive stream) waits for that one, so a rank whose
-  // devices are busy differently cannot start its collectives in another order than its peers
-  // (they paired with the wrong peer operation).
+  // its kernel there (a send's start; a receive or collective whole). Gloo pairs a group's
+  // operations by the order each rank starts them on a route, and one transport serves all the
+  // group's devices: an operation on another stream than the route's last one (another device's,
+  // or a batch's receive stream) waits for that one, so a rank whose devices are busy differently
+  // cannot start its collectives in another order than its peers (they paired with the wrong peer
+  // operation).
   struct RouteTail {
     orStream_t stream = nullptr;
     orEvent_t event = nullptr;
