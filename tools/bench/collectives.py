@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import time
 from typing import Callable, Dict, List
+
+from rows import time_interleaved
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
 SIZES = {"8b": 8, "64k": 64 << 10, "1m": 1 << 20, "16m": 16 << 20, "64m": 64 << 20}
@@ -133,22 +133,7 @@ def serve(rank: int, port: int, quick: bool) -> Dict:
         torch.openreg.synchronize()
 
     def timed(fns: Dict[str, Callable[[], None]], iters: int, reps: int) -> Dict[str, float]:
-        """Median seconds per call of each of `fns` after one warm-up call each: `reps` repetitions
-        of `iters` calls (lined up by a barrier, ended by a synchronisation) per function, the
-        functions taking turns in alternating order."""
-        for fn in fns.values():
-            fn()
-            sync()
-        samples: Dict[str, List[float]] = {k: [] for k in fns}
-        for rep in range(reps):
-            for k in list(fns) if rep % 2 == 0 else reversed(list(fns)):
-                dist.barrier(group=cpu_group)
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fns[k]()
-                sync()
-                samples[k].append((time.perf_counter() - t0) / iters)
-        return {k: statistics.median(v) for k, v in samples.items()}
+        return time_interleaved(fns, sync, iters, reps, start=lambda: dist.barrier(group=cpu_group))
 
     cpu_group = dist.new_group(backend="gloo")
     out: Dict[str, Dict] = {}

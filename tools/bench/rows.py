@@ -64,17 +64,32 @@ def time_per_call(
 ) -> float:
     """Median seconds per call over `reps` repetitions of `iters` calls (synchronised at the end),
     after one call to warm up. `start` runs before each repetition (a barrier that lines ranks up)."""
-    fn()
-    sync()
-    samples = []
-    for _ in range(reps):
-        start()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
+    return time_interleaved({"fn": fn}, sync, iters, reps, start)["fn"]
+
+
+def time_interleaved(
+    fns: Dict[str, Callable[[], object]],
+    sync: Callable[[], None],
+    iters: int,
+    reps: int,
+    start: Callable[[], None] = lambda: None,
+) -> Dict[str, float]:
+    """time_per_call for several functions in one process: each is warmed up once, then their
+    repetitions take turns in alternating order, so that a slow phase of a shared machine weighs on
+    each alike. Median seconds per call, by key."""
+    for fn in fns.values():
+        fn()
         sync()
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
+    samples: Dict[str, List[float]] = {k: [] for k in fns}
+    for rep in range(reps):
+        for k in list(fns) if rep % 2 == 0 else reversed(list(fns)):
+            start()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fns[k]()
+            sync()
+            samples[k].append((time.perf_counter() - t0) / iters)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def serve_in_process(script: str, device: str, quick: bool, timeout: float, env: Optional[Dict] = None) -> Dict:
