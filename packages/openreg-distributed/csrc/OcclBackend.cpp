@@ -914,10 +914,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
 
   // The kernel: it starts the transport's operations, waits for them and finishes the result. A
   // send's kernel only starts them; a second kernel, on the send's completion stream, waits.
-  struct Running {
-    Started started;
-  };
-  auto running = std::make_shared<Running>();
+  auto running = std::make_shared<Started>();  // what the start began, for the wait
   auto begin = [start = std::move(start), outcome, running, group = error_, what] {
     if (outcome->points) outcome->points->start.mark();
     outcome->started.store(true, std::memory_order_release);
@@ -927,10 +924,10 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
       outcome->error.set(msg);
       throw std::runtime_error(msg);
     }
-    running->started = start();
+    *running = start();
   };
   auto finish = [outcome, running] {
-    Started& st = running->started;
+    Started& st = *running;
     for (auto& w : st.works) w->wait();
     if (st.anysource) outcome->source_rank = st.works.at(0)->sourceRank();  // known once done
     if (st.post) st.post();
@@ -976,7 +973,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
     events().put(started);
     // What a discarded second kernel would have waited for (see UnrunKernel).
     auto drain = [running] {
-      for (auto& w : running->started.works) {
+      for (auto& w : running->works) {
         try {
           w->wait();
         } catch (const std::exception&) {  // the failure told next is the one that counts
