@@ -12,7 +12,7 @@ Installed, it is loaded by openreg-core's plugin discovery (entry point ``induct
   ``codegen.wrapper.OpenRegPythonWrapper``, the C++ wrapper ``codegen.cpp_wrapper.OpenRegCppWrapper``
   (``cpp_wrapper=True``) and the config ``config`` (its
   ``codegen_version`` is part of Inductor's FX-graph cache key);
-- the torch 2.13 workarounds in ``_torch213``;
+- the torch 2.13 workarounds in ``_torch213`` (Dynamo's when Dynamo is imported);
 - ``max-autotune``'s choices for openreg and their timing with openreg events (``autotune``);
 - Inductor's graph policy ``graphs.OpenRegGraphPolicy``: ``mode="reduce-overhead"`` replays
   openreg graphs as openreg device graphs (``torch.accelerator.Graph``).
@@ -35,9 +35,10 @@ def register_dynamo() -> None:
     import torch_openreg  # noqa: F811  (this module's own import of it may not have run yet: see the end)
     from torch._dynamo.device_interface import register_interface_for_device
 
-    from . import polyfills
+    from . import _torch213, polyfills
     from .device_interface import OpenRegInterface
 
+    _torch213.apply_dynamo()
     register_interface_for_device(DEVICE, OpenRegInterface)
     polyfills.register()
     for index in range(torch_openreg.openreg.device_count()):

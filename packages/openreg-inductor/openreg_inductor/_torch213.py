@@ -259,6 +259,46 @@ def _store_output(original):
     return store_output
 
 
+# 17. torch/_dynamo/variables/streams.py, SymbolicStreamState.cur_stream(device): Dynamo tracks the
+#     streams of the stream contexts entered in the region on one stack, whose bottom is the current
+#     device's current stream. Asked for another device's current stream (``torch.accelerator.
+#     current_stream(1)`` with ``openreg:0`` current) and finding none of that device on the stack,
+#     it answers the top of the stack: a ``wait_stream`` on it made ``openreg:0``'s stream wait, and
+#     a kernel after it on ``openreg:1`` read a buffer its side stream had not written yet (zeros;
+#     ``aot_eager`` runs everything on one stream and was right). CUDA would answer alike. For an
+#     openreg device with an index, the answer is that device's current stream, registered like the
+#     bottom of the stack (its value is looked up again at each call of the compiled code).
+#     Test: tests/test_streams.py::TestAsynchrony::test_wait_stream_for_a_device_that_is_not_current.
+def _cur_stream(original):
+    @functools.wraps(original)
+    def cur_stream(self, device=None):
+        if device is None or device.type != DEVICE or device.index is None:
+            return original(self, device)
+        if any(stream.device == device for stream in self.cur_stream_stack):
+            return original(self, device)
+        known = self.__dict__.setdefault("_openreg_current_streams", {})
+        if device.index not in known:
+            from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index, register_user_object
+            from torch._dynamo.source import CurrentStreamSource
+            from torch._dynamo.symbolic_convert import InstructionTranslator
+            from torch._dynamo.utils import set_example_value
+            from torch._dynamo.variables.streams import StreamVariable
+
+            # Built here rather than by VariableBuilder, which gives any CurrentStreamSource the
+            # bottom's index (0). The source looks the stream up again at each call.
+            tx = InstructionTranslator.current_tx()
+            stream = torch.accelerator.current_stream(device)
+            source = CurrentStreamSource(stream.device)
+            index = register_user_object(stream, source)
+            proxy = tx.output.create_proxy("call_function", get_external_object_by_index, (index,), {})
+            set_example_value(proxy.node, stream)
+            variable = StreamVariable(proxy, stream, source=source, user_object_index=index)
+            known[device.index] = tx.output.side_effects.track_object_existing(stream, variable)
+        return known[device.index]
+
+    return cur_stream
+
+
 MASK_NOT = """
 #ifndef OPENREG_MASK_NOT
 #define OPENREG_MASK_NOT
@@ -332,6 +372,15 @@ class WrapperFixes:
 
 
 _applied = False
+_applied_dynamo = False
+
+
+def _check_version() -> None:
+    if _version() != SUPPORTED:
+        raise RuntimeError(
+            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
+            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
+        )
 
 
 def apply() -> None:
@@ -340,11 +389,7 @@ def apply() -> None:
     global _applied
     if _applied:
         return
-    if _version() != SUPPORTED:
-        raise RuntimeError(
-            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
-            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
-        )
+    _check_version()
     # Inductor in its own import order first: codegen.cpp_template imported on its own is circular.
     importlib.import_module("torch._inductor.compile_fx")
     import torch._inductor.autotune_process as autotune_process
@@ -380,3 +425,17 @@ def apply() -> None:
     template_kernel = cpp_template_kernel.CppTemplateKernel
     template_kernel.store_output = _store_output(template_kernel.store_output)
     _applied = True
+
+
+def apply_dynamo() -> None:
+    """Installs workaround 17, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
+    Inductor (and ``apply()``) is first imported. Idempotent."""
+    global _applied_dynamo
+    if _applied_dynamo:
+        return
+    _check_version()
+    import torch._dynamo.variables.streams as dynamo_streams
+
+    state = dynamo_streams.SymbolicStreamState
+    state.cur_stream = _cur_stream(state.cur_stream)
+    _applied_dynamo = True

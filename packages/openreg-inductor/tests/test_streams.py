@@ -182,6 +182,41 @@ class TestAsynchrony(TestCase):
         self.assertEqual(out.cpu(), x.cpu() * 3 + 1)
         del held
 
+    def test_wait_stream_for_a_device_that_is_not_current(self):
+        # openreg:0 is current, everything else is on openreg:1: the traced wait must be on
+        # openreg:1's current stream (workaround 17), not on openreg:0's.
+        s1 = torch.openreg.Stream(device=1)
+
+        def f(x):
+            with s1:
+                z = x * 3
+            torch.accelerator.current_stream(1).wait_stream(s1)
+            return z + 1
+
+        x = torch.randn(1000, device="openreg:1")
+        compiled = torch.compile(f, fullgraph=True)
+        self.assertEqual(compiled(x).cpu(), x.cpu() * 3 + 1)
+        release.set()
+        hold_stream(torch.zeros(1, device="openreg:1"))  # the op's first call on openreg:1 is synchronous
+        torch.openreg.synchronize(1)
+        self.assertEqual(torch.openreg.current_device(), 0)
+        with torch.openreg.stream(s1):
+            release.clear()
+            held = hold_stream(torch.zeros(1, device="openreg:1"))  # z is not written until released
+        side = torch.openreg.Stream(device=1)
+        with torch.openreg.stream(side):  # current at the call: the wait is looked up then
+            out = compiled(x)
+        states = {
+            "side": side.query(),
+            "openreg:1 default": torch.openreg.default_stream(1).query(),
+            "openreg:0": torch.openreg.default_stream(0).query(),
+        }
+        release.set()
+        side.synchronize()  # out was written on side
+        self.assertEqual(states, {"side": False, "openreg:1 default": True, "openreg:0": True})
+        self.assertEqual(out.cpu(), x.cpu() * 3 + 1)
+        del held
+
 
 class TestCrossStreamBuffers(TestCase):
     """A buffer made on one stream and read by a kernel on another at its last use. Inductor frees
