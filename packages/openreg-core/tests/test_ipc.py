@@ -45,6 +45,34 @@ class TestIpcHandles(TestCase):
         whole = torch.empty(0, device="openreg:1").set_(t.untyped_storage())
         self.assertEqual(whole.cpu().tolist(), [0, 1, 2, 3, 7, 5, 7, 7, 7, 9, 7, 11])
 
+    def test_conjugate_and_negative_views_keep_their_bits(self):
+        # A lazy conj view and its imaginary part (a negated view after conj) read the base's memory;
+        # the handle carries the bits, so the other process reads the view's values, not the base's.
+        x = torch.tensor([1 + 2j, 3 - 4j], device="openreg")
+        views = {"conj": x.conj(), "imag_of_conj": x.conj().imag}
+        self.assertEqual((views["conj"].is_conj(), views["imag_of_conj"].is_neg()), (True, True))
+        handles = {k: torch.openreg.get_ipc_handle(v) for k, v in views.items()}
+        r = run_python(
+            f"""
+            import pickle, torch
+            for k, h in pickle.loads(bytes.fromhex({pickle.dumps(handles).hex()!r})).items():
+                t = torch.openreg.open_ipc_handle(h)
+                print(k, t.is_conj(), t.is_neg(), t.resolve_conj().resolve_neg().cpu().tolist())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.split("\n")[:2],
+            ["conj True False [(1-2j), (3+4j)]", "imag_of_conj False True [-2.0, 4.0]"],
+        )
+        plain = torch.openreg.get_ipc_handle(x)
+        self.assertEqual((plain.conj, plain.neg), (False, False))
+        # torch.multiprocessing's reducer sends the same handle.
+        from multiprocessing.reduction import ForkingPickler
+
+        _, (_, sent, _) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
+        self.assertEqual((sent.conj, sent.neg), (True, False))
+
     def test_handle_names_no_shared_memory_file(self):
         before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         h = torch.openreg.get_ipc_handle(torch.ones(1000, device="openreg"))

@@ -37,6 +37,11 @@ class IpcHandle(NamedTuple):
     size: Tuple[int, ...]
     stride: Tuple[int, ...]
     storage_offset: int  # in elements
+    # A lazily conjugated or negated view (x.conj(), its imaginary part) reads the same memory as its
+    # base; without these bits the other process would read the base's values. torch 2.13 drops them
+    # for CPU tensors sent through torch.multiprocessing (a conj view arrives unconjugated).
+    conj: bool = False
+    neg: bool = False
 
 
 def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
@@ -57,6 +62,8 @@ def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
         tuple(tensor.size()),
         tuple(tensor.stride()),
         tensor.storage_offset(),
+        tensor.is_conj(),
+        tensor.is_neg(),
     )
 
 
@@ -67,7 +74,12 @@ def _open_storage(h: IpcHandle) -> torch.UntypedStorage:
 def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
     """The tensor a handle from :func:`get_ipc_handle` describes, over the shared memory."""
     out = torch.empty(0, dtype=h.dtype, device=torch.device("openreg", h.device))
-    return out.set_(_open_storage(h), h.storage_offset, h.size, h.stride)
+    out = out.set_(_open_storage(h), h.storage_offset, h.size, h.stride)
+    if h.conj:
+        out = out.conj()  # a lazy view again: the bit, no copy
+    if h.neg:
+        out = torch._neg_view(out)
+    return out
 
 
 # ---- torch.multiprocessing ----
