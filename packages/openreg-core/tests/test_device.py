@@ -218,6 +218,56 @@ class TestDeviceModule(TestCase):
             self.assertEqual(torch.openreg.current_device(), 1)
         self.assertEqual(torch.openreg.current_device(), 0)
 
+    def test_device_guard_for_compiled_code(self):
+        # torch.openreg._DeviceGuard: what openreg-inductor's wrappers enter (a valid index).
+        with torch.openreg._DeviceGuard(1):
+            self.assertEqual(torch.openreg.current_device(), 1)
+            with torch.openreg._DeviceGuard(0):
+                self.assertEqual(torch.openreg.current_device(), 0)
+            self.assertEqual(torch.openreg.current_device(), 1)
+        self.assertEqual(torch.openreg.current_device(), 0)
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5"):
+            with torch.openreg._DeviceGuard(5):
+                pass
+        self.assertEqual(torch.openreg.current_device(), 0)
+        with self.assertRaisesRegex(KeyError, "raised inside"):
+            with torch.openreg._DeviceGuard(1):
+                raise KeyError("raised inside")
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_empty_strided_for_compiled_code(self):
+        # torch_openreg._C._empty_strided(size, stride, dtype, index): openreg-inductor's buffers.
+        from torch_openreg import _C
+
+        t = _C._empty_strided((2, 3), (1, 2), torch.float16, 1)
+        self.assertEqual(
+            (t.device, t.dtype, t.shape, t.stride()), (torch.device("openreg:1"), torch.float16, (2, 3), (1, 2))
+        )
+        self.assertEqual(torch.openreg.current_device(), 0)  # the index was only guarded
+        self.assertEqual(t.copy_(torch.arange(6.0).view(2, 3)).cpu(), torch.arange(6.0).view(2, 3).half())
+        with torch.openreg.device(1):
+            self.assertEqual(_C._empty_strided([4], [1], torch.int64, -1).device, torch.device("openreg:1"))
+        self.assertEqual(_C._empty_strided((), (), torch.bool, 0).shape, ())
+        before = torch.openreg.memory_allocated(0)
+        held = _C._empty_strided((256, 1024), (1024, 1), torch.float32, 0)
+        self.assertEqual(torch.openreg.memory_allocated(0) - before, 1 << 20)  # the caching allocator's block
+        del held
+        self.assertEqual(torch.openreg.memory_allocated(0), before)
+        with self.assertRaisesRegex(ValueError, "2 sizes but 1 strides"):
+            _C._empty_strided((2, 3), (1,), torch.float32, 0)
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 257"):
+            _C._empty_strided((2,), (1,), torch.float32, 257)  # not 1 after narrowing
+        with self.assertRaisesRegex(TypeError, "size must be a tuple of ints"):
+            _C._empty_strided((2, "3"), (3, 1), torch.float32, 0)
+        with self.assertRaisesRegex(TypeError, "dtype must be a torch.dtype"):
+            _C._empty_strided((2,), (1,), "float32", 0)
+        with self.assertRaisesRegex(TypeError, "takes 4 arguments, got 3"):
+            _C._empty_strided((2,), (1,), torch.float32)
+        with self.assertRaisesRegex(RuntimeError, "negative dimension"):
+            _C._empty_strided((-1,), (1,), torch.float32, 0)
+        with self.assertRaisesRegex(RuntimeError, "out of memory|overflow"):
+            _C._empty_strided((1 << 40,), (1,), torch.float32, 0)
+
     def test_invalid_device_index(self):
         with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5: there are 2 openreg devices"):
             torch.openreg.set_device(5)

@@ -2,6 +2,8 @@
 // it creates, reshapes or moves storage (factories, views, resize, set_,
 // copies across devices, reading a scalar). Registered with
 // TORCH_LIBRARY_IMPL(aten, PrivateUse1, ...).
+#include "OpenRegNativeOps.h"
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
@@ -267,6 +269,12 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 }  // namespace
+
+at::Tensor empty_strided_on(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype,
+                            c10::DeviceIndex device) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  return empty_strided(size, stride, dtype, std::nullopt, std::nullopt, std::nullopt);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);

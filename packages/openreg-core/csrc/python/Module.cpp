@@ -1,14 +1,18 @@
 // torch_openreg._C: the Python binding of the runtime and the PyTorch layer.
 // The only translation unit that includes torch's Python headers (pybind.h, not the whole
 // <torch/extension.h>: a third of the unit's compile time); everything it exposes is used by
-// torch_openreg/openreg/*.py.
+// torch_openreg/openreg/*.py, and by code openreg-inductor generates (_empty_strided,
+// _current_raw_stream).
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "aten/OpenRegFallback.h"
+#include "aten/OpenRegNativeOps.h"
 #include "aten/OpenRegNested.h"
 #include "aten/OpenRegSparse.h"
 #include "openreg/faults.h"
@@ -129,6 +133,45 @@ void take_gil_back(void* state) {
   if (state != nullptr) PyEval_RestoreThread(static_cast<PyThreadState*>(state));
 }
 
+// torch_openreg._C._empty_strided(size, stride, dtype, device index; -1: the current device).
+// openreg-inductor's wrapper allocates its buffers with it, as CUDA's wrapper with
+// torch._C._dynamo.guards._empty_strided_cuda: a fast-call function that reads its tuples
+// directly, a quarter of the Python call of torch.empty_strided (Python's argument parser and
+// the dispatcher) and half of a pybind11 binding.
+bool read_ints(PyObject* seq, c10::SmallVector<int64_t, 8>& out, const char* what) {
+  TORCH_CHECK_TYPE(PyTuple_Check(seq) || PyList_Check(seq), "_empty_strided: ", what, " must be a tuple of ints");
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    TORCH_CHECK_TYPE(PyLong_Check(items[i]), "_empty_strided: ", what, " must be a tuple of ints");
+    out[i] = PyLong_AsLongLong(items[i]);
+    if (out[i] == -1 && PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
+PyObject* empty_strided_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK_TYPE(nargs == 4, "_empty_strided(size, stride, dtype, device_index) takes 4 arguments, got ", nargs);
+  c10::SmallVector<int64_t, 8> size, stride;
+  if (!read_ints(args[0], size, "size") || !read_ints(args[1], stride, "stride")) return nullptr;
+  TORCH_CHECK_VALUE(size.size() == stride.size(), "_empty_strided: ", size.size(), " sizes but ", stride.size(),
+                    " strides");
+  TORCH_CHECK_TYPE(THPDtype_Check(args[2]), "_empty_strided: dtype must be a torch.dtype");
+  TORCH_CHECK_TYPE(PyLong_Check(args[3]), "_empty_strided: device_index must be an int");
+  const long long d = PyLong_AsLongLong(args[3]);
+  if (d == -1 && PyErr_Occurred()) return nullptr;
+  if (d >= 0) check_device_index(d);  // before narrowing
+  const c10::DeviceIndex device = d < 0 ? current_device() : static_cast<c10::DeviceIndex>(d);
+  return THPVariable_Wrap(empty_strided_on(size, stride, reinterpret_cast<THPDtype*>(args[2])->scalar_type, device));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef kEmptyStridedDef = {"_empty_strided",
+                                reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty_strided_fast)),
+                                METH_FASTCALL, nullptr};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -230,6 +273,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_stream_handle", [](int64_t id, int d) { return reinterpret_cast<uintptr_t>(stream_of(id, d).handle()); });
   m.def("_current_raw_stream",
         [](int d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(device_index(d)).handle()); });
+  m.attr("_empty_strided") = py::reinterpret_steal<py::object>(PyCFunction_New(&kEmptyStridedDef, nullptr));
   m.def("_stream_priority", [](int64_t id, int d) { return stream_of(id, d).priority(); });
   m.def("_stream_priority_range", [] {
     int least = 0, greatest = 0;

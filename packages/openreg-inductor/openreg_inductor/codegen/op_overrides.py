@@ -7,7 +7,8 @@ from torch._inductor.codegen.common import DeviceOpOverrides
 
 class OpenRegDeviceOpOverrides(DeviceOpOverrides):
     def import_get_raw_stream_as(self, name: str) -> str:
-        return f"from torch.openreg import current_raw_stream as {name}"
+        # torch.openreg.current_raw_stream's binding: the wrapper passes a device index.
+        return f"from torch_openreg._C import _current_raw_stream as {name}"
 
     def set_device(self, device_idx: int) -> str:
         return "pass  # the device guard above set the device"
@@ -16,7 +17,7 @@ class OpenRegDeviceOpOverrides(DeviceOpOverrides):
         return "torch.openreg.synchronize()"
 
     def device_guard(self, device_idx: int) -> str:
-        return f"torch.openreg.device({device_idx})"
+        return f"torch.openreg._DeviceGuard({device_idx})"
 
     def current_stream(self) -> str:
         return "torch.openreg.current_stream()"

@@ -1,7 +1,8 @@
 """The Python wrapper for openreg graphs: Inductor's ``PythonWrapperCodegen`` plus the stream.
 
-Generated ``call(args)`` functions allocate buffers with ``empty_strided`` on the buffer's
-openreg device (openreg's caching allocator), enter a device guard for the device the graph
+Generated ``call(args)`` functions allocate buffers with ``empty_strided_openreg`` (core's
+``torch_openreg._C._empty_strided``: openreg's caching allocator on the buffer's device, without
+the dispatcher), enter a device guard (``torch.openreg._DeviceGuard``) for the device the graph
 runs on, fetch the current raw stream once per device (``stream1 = get_raw_stream(1)``), and
 call each kernel's launcher as ``kernel(stream1, buf0, arg0_1, ...)``. Inside a user stream
 context (``with torch.openreg.stream(s)`` in the compiled region) the stream is fetched again
@@ -45,6 +46,20 @@ class _LaunchOnStream:
         else:
             stream = self.write_get_raw_stream(index, kwargs.get("graph_name", V.graph.name))
         self.writeline(f"{kernel_name}({', '.join([stream, *map(str, call_args)])})")
+
+    def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
+        # Inductor's other devices get ``empty_strided(..., device='openreg', dtype=...)``: Python's
+        # argument parser and the dispatcher, twice the cost of CPU Inductor's ``empty_strided_cpu``.
+        if device.type != "openreg" or config.test_configs.track_memory_lifecycle:
+            return super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+        shape_tuple = self.codegen_python_shape_tuple(shape)
+        allocation_tuple = self.codegen_python_shape_tuple(shape if allocation_shape is None else allocation_shape)
+        stride_tuple = self.codegen_python_shape_tuple(stride)
+        index = device.index if device.index is not None else -1  # -1: the current device
+        out = f"{name} = empty_strided_openreg({allocation_tuple}, {stride_tuple}, {dtype}, {index})"
+        if shape_tuple != allocation_tuple:
+            out += f".as_strided({shape_tuple}, {stride_tuple})"
+        return out
 
     def codegen_device_guard_enter(self, device_idx, num_streams=1, stream_idx_to_user_obj_idx=None) -> None:
         super().codegen_device_guard_enter(device_idx, num_streams, stream_idx_to_user_obj_idx)
@@ -180,6 +195,7 @@ class OpenRegPythonWrapper(_LaunchOnStream, _CrossStreamBuffers, _torch213.Wrapp
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline("from openreg_inductor.codegen.launch import load_kernel as openreg_kernel")
+        self.imports.writeline("from torch_openreg._C import _empty_strided as empty_strided_openreg")
 
 
 class OpenRegSubgraphWrapper(
