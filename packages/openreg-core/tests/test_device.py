@@ -257,6 +257,8 @@ class TestDeviceModule(TestCase):
             _C._empty_strided((2, 3), (1,), torch.float32, 0)
         with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 257"):
             _C._empty_strided((2,), (1,), torch.float32, 257)  # not 1 after narrowing
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index -2"):
+            _C._empty_strided((2,), (1,), torch.float32, -2)  # -1 alone means the current device
         with self.assertRaisesRegex(TypeError, "size must be a tuple of ints"):
             _C._empty_strided((2, "3"), (3, 1), torch.float32, 0)
         with self.assertRaisesRegex(TypeError, "dtype must be a torch.dtype"):
@@ -267,6 +269,48 @@ class TestDeviceModule(TestCase):
             _C._empty_strided((-1,), (1,), torch.float32, 0)
         with self.assertRaisesRegex(RuntimeError, "out of memory|overflow"):
             _C._empty_strided((1 << 40,), (1,), torch.float32, 0)
+
+    def test_empty_strided_for_compiled_code_releases_the_gil(self):
+        # Another thread holds the allocator's lock while it waits for the device (empty_cache behind
+        # an event of a stream whose queued Python kernel needs the GIL): an allocation that kept
+        # the GIL while it waited for that lock hung all three for good.
+        r = run_python(
+            """
+            import faulthandler, threading, time, torch
+            from torch_openreg import _C
+
+            faulthandler.dump_traceback_later(30, exit=True)
+            go = threading.Event()
+
+            @torch.library.custom_op("gil_test::wait", mutates_args=(), device_types="cpu")
+            def wait(x: torch.Tensor) -> torch.Tensor:
+                go.wait(20)
+                return x.clone()
+
+            @wait.register_fake
+            def _(x):
+                return torch.empty_like(x)
+
+            x = torch.zeros(4, device="openreg")
+            go.set(); wait(x); wait(x); torch.openreg.synchronize(); go.clear()  # later calls are queued
+            s = torch.openreg.Stream()
+            block = torch.empty(1 << 20, device="openreg")
+            with torch.openreg.stream(s):
+                y = wait(x)  # s waits for `go`
+            block.record_stream(s)
+            del block  # its reuse waits for an event on s
+            emptier = threading.Thread(target=torch.openreg.empty_cache)
+            emptier.start()
+            time.sleep(0.5)  # it now holds the allocator's lock, waiting for s
+            go.set()
+            z = _C._empty_strided((4,), (1,), torch.float32, 0)
+            emptier.join(20)
+            print("done", z.device, emptier.is_alive())
+            """,
+            timeout=60,
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "done openreg:0 False")
 
     def test_invalid_device_index(self):
         with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5: there are 2 openreg devices"):

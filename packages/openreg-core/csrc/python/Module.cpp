@@ -162,9 +162,16 @@ PyObject* empty_strided_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   TORCH_CHECK_TYPE(PyLong_Check(args[3]), "_empty_strided: device_index must be an int");
   const long long d = PyLong_AsLongLong(args[3]);
   if (d == -1 && PyErr_Occurred()) return nullptr;
-  if (d >= 0) check_device_index(d);  // before narrowing
-  const c10::DeviceIndex device = d < 0 ? current_device() : static_cast<c10::DeviceIndex>(d);
-  return THPVariable_Wrap(empty_strided_on(size, stride, reinterpret_cast<THPDtype*>(args[2])->scalar_type, device));
+  if (d != -1) check_device_index(d);  // before narrowing; -1 alone means the current device
+  const c10::DeviceIndex device = d == -1 ? current_device() : static_cast<c10::DeviceIndex>(d);
+  const c10::ScalarType dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
+  at::Tensor out;
+  {
+    // As every reader of the allocator (see stats_dict), and as torch.empty_strided's binding.
+    py::gil_scoped_release no_gil;
+    out = empty_strided_on(size, stride, dtype, device);
+  }
+  return THPVariable_Wrap(std::move(out));
   END_HANDLE_TH_ERRORS
 }
 
@@ -273,7 +280,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_stream_handle", [](int64_t id, int d) { return reinterpret_cast<uintptr_t>(stream_of(id, d).handle()); });
   m.def("_current_raw_stream",
         [](int d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(device_index(d)).handle()); });
-  m.attr("_empty_strided") = py::reinterpret_steal<py::object>(PyCFunction_New(&kEmptyStridedDef, nullptr));
+  m.attr("_empty_strided") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStridedDef, nullptr, m.attr("__name__").ptr()));
   m.def("_stream_priority", [](int64_t id, int d) { return stream_of(id, d).priority(); });
   m.def("_stream_priority_range", [] {
     int least = 0, greatest = 0;
