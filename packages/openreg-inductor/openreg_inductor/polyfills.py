@@ -39,12 +39,21 @@ def register() -> None:
         return
     from torch.compiler import substitute_in_graph
 
+    # Without a device, none is passed on: Dynamo then answers the stream of the innermost stream
+    # context of the region (torch.openreg.stream(s) makes s's device current, eagerly). The current
+    # device index read here would be the trace's, before any context: openreg:0's stream inside
+    # `with s1:` (s1 on openreg:1), where eager code gets s1.
     @substitute_in_graph(torch.openreg.synchronize)
     def synchronize(device=None):
-        torch.accelerator.synchronize(_device(device))
+        if device is None:
+            torch.accelerator.synchronize()
+        else:
+            torch.accelerator.synchronize(_device(device))
 
     @substitute_in_graph(torch.openreg.current_stream)
     def current_stream(device=None):
+        if device is None:
+            return torch.accelerator.current_stream()
         return torch.accelerator.current_stream(_device(device))
 
     @substitute_in_graph(torch.openreg.current_device)

@@ -422,6 +422,28 @@ class TestDeviceCallsInTheRegion(TestCase):
         _, stream, index = compiled(torch.randn(8, device="openreg:1"))
         self.assertEqual((index, stream.device_index), (1, 1))
 
+    def test_current_stream_inside_a_stream_context_of_another_device(self):
+        # A stream context makes the stream's device current: torch.openreg.current_stream() inside
+        # `with s1:` is s1, as eagerly. The stand-in read the device at trace time and answered
+        # openreg:0's stream.
+        s1 = torch.openreg.Stream(device=1)
+
+        def f(x):
+            with s1:
+                inside = torch.openreg.current_stream()
+                y = x + 1
+            return y, inside, torch.openreg.current_stream()
+
+        x = torch.ones(4, device="openreg:1")
+        s1.wait_stream(torch.openreg.current_stream(1))  # x's producer
+        torch._dynamo.reset()
+        for fn in (f, torch.compile(f, backend="eager", fullgraph=True)):
+            y, inside, after = fn(x)
+            s1.synchronize()
+            self.assertEqual(y.cpu(), torch.full((4,), 2.0))
+            self.assertEqual((inside.device_index, inside.stream_id), (1, s1.stream_id))
+            self.assertEqual((after.device_index, after.stream_id), (0, torch.openreg.default_stream(0).stream_id))
+
 
 class TestKernelFailures(TestCase):
     def test_integer_division_by_zero(self):
