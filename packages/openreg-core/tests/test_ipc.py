@@ -148,6 +148,8 @@ class TestMultiprocessing(TestCase):
         ):
             back = pickle.loads(ForkingPickler.dumps(t))
             self.assertEqual((type(back), back.shape, back.dtype, back.device), (type(t), t.shape, t.dtype, t.device))
+        back = pickle.loads(ForkingPickler.dumps(torch.empty(0, dtype=torch.complex64, device="openreg").conj().imag))
+        self.assertEqual((back.shape, back.is_neg(), back.dtype), ((0,), True, torch.float32))
         s = pickle.loads(ForkingPickler.dumps(torch.empty(0, device="openreg:1").untyped_storage()))
         self.assertEqual((s.nbytes(), s.device), (0, torch.device("openreg:1")))
 

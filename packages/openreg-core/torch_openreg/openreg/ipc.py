@@ -75,11 +75,7 @@ def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
     """The tensor a handle from :func:`get_ipc_handle` describes, over the shared memory."""
     out = torch.empty(0, dtype=h.dtype, device=torch.device("openreg", h.device))
     out = out.set_(_open_storage(h), h.storage_offset, h.size, h.stride)
-    if h.conj:
-        out = out.conj()  # a lazy view again: the bit, no copy
-    if h.neg:
-        out = torch._neg_view(out)
-    return out
+    return _with_bits(out, h.conj, h.neg)  # lazy views again: the bits, no copy
 
 
 # ---- torch.multiprocessing ----
@@ -100,9 +96,20 @@ def _rebuild_storage(h: IpcHandle) -> torch.UntypedStorage:
     return _open_storage(h)
 
 
-def _rebuild_empty_tensor(cls, dtype, size, stride, device: int, requires_grad: bool) -> torch.Tensor:
+def _with_bits(t: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
+    """``t`` as a lazy conjugate and/or negative view, as the sender's was (see IpcHandle)."""
+    if conj:
+        t = t.conj()
+    if neg:
+        t = torch._neg_view(t)
+    return t
+
+
+def _rebuild_empty_tensor(
+    cls, dtype, size, stride, device: int, requires_grad: bool, conj: bool = False, neg: bool = False
+) -> torch.Tensor:
     t = torch.empty_strided(size, stride, dtype=dtype, device=torch.device("openreg", device))
-    return _as_sent(cls, t, requires_grad)
+    return _as_sent(cls, _with_bits(t, conj, neg), requires_grad)
 
 
 def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
@@ -134,6 +141,8 @@ def _install_reducers() -> None:
                 t.stride(),
                 t.device.index,
                 t.requires_grad,
+                t.is_conj(),
+                t.is_neg(),
             )
         return _rebuild_tensor, (type(t), get_ipc_handle(t.detach()), t.requires_grad)
 
