@@ -1456,12 +1456,23 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
   // A small send is staged: copied when it starts, so that its Work ends there, once the tensor may
   // be reused, instead of when the peer has received it (as small messages on NCCL and MPI). Its
   // completion is still waited for (a failure or timeout fails the group), off the peer's stream.
-  const bool staged = tensors[0].nbytes() <= kStagedSendBytes;
+  // The copies waiting for delivery are bounded (kStagedBytesLimit): each holds a reservation of
+  // its bytes until the operation is over (delivered, failed or discarded).
+  const int64_t nbytes = static_cast<int64_t>(tensors[0].nbytes());
+  std::shared_ptr<void> reservation;
+  if (nbytes <= kStagedSendBytes) {
+    auto counter = staged_bytes_;
+    if (counter->fetch_add(nbytes) + nbytes <= kStagedBytesLimit)
+      reservation = std::shared_ptr<void>(counter.get(), [counter, nbytes](void*) { counter->fetch_sub(nbytes); });
+    else
+      counter->fetch_sub(nbytes);
+  }
+  const bool staged = reservation != nullptr;
   return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank, staged), device, tensors, {},
-                 [t, a = kernel_arg(tensors[0]), dstRank, tag, staged] {
+                 [t, a = kernel_arg(tensors[0]), dstRank, tag, staged, reservation] {
                    at::Tensor v = carried(a.materialize());
                    if (staged) v = v.clone();  // the transport's Work holds it until sent
-                   return Started{{t->send(v, dstRank, tag)}, [] {}};
+                   return Started{{t->send(v, dstRank, tag)}, [reservation] {}};
                  });
 }
 

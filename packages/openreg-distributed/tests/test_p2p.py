@@ -1,6 +1,6 @@
 """Point-to-point on 3 ranks: a ring with batch_isend_irecv, a 1F1B pipeline smoke test,
 operations with two peers at once on per-peer streams, sends that never hold back the receive after
-them, and small sends that end once staged."""
+them, and small sends that end once staged (with the staged copies bounded)."""
 
 import time
 
@@ -104,6 +104,43 @@ class TestP2P(OcclTestCase):
                     got = torch.empty(n, device=self.device)
                     dist.recv(got, src=0)
                     self.assertEqual(got.cpu(), want)
+
+    def test_staged_copies_are_bounded(self):
+        # A producer far ahead of a peer that does not receive yet: 80 sends of 64 KiB, 5 MiB in all.
+        # The first 4 MiB (64 sends) are staged (copied into host memory the transport owns) and end
+        # at once; the rest are not, and end at delivery, so the copies waiting for delivery stay at
+        # 4 MiB. Once delivered, the budget is free again: the next small send is staged.
+        count, n = 80, (64 << 10) // 4
+        staged = (4 << 20) // (n * 4)
+        if self.rank == 0:
+            xs = [torch.full((n,), float(i), device=self.device) for i in range(count)]
+            works = [dist.isend(x, dst=1) for x in xs]
+            works[staged - 1].wait()  # the last staged one: its start copied it
+            deadline = time.monotonic() + 1.0
+            while not works[-1].is_completed() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            pending = [i for i, w in enumerate(works) if not w.is_completed()]
+            dist.barrier()
+            for w in works:
+                w.wait()
+            self.assertEqual(pending, list(range(staged, count)))  # only the first 4 MiB were copied
+            torch.openreg.synchronize(self.device)  # the send completions: the reservations are freed
+            again = dist.isend(xs[0], dst=1)
+            again.wait()
+            torch.openreg.current_stream(self.device).synchronize()
+            self.assertTrue(again.is_completed())  # staged: ended before rank 1's receive (the barrier)
+            dist.barrier()
+        else:
+            dist.barrier()
+            if self.rank == 1:
+                got = torch.empty(n, device=self.device)
+                for i in range(count):
+                    dist.recv(got, src=0)
+                    self.assertEqual(got.cpu(), torch.full((n,), float(i)))
+            dist.barrier()
+            if self.rank == 1:
+                dist.recv(got, src=0)
+                self.assertEqual(got.cpu(), torch.zeros(n))
 
     def test_1f1b_pipeline(self):
         # Stage s adds s + 1 in "forward"; "backward" doubles the gradient per stage. 1F1B steady
