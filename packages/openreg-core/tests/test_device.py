@@ -278,31 +278,19 @@ class TestDeviceModule(TestCase):
             """
             import faulthandler, threading, time, torch
             from torch_openreg import _C
+            from torch_openreg.utils.testing import StreamHold
 
             faulthandler.dump_traceback_later(30, exit=True)
-            go = threading.Event()
-
-            @torch.library.custom_op("gil_test::wait", mutates_args=(), device_types="cpu")
-            def wait(x: torch.Tensor) -> torch.Tensor:
-                go.wait(20)
-                return x.clone()
-
-            @wait.register_fake
-            def _(x):
-                return torch.empty_like(x)
-
-            x = torch.zeros(4, device="openreg")
-            go.set(); wait(x); wait(x); torch.openreg.synchronize(); go.clear()  # later calls are queued
             s = torch.openreg.Stream()
-            block = torch.empty(1 << 20, device="openreg")
             with torch.openreg.stream(s):
-                y = wait(x)  # s waits for `go`
+                hold = StreamHold(timeout=20).__enter__()  # s runs a Python kernel that waits
+            block = torch.empty(1 << 20, device="openreg")
             block.record_stream(s)
             del block  # its reuse waits for an event on s
             emptier = threading.Thread(target=torch.openreg.empty_cache)
             emptier.start()
             time.sleep(0.5)  # it now holds the allocator's lock, waiting for s
-            go.set()
+            hold.release()  # the kernel returns once it gets the GIL
             z = _C._empty_strided((4,), (1,), torch.float32, 0)
             emptier.join(20)
             print("done", z.device, emptier.is_alive())
