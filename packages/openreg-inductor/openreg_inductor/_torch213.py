@@ -429,11 +429,12 @@ def apply() -> None:
 
 def apply_dynamo() -> None:
     """Installs workaround 17, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
-    Inductor (and ``apply()``) is first imported. Idempotent."""
+    Inductor (and ``apply()``) is first imported. Idempotent. On another torch it does nothing
+    rather than fail Dynamo's import: only Inductor runs a region's streams apart, and ``apply()``
+    refuses that torch at the first Inductor compile."""
     global _applied_dynamo
-    if _applied_dynamo:
+    if _applied_dynamo or _version() != SUPPORTED:
         return
-    _check_version()
     import torch._dynamo.variables.streams as dynamo_streams
 
     state = dynamo_streams.SymbolicStreamState
