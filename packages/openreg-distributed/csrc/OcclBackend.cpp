@@ -1448,6 +1448,13 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
       timeout);
 }
 
+std::shared_ptr<OcclBackend::PeerStaging> OcclBackend::peer_staging(int peer) {
+  std::lock_guard<std::mutex> g(streams_mu_);
+  auto& staging = staging_[peer];
+  if (!staging) staging = std::make_shared<PeerStaging>();
+  return staging;
+}
+
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   check_single("send", tensors.size(), "");
   const auto device = check_tensors("send", tensors, /*p2p=*/true);
@@ -1456,18 +1463,26 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
   // A small send is staged: copied when it starts, so that its Work ends there, once the tensor may
   // be reused, instead of when the peer has received it (as small messages on NCCL and MPI). Its
   // completion is still waited for (a failure or timeout fails the group), off the peer's stream.
-  // The copies waiting for delivery are bounded (kStagedBytesLimit): each holds a reservation of
-  // its bytes until the operation is over (delivered, failed or discarded).
+  // Per peer, the copies waiting for delivery are bounded (kStagedBytesLimit), and no send is
+  // staged while an unstaged one is not delivered yet, so that the Works of the sends to a peer
+  // end in order (waiting for the last one covers them all, as on NCCL's one stream per peer).
+  // Each send holds a reservation until its operation is over (delivered, failed or discarded).
   const int64_t nbytes = static_cast<int64_t>(tensors[0].nbytes());
-  std::shared_ptr<void> reservation;
-  if (nbytes <= kStagedSendBytes) {
-    auto counter = staged_bytes_;
-    if (counter->fetch_add(nbytes) + nbytes <= kStagedBytesLimit)
-      reservation = std::shared_ptr<void>(counter.get(), [counter, nbytes](void*) { counter->fetch_sub(nbytes); });
-    else
-      counter->fetch_sub(nbytes);
+  std::shared_ptr<PeerStaging> peer = peer_staging(dstRank);
+  bool staged = false;
+  if (nbytes <= kStagedSendBytes && peer->unstaged.load() == 0) {
+    int64_t held = peer->staged_bytes.load();
+    while (held + nbytes <= kStagedBytesLimit && !peer->staged_bytes.compare_exchange_weak(held, held + nbytes)) {
+    }
+    staged = held + nbytes <= kStagedBytesLimit;
   }
-  const bool staged = reservation != nullptr;
+  std::shared_ptr<void> reservation;
+  if (staged) {
+    reservation = std::shared_ptr<void>(peer.get(), [peer, nbytes](void*) { peer->staged_bytes.fetch_sub(nbytes); });
+  } else {
+    peer->unstaged.fetch_add(1);
+    reservation = std::shared_ptr<void>(peer.get(), [peer](void*) { peer->unstaged.fetch_sub(1); });
+  }
   return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank, staged), device, tensors, {},
                  [t, a = kernel_arg(tensors[0]), dstRank, tag, staged, reservation] {
                    at::Tensor v = carried(a.materialize());

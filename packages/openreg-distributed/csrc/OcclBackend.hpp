@@ -261,8 +261,9 @@ class OcclBackend : public c10d::Backend {
   };
   // Sends up to this size are staged (NCCL's small-message protocols cover about this much).
   static constexpr int64_t kStagedSendBytes = 64 << 10;
-  // At most this much staged data waits for delivery at once: past it (a producer far ahead of a
-  // peer that does not receive yet) a send is not staged, and its Work ends at delivery.
+  // At most this much staged data per peer waits for delivery at once: past it (a producer far
+  // ahead of a peer that does not receive yet) a send to that peer is not staged, and its Work ends
+  // at delivery.
   static constexpr int64_t kStagedBytesLimit = 4 << 20;
 
  private:
@@ -322,10 +323,16 @@ class OcclBackend : public c10d::Backend {
   std::map<std::vector<int>, int> splits_;  // how often each rank list was split off this backend
   std::shared_ptr<GroupError> error_ = std::make_shared<GroupError>();
   std::atomic<uint64_t> seq_{0};
-  // Bytes of staged sends not delivered yet (see send()); shared with the reservations, which a
-  // Work may keep past the backend.
-  std::shared_ptr<std::atomic<int64_t>> staged_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
-  uint64_t collective_seq_ = 0, p2p_seq_ = 0;  // the flight recorder's counters
+  // The sends to one peer not delivered yet (see send()): the bytes of the staged ones' copies, and
+  // the count of the unstaged ones. Shared with the reservations the queued send kernels hold, which
+  // may outlive the backend.
+  struct PeerStaging {
+    std::atomic<int64_t> staged_bytes{0};
+    std::atomic<int> unstaged{0};
+  };
+  std::shared_ptr<PeerStaging> peer_staging(int peer);
+  std::map<int, std::shared_ptr<PeerStaging>> staging_;  // under streams_mu_
+  uint64_t collective_seq_ = 0, p2p_seq_ = 0;            // the flight recorder's counters
   bool blocking_wait_;
   ErrorHandling error_handling_;
   bool dump_on_failure_;      // TORCH_OCCL_DUMP_ON_TIMEOUT

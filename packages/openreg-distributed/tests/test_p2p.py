@@ -106,41 +106,76 @@ class TestP2P(OcclTestCase):
                     self.assertEqual(got.cpu(), want)
 
     def test_staged_copies_are_bounded(self):
-        # A producer far ahead of a peer that does not receive yet: 80 sends of 64 KiB, 5 MiB in all.
-        # The first 4 MiB (64 sends) are staged (copied into host memory the transport owns) and end
-        # at once; the rest are not, and end at delivery, so the copies waiting for delivery stay at
-        # 4 MiB. Once delivered, the budget is free again: the next small send is staged.
+        # A producer far ahead of a peer that does not receive yet: 80 sends of 64 KiB to rank 1,
+        # 5 MiB in all. The first 4 MiB (64 sends) are staged (copied into host memory the transport
+        # owns) and end at once; the rest are not, and end at delivery, so the copies waiting for
+        # delivery stay at 4 MiB per peer. The budget is rank 1's: a small send to rank 2 meanwhile
+        # is staged. Once delivered, the budget is free again: the next small send is staged.
         count, n = 80, (64 << 10) // 4
         staged = (4 << 20) // (n * 4)
+
+        def ends_within(work, seconds):
+            deadline = time.monotonic() + seconds
+            while not work.is_completed() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return work.is_completed()
+
         if self.rank == 0:
             xs = [torch.full((n,), float(i), device=self.device) for i in range(count)]
             works = [dist.isend(x, dst=1) for x in xs]
-            works[staged - 1].wait()  # the last staged one: its start copied it
-            deadline = time.monotonic() + 1.0
-            while not works[-1].is_completed() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            to_rank2 = ends_within(dist.isend(xs[1], dst=2), 5.0)
+            last = ends_within(works[-1], 1.0)
             pending = [i for i, w in enumerate(works) if not w.is_completed()]
             dist.barrier()
             for w in works:
                 w.wait()
-            self.assertEqual(pending, list(range(staged, count)))  # only the first 4 MiB were copied
             torch.openreg.synchronize(self.device)  # the send completions: the reservations are freed
-            again = dist.isend(xs[0], dst=1)
-            again.wait()
-            torch.openreg.current_stream(self.device).synchronize()
-            self.assertTrue(again.is_completed())  # staged: ended before rank 1's receive (the barrier)
+            again = ends_within(dist.isend(xs[0], dst=1), 5.0)  # before rank 1's receive (the barrier)
             dist.barrier()
+            self.assertTrue(to_rank2, "a small send to rank 2 was not staged")
+            self.assertFalse(last)
+            self.assertEqual(pending, list(range(staged, count)))  # only the first 4 MiB were copied
+            self.assertTrue(again, "the next small send after delivery was not staged")
         else:
             dist.barrier()
+            got = torch.empty(n, device=self.device)
             if self.rank == 1:
-                got = torch.empty(n, device=self.device)
                 for i in range(count):
                     dist.recv(got, src=0)
                     self.assertEqual(got.cpu(), torch.full((n,), float(i)))
+            else:
+                dist.recv(got, src=0)
+                self.assertEqual(got.cpu(), torch.ones(n))
             dist.barrier()
             if self.rank == 1:
                 dist.recv(got, src=0)
                 self.assertEqual(got.cpu(), torch.zeros(n))
+
+    def test_sends_to_a_peer_end_in_order(self):
+        # No send is staged while an unstaged one to the same peer is not delivered: waiting for the
+        # last send covers the earlier ones (as on NCCL's one stream per peer), and the sender may
+        # then reuse every buffer. A large send, then a small one, rank 1 receiving after a barrier.
+        if self.rank == 2:
+            dist.barrier()
+            return
+        big, small = (1 << 18), 16
+        if self.rank == 0:
+            a = torch.full((big,), 1.0, device=self.device)
+            b = torch.full((small,), 2.0, device=self.device)
+            wa, wb = dist.isend(a, dst=1), dist.isend(b, dst=1)
+            time.sleep(0.5)
+            ended = (wa.is_completed(), wb.is_completed())
+            dist.barrier()
+            wb.wait()
+            torch.openreg.current_stream(self.device).synchronize()  # both delivered now
+            self.assertEqual(ended, (False, False))
+            self.assertTrue(wa.is_completed())
+        else:
+            dist.barrier()
+            x, y = torch.empty(big, device=self.device), torch.empty(small, device=self.device)
+            dist.recv(x, src=0)
+            dist.recv(y, src=0)
+            self.assertEqual((x.cpu().unique().tolist(), y.cpu().unique().tolist()), ([1.0], [2.0]))
 
     def test_1f1b_pipeline(self):
         # Stage s adds s + 1 in "forward"; "backward" doubles the gradient per stage. 1F1B steady
