@@ -39,20 +39,19 @@ def register() -> None:
         return
     from torch.compiler import substitute_in_graph
 
-    # Without a device, none is passed on: Dynamo then answers the stream of the innermost stream
-    # context of the region (torch.openreg.stream(s) makes s's device current, eagerly). The current
-    # device index read here would be the trace's, before any context: openreg:0's stream inside
-    # `with s1:` (s1 on openreg:1), where eager code gets s1.
     @substitute_in_graph(torch.openreg.synchronize)
     def synchronize(device=None):
-        if device is None:
-            torch.accelerator.synchronize()
-        else:
-            torch.accelerator.synchronize(_device(device))
+        # Without a device: the current device, as read at the trace (and guarded). Inside a stream
+        # context of another device this is not the context's device (see compiler.md).
+        torch.accelerator.synchronize(_device(device))
 
     @substitute_in_graph(torch.openreg.current_stream)
     def current_stream(device=None):
         if device is None:
+            # The stream of the innermost stream context, as eagerly (a context makes its stream's
+            # device current). Reading the current device first guards on it: a set_device between
+            # calls recompiles, as with a device given.
+            torch.accelerator.current_device_index()
             return torch.accelerator.current_stream()
         return torch.accelerator.current_stream(_device(device))
 

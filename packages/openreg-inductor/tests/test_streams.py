@@ -422,6 +422,39 @@ class TestDeviceCallsInTheRegion(TestCase):
         _, stream, index = compiled(torch.randn(8, device="openreg:1"))
         self.assertEqual((index, stream.device_index), (1, 1))
 
+    def test_calls_without_a_device_follow_set_device(self):
+        # Without a device, the stand-ins read the current device, so a set_device between calls
+        # recompiles: current_stream() is the new device's and synchronize() waits for it.
+        stream_of = torch.compile(lambda x: (x + 1, torch.openreg.current_stream()), fullgraph=True)
+
+        def sync(x):
+            y = x + 1
+            torch.openreg.synchronize()
+            return y
+
+        torch._dynamo.reset()
+        synced = torch.compile(sync, fullgraph=True)
+        x0 = torch.ones(4, device="openreg")
+        self.assertEqual(stream_of(x0)[1].device_index, 0)
+        synced(x0)
+        try:
+            torch.openreg.set_device(1)
+            x1 = torch.ones(4, device="openreg:1")
+            self.assertEqual(stream_of(x1)[1].device_index, 1)
+            synced(x1)  # compiled for openreg:1
+            release.set()
+            hold_stream(torch.zeros(1, device="openreg:1"))  # the op's first call on openreg:1 is synchronous
+            held = hold()  # openreg:1's current stream, for about a second
+            timer = threading.Timer(1.0, release.set)
+            timer.start()
+            synced(x1)
+            waited = torch.openreg.current_stream(1).query()
+            timer.join()
+            del held
+        finally:
+            torch.openreg.set_device(0)
+        self.assertTrue(waited, "torch.openreg.synchronize() did not wait for openreg:1 after set_device(1)")
+
     def test_current_stream_inside_a_stream_context_of_another_device(self):
         # A stream context makes the stream's device current: torch.openreg.current_stream() inside
         # `with s1:` is s1, as eagerly. The stand-in read the device at trace time and answered
