@@ -83,10 +83,14 @@ class TestP2P(OcclTestCase):
                 x = want.to(self.device)
                 w = dist.isend(x, dst=1)
                 if n == 16:
-                    w.wait()
-                    stream.synchronize()  # not the device's: that waits for the send's completion too
+                    # Staged: its Work ends once its start ran (polled: an unstaged one would end
+                    # only after the barrier, and a synchronize would then wait until the timeout).
+                    deadline = time.monotonic() + 5.0
+                    while not w.is_completed() and time.monotonic() < deadline:
+                        time.sleep(0.01)
                     self.assertTrue(w.is_completed())
-                    x.fill_(-1.0)
+                    w.wait()
+                    x.fill_(-1.0)  # ordered after the Work's end on the current stream
                 else:
                     # A staged send's Work would complete as soon as its start ran (well within 1 s);
                     # this one cannot before rank 1 receives, after the barrier.
