@@ -10,6 +10,14 @@ from conftest import OcclTestCase
 from torch.testing._internal.common_utils import run_tests
 
 
+def ends_within(work, seconds):
+    """Whether ``work`` completes within ``seconds`` (polled: a wait could block until the timeout)."""
+    deadline = time.monotonic() + seconds
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return work.is_completed()
+
+
 class TestP2P(OcclTestCase):
     world_size = 3
 
@@ -85,19 +93,13 @@ class TestP2P(OcclTestCase):
                 if n == 16:
                     # Staged: its Work ends once its start ran (polled: an unstaged one would end
                     # only after the barrier, and a synchronize would then wait until the timeout).
-                    deadline = time.monotonic() + 5.0
-                    while not w.is_completed() and time.monotonic() < deadline:
-                        time.sleep(0.01)
-                    self.assertTrue(w.is_completed())
+                    self.assertTrue(ends_within(w, 5.0))
                     w.wait()
                     x.fill_(-1.0)  # ordered after the Work's end on the current stream
                 else:
                     # A staged send's Work would complete as soon as its start ran (well within 1 s);
                     # this one cannot before rank 1 receives, after the barrier.
-                    deadline = time.monotonic() + 1.0
-                    while not w.is_completed() and time.monotonic() < deadline:
-                        time.sleep(0.01)
-                    self.assertFalse(w.is_completed())
+                    self.assertFalse(ends_within(w, 1.0))
                 dist.barrier()
                 w.wait()
                 stream.synchronize()
@@ -117,12 +119,6 @@ class TestP2P(OcclTestCase):
         # is staged. Once delivered, the budget is free again: the next small send is staged.
         count, n = 80, (64 << 10) // 4
         staged = (4 << 20) // (n * 4)
-
-        def ends_within(work, seconds):
-            deadline = time.monotonic() + seconds
-            while not work.is_completed() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            return work.is_completed()
 
         if self.rank == 0:
             xs = [torch.full((n,), float(i), device=self.device) for i in range(count)]

@@ -13,13 +13,14 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 
 def hold():
-    """Holds the current stream until ``release`` is set; returns at once."""
+    """Holds the current stream (of the current device) until ``release`` is set; returns at once."""
     token = torch.zeros(1, device="openreg")
-    if not getattr(hold, "warm", False):  # an op signature's first call is synchronous
+    warm = hold.__dict__.setdefault("warm", set())
+    if token.device not in warm:  # an op signature's first call on a device is synchronous
         release.set()
         hold_stream(token)
         torch.openreg.synchronize()
-        hold.warm = True
+        warm.add(token.device)
     release.clear()
     return hold_stream(token)
 
@@ -196,13 +197,9 @@ class TestAsynchrony(TestCase):
         x = torch.randn(1000, device="openreg:1")
         compiled = torch.compile(f, fullgraph=True)
         self.assertEqual(compiled(x).cpu(), x.cpu() * 3 + 1)
-        release.set()
-        hold_stream(torch.zeros(1, device="openreg:1"))  # the op's first call on openreg:1 is synchronous
-        torch.openreg.synchronize(1)
         self.assertEqual(torch.openreg.current_device(), 0)
-        with torch.openreg.stream(s1):
-            release.clear()
-            held = hold_stream(torch.zeros(1, device="openreg:1"))  # z is not written until released
+        with torch.openreg.stream(s1):  # makes openreg:1 current
+            held = hold()  # s1 is held: z is not written until released
         side = torch.openreg.Stream(device=1)
         with torch.openreg.stream(side):  # current at the call: the wait is looked up then
             out = compiled(x)
@@ -442,8 +439,6 @@ class TestDeviceCallsInTheRegion(TestCase):
             x1 = torch.ones(4, device="openreg:1")
             self.assertEqual(stream_of(x1)[1].device_index, 1)
             synced(x1)  # compiled for openreg:1
-            release.set()
-            hold_stream(torch.zeros(1, device="openreg:1"))  # the op's first call on openreg:1 is synchronous
             held = hold()  # openreg:1's current stream, for about a second
             timer = threading.Timer(1.0, release.set)
             timer.start()
