@@ -375,21 +375,17 @@ _applied = False
 _applied_dynamo = False
 
 
-def _check_version() -> None:
-    if _version() != SUPPORTED:
-        raise RuntimeError(
-            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
-            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
-        )
-
-
 def apply() -> None:
     """Installs workarounds 1-4, 6-11, 13, 14 and 16 (5 and 12 are in the wrapper classes; 15 is a source fix
     that OpenRegScheduling.define_kernel applies to each kernel). Idempotent."""
     global _applied
     if _applied:
         return
-    _check_version()
+    if _version() != SUPPORTED:
+        raise RuntimeError(
+            f"openreg-inductor's workarounds are for torch {SUPPORTED[0]}.{SUPPORTED[1]}, "
+            f"not {torch.__version__}: review openreg_inductor/_torch213.py"
+        )
     # Inductor in its own import order first: codegen.cpp_template imported on its own is circular.
     importlib.import_module("torch._inductor.compile_fx")
     import torch._inductor.autotune_process as autotune_process
