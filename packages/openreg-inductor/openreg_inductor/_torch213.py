@@ -299,6 +299,71 @@ def _cur_stream(original):
     return cur_stream
 
 
+# 18. torch/_dynamo/variables/ctx_manager.py, GenericDeviceVariable.enter()/exit(), which
+#     AcceleratorDeviceIndexVariable inherits (the traced ``torch.accelerator.device_index(i)``, and
+#     ``torch.openreg.device(i)``, whose variable polyfills.py registers): the context switches the
+#     device during the trace but puts nothing on the stream stack of workaround 17. Without a
+#     device, ``torch.openreg.current_stream()`` (or ``torch.accelerator.current_stream()``) inside
+#     ``with torch.accelerator.device_index(1):`` answered the stream of the device current outside
+#     (openreg:0's), where eager code answers openreg:1's current stream. CUDA's
+#     ``torch.cuda.device`` has the same gap. The context now pushes its device's stream (workaround
+#     17's answer: the innermost stream of that device on the stack, else its current stream) and
+#     pops it at the exit, so the stack's top follows whichever context is innermost. Nothing is
+#     added to the graph: the stack only decides which stream is named.
+#     Test: tests/test_streams.py::TestDeviceContexts::test_nested_contexts_answer_as_eagerly.
+def _device_context_enter(original):
+    @functools.wraps(original)
+    def enter(self, tx, *args):
+        result = original(self, tx, *args)
+        index = self.target_values[0]
+        accelerator = torch.accelerator.current_accelerator()
+        pushed = isinstance(index, int) and index >= 0 and accelerator is not None and accelerator.type == DEVICE
+        if pushed:
+            state = tx.symbolic_stream_state
+            state.enter_stream(state.cur_stream(torch.device(DEVICE, index)))
+        self._openreg_pushed_stream = pushed
+        return result
+
+    return enter
+
+
+def _device_context_exit(original):
+    @functools.wraps(original)
+    def exit(self, tx, *args):
+        if getattr(self, "_openreg_pushed_stream", False):
+            tx.symbolic_stream_state.exit_stream()
+            self._openreg_pushed_stream = False
+        return original(self, tx, *args)
+
+    return exit
+
+
+# 19. torch/_dynamo/variables/streams.py, StreamVariable.var_getattr(): a traced stream's ``device``
+#     is a graph attribute (GetAttrVariable), not a constant, so code that picks a device from a
+#     stream fails to trace (``torch.accelerator.synchronize(stream.device)``: "StreamVariable() is
+#     not a constant"). A stream's device never changes. It is now a constant, guarded for a stream
+#     that comes from outside the region (streams get only a TYPE_MATCH guard; a stream of another
+#     device at a later call recompiles) and fixed by the source of the current stream's lookup.
+#     polyfills.py reads it: ``torch.openreg.synchronize()`` and ``current_device()`` without a device
+#     follow the innermost context, as eagerly (inside ``with s1:`` they answered the device current
+#     outside).
+#     Test: tests/test_streams.py::TestDeviceContexts::test_current_device_and_synchronize_inside_a_stream_context.
+def _stream_var_getattr(original):
+    @functools.wraps(original)
+    def var_getattr(self, tx, name):
+        if name != "device" or self.device.type != DEVICE:
+            return original(self, tx, name)
+        from torch._dynamo.guards import GuardBuilder, install_guard
+        from torch._dynamo.source import AttrSource, CurrentStreamSource
+        from torch._dynamo.variables.constant import ConstantVariable
+
+        if self.source is not None and not isinstance(self.source, CurrentStreamSource):
+            install_guard(AttrSource(self.source, "device").make_guard(GuardBuilder.EQUALS_MATCH))
+        return ConstantVariable.create(self.device)
+
+    return var_getattr
+
+
 MASK_NOT = """
 #ifndef OPENREG_MASK_NOT
 #define OPENREG_MASK_NOT
@@ -424,15 +489,23 @@ def apply() -> None:
 
 
 def apply_dynamo() -> None:
-    """Installs workaround 17, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
+    """Installs workarounds 17 to 19, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
     Inductor (and ``apply()``) is first imported. Idempotent. On another torch it does nothing
     rather than fail Dynamo's import: only Inductor runs a region's streams apart, and ``apply()``
     refuses that torch at the first Inductor compile."""
     global _applied_dynamo
     if _applied_dynamo or _version() != SUPPORTED:
         return
+    import torch._dynamo.variables.ctx_manager as dynamo_contexts
     import torch._dynamo.variables.streams as dynamo_streams
 
     state = dynamo_streams.SymbolicStreamState
     state.cur_stream = _cur_stream(state.cur_stream)
+    # AcceleratorDeviceIndexVariable inherits enter/exit; polyfills' variable of torch.openreg.device
+    # subclasses it.
+    device_context = dynamo_contexts.AcceleratorDeviceIndexVariable
+    device_context.enter = _device_context_enter(dynamo_contexts.GenericDeviceVariable.enter)
+    device_context.exit = _device_context_exit(dynamo_contexts.GenericDeviceVariable.exit)
+    stream = dynamo_streams.StreamVariable
+    stream.var_getattr = _stream_var_getattr(stream.var_getattr)
     _applied_dynamo = True

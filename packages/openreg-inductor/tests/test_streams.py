@@ -473,6 +473,195 @@ class TestDeviceCallsInTheRegion(TestCase):
             self.assertEqual((after.device_index, after.stream_id), (0, torch.openreg.default_stream(0).stream_id))
 
 
+def streams_of(values):
+    """(device index, stream id) of each stream among ``values``."""
+    return [(v.device_index, v.stream_id) for v in values if isinstance(v, torch.Stream)]
+
+
+class TestDeviceContexts(TestCase):
+    """Device contexts in the region: ``torch.accelerator.device_index(i)`` and ``torch.openreg.device(i)``
+    (registered with Dynamo by openreg_inductor/polyfills.py) make calls without a device answer
+    device i's, as eagerly (workaround 18 in openreg_inductor/_torch213.py)."""
+
+    def tearDown(self):
+        release.set()
+        super().tearDown()
+
+    def test_current_stream_inside_a_device_context(self):
+        # openreg:0 is current and the inputs are on openreg:1: the wait inside the device context
+        # is on openreg:1's current stream. (Without workaround 18 Dynamo names openreg:0's stream,
+        # the graph's first; Inductor's wrapper looks that one up under openreg:1's guard, so this
+        # test holds even then. test_nested_contexts_answer_as_eagerly fails without it.)
+        s1 = torch.openreg.Stream(device=1)
+
+        def f(x):
+            with s1:
+                z = x * 3
+            with torch.accelerator.device_index(1):
+                torch.openreg.current_stream().wait_stream(s1)
+            return z + 1
+
+        x = torch.randn(1000, device="openreg:1")
+        compiled = torch.compile(f, fullgraph=True)
+        self.assertEqual(compiled(x).cpu(), x.cpu() * 3 + 1)
+        with torch.openreg.stream(s1):
+            held = hold()  # s1 is held: z is not written until released
+        side = torch.openreg.Stream(device=1)
+        with torch.openreg.stream(side):
+            out = compiled(x)
+        states = {
+            "side": side.query(),
+            "openreg:1 default": torch.openreg.default_stream(1).query(),
+            "openreg:0": torch.openreg.default_stream(0).query(),
+        }
+        release.set()
+        side.synchronize()
+        self.assertEqual(states, {"side": False, "openreg:1 default": True, "openreg:0": True})
+        self.assertEqual(out.cpu(), x.cpu() * 3 + 1)
+        self.assertEqual(torch.openreg.current_device(), 0)
+        del held
+
+    def test_nested_contexts_answer_as_eagerly(self):
+        # The innermost context decides, whichever kind it is.
+        s0, s1 = torch.openreg.Stream(device=0), torch.openreg.Stream(device=1)
+        cs = torch.openreg.current_stream
+
+        def f(x):
+            with torch.accelerator.device_index(1):
+                a = cs()
+                with s0:
+                    b = cs()
+                    with torch.accelerator.device_index(1):
+                        c = cs()
+                    d = cs()
+                with s1:
+                    e = cs()
+                    with torch.openreg.device(0):
+                        g = cs()
+                    h = cs()
+                i = cs()
+            return x + 1, a, b, c, d, e, g, h, i, cs(), torch.accelerator.current_stream()
+
+        x = torch.ones(4, device="openreg")
+        expected = streams_of(f(x))
+        self.assertEqual(
+            expected,
+            [
+                (1, 0),
+                (0, s0.stream_id),
+                (1, 0),
+                (0, s0.stream_id),
+                (1, s1.stream_id),
+                (0, 0),
+                (1, s1.stream_id),
+                (1, 0),
+                (0, 0),
+                (0, 0),
+            ],
+        )
+        for backend in ("eager", "inductor"):
+            torch._dynamo.reset()
+            out = torch.compile(f, backend=backend, fullgraph=True)(x)
+            self.assertEqual(streams_of(out), expected, backend)
+            self.assertEqual(out[0].cpu(), torch.full((4,), 2.0))
+
+    def test_openreg_device_context_traces(self):
+        # `with torch.openreg.device(1):` in a full graph: factories without an index, the current
+        # device and stream are openreg:1's inside, openreg:0's after; eagerly the same.
+        def f(x):
+            with torch.openreg.device(1):
+                y = torch.ones(4, device="openreg") + 1
+                inside = torch.openreg.current_device(), torch.openreg.current_stream()
+            return x + 1, y, inside, torch.openreg.current_device()
+
+        x = torch.ones(4, device="openreg")
+        torch._dynamo.reset()
+        for fn in (f, torch.compile(f, fullgraph=True)):
+            out, y, (index, stream), after = fn(x)
+            self.assertEqual(
+                (y.device, index, (stream.device_index, stream.stream_id), after),
+                (torch.device("openreg:1"), 1, (1, 0), 0),
+            )
+            self.assertEqual(y.cpu(), torch.full((4,), 2.0))
+            self.assertEqual(out.cpu(), torch.full((4,), 2.0))
+            self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_openreg_device_context_with_a_graph_break(self):
+        # Dynamo writes the context back around the break: the code after it still runs on openreg:1.
+        def f(x):
+            with torch.openreg.device(1):
+                a = torch.openreg.current_stream()
+                torch._dynamo.graph_break()
+                y = torch.ones(2, device="openreg")
+                b = torch.openreg.current_stream()
+            return x + 1, y.device, a, b
+
+        x = torch.ones(2, device="openreg")
+        torch._dynamo.reset()
+        expected = f(x)
+        out = torch.compile(f)(x)
+        self.assertEqual(out[1], torch.device("openreg:1"))
+        self.assertEqual((out[1], streams_of(out)), (expected[1], streams_of(expected)))
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_openreg_device_context_refuses_a_bad_index(self):
+        def f(x):
+            with torch.openreg.device(7):
+                return x + 1
+
+        x = torch.ones(2, device="openreg")
+        for fn in (f, torch.compile(f, fullgraph=True)):  # Dynamo wraps the error in its own
+            with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 7: there are 2 openreg devices"):
+                fn(x)
+            self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_the_device_of_a_stream_from_outside_is_guarded(self):
+        # A stream's device is a constant of the trace (workaround 19): a stream of another device at
+        # the next call recompiles.
+        def f(x, s):
+            with s:
+                return x + 1, torch.openreg.current_device()
+
+        x = torch.ones(2, device="openreg")
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True)
+        for device in (1, 0, 1):
+            s = torch.openreg.Stream(device=device)
+            s.wait_stream(torch.openreg.current_stream(0))  # x's producer
+            y, index = compiled(x, s)
+            s.synchronize()
+            self.assertEqual((index, y.cpu()), (device, torch.full((2,), 2.0)))
+
+    def test_current_device_and_synchronize_inside_a_stream_context(self):
+        # A stream context makes its stream's device current: inside `with s1:`, current_device() is
+        # 1 and synchronize() waits for openreg:1. Both answered openreg:0 before.
+        s1 = torch.openreg.Stream(device=1)
+
+        def f(x):
+            with s1:
+                y = x + 1
+                index = torch.openreg.current_device()
+                torch.openreg.synchronize()
+            return y, index
+
+        x = torch.ones(4, device="openreg:1")
+        s1.wait_stream(torch.openreg.current_stream(1))  # x's producer
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True)
+        self.assertEqual(compiled(x)[1], 1)
+        self.assertEqual(f(x)[1], 1)
+        with torch.openreg.stream(s1):
+            held = hold()
+        timer = threading.Timer(1.0, release.set)  # the synchronize returns once this fires
+        timer.start()
+        y, index = compiled(x)
+        done = s1.query()
+        timer.join()
+        del held
+        self.assertTrue(done, "torch.openreg.synchronize() inside `with s1:` did not wait for openreg:1")
+        self.assertEqual((index, y.cpu()), (1, torch.full((4,), 2.0)))
+
+
 class TestKernelFailures(TestCase):
     def test_integer_division_by_zero(self):
         f = torch.compile(lambda a, b: (a // b) + 1)
