@@ -6,8 +6,9 @@ Rows (openreg column / reference column; ratio = openreg / reference):
   CPU Inductor on CPU tensors (goal <= 1.05 from 256K elements up; at 1K the launch dominates);
 - compile-host-1k: the host's time of one compiled 1K-chain call on openreg, measured with the
   stream held (``torch_openreg.utils.testing.StreamHold``: the kernels only queue), against CPU
-  Inductor's whole call (its host time plus a kernel of about a microsecond); goal: at most 2 us
-  per launch (one here) above it, given as the ratio it makes in that run;
+  Inductor's whole call (its host time plus a kernel of about a microsecond), both in the openreg
+  process, their repetitions taking turns, the fastest of each; goal: at most 2 us per launch (one
+  here) above it, given as the ratio it makes in that run;
 - compile-vs-eager-{1k,256k,16m}: the same compiled chain on openreg against the chain run op by op
   in openreg eager (goal <= 0.67, i.e. at least 1.5x faster, on the fused sizes);
 - compile-softmax, compile-layer-norm: softmax and layer_norm (with weight and bias) over the last
@@ -23,13 +24,16 @@ Rows (openreg column / reference column; ratio = openreg / reference):
 Each device runs in a process of its own with a fresh Inductor cache (this file with --serve DEVICE),
 as in eager.py. --quick leaves out compile-gpt-step and compile-host-1k (FULL_ONLY): the GPT step's
 cold compile was 19 of each device process's 45 s (it is compiled in the scenario group and in
-openreg-inductor's tests), and the host row needs the processes one after the other.
+openreg-inductor's tests), and the host row's 2 us allowance needs the other device's process to be
+done, which a quick run's processes, side by side, are not.
 
     python tools/bench/compile_bench.py [--quick]     prints one dict per measure
 """
 
 from __future__ import annotations
 
+import contextlib
+import statistics
 import sys
 import time
 from typing import Callable, Dict, List
@@ -49,8 +53,8 @@ IDS = (
     "compile-warm",
 )
 # Measured in full runs only (run.py leaves them out of a --quick run). compile-host-1k: a quick run
-# runs the two device processes side by side, and CPU Inductor's whole call, the row's reference,
-# then read 11.9 ms instead of about 50 us: the row claimed its goal met.
+# runs the two device processes side by side, and with the CPU process's work on the other core the
+# row's calls (about 50 us) varied by more than its 2 us allowance.
 FULL_ONLY = ("compile-gpt-step", "compile-host-1k")
 NAMES = {
     **{f"compile-chain-{s}": f"16-op chain {s}: openreg Inductor vs CPU Inductor" for s in SIZES},
@@ -76,6 +80,11 @@ GOALS = {
 }
 
 HOST_ALLOWANCE_PER_LAUNCH_S = 2e-6  # issue #16: host time <= CPU Inductor's + 2 us per launch
+# Many short repetitions taking turns, and the fastest of each device's: the row looks for a fixed
+# cost of 2 us in about 50, and the VM only adds to a repetition (its slow phases outlast one; with
+# medians of 7 repetitions of 200 calls, one run read 75 against 58 us and the next 63 against
+# 131 us). The medians are in the row's details.
+HOST_CALLS, HOST_REPS = 100, 31
 CHAIN_LAUNCHES = 1  # Inductor fuses the chain into one kernel
 
 
@@ -113,9 +122,8 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         out[f"compile-chain-{name}:{device}"] = time_per_call(lambda: compiled(x), sync, iters, reps)
         if device == "openreg":
             out[f"compile-vs-eager-{name}:eager"] = time_per_call(lambda: chain(x), sync, iters, reps)
-        if name == "1k" and not quick:
-            host = _host_time(compiled, x, iters, reps) if device == "openreg" else out[f"compile-chain-1k:{device}"]
-            out[f"compile-host-1k:{device}"] = host
+        if name == "1k" and not quick and device == "openreg":
+            out.update(_host_times(HOST_CALLS, HOST_REPS))
     for id_, (fn, iters) in _models(device).items():
         if quick and id_ in FULL_ONLY:
             continue
@@ -124,22 +132,41 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
     return out
 
 
-def _host_time(compiled, x, iters: int, reps: int) -> float:
-    """Median seconds per call of ``compiled(x)`` while openreg's stream is held: what the host
-    spends issuing a call, without the device's work or the worker's wake-up."""
+def _host_times(iters: int, reps: int) -> Dict[str, float]:
+    """compile-host-1k for both devices, measured in the openreg process: seconds per compiled
+    1K-chain call on openreg while its stream is held (what the host spends issuing a call, without
+    the device's work or the worker's wake-up), and per CPU Inductor call; each the fastest of its
+    repetitions, which take turns in one process. Measured in the two device processes, the row
+    read 68.9 against 57.8 us, but the same CPU call timed in six fresh processes read 54 to 69 us
+    (with and without openreg's runtime started): the difference was the processes', larger than
+    the 2 us the row looks for."""
+    import types
+
     import torch
     from torch_openreg.utils.testing import StreamHold
 
-    compiled(x)
-    samples = []
-    for _ in range(reps):
-        with StreamHold():
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                compiled(x)
-            samples.append((time.perf_counter() - t0) / iters)
-        torch.openreg.synchronize()
-    return sorted(samples)[len(samples) // 2]
+    samples: Dict[str, List[float]] = {"openreg": [], "cpu": []}
+    calls = {}
+    for device in samples:
+        # A code object of its own per device: Dynamo keeps its compiled entries on the code object,
+        # and one device's call would otherwise first try the other's guards.
+        fn = types.FunctionType(chain.__code__.replace(co_name=f"chain_{device}"), chain.__globals__)
+        compiled, x = torch.compile(fn, dynamic=False), torch.randn(SIZES["1k"], device=device)
+        compiled(x)
+        calls[device] = (compiled, x)
+    torch.openreg.synchronize()
+    for rep in range(reps):
+        for device in samples if rep % 2 == 0 else reversed(list(samples)):
+            compiled, x = calls[device]
+            with StreamHold() if device == "openreg" else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    compiled(x)
+                samples[device].append((time.perf_counter() - t0) / iters)
+            torch.openreg.synchronize()
+    out = {f"compile-host-1k:{d}": min(v) for d, v in samples.items()}
+    out.update({f"compile-host-1k-median:{d}": statistics.median(v) for d, v in samples.items()})
+    return out
 
 
 def _models(device: str) -> Dict[str, tuple]:
@@ -206,7 +233,8 @@ def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
             continue
         if id_ == "compile-host-1k":  # the goal is an allowance in microseconds: its ratio in this run
             allowance = HOST_ALLOWANCE_PER_LAUNCH_S * CHAIN_LAUNCHES
-            details = {"difference_us": (o - c) * 1e6, "allowance_us": allowance * 1e6}
+            medians = [samples.get(f"compile-host-1k-median:{d}", float("nan")) * 1e6 for d in ("openreg", "cpu")]
+            details = {"difference_us": (o - c) * 1e6, "allowance_us": allowance * 1e6, "medians_us": medians}
             rows.append(ratio_row("compile", id_, NAMES[id_], o, c, (c + allowance) / c, details))
             continue
         rows.append(ratio_row("compile", id_, NAMES[id_], o, c, GOALS.get(id_)))
