@@ -269,12 +269,35 @@ def _store_output(original):
 #     openreg device with an index, the answer is that device's current stream, registered like the
 #     bottom of the stack (its value is looked up again at each call of the compiled code).
 #     Test: tests/test_streams.py::TestAsynchrony::test_wait_stream_for_a_device_that_is_not_current.
+def _stream_device(variable) -> torch.device:
+    """The device of a stream on Dynamo's stack, read without making a lazily built variable (the
+    stack's bottom) real, which would add a graph node and a lookup at each call. A stream from
+    outside the region gets only a type guard, so its device is guarded here: a stream of another
+    device at a later call recompiles."""
+    from torch._dynamo.guards import GuardBuilder, install_guard
+    from torch._dynamo.source import AttrSource, CurrentStreamSource
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    if isinstance(variable, LazyVariableTracker) and not variable.is_realized():
+        return variable.peek_value().device
+    source = getattr(variable, "source", None)
+    if source is not None and not isinstance(source, CurrentStreamSource):
+        install_guard(AttrSource(source, "device").make_guard(GuardBuilder.EQUALS_MATCH))
+    return variable.device
+
+
 def _cur_stream(original):
     @functools.wraps(original)
     def cur_stream(self, device=None):
-        if device is None or device.type != DEVICE or device.index is None:
+        if device is None:
+            # Workaround 18: a device context entered after the innermost stream context decides.
+            contexts = self.__dict__.get("_openreg_device_contexts")
+            if not contexts or contexts[-1][0] != len(self.cur_stream_stack):
+                return original(self, device)
+            device = torch.device(DEVICE, contexts[-1][1])
+        if device.type != DEVICE or device.index is None:
             return original(self, device)
-        if any(stream.device == device for stream in self.cur_stream_stack):
+        if any(_stream_device(stream) == device for stream in self.cur_stream_stack):
             return original(self, device)
         known = self.__dict__.setdefault("_openreg_current_streams", {})
         if device.index not in known:
@@ -300,28 +323,28 @@ def _cur_stream(original):
 
 
 # 18. torch/_dynamo/variables/ctx_manager.py, GenericDeviceVariable.enter()/exit(), which
-#     AcceleratorDeviceIndexVariable inherits (the traced ``torch.accelerator.device_index(i)``, and
-#     ``torch.openreg.device(i)``, whose variable polyfills.py registers): the context switches the
-#     device during the trace but puts nothing on the stream stack of workaround 17. Without a
-#     device, ``torch.openreg.current_stream()`` (or ``torch.accelerator.current_stream()``) inside
-#     ``with torch.accelerator.device_index(1):`` answered the stream of the device current outside
-#     (openreg:0's), where eager code answers openreg:1's current stream. CUDA's
-#     ``torch.cuda.device`` has the same gap. The context now pushes its device's stream (workaround
-#     17's answer: the innermost stream of that device on the stack, else its current stream) and
-#     pops it at the exit, so the stack's top follows whichever context is innermost. Nothing is
-#     added to the graph: the stack only decides which stream is named.
-#     Test: tests/test_streams.py::TestDeviceContexts::test_nested_contexts_answer_as_eagerly.
+#     AcceleratorDeviceIndexVariable inherits (the traced ``torch.accelerator.device_index(i)``): the
+#     context switches the device during the trace but leaves the stream stack of workaround 17
+#     alone. Without a device, ``torch.accelerator.current_stream()`` (and openreg's stand-in)
+#     inside ``with torch.accelerator.device_index(1):`` answered the stream of the device current
+#     outside (openreg:0's), where eager code answers openreg:1's current stream. CUDA's
+#     ``torch.cuda.device`` has the same gap. The context now notes its device and the depth of the
+#     stack at its entry; asked without a device, ``cur_stream`` answers that device's stream
+#     (workaround 17's answer) when no stream context was entered inside it. Nothing is looked up
+#     until a stream is asked for: a device context alone adds no graph node.
+#     Test: tests/test_streams.py::TestDeviceContexts::test_nested_contexts_answer_as_eagerly,
+#     tests/test_streams.py::TestDeviceContexts::test_a_device_context_alone_adds_no_stream_lookup.
 def _device_context_enter(original):
     @functools.wraps(original)
     def enter(self, tx, *args):
         result = original(self, tx, *args)
         index = self.target_values[0]
         accelerator = torch.accelerator.current_accelerator()
-        pushed = isinstance(index, int) and index >= 0 and accelerator is not None and accelerator.type == DEVICE
-        if pushed:
+        noted = isinstance(index, int) and index >= 0 and accelerator is not None and accelerator.type == DEVICE
+        if noted:
             state = tx.symbolic_stream_state
-            state.enter_stream(state.cur_stream(torch.device(DEVICE, index)))
-        self._openreg_pushed_stream = pushed
+            state.__dict__.setdefault("_openreg_device_contexts", []).append((len(state.cur_stream_stack), int(index)))
+        self._openreg_noted_context = noted
         return result
 
     return enter
@@ -330,9 +353,9 @@ def _device_context_enter(original):
 def _device_context_exit(original):
     @functools.wraps(original)
     def exit(self, tx, *args):
-        if getattr(self, "_openreg_pushed_stream", False):
-            tx.symbolic_stream_state.exit_stream()
-            self._openreg_pushed_stream = False
+        if getattr(self, "_openreg_noted_context", False):
+            tx.symbolic_stream_state.__dict__["_openreg_device_contexts"].pop()
+            self._openreg_noted_context = False
         return original(self, tx, *args)
 
     return exit
@@ -501,8 +524,7 @@ def apply_dynamo() -> None:
 
     state = dynamo_streams.SymbolicStreamState
     state.cur_stream = _cur_stream(state.cur_stream)
-    # AcceleratorDeviceIndexVariable inherits enter/exit; polyfills' variable of torch.openreg.device
-    # subclasses it.
+    # AcceleratorDeviceIndexVariable inherits enter/exit from GenericDeviceVariable.
     device_context = dynamo_contexts.AcceleratorDeviceIndexVariable
     device_context.enter = _device_context_enter(dynamo_contexts.GenericDeviceVariable.enter)
     device_context.exit = _device_context_exit(dynamo_contexts.GenericDeviceVariable.exit)

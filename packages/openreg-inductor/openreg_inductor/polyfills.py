@@ -8,10 +8,6 @@ module's functions get their ``torch.accelerator`` equivalents as traceable stan
 ``torch.compiler.substitute_in_graph`` (the public hook for functions Dynamo cannot trace). Outside
 a compiled region the real functions run, unchanged.
 
-The device context ``with torch.openreg.device(i):`` traces as ``torch.accelerator.device_index(i)``
-does: its Dynamo variable is registered through ``register_device_context_manager``, Dynamo's
-registry of device context managers (which holds ``torch.cuda.device`` and ``torch.xpu.device``).
-
 What differs while tracing: ``current_stream()`` gives a ``torch.Stream`` (the base class of
 ``torch.openreg.Stream``, with the same id, device and methods), as ``torch.accelerator`` does.
 """
@@ -38,42 +34,12 @@ def _device(device) -> torch.device:
 
 def _current_device() -> torch.device:
     """The device current in eager code at this point of the region: the device of the innermost
-    context's stream (a stream context makes its stream's device current; a device context pushes
-    its device's current stream, ``_torch213`` workaround 18), else the current device, read at the
-    trace. Reading the current device index guards on it: a ``set_device`` between calls recompiles.
-    A stream's device is a constant of the trace (workaround 19)."""
+    context's stream (a stream context makes its stream's device current; inside a device context
+    it is that device's current stream, ``_torch213`` workaround 18), else the current device, read
+    at the trace. Reading the current device index guards on it: a ``set_device`` between calls
+    recompiles. A stream's device is a constant of the trace (workaround 19)."""
     torch.accelerator.current_device_index()
     return torch.accelerator.current_stream().device
-
-
-def _device_context_index(device, optional: bool = True) -> int:
-    """The index ``torch.openreg.device(device)`` switches to, -1 for none (None or a negative
-    index leave the device alone, as in eager code). Read once, when the region is traced."""
-    if device is None or (isinstance(device, int) and device < 0):
-        return -1
-    from torch_openreg.openreg._utils import _get_device_index
-
-    return _get_device_index(device)
-
-
-def _device_context_variable() -> type:
-    """Dynamo's variable of ``torch.openreg.device``: ``torch.accelerator.device_index``'s (openreg is
-    the accelerator), spelt as openreg's where Dynamo writes the context back at a graph break."""
-    from torch._dynamo.variables.ctx_manager import AcceleratorDeviceIndexVariable
-
-    class OpenRegDeviceVariable(AcceleratorDeviceIndexVariable):
-        _get_device_index_fn = staticmethod(_device_context_index)
-
-        def module_name(self) -> str:
-            return "torch.openreg"
-
-        def fn_name(self) -> str:
-            return "device"
-
-        def python_type(self) -> type:
-            return torch.openreg.device
-
-    return OpenRegDeviceVariable
 
 
 def register() -> None:
@@ -99,7 +65,4 @@ def register() -> None:
     def current_device():
         return _current_device().index
 
-    from torch._dynamo.variables import register_device_context_manager
-
-    register_device_context_manager(torch.openreg.device, _device_context_variable())
     _registered = True

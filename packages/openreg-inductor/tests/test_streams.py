@@ -479,47 +479,13 @@ def streams_of(values):
 
 
 class TestDeviceContexts(TestCase):
-    """Device contexts in the region: ``torch.accelerator.device_index(i)`` and ``torch.openreg.device(i)``
-    (registered with Dynamo by openreg_inductor/polyfills.py) make calls without a device answer
-    device i's, as eagerly (workaround 18 in openreg_inductor/_torch213.py)."""
+    """Contexts in the region: inside ``torch.accelerator.device_index(i)`` (workaround 18 in
+    openreg_inductor/_torch213.py) and inside a stream context of another device (workaround 19),
+    calls without a device answer as eagerly."""
 
     def tearDown(self):
         release.set()
         super().tearDown()
-
-    def test_current_stream_inside_a_device_context(self):
-        # openreg:0 is current and the inputs are on openreg:1: the wait inside the device context
-        # is on openreg:1's current stream. (Without workaround 18 Dynamo names openreg:0's stream,
-        # the graph's first; Inductor's wrapper looks that one up under openreg:1's guard, so this
-        # test holds even then. test_nested_contexts_answer_as_eagerly fails without it.)
-        s1 = torch.openreg.Stream(device=1)
-
-        def f(x):
-            with s1:
-                z = x * 3
-            with torch.accelerator.device_index(1):
-                torch.openreg.current_stream().wait_stream(s1)
-            return z + 1
-
-        x = torch.randn(1000, device="openreg:1")
-        compiled = torch.compile(f, fullgraph=True)
-        self.assertEqual(compiled(x).cpu(), x.cpu() * 3 + 1)
-        with torch.openreg.stream(s1):
-            held = hold()  # s1 is held: z is not written until released
-        side = torch.openreg.Stream(device=1)
-        with torch.openreg.stream(side):
-            out = compiled(x)
-        states = {
-            "side": side.query(),
-            "openreg:1 default": torch.openreg.default_stream(1).query(),
-            "openreg:0": torch.openreg.default_stream(0).query(),
-        }
-        release.set()
-        side.synchronize()
-        self.assertEqual(states, {"side": False, "openreg:1 default": True, "openreg:0": True})
-        self.assertEqual(out.cpu(), x.cpu() * 3 + 1)
-        self.assertEqual(torch.openreg.current_device(), 0)
-        del held
 
     def test_nested_contexts_answer_as_eagerly(self):
         # The innermost context decides, whichever kind it is.
@@ -536,7 +502,7 @@ class TestDeviceContexts(TestCase):
                     d = cs()
                 with s1:
                     e = cs()
-                    with torch.openreg.device(0):
+                    with torch.accelerator.device_index(0):
                         g = cs()
                     h = cs()
                 i = cs()
@@ -565,55 +531,55 @@ class TestDeviceContexts(TestCase):
             self.assertEqual(streams_of(out), expected, backend)
             self.assertEqual(out[0].cpu(), torch.full((4,), 2.0))
 
-    def test_openreg_device_context_traces(self):
-        # `with torch.openreg.device(1):` in a full graph: factories without an index, the current
-        # device and stream are openreg:1's inside, openreg:0's after; eagerly the same.
-        def f(x):
-            with torch.openreg.device(1):
-                y = torch.ones(4, device="openreg") + 1
-                inside = torch.openreg.current_device(), torch.openreg.current_stream()
-            return x + 1, y, inside, torch.openreg.current_device()
+    def test_a_device_context_alone_adds_no_stream_lookup(self):
+        # The device context's stream is looked up only if the region asks for it: each lookup is a
+        # graph node and a call at each run of the compiled code.
+        graphs = []
 
-        x = torch.ones(4, device="openreg")
-        torch._dynamo.reset()
-        for fn in (f, torch.compile(f, fullgraph=True)):
-            out, y, (index, stream), after = fn(x)
-            self.assertEqual(
-                (y.device, index, (stream.device_index, stream.stream_id), after),
-                (torch.device("openreg:1"), 1, (1, 0), 0),
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm
+
+        def lookups(gm):
+            return sum(
+                node.op == "call_function" and "get_external_object_by_index" in str(node.target)
+                for node in gm.graph.nodes
             )
-            self.assertEqual(y.cpu(), torch.full((4,), 2.0))
-            self.assertEqual(out.cpu(), torch.full((4,), 2.0))
-            self.assertEqual(torch.openreg.current_device(), 0)
 
-    def test_openreg_device_context_with_a_graph_break(self):
-        # Dynamo writes the context back around the break: the code after it still runs on openreg:1.
-        def f(x):
-            with torch.openreg.device(1):
-                a = torch.openreg.current_stream()
-                torch._dynamo.graph_break()
-                y = torch.ones(2, device="openreg")
-                b = torch.openreg.current_stream()
-            return x + 1, y.device, a, b
-
-        x = torch.ones(2, device="openreg")
-        torch._dynamo.reset()
-        expected = f(x)
-        out = torch.compile(f)(x)
-        self.assertEqual(out[1], torch.device("openreg:1"))
-        self.assertEqual((out[1], streams_of(out)), (expected[1], streams_of(expected)))
-        self.assertEqual(torch.openreg.current_device(), 0)
-
-    def test_openreg_device_context_refuses_a_bad_index(self):
-        def f(x):
-            with torch.openreg.device(7):
+        def plain(x):
+            with torch.accelerator.device_index(1):
                 return x + 1
 
+        def asking(x):
+            with torch.accelerator.device_index(1):
+                return x + 1, torch.openreg.current_stream()
+
+        x = torch.ones(2, device="openreg:1")
+        torch._dynamo.reset()
+        y = torch.compile(plain, backend=backend, fullgraph=True)(x)
+        y, stream = torch.compile(asking, backend=backend, fullgraph=True)(x)
+        self.assertEqual((stream.device_index, stream.stream_id), (1, 0))
+        self.assertEqual([lookups(gm) for gm in graphs], [0, 1])
+
+    def test_a_stream_from_outside_entered_around_a_device_context(self):
+        # Whether the stream entered is on the device context's device decides the answer, so its
+        # device is guarded: a stream of another device at the next call recompiles.
+        def f(x, s):
+            with s:
+                with torch.accelerator.device_index(1):
+                    return x + 1, torch.openreg.current_stream()
+
         x = torch.ones(2, device="openreg")
-        for fn in (f, torch.compile(f, fullgraph=True)):  # Dynamo wraps the error in its own
-            with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 7: there are 2 openreg devices"):
-                fn(x)
-            self.assertEqual(torch.openreg.current_device(), 0)
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True)
+        for device in (1, 0, 1, 0):
+            s = torch.openreg.Stream(device=device)
+            s.wait_stream(torch.openreg.current_stream(0))  # x's producer
+            expected = f(x, s)[1]
+            y, stream = compiled(x, s)
+            torch.openreg.synchronize(0)
+            self.assertEqual((stream.device_index, stream.stream_id), (expected.device_index, expected.stream_id))
+            self.assertEqual(y.cpu(), torch.full((2,), 2.0))
 
     def test_the_device_of_a_stream_from_outside_is_guarded(self):
         # A stream's device is a constant of the trace (workaround 19): a stream of another device at
