@@ -387,6 +387,28 @@ def _stream_var_getattr(original):
     return var_getattr
 
 
+# 20. torch/_subclasses/fake_tensor.py, FakeTensorMode._prep_args_for_hash(): FakeTensorMode's
+#     dispatch cache is shared by every fake mode, and its key holds a device argument as written.
+#     A factory without an index (``torch.ones(2, device="openreg")``) traced inside
+#     ``with torch.accelerator.device_index(1):`` left a fake tensor on openreg:1 under the key of the
+#     same call outside any context: a later, unrelated compile of ``x + torch.ones(2,
+#     device="openreg")`` with openreg:0 current failed ("Tensor device mismatch"), and in the other
+#     order the factory inside the context landed on openreg:0. A ``set_device`` between two traces
+#     does the same. CUDA's ``"cuda"`` takes the same path; upstream pins the index in the key after
+#     2.13 (https://github.com/pytorch/pytorch/pull/197583). Here an openreg device argument without
+#     an index adds the current device index to the key.
+#     Test: tests/test_streams.py::TestDeviceContexts::test_a_factory_inside_a_device_context_is_cached_apart.
+def _prep_args_for_hash(original):
+    @functools.wraps(original)
+    def prep(self, result, args, state, id_hashed_objects):
+        original(self, result, args, state, id_hashed_objects)
+        for arg in args.values() if isinstance(args, dict) else args:
+            if isinstance(arg, torch.device) and arg.type == DEVICE and arg.index is None:
+                result.append(("openreg current device", torch.accelerator.current_device_index()))
+
+    return prep
+
+
 MASK_NOT = """
 #ifndef OPENREG_MASK_NOT
 #define OPENREG_MASK_NOT
@@ -512,7 +534,7 @@ def apply() -> None:
 
 
 def apply_dynamo() -> None:
-    """Installs workarounds 17 to 19, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
+    """Installs workarounds 17 to 20, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
     Inductor (and ``apply()``) is first imported. Idempotent. On another torch it does nothing
     rather than fail Dynamo's import: only Inductor runs a region's streams apart, and ``apply()``
     refuses that torch at the first Inductor compile."""
@@ -521,6 +543,7 @@ def apply_dynamo() -> None:
         return
     import torch._dynamo.variables.ctx_manager as dynamo_contexts
     import torch._dynamo.variables.streams as dynamo_streams
+    import torch._subclasses.fake_tensor as fake_tensor
 
     state = dynamo_streams.SymbolicStreamState
     state.cur_stream = _cur_stream(state.cur_stream)
@@ -530,4 +553,6 @@ def apply_dynamo() -> None:
     device_context.exit = _device_context_exit(dynamo_contexts.GenericDeviceVariable.exit)
     stream = dynamo_streams.StreamVariable
     stream.var_getattr = _stream_var_getattr(stream.var_getattr)
+    fake_mode = fake_tensor.FakeTensorMode
+    fake_mode._prep_args_for_hash = _prep_args_for_hash(fake_mode._prep_args_for_hash)
     _applied_dynamo = True

@@ -581,6 +581,43 @@ class TestDeviceContexts(TestCase):
             self.assertEqual((stream.device_index, stream.stream_id), (expected.device_index, expected.stream_id))
             self.assertEqual(y.cpu(), torch.full((2,), 2.0))
 
+    def test_a_factory_inside_a_device_context_is_cached_apart(self):
+        # torch's fake-tensor cache keyed `device="openreg"` as written: the same factory traced
+        # inside and outside a device context (or after a set_device) shared one fake tensor
+        # (workaround 20 in openreg_inductor/_torch213.py).
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        def inside(x):
+            with torch.accelerator.device_index(1):
+                y = torch.ones(2, device="openreg")
+            return x + 1, y
+
+        def outside(x):
+            return x + torch.ones(2, device="openreg")
+
+        for order in ((inside, outside), (outside, inside)):
+            FakeTensorMode.cache_clear()
+            for fn in order:
+                x = torch.ones(2, device="openreg")
+                torch._dynamo.reset()
+                expected = [t.device for t in torch.utils._pytree.tree_leaves(fn(x))]
+                out = torch.compile(fn, fullgraph=True)(x)
+                self.assertEqual([t.device for t in torch.utils._pytree.tree_leaves(out)], expected, fn.__name__)
+                self.assertEqual(
+                    [t.cpu() for t in torch.utils._pytree.tree_leaves(out)],
+                    [torch.full((2,), 2.0)] + [torch.ones(2)] * (fn is inside),
+                )
+        FakeTensorMode.cache_clear()
+        torch._dynamo.reset()
+        compiled = torch.compile(outside, fullgraph=True)
+        compiled(torch.ones(2, device="openreg"))
+        try:
+            torch.openreg.set_device(1)
+            out = compiled(torch.ones(2, device="openreg:1"))  # recompiled for openreg:1
+        finally:
+            torch.openreg.set_device(0)
+        self.assertEqual((out.device, out.cpu()), (torch.device("openreg:1"), torch.full((2,), 2.0)))
+
     def test_the_device_of_a_stream_from_outside_is_guarded(self):
         # A stream's device is a constant of the trace (workaround 19): a stream of another device at
         # the next call recompiles.
