@@ -8,6 +8,10 @@ module's functions get their ``torch.accelerator`` equivalents as traceable stan
 ``torch.compiler.substitute_in_graph`` (the public hook for functions Dynamo cannot trace). Outside
 a compiled region the real functions run, unchanged.
 
+The device context ``with torch.openreg.device(i):`` traces as ``torch.accelerator.device_index(i)``
+does: its Dynamo variable is registered through ``register_device_context_manager``, Dynamo's
+registry of device context managers (which holds ``torch.cuda.device`` and ``torch.xpu.device``).
+
 What differs while tracing: ``current_stream()`` gives a ``torch.Stream`` (the base class of
 ``torch.openreg.Stream``, with the same id, device and methods), as ``torch.accelerator`` does.
 """
@@ -42,6 +46,45 @@ def _current_device() -> torch.device:
     return torch.accelerator.current_stream().device
 
 
+def _device_context_index(device, optional: bool = True) -> int:
+    """The index ``torch.openreg.device(device)`` switches to, or -1 to leave the device alone:
+    None, a negative index (a CPU tensor's ``get_device()``) and a device without an index (which
+    names the current device) switch nothing, in eager code too. Read once, at the trace; a bad
+    index fails the trace with the eager error."""
+    from torch_openreg.openreg._utils import _get_device_index
+
+    if device is None or (isinstance(device, int) and device < 0):
+        return -1
+    if isinstance(device, (str, torch.device)):
+        device = torch.device(device)
+        if device.type == DEVICE and device.index is None:
+            return -1
+    return int(_get_device_index(device))  # the eager errors: another device type, a bad index
+
+
+def _device_context_variable() -> type:
+    """Dynamo's variable of ``torch.openreg.device``: ``torch.accelerator.device_index``'s (openreg
+    is the accelerator, and workaround 18 applies), with core's exchange, which leaves the device
+    alone for -1, and spelt as openreg's where Dynamo writes the context back at a graph break."""
+    from torch._dynamo.variables.ctx_manager import AcceleratorDeviceIndexVariable
+    from torch_openreg import _C
+
+    class OpenRegDeviceVariable(AcceleratorDeviceIndexVariable):
+        _exchange_fn = staticmethod(_C._exchange_device)
+        _get_device_index_fn = staticmethod(_device_context_index)
+
+        def module_name(self) -> str:
+            return "torch.openreg"
+
+        def fn_name(self) -> str:
+            return "device"
+
+        def python_type(self) -> type:
+            return torch.openreg.device
+
+    return OpenRegDeviceVariable
+
+
 def register() -> None:
     """Installs the stand-ins (idempotent)."""
     global _registered
@@ -65,4 +108,7 @@ def register() -> None:
     def current_device():
         return _current_device().index
 
+    from torch._dynamo.variables import register_device_context_manager
+
+    register_device_context_manager(torch.openreg.device, _device_context_variable())
     _registered = True

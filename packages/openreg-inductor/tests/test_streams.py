@@ -7,6 +7,7 @@ import re
 import threading
 
 import torch
+import torch._dynamo.testing
 from conftest import hold_stream, release
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -617,6 +618,78 @@ class TestDeviceContexts(TestCase):
         finally:
             torch.openreg.set_device(0)
         self.assertEqual((out.device, out.cpu()), (torch.device("openreg:1"), torch.full((2,), 2.0)))
+
+    def test_openreg_device_context_traces(self):
+        # `with torch.openreg.device(i):` in a full graph (its Dynamo variable is registered by
+        # openreg_inductor/polyfills.py), with each kind of argument eager code takes: factories
+        # without an index, current_device() and current_stream() as eagerly, inside and after.
+        def make(arg):
+            def f(x):
+                with torch.openreg.device(arg):
+                    y = torch.ones(2, device="openreg")
+                    index, stream = torch.openreg.current_device(), torch.openreg.current_stream()
+                return x + 1, y.device, index, (stream.device_index, stream.stream_id), torch.openreg.current_device()
+
+            return f
+
+        x = torch.ones(2, device="openreg")
+        for arg, inside in (
+            (1, 1),
+            ("openreg:1", 1),
+            (torch.device("openreg", 1), 1),
+            (None, 0),
+            (-1, 0),
+            ("openreg", 0),
+        ):
+            f = make(arg)
+            torch._dynamo.reset()
+            expected = (torch.device("openreg", inside), inside, (inside, 0), 0)
+            self.assertEqual(f(x)[1:], expected, arg)
+            out = torch.compile(f, fullgraph=True)(x)
+            self.assertEqual(out[1:], expected, arg)
+            self.assertEqual(out[0].cpu(), torch.full((2,), 2.0))
+            self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_openreg_device_context_with_a_graph_break(self):
+        # Dynamo writes the context back around the break, as torch.openreg.device(1): the code after
+        # it is compiled too, and still runs on openreg:1.
+        def f(x):
+            with torch.openreg.device(1):
+                a = torch.openreg.current_device()
+                torch._dynamo.graph_break()
+                y = torch.ones(2, device="openreg")
+                b = torch.openreg.current_stream().device_index
+            return x + 1, a, y.device, b, torch.openreg.current_device()
+
+        x = torch.ones(2, device="openreg")
+        counter = torch._dynamo.testing.CompileCounter()
+        torch._dynamo.reset()
+        out = torch.compile(f, backend=counter)(x)
+        self.assertEqual(out[1:], (1, torch.device("openreg:1"), 1, 0))
+        self.assertEqual(out[1:], f(x)[1:])
+        self.assertEqual(counter.frame_count, 2)  # both sides of the break
+        self.assertEqual(torch.openreg.current_device(), 0)
+
+    def test_openreg_device_context_refuses_what_eager_code_refuses(self):
+        def make(arg):
+            def f(x):
+                with torch.openreg.device(arg):
+                    return x + 1
+
+            return f
+
+        x = torch.ones(2, device="openreg")
+        for arg, error, message in (
+            (7, RuntimeError, "Invalid openreg device index 7"),
+            ("cpu", ValueError, "Expected an openreg device, but got: cpu"),
+        ):
+            f = make(arg)
+            torch._dynamo.reset()
+            with self.assertRaisesRegex(error, message):
+                f(x)
+            with self.assertRaisesRegex(RuntimeError, message):  # Dynamo wraps the error in its own
+                torch.compile(f, fullgraph=True)(x)
+            self.assertEqual(torch.openreg.current_device(), 0)
 
     def test_the_device_of_a_stream_from_outside_is_guarded(self):
         # A stream's device is a constant of the trace (workaround 19): a stream of another device at
