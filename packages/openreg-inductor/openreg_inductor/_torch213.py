@@ -286,19 +286,47 @@ def _stream_device(variable) -> torch.device:
     return variable.device
 
 
+def _innermost_stream_of(state, device: torch.device):
+    """The innermost stream of ``device`` on Dynamo's stack, or None; the streams looked at on the
+    way (from the top) decide the answer, so their devices are guarded."""
+    for stream in reversed(state.cur_stream_stack):
+        if _stream_device(stream) == device:
+            return stream
+    return None
+
+
+def _deciding_device_context(state):
+    """Workaround 18: the device of the innermost device context, if no stream context was entered
+    inside it (it then decides which stream a call without a device names), else None."""
+    contexts = state.__dict__.get("_openreg_device_contexts")
+    if contexts and contexts[-1][0] == len(state.cur_stream_stack):
+        return torch.device(DEVICE, contexts[-1][1])
+    return None
+
+
+def _current_stream_object(state, index: int):
+    """One ``torch.Stream`` per device and trace for a device's current stream: its variable's value,
+    and the identity ``cur_stream_id`` answers before that variable exists."""
+    objects = state.__dict__.setdefault("_openreg_current_stream_objects", {})
+    if index not in objects:
+        objects[index] = torch.accelerator.current_stream(torch.device(DEVICE, index))
+    return objects[index]
+
+
 def _cur_stream(original):
     @functools.wraps(original)
     def cur_stream(self, device=None):
+        if device is not None and device.type == DEVICE and device.index is None:
+            device = None  # names the current device, as no device does
         if device is None:
-            # Workaround 18: a device context entered after the innermost stream context decides.
-            contexts = self.__dict__.get("_openreg_device_contexts")
-            if not contexts or contexts[-1][0] != len(self.cur_stream_stack):
-                return original(self, device)
-            device = torch.device(DEVICE, contexts[-1][1])
-        if device.type != DEVICE or device.index is None:
+            device = _deciding_device_context(self)
+            if device is None:
+                return original(self, None)
+        if device.type != DEVICE:
             return original(self, device)
-        if any(_stream_device(stream) == device for stream in self.cur_stream_stack):
-            return original(self, device)
+        stream = _innermost_stream_of(self, device)
+        if stream is not None:
+            return stream
         known = self.__dict__.setdefault("_openreg_current_streams", {})
         if device.index not in known:
             from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index, register_user_object
@@ -310,7 +338,7 @@ def _cur_stream(original):
             # Built here rather than by VariableBuilder, which gives any CurrentStreamSource the
             # bottom's index (0). The source looks the stream up again at each call.
             tx = InstructionTranslator.current_tx()
-            stream = torch.accelerator.current_stream(device)
+            stream = _current_stream_object(self, device.index)
             source = CurrentStreamSource(stream.device)
             index = register_user_object(stream, source)
             proxy = tx.output.create_proxy("call_function", get_external_object_by_index, (index,), {})
@@ -322,6 +350,29 @@ def _cur_stream(original):
     return cur_stream
 
 
+def _cur_stream_id(original):
+    """Workaround 18 for ``SymbolicStreamState.cur_stream_id``, which keys an input's mutation by the
+    stream it runs on (so that an event recorded after it on that stream is refused): inside a
+    deciding device context it is that device's stream, as ``cur_stream`` answers. Nothing is looked
+    up: Dynamo calls it after every in-place operation."""
+
+    @functools.wraps(original)
+    def cur_stream_id(self):
+        from torch._dynamo.variables.lazy import LazyVariableTracker
+
+        device = _deciding_device_context(self)
+        if device is None:
+            return original(self)
+        stream = _innermost_stream_of(self, device)
+        if stream is None:
+            return id(_current_stream_object(self, device.index))
+        if isinstance(stream, LazyVariableTracker) and not stream.is_realized():
+            return id(stream.peek_value())
+        return id(stream.value)
+
+    return cur_stream_id
+
+
 # 18. torch/_dynamo/variables/ctx_manager.py, GenericDeviceVariable.enter()/exit(), which
 #     AcceleratorDeviceIndexVariable inherits (the traced ``torch.accelerator.device_index(i)``): the
 #     context switches the device during the trace but leaves the stream stack of workaround 17
@@ -330,10 +381,13 @@ def _cur_stream(original):
 #     outside (openreg:0's), where eager code answers openreg:1's current stream. CUDA's
 #     ``torch.cuda.device`` has the same gap. The context now notes its device and the depth of the
 #     stack at its entry; asked without a device, ``cur_stream`` answers that device's stream
-#     (workaround 17's answer) when no stream context was entered inside it. Nothing is looked up
-#     until a stream is asked for: a device context alone adds no graph node.
+#     (workaround 17's answer) when no stream context was entered inside it, and ``cur_stream_id``
+#     (the stream an input mutation is keyed by) answers the same. Nothing is looked up until a
+#     stream is asked for: a device context alone adds no graph node. (``torch.openreg.device(i)``'s
+#     variable, registered by polyfills.py, subclasses AcceleratorDeviceIndexVariable.)
 #     Test: tests/test_streams.py::TestDeviceContexts::test_nested_contexts_answer_as_eagerly,
-#     tests/test_streams.py::TestDeviceContexts::test_a_device_context_alone_adds_no_stream_lookup.
+#     tests/test_streams.py::TestDeviceContexts::test_a_device_context_alone_adds_no_stream_lookup,
+#     tests/test_streams.py::TestDeviceContexts::test_an_input_mutation_inside_a_device_context_is_keyed_by_its_stream.
 def _device_context_enter(original):
     @functools.wraps(original)
     def enter(self, tx, *args):
@@ -547,6 +601,7 @@ def apply_dynamo() -> None:
 
     state = dynamo_streams.SymbolicStreamState
     state.cur_stream = _cur_stream(state.cur_stream)
+    state.cur_stream_id = _cur_stream_id(state.cur_stream_id)
     # AcceleratorDeviceIndexVariable inherits enter/exit from GenericDeviceVariable.
     device_context = dynamo_contexts.AcceleratorDeviceIndexVariable
     device_context.enter = _device_context_enter(dynamo_contexts.GenericDeviceVariable.enter)

@@ -507,7 +507,8 @@ class TestDeviceContexts(TestCase):
                         g = cs()
                     h = cs()
                 i = cs()
-            return x + 1, a, b, c, d, e, g, h, i, cs(), torch.accelerator.current_stream()
+                j = torch.accelerator.current_stream("openreg")  # a device without an index: the current one
+            return x + 1, a, b, c, d, e, g, h, i, j, cs(), torch.accelerator.current_stream()
 
         x = torch.ones(4, device="openreg")
         expected = streams_of(f(x))
@@ -522,6 +523,7 @@ class TestDeviceContexts(TestCase):
                 (0, 0),
                 (1, s1.stream_id),
                 (1, 0),
+                (1, 0),
                 (0, 0),
                 (0, 0),
             ],
@@ -531,6 +533,32 @@ class TestDeviceContexts(TestCase):
             out = torch.compile(f, backend=backend, fullgraph=True)(x)
             self.assertEqual(streams_of(out), expected, backend)
             self.assertEqual(out[0].cpu(), torch.full((4,), 2.0))
+
+    def test_an_input_mutation_inside_a_device_context_is_keyed_by_its_stream(self):
+        # Dynamo refuses an event recorded on the stream an input was mutated on (the mutation is
+        # applied after the graph); inside a device context that stream is the context's device's
+        # (workaround 18 for cur_stream_id). It keyed the outer stream: the refusal was skipped, and
+        # a record on the outer stream after a mutation inside the context was refused.
+        def inside(x):
+            with torch.accelerator.device_index(1):
+                x.add_(1)
+                torch.openreg.current_stream().record_event()
+            return x * 2
+
+        def record_outside(x):
+            with torch.accelerator.device_index(1):
+                x.add_(1)
+            torch.openreg.current_stream().record_event()
+            return x * 2
+
+        torch._dynamo.reset()
+        with self.assertRaisesRegex(
+            RuntimeError, "An event was recorded on a stream where a graph input was previously mutated"
+        ):
+            torch.compile(inside, backend="eager", fullgraph=True)(torch.ones(2, device="openreg:1"))
+        x = torch.ones(2, device="openreg:1")
+        out = torch.compile(record_outside, backend="eager", fullgraph=True)(x)
+        self.assertEqual((x.cpu(), out.cpu()), (torch.full((2,), 2.0), torch.full((2,), 4.0)))
 
     def test_a_device_context_alone_adds_no_stream_lookup(self):
         # The device context's stream is looked up only if the region asks for it: each lookup is a
@@ -565,22 +593,31 @@ class TestDeviceContexts(TestCase):
     def test_a_stream_from_outside_entered_around_a_device_context(self):
         # Whether the stream entered is on the device context's device decides the answer, so its
         # device is guarded: a stream of another device at the next call recompiles.
-        def f(x, s):
-            with s:
-                with torch.accelerator.device_index(1):
-                    return x + 1, torch.openreg.current_stream()
+        def make(index):
+            def f(x, s):
+                with s:
+                    with torch.accelerator.device_index(index):
+                        return x + 1, torch.openreg.current_stream()
+
+            return f
 
         x = torch.ones(2, device="openreg")
-        torch._dynamo.reset()
-        compiled = torch.compile(f, fullgraph=True)
-        for device in (1, 0, 1, 0):
-            s = torch.openreg.Stream(device=device)
-            s.wait_stream(torch.openreg.current_stream(0))  # x's producer
-            expected = f(x, s)[1]
-            y, stream = compiled(x, s)
-            torch.openreg.synchronize(0)
-            self.assertEqual((stream.device_index, stream.stream_id), (expected.device_index, expected.stream_id))
-            self.assertEqual(y.cpu(), torch.full((2,), 2.0))
+        for index, devices in ((1, (1, 0, 1, 0)), (0, (1, 0, 1, 0)), (0, (0, 1, 0, 1))):
+            f = make(index)
+            torch._dynamo.reset()
+            compiled = torch.compile(f, fullgraph=True)
+            for device in devices:
+                s = torch.openreg.Stream(device=device)
+                s.wait_stream(torch.openreg.current_stream(0))  # x's producer
+                expected = f(x, s)[1]
+                y, stream = compiled(x, s)
+                torch.openreg.synchronize(0)
+                self.assertEqual(
+                    (stream.device_index, stream.stream_id),
+                    (expected.device_index, expected.stream_id),
+                    (index, devices),
+                )
+                self.assertEqual(y.cpu(), torch.full((2,), 2.0))
 
     def test_a_factory_inside_a_device_context_is_cached_apart(self):
         # torch's fake-tensor cache keyed `device="openreg"` as written: the same factory traced
