@@ -527,8 +527,12 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   std::lock_guard<std::mutex> lock(e->record_mu);  // until queued: see Event::record_mu
   const uint64_t generation = e->recorded.fetch_add(1) + 1;
   item.args = new RecordArgs{e, generation};
-  if (s->enqueue(item, &e->forward) != 0)  // never blocks; 0: captured (another thread began a capture)
-    e->forward.generation = generation;
+  // A timed event is not forwarded: its time is taken when its record runs, and a stream that
+  // waited only for what the record follows could record a time of its own before it (a negative
+  // elapsed time from an event to a later one). Its waiters wait for the record itself.
+  Forward* forward = e->timing.load() ? nullptr : &e->forward;
+  // never blocks; 0: captured (another thread began a capture)
+  if (s->enqueue(item, forward) != 0 && forward != nullptr) forward->generation = generation;
   return orSuccess;
 }
 

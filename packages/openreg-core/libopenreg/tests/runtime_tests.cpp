@@ -2263,14 +2263,56 @@ TEST(faults_copy_fails_on_the_device) {
 // record (Forward in runtime_internal.h). Stream b below is slowed by a minute per item, so c can
 // only finish early if its wait skipped b's worker; once b has a kernel of its own, c must wait
 // for it. No timing assumption: the slowed items wait until disarming ends them.
+// A timed event is not forwarded: a stream that waits for it waits for its record, so the times of
+// the records that follow are not earlier than its own. Forwarded, c finished as soon as a's
+// producer had, and b's record (after its wait for on_a) could take its time before a's worker
+// reached on_a's record: orEventElapsedTime(on_a, on_b) was negative in one CI run. Here a's
+// worker is slowed before that record, and c must not finish until it runs.
+TEST(stream_wait_event_on_a_timed_event_waits_for_its_record) {
+  orStream_t a = nullptr, b = nullptr, c = nullptr;
+  CHECK_OK(orStreamCreate(&a));
+  CHECK_OK(orStreamCreate(&b));
+  CHECK_OK(orStreamCreate(&c));
+  orEvent_t on_a = nullptr, on_b = nullptr;
+  CHECK_OK(orEventCreate(&on_a));  // timing enabled, as CUDA's default
+  CHECK_OK(orEventCreate(&on_b));
+  std::atomic<bool> produced{false};
+  Gate gate;
+  CHECK_OK(openreg::launch(a, "test::producer", [&] {
+    gate.wait();
+    produced.store(true);
+  }));
+  CHECK_OK(orEventRecord(on_a, a));
+  CHECK_OK(orStreamWaitEvent(b, on_a, 0));
+  CHECK_OK(orEventRecord(on_b, b));
+  CHECK_OK(orStreamWaitEvent(c, on_b, 0));
+  CHECK_OK(openreg::launch(c, "test::consumer", [] {}));
+  while (!gate.reached.load()) std::this_thread::yield();                  // a's worker is in the producer
+  CHECK_OK(orInjectFaults(("slow@" + hex_handle(a) + ":60000").c_str()));  // its next item: the record
+  gate.release();
+  while (!produced.load()) std::this_thread::yield();
+  // Forwarded, c would finish within microseconds of the producer; it must wait for the record.
+  const auto until = Clock::now() + 200ms;
+  while (Clock::now() < until) CHECK_STATUS(orErrorNotReady, orStreamQuery(c));
+  CHECK_STATUS(orErrorNotReady, orEventQuery(on_a));
+  CHECK_OK(orInjectFaults(""));
+  CHECK_OK(orStreamSynchronize(c));
+  float ms = -1;
+  CHECK_OK(orEventElapsedTime(&ms, on_a, on_b));
+  CHECK(ms >= 0);
+  CHECK_OK(orEventDestroy(on_a));
+  CHECK_OK(orEventDestroy(on_b));
+  for (orStream_t s : {a, b, c}) CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(stream_wait_event_forwards_through_a_waiting_stream) {
   orStream_t a = nullptr, b = nullptr, c = nullptr;
   CHECK_OK(orStreamCreate(&a));
   CHECK_OK(orStreamCreate(&b));
   CHECK_OK(orStreamCreate(&c));
   orEvent_t on_a = nullptr, on_b = nullptr;
-  CHECK_OK(orEventCreate(&on_a));
-  CHECK_OK(orEventCreate(&on_b));
+  CHECK_OK(orEventCreateWithFlags(&on_a, orEventDisableTiming));  // a timed event is not forwarded
+  CHECK_OK(orEventCreateWithFlags(&on_b, orEventDisableTiming));
   int produced = 0, observed = -1;  // plain ints: the events are the only ordering
   Gate gate;
   CHECK_OK(openreg::launch(a, "test::producer", [&] {
@@ -2297,9 +2339,6 @@ TEST(stream_wait_event_forwards_through_a_waiting_stream) {
   CHECK_OK(orInjectFaults(""));
   CHECK_OK(orStreamSynchronize(b));
   CHECK_OK(orEventQuery(on_b));
-  float ms = -1;
-  CHECK_OK(orEventElapsedTime(&ms, on_a, on_b));  // both records ran: their times are set
-  CHECK(ms >= 0);
 
   // b's kernel comes before its record: c waits for it, slowed as it is.
   CHECK_OK(orInjectFaults(("slow@" + hex_handle(b) + ":60000").c_str()));
