@@ -447,18 +447,22 @@ def _stream_var_getattr(original):
 #     ``with torch.accelerator.device_index(1):`` left a fake tensor on openreg:1 under the key of the
 #     same call outside any context: a later, unrelated compile of ``x + torch.ones(2,
 #     device="openreg")`` with openreg:0 current failed ("Tensor device mismatch"), and in the other
-#     order the factory inside the context landed on openreg:0. A ``set_device`` between two traces
-#     does the same. CUDA's ``"cuda"`` takes the same path; upstream pins the index in the key after
+#     order the factory inside the context landed on openreg:0. A ``set_device`` between two
+#     compiles did the same. CUDA's ``"cuda"`` takes the same path; upstream pins the index in the key after
 #     2.13 (https://github.com/pytorch/pytorch/pull/197583). Here an openreg device argument without
-#     an index adds the current device index to the key.
+#     an index adds the index its fake output gets to the key.
 #     Test: tests/test_streams.py::TestDeviceContexts::test_a_factory_inside_a_device_context_is_cached_apart.
 def _prep_args_for_hash(original):
     @functools.wraps(original)
     def prep(self, result, args, state, id_hashed_objects):
+        from torch._subclasses.fake_tensor import FakeTensor
+
         original(self, result, args, state, id_hashed_objects)
         for arg in args.values() if isinstance(args, dict) else args:
             if isinstance(arg, torch.device) and arg.type == DEVICE and arg.index is None:
-                result.append(("openreg current device", torch.accelerator.current_device_index()))
+                # The index the fake output gets: the current device once openreg is initialised,
+                # else 0 (reading the current device would start the runtime).
+                result.append(("openreg device", FakeTensor._normalize_fake_device(arg).index))
 
     return prep
 

@@ -690,22 +690,29 @@ class TestDeviceContexts(TestCase):
     def test_openreg_device_context_with_a_graph_break(self):
         # Dynamo writes the context back around the break, as torch.openreg.device(1): the code after
         # it is compiled too, and still runs on openreg:1.
-        def f(x):
-            with torch.openreg.device(1):
-                a = torch.openreg.current_device()
-                torch._dynamo.graph_break()
-                y = torch.ones(2, device="openreg")
-                b = torch.openreg.current_stream().device_index
-            return x + 1, a, y.device, b, torch.openreg.current_device()
+        def make(arg):
+            def f(x):
+                with torch.openreg.device(arg):
+                    a = torch.openreg.current_device()
+                    torch._dynamo.graph_break()
+                    y = torch.ones(2, device="openreg")
+                    b = torch.openreg.current_stream().device_index
+                return x + 1, a, y.device, b, torch.openreg.current_device()
+
+            return f
 
         x = torch.ones(2, device="openreg")
-        counter = torch._dynamo.testing.CompileCounter()
-        torch._dynamo.reset()
-        out = torch.compile(f, backend=counter)(x)
-        self.assertEqual(out[1:], (1, torch.device("openreg:1"), 1, 0))
-        self.assertEqual(out[1:], f(x)[1:])
-        self.assertEqual(counter.frame_count, 2)  # both sides of the break
-        self.assertEqual(torch.openreg.current_device(), 0)
+        # "openreg" leaves the device alone: the context is written back as torch.openreg.device(-1),
+        # which eager code takes (torch.accelerator.device_index(-1) would refuse it).
+        for arg, inside in ((1, 1), ("openreg", 0)):
+            f = make(arg)
+            counter = torch._dynamo.testing.CompileCounter()
+            torch._dynamo.reset()
+            out = torch.compile(f, backend=counter)(x)
+            self.assertEqual(out[1:], (inside, torch.device("openreg", inside), inside, 0), arg)
+            self.assertEqual(out[1:], f(x)[1:])
+            self.assertEqual(counter.frame_count, 2)  # both sides of the break
+            self.assertEqual(torch.openreg.current_device(), 0)
 
     def test_openreg_device_context_refuses_what_eager_code_refuses(self):
         def make(arg):
