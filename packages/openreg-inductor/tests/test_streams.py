@@ -687,6 +687,28 @@ class TestDeviceContexts(TestCase):
             self.assertEqual(out[0].cpu(), torch.full((2,), 2.0))
             self.assertEqual(torch.openreg.current_device(), 0)
 
+    def test_an_index_less_openreg_device_context_follows_set_device(self):
+        # torch.openreg.device("openreg") names the current device at the call: it switches nothing,
+        # rather than the device read at the trace. Under the eager backend the region's factory
+        # then follows a set_device between calls (Inductor fixes a factory's device at the compile;
+        # see compiler.md, "Not done yet").
+        def f(x):
+            with torch.openreg.device("openreg"):
+                y = torch.ones(2, device="openreg")
+            return x + 1, y
+
+        x = torch.ones(2, device="openreg")
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="eager", fullgraph=True)
+        self.assertEqual(compiled(x)[1].device, torch.device("openreg:0"))
+        try:
+            torch.openreg.set_device(1)
+            expected, out = f(x)[1], compiled(x)[1]
+        finally:
+            torch.openreg.set_device(0)
+        self.assertEqual((out.device, out.cpu()), (expected.device, torch.ones(2)))
+        self.assertEqual(out.device, torch.device("openreg:1"))
+
     def test_openreg_device_context_with_a_graph_break(self):
         # Dynamo writes the context back around the break, as torch.openreg.device(1): the code after
         # it is compiled too, and still runs on openreg:1.
