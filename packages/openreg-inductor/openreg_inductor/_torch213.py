@@ -269,6 +269,16 @@ def _store_output(original):
 #     openreg device with an index, the answer is that device's current stream, registered like the
 #     bottom of the stack (its value is looked up again at each call of the compiled code).
 #     Test: tests/test_streams.py::TestAsynchrony::test_wait_stream_for_a_device_that_is_not_current.
+def _peeked_stream(variable):
+    """The ``torch.Stream`` of an unrealized lazy variable (the stack's bottom), read without making
+    it real, which would add a graph node and a lookup at each call; None for any other variable."""
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    if isinstance(variable, LazyVariableTracker) and not variable.is_realized():
+        return variable.peek_value()
+    return None
+
+
 def _stream_device(variable) -> torch.device:
     """The device of a stream on Dynamo's stack, read without making a lazily built variable (the
     stack's bottom) real, which would add a graph node and a lookup at each call. A stream from
@@ -276,10 +286,10 @@ def _stream_device(variable) -> torch.device:
     device at a later call recompiles."""
     from torch._dynamo.guards import GuardBuilder, install_guard
     from torch._dynamo.source import AttrSource, CurrentStreamSource
-    from torch._dynamo.variables.lazy import LazyVariableTracker
 
-    if isinstance(variable, LazyVariableTracker) and not variable.is_realized():
-        return variable.peek_value().device
+    peeked = _peeked_stream(variable)
+    if peeked is not None:
+        return peeked.device
     source = getattr(variable, "source", None)
     if source is not None and not isinstance(source, CurrentStreamSource):
         install_guard(AttrSource(source, "device").make_guard(GuardBuilder.EQUALS_MATCH))
@@ -358,17 +368,14 @@ def _cur_stream_id(original):
 
     @functools.wraps(original)
     def cur_stream_id(self):
-        from torch._dynamo.variables.lazy import LazyVariableTracker
-
         device = _deciding_device_context(self)
         if device is None:
             return original(self)
         stream = _innermost_stream_of(self, device)
         if stream is None:
             return id(_current_stream_object(self, device.index))
-        if isinstance(stream, LazyVariableTracker) and not stream.is_realized():
-            return id(stream.peek_value())
-        return id(stream.value)
+        peeked = _peeked_stream(stream)
+        return id(peeked if peeked is not None else stream.value)
 
     return cur_stream_id
 
@@ -452,17 +459,16 @@ def _stream_var_getattr(original):
 #     2.13 (https://github.com/pytorch/pytorch/pull/197583). Here an openreg device argument without
 #     an index adds the index its fake output gets to the key.
 #     Test: tests/test_streams.py::TestDeviceContexts::test_a_factory_inside_a_device_context_is_cached_apart.
-def _prep_args_for_hash(original):
+def _prep_args_for_hash(original, normalize_fake_device):
+    # Runs for every cache key of every fake operation: nothing is imported or looked up here.
     @functools.wraps(original)
     def prep(self, result, args, state, id_hashed_objects):
-        from torch._subclasses.fake_tensor import FakeTensor
-
         original(self, result, args, state, id_hashed_objects)
         for arg in args.values() if isinstance(args, dict) else args:
             if isinstance(arg, torch.device) and arg.type == DEVICE and arg.index is None:
                 # The index the fake output gets: the current device once openreg is initialised,
                 # else 0 (reading the current device would start the runtime).
-                result.append(("openreg device", FakeTensor._normalize_fake_device(arg).index))
+                result.append(("openreg device", normalize_fake_device(arg).index))
 
     return prep
 
@@ -613,5 +619,7 @@ def apply_dynamo() -> None:
     stream = dynamo_streams.StreamVariable
     stream.var_getattr = _stream_var_getattr(stream.var_getattr)
     fake_mode = fake_tensor.FakeTensorMode
-    fake_mode._prep_args_for_hash = _prep_args_for_hash(fake_mode._prep_args_for_hash)
+    fake_mode._prep_args_for_hash = _prep_args_for_hash(
+        fake_mode._prep_args_for_hash, fake_tensor.FakeTensor._normalize_fake_device
+    )
     _applied_dynamo = True
