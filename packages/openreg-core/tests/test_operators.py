@@ -732,6 +732,40 @@ class TestGenericPath(TestCase):
         self.assertEqual(y.stride(), (x * 2).stride())
         self.assertEqual(y.cpu(), x * 2)
 
+    def test_index_select_runs_its_out_kernel_into_the_device_output(self):
+        # index_select is not structured, but its CPU kernel allocates the result and runs the out=
+        # kernel into it: on the device the out= kernel writes the device output (no result of the
+        # CPU kernel's own to copy). Other functional ops keep the copy.
+        from torch_openreg import _C
+
+        self.assertEqual(_C._routed_out_overload("aten::index_select"), "aten::index_select.out")
+        self.assertEqual(_C._routed_out_overload("aten::add.Tensor"), "aten::add.out")  # structured
+        self.assertEqual(_C._routed_out_overload("aten::binary_cross_entropy"), "")
+        with self.assertRaisesRegex(RuntimeError, "no operator named aten::no_such_op"):
+            _C._routed_out_overload("aten::no_such_op")
+        base = torch.randn(6, 5, 4)
+        cases = [
+            (base, 0, torch.tensor([5, 0, 0, 3])),
+            (base, 1, torch.tensor([4, 1], dtype=torch.int32)),
+            (base.transpose(0, 2), 2, torch.tensor([1, 5])),  # a non-contiguous input
+            (base[:, 1], 0, torch.tensor([], dtype=torch.long)),  # an empty index
+            (torch.arange(10).view(2, 5), 1, torch.tensor([3])),  # integers
+            (torch.tensor(7.0), 0, torch.tensor([0])),  # a 0-dim input
+            (base.to(torch.bfloat16), 2, torch.tensor(3)),  # a 0-dim index
+        ]
+        for x, dim, index in cases:
+            expected = x.index_select(dim, index)
+            for call in range(2):  # a signature's first call runs synchronously, later ones asynchronously
+                before = torch.openreg._runtime_counters()
+                got = x.to("openreg").index_select(dim, index.to("openreg"))
+                self.assertEqual(got.shape, expected.shape)
+                self.assertEqual(got.stride(), expected.stride())
+                self.assertEqual(got.cpu(), expected, atol=0, rtol=0)
+            self.assertEqual(torch.openreg._runtime_counters()["memcpy_d2d"], before["memcpy_d2d"])
+        # Its checks are the CPU's, at the call.
+        with self.assertRaisesRegex(IndexError, "index_select\\(\\): Index is supposed to be a vector"):
+            base.to("openreg").index_select(0, torch.zeros(2, 2, dtype=torch.long, device="openreg"))
+
     def test_fallback_counts_and_strict_mode(self):
         d = torch.ones(3, device="openreg")
         torch.openreg.reset_fallback_op_counts()

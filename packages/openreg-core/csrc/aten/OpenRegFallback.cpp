@@ -1388,6 +1388,14 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& 
 
 }  // namespace
 
+// Functional operators that are not structured but whose CPU kernel is "allocate the result, then
+// run the out= kernel into it" (checked in ATen's source, e.g. index_select_cpu_ and
+// index_select_out_cpu_): their out= overload is as exact a substitute as a structured op's, and
+// saves the functional result's host allocation and its copy into the device output (index_select
+// of 1024 rows of 128 floats, an embedding's forward: about 70 us against the CPU's 14 us before).
+// The generic path reaches them through the fallback; only the out= overload is recorded.
+constexpr const char* kOutKernelOps[] = {"aten::index_select"};
+
 size_t route_structured_ops() {
   static size_t routed = [] {
     auto& dispatcher = c10::Dispatcher::singleton();
@@ -1399,6 +1407,15 @@ size_t route_structured_ops() {
       if (name.name.rfind("aten::", 0) == 0)
         if (auto op = dispatcher.findOp(name)) by_name[name.name].push_back(*op);
     size_t n = 0;
+    for (const char* name : kOutKernelOps) {
+      const auto& overloads = by_name.at(name);
+      for (const c10::OperatorHandle& op : overloads) {
+        if (!op.schema().overload_name().empty()) continue;  // the functional overload
+        auto out = find_out_overload(op, overloads);
+        TORCH_INTERNAL_ASSERT(out && !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1), name);
+        out_overloads().emplace(&op.schema(), *out);
+      }
+    }
     for (const auto& [base, overloads] : by_name) {
       for (const c10::OperatorHandle& op : overloads) {
         const std::string qualified =
@@ -1436,6 +1453,15 @@ size_t route_structured_ops() {
     return n;
   }();
   return routed;
+}
+
+std::string routed_out_overload(const std::string& name) {
+  const auto dot = name.find('.');
+  const auto op =
+      c10::Dispatcher::singleton().findOp({name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1)});
+  TORCH_CHECK(op.has_value(), "no operator named ", name);
+  const c10::OperatorHandle* out = out_overload(*op);
+  return out == nullptr ? "" : c10::toString(out->schema().operator_name());
 }
 
 void synchronous_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {

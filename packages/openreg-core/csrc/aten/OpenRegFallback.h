@@ -32,6 +32,9 @@ std::vector<std::string> shadowed_by_composite(c10::DispatchKey cpu_key, c10::Di
 // Registers the generic path for the functional and in-place overloads of structured ops
 // (once, after every static registration of the backend ran); returns how many.
 size_t route_structured_ops();
+// The out= overload ("aten::add.out") whose kernel a functional operator ("aten::add.Tensor") runs
+// on the device, or "" when its results are copied from the CPU kernel's own allocation.
+std::string routed_out_overload(const std::string& name);
 
 // The C++ meta kernel the generic path uses for `name` instead of the Meta dispatch key (whose
 // kernel may be Python), or nullptr (OpenRegNativeMeta.cpp); and the names it has one for.

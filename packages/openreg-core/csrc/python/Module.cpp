@@ -323,6 +323,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_counts", [] { return fallback_counts(); });
   m.def("_reset_fallback_counts", [] { reset_fallback_counts(); });
   m.def("_native_meta_operators", [] { return native_meta_operators(); });
+  m.def("_routed_out_overload", [](const std::string& name) { return routed_out_overload(name); });
   m.def("_generic_launches_alive", [] { return generic_launches_alive(); });
   m.def("_set_strict_mode", [](bool s) { set_strict_mode(s); });
   m.def("_get_strict_mode", [] { return strict_mode(); });
