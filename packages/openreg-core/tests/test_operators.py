@@ -765,6 +765,14 @@ class TestGenericPath(TestCase):
         # Its checks are the CPU's, at the call.
         with self.assertRaisesRegex(IndexError, "index_select\\(\\): Index is supposed to be a vector"):
             base.to("openreg").index_select(0, torch.zeros(2, 2, dtype=torch.long, device="openreg"))
+        # Also on the asynchronous path (a signature already verified): an empty input indexed
+        # along an empty dimension is refused from the shapes, not by the kernel at a later sync.
+        empty = torch.randn(0, 3, device="openreg")
+        self.assertEqual(empty.index_select(1, torch.tensor([2, 0], device="openreg")).shape, (0, 2))
+        for call in range(2):
+            with self.assertRaisesRegex(RuntimeError, "index_select\\(\\): self indexing axis dim should be positive"):
+                empty.index_select(0, torch.tensor([0], device="openreg"))
+        self.assertEqual((torch.ones(3, device="openreg") * 2).cpu(), torch.full((3,), 2.0))  # nothing left pending
 
     def test_fallback_counts_and_strict_mode(self):
         d = torch.ones(3, device="openreg")

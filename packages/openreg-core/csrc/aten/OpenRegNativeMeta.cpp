@@ -31,6 +31,9 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
               "index_select(): Expected dtype int32 or int64 for index");
   TORCH_CHECK(self.dim() > 0 || index.numel() == 1, "index_select(): Index to scalar can have only 1 value, got ",
               index.numel(), " value(s)");
+  // An empty input indexed along an empty dimension: refused from the shapes alone, at the call.
+  TORCH_CHECK(self.dim() <= 1 || index.numel() == 0 || self.numel() > 0 || self.size(dim) > 0,
+              "index_select(): self indexing axis dim should be positive");
   auto sizes = self.sizes().vec();
   if (self.dim() > 0) sizes[dim] = index.numel();
   return at::empty(sizes, self.options());
