@@ -62,8 +62,6 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
   const at::Device device = found_inf.device();
   check_device_scalar(found_inf, "found_inf", at::kFloat, "float", device);
   check_device_scalar(inv_scale, "inv_scale", at::kFloat, "float", device);
-  std::vector<KernelTensorArg> grads;
-  grads.reserve(scaled_grads.size());
   for (const auto& g : scaled_grads) {
     TORCH_CHECK(g.device() == device, "every scaled grad must be on ", device, " (where found_inf is), got one on ",
                 g.device(), ".");
@@ -72,9 +70,11 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
     // The kernel writes each grad: an overlapping one (expanded) is refused at the call, with the
     // CPU's error, not by the kernel after earlier grads were unscaled.
     at::assert_no_internal_overlap(g);
-    grads.emplace_back(g);
   }
-  if (grads.empty()) return;
+  if (scaled_grads.empty()) return;
+  // After every check: a kernel argument counts its bytes for the launch (the small-kernel rule,
+  // core's OpenRegStream.h), and a refused call must leave no count for the next launch.
+  std::vector<KernelTensorArg> grads(scaled_grads.begin(), scaled_grads.end());
   OPENREG_CHECK(::openreg::launch(
       c10::openreg::current_stream_handle(device.index()), "_amp_foreach_non_finite_check_and_unscale_",
       [grads = std::move(grads), found = KernelTensorArg(found_inf), inv = KernelTensorArg(inv_scale)] {

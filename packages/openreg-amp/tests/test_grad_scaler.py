@@ -133,6 +133,37 @@ class TestNativeKernels(TestCase):
         UNSCALE(g, found, torch.full((1,), 0.5, device=dev))  # still usable
         self.assertEqual(g[0].cpu().tolist(), [0.5, 0.5])
 
+    def test_a_refused_call_leaves_no_kernel_size_behind(self):
+        # Kernel arguments count their bytes for the launch (a small kernel runs on one intra-op
+        # thread, core's OpenRegStream.h): a call refused after a large grad was counted must not
+        # hand that count to the next, unrelated launch, which would run on the whole team.
+        import torch_openreg
+
+        large = torch.zeros(torch_openreg._C._small_kernel_bytes() // 4, device="openreg")
+        tiny = torch.zeros(1, device="openreg")
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            self.assertEqual(_team_size(tiny).tolist(), [1])
+            bad = torch.zeros(2, dtype=torch.int32, device="openreg")
+            with self.assertRaisesRegex(RuntimeError, "scaled grads must be floating point, got Int"):
+                UNSCALE([large, bad], torch.zeros(1, device="openreg"), torch.ones(1, device="openreg"))
+            self.assertEqual(_team_size(tiny).tolist(), [1])
+            self.assertEqual(_team_size(large).tolist(), [2])  # the rule itself still applies
+        finally:
+            torch.set_num_threads(before)
+
+
+@torch.library.custom_op("openreg_amp_test::team_size", mutates_args=(), device_types="cpu")
+def _team_size(x: torch.Tensor) -> torch.Tensor:
+    """On openreg, a kernel of the generic path: the intra-op thread count it runs with."""
+    return torch.tensor([torch.get_num_threads()])
+
+
+@_team_size.register_fake
+def _(x):
+    return x.new_empty(1, dtype=torch.int64)
+
 
 def _train(device: str, amp: bool, steps: int, inject_inf_at=(), seed: int = 0):
     torch.manual_seed(seed)

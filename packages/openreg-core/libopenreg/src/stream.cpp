@@ -583,6 +583,10 @@ orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
 }
 
 orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void* args, orKernelArgsDeleter deleter) {
+  // Captured first, for a launch that fails too: what the launching thread gathered for this
+  // launch (torch_openreg's count of its tensors' bytes) must not carry over to its next one.
+  const LaunchContextHooks* hooks = Hooks<LaunchContextHooks>::get();
+  const uint64_t context = hooks != nullptr ? hooks->capture() : 0;
   orStatus st = check_runtime();
   Stream* s = nullptr;
   if (st == orSuccess && fn == nullptr) st = fail(orErrorInvalidValue, "kernel function is NULL");
@@ -597,7 +601,7 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
   item.args = args;
   item.deleter = deleter;
   item.name = name;
-  if (const LaunchContextHooks* hooks = Hooks<LaunchContextHooks>::get()) item.context = hooks->capture();
+  item.context = context;
   s->enqueue(item);
   return orSuccess;
 }

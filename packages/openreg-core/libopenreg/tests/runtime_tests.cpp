@@ -948,8 +948,12 @@ TEST(stream_blocking_wait_hooks) {
 namespace launch_context {
 thread_local uint64_t host_value = 0;    // what the launching thread's capture reports
 std::atomic<int> applied{0};             // apply calls
+std::atomic<int> captured{0};            // capture calls
 thread_local uint64_t worker_value = 0;  // on the worker: the last value applied
-uint64_t capture() { return host_value; }
+uint64_t capture() {
+  captured.fetch_add(1);
+  return host_value;
+}
 void apply(uint64_t v) {
   applied.fetch_add(1);
   worker_value = v;
@@ -982,6 +986,14 @@ TEST(stream_launch_context_hooks) {
   CHECK(seen_a == (std::vector<uint64_t>{3, 3, 3, 1}));
   CHECK(seen_b == (std::vector<uint64_t>{1}));
   CHECK_EQ(lc::applied.load(), 3);
+  // A launch that fails is captured too: the caller's state for it must not reach its next launch.
+  const int captures = lc::captured.load();
+  orStream_t gone = nullptr;
+  CHECK_OK(orStreamCreate(&gone));
+  CHECK_OK(orStreamDestroy(gone));
+  CHECK_STATUS(orErrorInvalidResourceHandle, openreg::launch(gone, "test::ctx", read_a));
+  CHECK_STATUS(orErrorInvalidValue, orLaunchKernel(a, "test::null", nullptr, nullptr, nullptr));
+  CHECK_EQ(lc::captured.load(), captures + 2);
   // Another host thread launches with its own word.
   std::thread([&] {
     lc::host_value = 5;

@@ -204,7 +204,8 @@ typedef void (*orBlockingWaitEnd)(void* token);
 OPENREG_API orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end);
 
 /* Host state a kernel launch carries to the device. capture() runs on the launching thread at
- * every orLaunchKernel and returns a word (0: nothing); before a kernel runs, its stream's worker
+ * every orLaunchKernel, one that fails included, and returns a word (0: nothing); before a kernel
+ * runs, its stream's worker
  * calls apply(word) when the word differs from the last one it applied. Kernels here run on the
  * host's CPUs: torch_openreg carries the host's intra-op thread count, so that
  * torch.set_num_threads reaches the workers' parallel regions as it reaches CPU operators. Both
