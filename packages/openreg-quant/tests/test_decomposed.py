@@ -153,6 +153,23 @@ class TestPerTensor(QuantTestCase):
                 "out_dtype must be a floating dtype, got torch.int32",
             ),
         ]
+        # Parameters on another device than the input: the first one named (every one is wrong here).
+        d1, q1 = torch.randn(4, device="openreg:1"), torch.zeros(4, dtype=torch.int8, device="openreg:1")
+        one, zero = torch.ones(1, device="openreg"), torch.zeros(1, dtype=torch.long, device="openreg")
+        lo, hi = torch.tensor(-128, device="openreg"), torch.tensor(127, device="openreg")
+        wrong_device = r"scale must be on openreg:1 \(the input's device\), got a tensor on openreg:0"
+        cases += [
+            (lambda: qd.quantize_per_tensor.tensor(d1, one, zero, -128, 127, torch.int8), wrong_device),
+            (lambda: qd.quantize_per_tensor.tensor2(d1, one, zero, lo, hi, torch.int8), wrong_device),
+            (lambda: qd.dequantize_per_tensor.tensor(q1, one, zero, -128, 127, torch.int8), wrong_device),
+            (lambda: qd.dequantize_per_tensor.tensor2(q1, one, zero, lo, hi, torch.int8), wrong_device),
+            (
+                lambda: qd.quantize_per_tensor.tensor2(
+                    d1, one.to("openreg:1"), zero.to("openreg:1"), lo, hi, torch.int8
+                ),
+                r"quant_min must be on openreg:1 \(the input's device\), got a tensor on openreg:0",
+            ),
+        ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):
                 call()

@@ -409,6 +409,42 @@ class TestPackedWeight(TestCase):
         del packed
         self.assertEqual(torch.openreg.memory_allocated(), before)
 
+    def test_dropped_while_a_kernel_of_another_stream_is_queued(self):
+        # Its tensors are private (the caller cannot record_stream them): a call on another stream
+        # records that stream for them, so dropping the object while the call's kernel is queued
+        # does not hand their memory to new tensors of the stream they were made on.
+        w, ws, wz = weights(8, 16)
+        xq = torch.randint(0, 256, (3, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+        x4 = xq.view(3, 16, 1, 1)
+        calls = {
+            "qlinear": (
+                lambda: oq.qlinear_prepack(*dev(w, ws, wz)),
+                lambda x, p: oq.qlinear(x, 0.03, 64, p, None, 1.0, 0, torch.float32, "none"),
+                xq,
+            ),
+            "qconv2d": (
+                lambda: oq.qconv2d_prepack(*dev(w.view(8, 16, 1, 1), ws, wz), 0.03, 64, [1, 1], [0, 0], [1, 1], 1),
+                lambda x, p: oq.qconv2d(x, 0.03, 64, p, None, 1.0, 0, torch.float32, "none"),
+                x4,
+            ),
+        }
+        for name, (prepack, call, x) in calls.items():
+            packed = prepack()
+            want = call(x.to("openreg"), packed).cpu()
+            side, x = torch.openreg.Stream(), x.to("openreg")
+            with torch.openreg.stream(side), StreamHold() as held:
+                got = call(x, packed)  # queued on the held side stream
+                del packed
+                with torch.openreg.stream(torch.openreg.default_stream()):
+                    # New tensors on the stream the weight was made on, written there at once.
+                    junk = [torch.full((n,), 1e6, device="openreg") for n in (2, 8, 8, 32, 128) for _ in range(4)]
+                    junk += [torch.full((n,), 100, dtype=torch.int8, device="openreg") for n in (128, 128, 512)]
+                    torch.openreg.current_stream().synchronize()
+                self.assertFalse(held.stream.query())  # the call has not run yet
+            side.synchronize()
+            self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=name)
+            del junk
+
     def test_pickle_and_deepcopy(self):
         w, ws, wz = dev(*weights(8, 4, 3, 3))
         x = dev(activations(2, 4, 6, 6)[0])[0]

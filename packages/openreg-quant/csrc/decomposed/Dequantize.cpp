@@ -53,8 +53,11 @@ at::Tensor dequantize_per_tensor_tensor(const at::Tensor& input, const at::Tenso
                                         std::optional<at::ScalarType> out_dtype) {
   const char* name = "quantized_decomposed::dequantize_per_tensor.tensor";
   check_one_element(scale, zero_point);
-  return dequantize_per_tensor_impl(input, ScalarParam::of(scale, input, "scale", name),
-                                    ScalarParam::of(zero_point, input, "zero_point", name), dtype, out_dtype, name);
+  // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
+  // a call's arguments are evaluated is the compiler's).
+  const ScalarParam s = ScalarParam::of(scale, input, "scale", name);
+  const ScalarParam z = ScalarParam::of(zero_point, input, "zero_point", name);
+  return dequantize_per_tensor_impl(input, s, z, dtype, out_dtype, name);
 }
 
 // quant_min/quant_max are metadata here (the decomposition does not read them either).
@@ -63,8 +66,11 @@ at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tens
                                          std::optional<at::ScalarType> out_dtype) {
   const char* name = "quantized_decomposed::dequantize_per_tensor.tensor2";
   check_one_element(scale, zero_point);
-  return dequantize_per_tensor_impl(input, ScalarParam::of(scale, input, "scale", name),
-                                    ScalarParam::of(zero_point, input, "zero_point", name), dtype, out_dtype, name);
+  // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
+  // a call's arguments are evaluated is the compiler's).
+  const ScalarParam s = ScalarParam::of(scale, input, "scale", name);
+  const ScalarParam z = ScalarParam::of(zero_point, input, "zero_point", name);
+  return dequantize_per_tensor_impl(input, s, z, dtype, out_dtype, name);
 }
 
 // ---- per channel and per token: one (scale, zero point) per group of elements ----

@@ -92,19 +92,22 @@ at::Tensor quantize_per_tensor_tensor(const at::Tensor& input, const at::Tensor&
                                       int64_t quant_min, int64_t quant_max, at::ScalarType dtype) {
   const char* name = "quantized_decomposed::quantize_per_tensor.tensor";
   check_one_element(scale, zero_point);
-  return quantize_per_tensor_impl(input, ScalarParam::of(scale, input, "scale", name),
-                                  ScalarParam::of(zero_point, input, "zero_point", name), ScalarParam::of(quant_min),
-                                  ScalarParam::of(quant_max), dtype, name);
+  // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
+  // a call's arguments are evaluated is the compiler's).
+  const ScalarParam s = ScalarParam::of(scale, input, "scale", name);
+  const ScalarParam z = ScalarParam::of(zero_point, input, "zero_point", name);
+  return quantize_per_tensor_impl(input, s, z, ScalarParam::of(quant_min), ScalarParam::of(quant_max), dtype, name);
 }
 
 at::Tensor quantize_per_tensor_tensor2(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
                                        const at::Tensor& quant_min, const at::Tensor& quant_max, at::ScalarType dtype) {
   const char* name = "quantized_decomposed::quantize_per_tensor.tensor2";
   check_one_element(scale, zero_point);
-  return quantize_per_tensor_impl(input, ScalarParam::of(scale, input, "scale", name),
-                                  ScalarParam::of(zero_point, input, "zero_point", name),
-                                  ScalarParam::of(quant_min, input, "quant_min", name),
-                                  ScalarParam::of(quant_max, input, "quant_max", name), dtype, name);
+  const ScalarParam s = ScalarParam::of(scale, input, "scale", name);  // in order, as above
+  const ScalarParam z = ScalarParam::of(zero_point, input, "zero_point", name);
+  const ScalarParam lo = ScalarParam::of(quant_min, input, "quant_min", name);
+  const ScalarParam hi = ScalarParam::of(quant_max, input, "quant_max", name);
+  return quantize_per_tensor_impl(input, s, z, lo, hi, dtype, name);
 }
 
 // ---- per channel ----

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/Utils.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -36,7 +37,8 @@ namespace {
 // oneDNN's form of a packed weight: device-side state, made by a kernel (the prepack's, or the
 // first call that finds it missing) and read by kernels only. Kernels capture it, not the
 // PackedWeight: dropping the object frees its device tensors at once, as dropping any tensor does
-// while its kernels are queued.
+// while its kernels are queued (PackedWeight::record_current_stream makes that safe for kernels
+// queued on other streams).
 struct OneDnnForm {
   std::mutex mutex;      // kernels of several streams may use one packed weight
   bool checked = false;  // the zero points were found all zero
@@ -63,6 +65,18 @@ struct PackedWeight : torch::CustomClassHolder {
   State state() const {
     return {kind, weight, w_scales, w_zero_points, x_scale, x_zero_point, stride, padding, dilation, groups};
   }
+  // A call's kernel reads the tensors on the caller's stream. On another stream than the one they
+  // were made on, their memory would go to new tensors as soon as the object is dropped, while
+  // the kernel is still queued: the caller cannot record_stream them (they are private), so the
+  // call records its stream for them, as the caching allocator asks of any cross-stream use (a
+  // lookup when the stream is theirs).
+  void record_current_stream() const {
+    const c10::Stream stream = c10::openreg::getCurrentOpenRegStream(weight.device().index());
+    c10::DeviceAllocator* allocator = c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);
+    for (const at::Tensor* t : {&weight, &w_scales, &w_zero_points})
+      allocator->recordStream(t->storage().data_ptr(), stream);
+  }
+
   static c10::intrusive_ptr<PackedWeight> from_state(State s) {
     auto p = c10::make_intrusive<PackedWeight>();
     std::tie(p->kind, p->weight, p->w_scales, p->w_zero_points, p->x_scale, p->x_zero_point, p->stride, p->padding,
@@ -329,6 +343,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
   if (out.numel() == 0) return out;
   std::optional<KernelTensorArg> b_arg;
   if (bias && bias->defined()) b_arg.emplace(*bias);
+  weight->record_current_stream();
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
@@ -404,6 +419,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
   if (out.numel() == 0) return out;
   std::optional<KernelTensorArg> b_arg;
   if (bias && bias->defined()) b_arg.emplace(*bias);
+  weight->record_current_stream();
   OPENREG_CHECK(::openreg::launch(
       stream_of(x), name,
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
