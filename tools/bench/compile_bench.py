@@ -6,9 +6,9 @@ Rows (openreg column / reference column; ratio = openreg / reference):
   CPU Inductor on CPU tensors (goal <= 1.05 from 256K elements up; at 1K the launch dominates);
 - compile-host-1k: the host's time of one compiled 1K-chain call on openreg, measured with the
   stream held (``torch_openreg.utils.testing.StreamHold``: the kernels only queue), against CPU
-  Inductor's whole call (its host time plus a kernel of about a microsecond), both in the openreg
-  process, their repetitions taking turns, the fastest of each; goal: at most 2 us per launch (one
-  here) above it, given as the ratio it makes in that run;
+  Inductor's whole call (its host time plus a kernel of about a microsecond), both in a third
+  process of their own (HOST_PROCESS), their repetitions taking turns, the fastest of each; goal:
+  at most 2 us per launch (one here) above it, given as the ratio it makes in that run;
 - compile-vs-eager-{1k,256k,16m}: the same compiled chain on openreg against the chain run op by op
   in openreg eager (goal <= 0.67, i.e. at least 1.5x faster, on the fused sizes);
 - compile-softmax, compile-layer-norm: softmax and layer_norm (with weight and bias) over the last
@@ -22,10 +22,11 @@ Rows (openreg column / reference column; ratio = openreg / reference):
   hit), openreg against CPU (report).
 
 Each device runs in a process of its own with a fresh Inductor cache (this file with --serve DEVICE),
-as in eager.py. --quick leaves out compile-gpt-step and compile-host-1k (FULL_ONLY): the GPT step's
-cold compile was 19 of each device process's 45 s (it is compiled in the scenario group and in
-openreg-inductor's tests), and the host row's 2 us allowance needs the other device's process to be
-done, which a quick run's processes, side by side, are not.
+as in eager.py, and compile-host-1k in a third (--serve host). --quick leaves out compile-gpt-step
+and compile-host-1k (FULL_ONLY): the GPT step's cold compile was 19 of each device process's 45 s
+(it is compiled in the scenario group and in openreg-inductor's tests), and the host row's 2 us
+allowance needs the other processes to be done, which a quick run's processes, side by side, are
+not.
 
     python tools/bench/compile_bench.py [--quick]     prints one dict per measure
 """
@@ -85,6 +86,13 @@ HOST_ALLOWANCE_PER_LAUNCH_S = 2e-6  # issue #16: host time <= CPU Inductor's + 2
 # medians of 7 repetitions of 200 calls, one run read 75 against 58 us and the next 63 against
 # 131 us). The medians are in the row's details.
 HOST_CALLS, HOST_REPS = 100, 31
+# compile-host-1k's process: both devices' calls in one process, and no other row there. CPU
+# Inductor's calls open an OpenMP team on the host thread; once a process has that team and a
+# worker's, libgomp spins their helpers only briefly (more threads than cores), and every parallel
+# region of either pays a wake-up (benchmarks.md, "Thread budget"). Measured in the openreg
+# process, the row made the later openreg rows pay it: softmax 1.21x to 1.31x, layer_norm 1.44x to
+# 1.60x, against 1.00x to 1.06x and 1.02x to 1.06x without (2026-12-05).
+HOST_PROCESS = "host"
 CHAIN_LAUNCHES = 1  # Inductor fuses the chain into one kernel
 
 
@@ -99,6 +107,8 @@ def chain(x):
 
 
 def serve(device: str, quick: bool) -> Dict[str, float]:
+    if device == HOST_PROCESS:
+        return _host_times(HOST_CALLS, HOST_REPS)
     import torch
 
     sync = torch.openreg.synchronize if device == "openreg" else (lambda: None)
@@ -122,8 +132,6 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
         out[f"compile-chain-{name}:{device}"] = time_per_call(lambda: compiled(x), sync, iters, reps)
         if device == "openreg":
             out[f"compile-vs-eager-{name}:eager"] = time_per_call(lambda: chain(x), sync, iters, reps)
-        if name == "1k" and not quick and device == "openreg":
-            out.update(_host_times(HOST_CALLS, HOST_REPS))
     for id_, (fn, iters) in _models(device).items():
         if quick and id_ in FULL_ONLY:
             continue
@@ -133,7 +141,7 @@ def serve(device: str, quick: bool) -> Dict[str, float]:
 
 
 def _host_times(iters: int, reps: int) -> Dict[str, float]:
-    """compile-host-1k for both devices, measured in the openreg process: seconds per compiled
+    """compile-host-1k for both devices, measured in one process (HOST_PROCESS): seconds per compiled
     1K-chain call on openreg while its stream is held (what the host spends issuing a call, without
     the device's work or the worker's wake-up), and per CPU Inductor call; each the fastest of its
     repetitions, which take turns in one process. Measured in the two device processes, the row
@@ -221,7 +229,10 @@ def _models(device: str) -> Dict[str, tuple]:
 
 def run(ids: List[str], quick: bool, log: Callable[[str], None]) -> List[Dict]:
     """Rows for run.py (same keys as its eager rows)."""
-    samples = serve_each_device(__file__, "compile", quick, log, timeout=1800, fresh_inductor_cache=True)
+    devices = ("cpu", "openreg") if quick else ("cpu", "openreg", HOST_PROCESS)
+    samples = serve_each_device(
+        __file__, "compile", quick, log, timeout=1800, fresh_inductor_cache=True, devices=devices
+    )
     rows = []
     for id_ in ids:
         if id_.startswith("compile-vs-eager-"):

@@ -52,11 +52,14 @@ def _weights(n: int, k: int, device: str):
 
     qd = torch.ops.quantized_decomposed
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(n, k, generator=g) * 0.05
+    # Drawn on the CPU (the same numbers in both processes), computed on the device: a CPU kernel
+    # large enough to run in parallel on the openreg process's host thread would open an OpenMP
+    # team there, and every later openreg kernel would pay for it (benchmarks.md, "Thread budget").
+    w = torch.randn(n, k, generator=g).to(device) * 0.05
     scales = w.abs().amax(1) / 127.5
-    zps = torch.zeros(n, dtype=torch.long)
+    zps = torch.zeros(n, dtype=torch.long, device=device)
     wq = qd.quantize_per_channel(w, scales, zps, 0, -128, 127, torch.int8)
-    return w.to(device), wq.to(device), scales.to(device), zps.to(device), torch.randn(n, generator=g).to(device)
+    return w, wq, scales, zps, torch.randn(n, generator=g).to(device)
 
 
 def serve(device: str, quick: bool) -> Dict[str, float]:

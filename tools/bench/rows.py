@@ -137,11 +137,18 @@ def serve_devices(
 
 
 def serve_each_device(
-    script: str, group: str, quick: bool, log: Callable[[str], None], timeout: float, fresh_inductor_cache: bool = False
+    script: str,
+    group: str,
+    quick: bool,
+    log: Callable[[str], None],
+    timeout: float,
+    fresh_inductor_cache: bool = False,
+    devices: Sequence[str] = ("cpu", "openreg"),
 ) -> Dict:
-    """The samples of `script`'s CPU process and of its openreg process in one dict (`serve_devices`)."""
+    """The samples of `script`'s processes (by default its CPU process and its openreg process) in
+    one dict (`serve_devices`)."""
     samples: Dict = {}
-    for result in serve_devices(script, group, quick, log, timeout, fresh_inductor_cache).values():
+    for result in serve_devices(script, group, quick, log, timeout, fresh_inductor_cache, devices).values():
         samples.update(result)
     return samples
 
