@@ -213,6 +213,12 @@ class TestPerTensor(QuantTestCase):
         qd.quantize_per_tensor.tensor(x, scale, zp, -128, 127, torch.int8)
         with self.assertRaisesRegex(RuntimeError, "float division by zero"):
             torch.openreg.synchronize()
+        # A scale on the host with .tensor2's bounds in device memory: the decomposition checks the
+        # bounds before it divides, so the kernel, which reads them, finds the zero scale too.
+        lo, hi = torch.tensor(-128, device="openreg"), torch.tensor(127, device="openreg")
+        qd.quantize_per_tensor.tensor2(x, torch.tensor(0.0), torch.tensor(0), lo, hi, torch.int8)
+        with self.assertRaisesRegex(RuntimeError, "float division by zero"):
+            torch.openreg.synchronize()
         # the device is usable afterwards
         self.assertSame(
             qd.quantize_per_tensor.tensor(x, scale + 0.5, zp, -128, 127, torch.int8),
