@@ -195,6 +195,15 @@ class TestQLinear(TestCase):
                 lambda: oq.qlinear(xq.to("openreg:1"), 0.1, 0, packed, None, 1.0, 0, None, "none"),
                 r"the packed weight must be on openreg:1 \(the input's device\), got a tensor on openreg:0",
             ),
+            # oneDNN's zero points are 32-bit (the exact path's are not: the two would disagree)
+            (
+                lambda: oq.qlinear(xq, 0.1, 0, packed, None, 1.0, 2**31, None, "none"),
+                "openreg_quant::qlinear: output_zero_point must fit in 32 bits, got 2147483648",
+            ),
+            (
+                lambda: oq.qlinear(xq, 0.1, -(2**40), packed, None, 1.0, 0, None, "none"),
+                "openreg_quant::qlinear: x_zero_point must fit in 32 bits, got -1099511627776",
+            ),
         ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):
@@ -286,6 +295,14 @@ class TestQConv2d(TestCase):
                 # 2 - 3 = -1 rows of room: C++'s division by the stride truncated it to an output row
                 lambda: oq.qconv2d(x[:, :4, :2, :2], 0.1, 0, packed_s2, None, 1.0, 0, None, "none"),
                 r"the kernel \(3 with dilation\) is larger than the padded input",
+            ),
+            (
+                lambda: oq.qconv2d(x[:, :4], 0.1, 0, packed, None, 1.0, -(2**31) - 1, None, "none"),
+                "openreg_quant::qconv2d: output_zero_point must fit in 32 bits, got -2147483649",
+            ),
+            (
+                lambda: oq.qconv2d_prepack(w, ws, wz, 0.1, 2**32, [1, 1], [0, 0], [1, 1], 1),
+                "openreg_quant::qconv2d_prepack: x_zero_point must fit in 32 bits, got 4294967296",
             ),
         ]
         for call, message in cases:

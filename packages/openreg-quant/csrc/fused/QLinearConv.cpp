@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -162,9 +163,18 @@ PackedWeightPtr new_packed(const char* kind, const at::Tensor& weight, const at:
 }
 
 // Host side, at the call: the activations, the packed weight and the other arguments.
-void check_call(const at::Tensor& x, const PackedWeight& w, const char* kind, const std::optional<at::Tensor>& bias,
-                double output_scale, int64_t output_zero_point, std::optional<at::ScalarType> output_dtype,
-                c10::string_view post_op, const char* name) {
+// oneDNN takes 32-bit zero points and the exact path adds the 64-bit value: outside int32 the two
+// paths (chosen by the activations' values) would disagree.
+void check_zero_point(int64_t zero_point, const char* what, const char* name) {
+  TORCH_CHECK(zero_point >= std::numeric_limits<int32_t>::min() && zero_point <= std::numeric_limits<int32_t>::max(),
+              name, ": ", what, " must fit in 32 bits, got ", zero_point, ".");
+}
+
+void check_call(const at::Tensor& x, int64_t x_zero_point, const PackedWeight& w, const char* kind,
+                const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
+                std::optional<at::ScalarType> output_dtype, c10::string_view post_op, const char* name) {
+  check_zero_point(x_zero_point, "x_zero_point", name);
+  check_zero_point(output_zero_point, "output_zero_point", name);
   TORCH_CHECK(w.kind == kind, name, ": weight was packed by openreg_quant::", w.kind,
               "_prepack; pack it with openreg_quant::", kind, "_prepack.");
   TORCH_CHECK(x.scalar_type() == at::kByte || x.scalar_type() == at::kChar, name,
@@ -337,7 +347,7 @@ at::Tensor qlinear(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                    std::optional<at::ScalarType> output_dtype, c10::string_view post_op,
                    std::optional<int64_t> output_quant_min, std::optional<int64_t> output_quant_max) {
   const char* name = "openreg_quant::qlinear";
-  check_call(x, *weight, "qlinear", bias, output_scale, output_zero_point, output_dtype, post_op, name);
+  check_call(x, x_zero_point, *weight, "qlinear", bias, output_scale, output_zero_point, output_dtype, post_op, name);
   const OutRange range = out_range(x, output_dtype, output_quant_min, output_quant_max, name);
   at::Tensor out = at::empty(linear_shape(x, *weight, name), x.options().dtype(out_type(x, output_dtype)));
   if (out.numel() == 0) return out;
@@ -406,7 +416,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
                    std::optional<at::ScalarType> output_dtype, c10::string_view post_op,
                    std::optional<int64_t> output_quant_min, std::optional<int64_t> output_quant_max) {
   const char* name = "openreg_quant::qconv2d";
-  check_call(x, *weight, "qconv2d", bias, output_scale, output_zero_point, output_dtype, post_op, name);
+  check_call(x, x_zero_point, *weight, "qconv2d", bias, output_scale, output_zero_point, output_dtype, post_op, name);
   const OutRange range = out_range(x, output_dtype, output_quant_min, output_quant_max, name);
   // oneDNN packs a conv weight for the activations' scale and zero point: the call must bring those.
   TORCH_CHECK(x_scale == weight->x_scale && x_zero_point == weight->x_zero_point, name,
@@ -469,6 +479,7 @@ PackedWeightPtr qconv2d_prepack(const at::Tensor& weight, const at::Tensor& w_sc
               ", padding ", str(padding), ", dilation ", str(dilation), ".");
   TORCH_CHECK(groups >= 1 && weight.size(0) % groups == 0, name, ": groups (", groups,
               ") must be at least 1 and divide the output channels (", weight.size(0), ").");
+  check_zero_point(x_zero_point, "x_zero_point", name);
   PackedWeightPtr p = new_packed("qconv2d", weight, w_scales, w_zero_points);
   p->x_scale = x_scale, p->x_zero_point = x_zero_point, p->groups = groups;
   p->stride = stride.vec(), p->padding = padding.vec(), p->dilation = dilation.vec();
