@@ -213,6 +213,20 @@ class TestPerTensor(QuantTestCase):
         qd.quantize_per_tensor.tensor(x, scale, zp, -128, 127, torch.int8)
         with self.assertRaisesRegex(RuntimeError, "float division by zero"):
             torch.openreg.synchronize()
+        # An empty input too (the decomposition divides and checks the bounds whatever the input).
+        empty = torch.randn(0, 3, device="openreg")
+        low = torch.tensor(-200, device="openreg")
+        cases = [
+            (lambda: qd.quantize_per_tensor.tensor(empty, scale, zp, -128, 127, torch.int8), "float division by zero"),
+            (
+                lambda: qd.quantize_per_tensor.tensor2(empty, scale + 0.5, zp, low, low + 327, torch.int8),
+                "quant_min out of bounds for dtype, quant_min_lower_bound: -128 quant_min: -200",
+            ),
+        ]
+        for call, message in cases:
+            self.assertEqual(call().shape, (0, 3))
+            with self.assertRaisesRegex(RuntimeError, message):
+                torch.openreg.synchronize()
         # A scale on the host with .tensor2's bounds in device memory: the decomposition checks the
         # bounds before it divides, so the kernel, which reads them, finds the zero scale too.
         lo, hi = torch.tensor(-128, device="openreg"), torch.tensor(127, device="openreg")

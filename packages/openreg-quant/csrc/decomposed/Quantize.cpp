@@ -55,29 +55,33 @@ at::Tensor quantize_per_tensor_impl(const at::Tensor& input, ScalarParam scale, 
   // The decomposition divides after its bounds check, even for an empty input.
   if (host_bounds && scale.host && scale.host->toDouble() == 0.0) raise_division_by_zero();
   at::Tensor out = at::empty_like(input, input.options().dtype(dtype));
-  if (input.numel() == 0) return out;
-  OPENREG_CHECK(::openreg::launch(
-      stream_of(input), name,
-      [x_arg = KernelTensorArg(input), y_arg = KernelTensorArg(out), scale, zp, qmin, qmax, dtype, host_bounds] {
-        const c10::Scalar s = scale.get(), z = zp.get(), lo = qmin.get(), hi = qmax.get();
-        if (!host_bounds) check_bounds(lo.toLong(), hi.toLong(), dtype);
-        TORCH_CHECK(s.toDouble() != 0.0, kDivisionByZero);
-        at::Tensor x = x_arg.materialize(), y = y_arg.materialize();
-        bool fused = false;
-        visit_ftype(
-            x.scalar_type(),
-            [&](auto in_v) {
-              fused = visit_qtype(dtype, [&](auto out_v) {
-                FlatPair p(x, y);
-                quantize_tensor_loop<decltype(in_v), decltype(out_v)>(
-                    p.x, p.y, static_cast<float>(1.0 / s.toDouble()), static_cast<float>(z.toDouble()),
-                    static_cast<float>(lo.toDouble()), static_cast<float>(hi.toDouble()));
-                p.finish();
-              });
-            },
-            /*with_double=*/false);
-        if (!fused) y.copy_(quantize_per_tensor_reference(x, s.toDouble(), z, lo, hi, dtype));
-      }));
+  // An empty input still needs the kernel when a scale or bounds to check are in device memory.
+  if (input.numel() == 0 && host_bounds && scale.host) return out;
+  OPENREG_CHECK(::openreg::launch(stream_of(input), name,
+                                  [x_arg = KernelTensorArg(input), y_arg = KernelTensorArg(out), scale, zp, qmin, qmax,
+                                   dtype, host_bounds, empty = input.numel() == 0] {
+                                    const c10::Scalar s = scale.get(), z = zp.get(), lo = qmin.get(), hi = qmax.get();
+                                    if (!host_bounds) check_bounds(lo.toLong(), hi.toLong(), dtype);
+                                    TORCH_CHECK(s.toDouble() != 0.0, kDivisionByZero);
+                                    if (empty) return;
+                                    at::Tensor x = x_arg.materialize(), y = y_arg.materialize();
+                                    bool fused = false;
+                                    visit_ftype(
+                                        x.scalar_type(),
+                                        [&](auto in_v) {
+                                          fused = visit_qtype(dtype, [&](auto out_v) {
+                                            FlatPair p(x, y);
+                                            quantize_tensor_loop<decltype(in_v), decltype(out_v)>(
+                                                p.x, p.y, static_cast<float>(1.0 / s.toDouble()),
+                                                static_cast<float>(z.toDouble()), static_cast<float>(lo.toDouble()),
+                                                static_cast<float>(hi.toDouble()));
+                                            p.finish();
+                                          });
+                                        },
+                                        /*with_double=*/false);
+                                    if (!fused)
+                                      y.copy_(quantize_per_tensor_reference(x, s.toDouble(), z, lo, hi, dtype));
+                                  }));
   return out;
 }
 
