@@ -1,14 +1,12 @@
 """Streams and events: torch.openreg.Stream/Event over the device guard."""
 
-import ctypes
-import os
 import threading
 
 import torch
 import torch_openreg
 from conftest import run_python
 from torch.testing._internal.common_utils import TestCase, run_tests
-from torch_openreg.utils.testing import StreamHold
+from torch_openreg.utils.testing import StreamHold, raw_kernel_team_size
 
 
 def slow_work(n: int = 384) -> torch.Tensor:
@@ -270,7 +268,7 @@ class TestStreams(TestCase):
                 sizes = [_team_size(x).tolist()[0] for x in (tiny, under, at_limit, tiny)]
                 self.assertEqual(sizes, [1, 1, n, 1])
                 # A launch that counted no tensor (a compiled kernel's) keeps the host's count.
-                self.assertEqual(_raw_kernel_team_size(), n)
+                self.assertEqual(raw_kernel_team_size(), n)
         finally:
             torch.set_num_threads(before)
 
@@ -299,24 +297,6 @@ class TestStreams(TestCase):
         )
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.splitlines(), ["OPENREG_SMALL_KERNEL_BYTES must be a byte count, got '64k'"] * 2)
-
-
-def _raw_kernel_team_size() -> int:
-    """The intra-op thread count a kernel launched with orLaunchKernel itself, as compiled code
-    launches, runs with on the current stream's worker."""
-    lib = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libopenreg.so"))
-    kernel_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-    seen = []
-
-    def kernel(_):
-        seen.append(torch.get_num_threads())
-        return 0
-
-    fn = kernel_type(kernel)
-    lib.orLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p, kernel_type, ctypes.c_void_p, ctypes.c_void_p]
-    assert lib.orLaunchKernel(torch.openreg.current_raw_stream(), b"team_size_probe", fn, None, None) == 0
-    torch.openreg.synchronize()
-    return seen[0]
 
 
 def _large() -> torch.Tensor:

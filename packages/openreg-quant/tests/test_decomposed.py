@@ -206,6 +206,28 @@ class TestPerTensor(QuantTestCase):
                     with self.assertRaisesRegex(ZeroDivisionError, "^float division by zero$", msg=f"{name} {device}"):
                         call(device)
 
+    def test_calls_that_launch_nothing_leave_no_kernel_size_behind(self):
+        # A .tensor op counts its device parameters' bytes before it checks the input (or returns
+        # early for an empty one): the count must not size the thread's next launch (a compiled
+        # kernel's, which counts nothing and takes the host's thread count).
+        from torch_openreg.utils.testing import raw_kernel_team_size
+
+        scale, zp = torch.ones(1, device="openreg"), torch.zeros(1, dtype=torch.long, device="openreg")
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            self.assertEqual(raw_kernel_team_size(), 2)
+            with self.assertRaisesRegex(RuntimeError, "Expecting input to have dtype torch.float32"):
+                qd.quantize_per_tensor.tensor(
+                    torch.zeros(4, dtype=torch.float64, device="openreg"), scale, zp, -128, 127, torch.int8
+                )
+            self.assertEqual(raw_kernel_team_size(), 2)
+            empty = torch.zeros(0, dtype=torch.int8, device="openreg")
+            self.assertEqual(qd.dequantize_per_tensor.tensor(empty, scale, zp, -128, 127, torch.int8).shape, (0,))
+            self.assertEqual(raw_kernel_team_size(), 2)
+        finally:
+            torch.set_num_threads(before)
+
     def test_zero_scale_in_device_memory_is_checked_by_the_kernel(self):
         # Reading it at the call would make the host wait: the next synchronising call reports it.
         x = torch.randn(4, device="openreg")

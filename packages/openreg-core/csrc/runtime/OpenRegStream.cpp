@@ -137,6 +137,11 @@ void note_kernel_bytes(size_t nbytes) {
   t_kernel_counted = true;
 }
 
+void discard_kernel_bytes() {
+  t_kernel_bytes = 0;
+  t_kernel_counted = false;
+}
+
 size_t small_kernel_bytes() {
   static const size_t bytes = read_small_kernel_bytes();
   return bytes;

@@ -54,6 +54,17 @@ orStream_t current_stream_handle(c10::DeviceIndex device);
 // launch_tensor do so); the launch takes the count. See OpenRegStream.cpp.
 size_t small_kernel_bytes();
 void note_kernel_bytes(size_t nbytes);
+// Drops the calling thread's count: for a launch site that built kernel arguments and then did
+// not launch (a refused call, an early return), so that the thread's next launch is not sized by
+// them. Such a site holds a KernelBytesScope, which drops the count when it returns or throws (a
+// launch has taken it by then).
+void discard_kernel_bytes();
+struct KernelBytesScope {
+  KernelBytesScope() = default;
+  KernelBytesScope(const KernelBytesScope&) = delete;
+  KernelBytesScope& operator=(const KernelBytesScope&) = delete;
+  ~KernelBytesScope() { discard_kernel_bytes(); }
+};
 
 std::ostream& operator<<(std::ostream& os, const OpenRegStream& s);
 

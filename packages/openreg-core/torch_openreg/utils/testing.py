@@ -25,6 +25,32 @@ def run_python(
     )
 
 
+def raw_kernel_team_size() -> int:
+    """The intra-op thread count that a kernel launched with ``orLaunchKernel`` itself (as compiled
+    code launches, counting no tensor) runs with on the current stream's worker: the host's count,
+    unless a launch site left a count of tensor bytes behind (the small-kernel rule, core's
+    OpenRegStream.h)."""
+    import ctypes
+
+    import torch
+
+    import torch_openreg
+
+    lib = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libopenreg.so"))
+    kernel_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    seen = []
+
+    def kernel(_):
+        seen.append(torch.get_num_threads())
+        return 0
+
+    fn = kernel_type(kernel)
+    lib.orLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p, kernel_type, ctypes.c_void_p, ctypes.c_void_p]
+    assert lib.orLaunchKernel(torch.openreg.current_raw_stream(), b"team_size_probe", fn, None, None) == 0
+    torch.openreg.synchronize()
+    return seen[0]
+
+
 class StreamHold:
     """Keeps an openreg stream busy until released, to prove that host calls do not wait for the
     device: a call made while the stream is held that returns at all did not wait (a waiting one
