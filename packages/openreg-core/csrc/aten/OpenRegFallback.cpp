@@ -1392,7 +1392,7 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& 
 // run the out= kernel into it" (checked in ATen's source, e.g. index_select_cpu_ and
 // index_select_out_cpu_): their out= overload is as exact a substitute as a structured op's, and
 // saves the functional result's host allocation and its copy into the device output (index_select
-// of 1024 rows of 128 floats, an embedding's forward: about 70 us against the CPU's 14 us before).
+// of 1024 rows of 128 floats, an embedding's forward: 36 to 47 us before, 16 to 17 us after).
 // The generic path reaches them through the fallback; only the out= overload is recorded.
 constexpr const char* kOutKernelOps[] = {"aten::index_select"};
 
