@@ -136,19 +136,10 @@ def serve_devices(
         return dict(zip(devices, pool.map(one, devices)))
 
 
-def serve_each_device(
-    script: str,
-    group: str,
-    quick: bool,
-    log: Callable[[str], None],
-    timeout: float,
-    fresh_inductor_cache: bool = False,
-    devices: Sequence[str] = ("cpu", "openreg"),
-) -> Dict:
-    """The samples of `script`'s processes (by default its CPU process and its openreg process) in
-    one dict (`serve_devices`)."""
+def serve_each_device(*args, **kwargs) -> Dict:
+    """The samples of `serve_devices`' processes (its arguments), merged into one dict."""
     samples: Dict = {}
-    for result in serve_devices(script, group, quick, log, timeout, fresh_inductor_cache, devices).values():
+    for result in serve_devices(*args, **kwargs).values():
         samples.update(result)
     return samples
 
