@@ -90,8 +90,8 @@ HOST_CALLS, HOST_REPS = 100, 31
 # Inductor's calls open an OpenMP team on the host thread; once a process has that team and a
 # worker's, libgomp spins their helpers only briefly (more threads than cores), and every parallel
 # region of either pays a wake-up (benchmarks.md, "Thread budget"). Measured in the openreg
-# process, the row made the later openreg rows pay it: softmax 1.21x to 1.31x, layer_norm 1.44x to
-# 1.60x, against 1.00x to 1.06x and 1.02x to 1.06x without (2026-12-05).
+# process, the row made the later openreg rows pay it (softmax and layer_norm 1.2x to 1.6x; the
+# runs before and after are in compiler.md, "Benchmark").
 HOST_PROCESS = "host"
 CHAIN_LAUNCHES = 1  # Inductor fuses the chain into one kernel
 
