@@ -72,8 +72,6 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
     at::assert_no_internal_overlap(g);
   }
   if (scaled_grads.empty()) return;
-  // After every check: a kernel argument counts its bytes for the launch (the small-kernel rule,
-  // core's OpenRegStream.h), and a refused call must leave no count for the next launch.
   std::vector<KernelTensorArg> grads(scaled_grads.begin(), scaled_grads.end());
   OPENREG_CHECK(::openreg::launch(
       c10::openreg::current_stream_handle(device.index()), "_amp_foreach_non_finite_check_and_unscale_",

@@ -272,6 +272,113 @@ class TestStreams(TestCase):
         finally:
             torch.set_num_threads(before)
 
+    def test_arguments_dropped_before_a_launch_give_their_bytes_back(self):
+        """A launch site (here a vendor's, built with OpenRegExtension) that builds its kernel
+        arguments and then refuses the call or returns early leaves no count for the thread's next,
+        unrelated launch; a launch takes the count of the arguments moved into it, and an argument
+        dropped after another launch took its count gives nothing back."""
+        import ctypes
+        import tempfile
+        from pathlib import Path
+
+        from torch.utils.cpp_extension import load
+        from torch_openreg.utils.cpp_extension import OpenRegExtension
+
+        probe = """
+            #include <ATen/Parallel.h>
+            #include <ATen/core/Tensor.h>
+            #include <atomic>
+            #include <stdexcept>
+            #include <vector>
+            #include "torch_openreg/aten/OpenRegKernelTensor.h"
+            using c10::openreg::KernelTensorArg;
+            static std::atomic<int> team{0};
+            extern "C" int last_team() { return team.load(); }
+            static at::Tensor from(void* impl) {
+              return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(static_cast<c10::TensorImpl*>(impl)));
+            }
+            // A kernel that keeps `args` and records its intra-op thread count.
+            template <typename Args>
+            static int launch(const at::Tensor& t, Args args) {
+              return ::openreg::launch(c10::openreg::current_stream_handle(t.device().index()), "probe",
+                                       [args = std::move(args)] { team = at::get_num_threads(); });
+            }
+            // Kernel arguments over `t` and `small` (openreg tensors, as TensorImpl*), then: 0 refuses
+            // (throws), 1 returns without launching, 2 launches two over `t`, 3 launches a vector of
+            // four grown one by one (the first over `t`), 4 launches a copy of one over `t` (which
+            // keeps the original's count), counts one over `small`, drops the original, and launches
+            // the one over `small`.
+            extern "C" int build_then(void* t_impl, void* small_impl, int what) {
+              const at::Tensor t = from(t_impl), small = from(small_impl);
+              if (what == 3) {  // the vector's growth moves the first one twice
+                std::vector<KernelTensorArg> v;
+                for (int i = 0; i < 4; ++i) v.emplace_back(i == 0 ? t : small);
+                return launch(t, std::move(v));
+              }
+              try {
+                KernelTensorArg in(t), out(t);
+                if (what == 0) throw std::runtime_error("refused after the arguments");
+                if (what == 1) return 0;
+                if (what == 2) return launch(t, std::make_pair(std::move(in), std::move(out)));
+                std::optional<KernelTensorArg> original(std::move(in));
+                if (int r = launch(t, KernelTensorArg(*original))) return r;
+                KernelTensorArg last(small);
+                original.reset();
+                return launch(t, std::move(last));
+              } catch (const std::runtime_error&) {
+                return 1;
+              }
+            }
+        """
+        ext = OpenRegExtension("p._C", ["probe.cpp"])
+        large = _large()  # would make the next raw kernel run with the whole team, n
+        tiny = torch.zeros(1, device="openreg")  # would make it run on one thread
+        before = torch.get_num_threads()
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "probe.cpp").write_text(probe)
+            path = load(
+                "openreg_launch_bytes_probe",
+                [str(Path(tmp, "probe.cpp"))],
+                extra_cflags=ext.extra_compile_args,
+                extra_include_paths=ext.include_dirs,
+                extra_ldflags=[*ext.extra_link_args, *(f"-L{d}" for d in ext.library_dirs)]
+                + [f"-l{lib}" for lib in ext.libraries],
+                build_directory=tmp,
+                is_python_module=False,
+            )
+            lib = ctypes.CDLL(path)
+            lib.build_then.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+
+            def build_then(t: torch.Tensor, what: int) -> int:
+                return lib.build_then(t._cdata, tiny._cdata, what)
+
+            def launched_team(t: torch.Tensor, what: int) -> int:
+                self.assertEqual(build_then(t, what), 0)
+                torch.openreg.synchronize()
+                return lib.last_team()
+
+            torch.set_num_threads(2)
+            try:
+                for t in (large, tiny):
+                    for what, returned in ((0, 1), (1, 0)):  # refused, returned early
+                        # A large count left behind would give a small kernel the whole team ...
+                        self.assertEqual(build_then(t, what), returned)
+                        self.assertEqual(_team_size(tiny).tolist()[0], 1)
+                        # ... and any count would give a kernel that counts nothing one thread.
+                        self.assertEqual(build_then(t, what), returned)
+                        self.assertEqual(raw_kernel_team_size(), 2)
+                # Arguments moved into a launch (also through a growing vector) size that launch
+                # only: a move carries the count.
+                self.assertEqual([launched_team(t, 2) for t in (large, tiny)], [2, 1])
+                self.assertEqual(raw_kernel_team_size(), 2)
+                self.assertEqual(launched_team(large, 3), 2)
+                # An argument dropped after a launch took its count takes nothing from the next
+                # count (it would leave that one's bytes below zero: the whole team).
+                self.assertEqual(launched_team(large, 4), 1)
+                self.assertEqual(raw_kernel_team_size(), 2)
+            finally:
+                torch.set_num_threads(before)
+
     def test_small_kernel_limit_from_the_environment(self):
         code = """
             import torch, torch_openreg

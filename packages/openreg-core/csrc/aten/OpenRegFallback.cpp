@@ -217,6 +217,7 @@ int64_t determinism_word() {
 struct LaunchStack {
   Stack values;
   c10::SmallVector<std::pair<size_t, KernelTensorArg>, 3> tensors;  // inline: no allocation for most ops
+  c10::SmallVector<LaunchBytes, 1> listed;                          // counts device tensors inside lists
 
   // Takes the values in [first, last) (moved from).
   void capture(c10::IValue* first, c10::IValue* last) {
@@ -233,7 +234,10 @@ struct LaunchStack {
     if (v.isTensor() && is_device_tensor(v.toTensor()))
       append(v.toTensor());
     else
-      values.push_back(map_tensors(v, [](const at::Tensor& t) { return launch_tensor(host_value(t)); }));
+      values.push_back(map_tensors(v, [this](const at::Tensor& t) {
+        if (is_device_tensor(t)) listed.emplace_back(t.nbytes());
+        return launch_tensor(host_value(t));
+      }));
   }
 
   // A host tensor the operator reads (a CPU scalar tensor; common_device refuses one it writes): its
@@ -256,6 +260,7 @@ struct LaunchStack {
   void clear() {
     values.clear();
     tensors.clear();
+    listed.clear();
   }
 
   // Device side: the stack with every device tensor as a kernel tensor.
@@ -336,16 +341,27 @@ struct Launch {
   static void take_back(Graveyard& g) {
     for (Launch* l = g.head.exchange(nullptr, std::memory_order_seq_cst); l != nullptr;) {
       Launch* next = l->next;
-      l->args.clear();  // drops the arguments here, on the thread that made them
-      l->targets.clear();
-      l->op.reset();
-      if (g.spare.size() < kSpares)
-        g.spare.push_back(l);
-      else
-        delete l;
+      recycle(g, l);
       l = next;
     }
   }
+
+  // Drops the arguments here, on the thread that made them, and keeps the launch for reuse.
+  static void recycle(Graveyard& g, Launch* l) {
+    l->args.clear();
+    l->targets.clear();
+    l->op.reset();
+    if (g.spare.size() < kSpares)
+      g.spare.push_back(l);
+    else
+      delete l;
+  }
+
+  // Holds a launch being filled until the runtime owns it: a throw while capturing its arguments
+  // recycles it, and its arguments give back the bytes they counted (OpenRegStream.h).
+  struct Unlaunched {
+    void operator()(Launch* l) const { recycle(*l->home, l); }
+  };
 
   // Device side: the kernel.
   static orStatus run(void* p);
@@ -783,9 +799,10 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   Stack kernel_args = args;
   seed_generators(schema, kernel_args.data(), device.index());
   replace_devices(kernel_args, c10::Device(c10::kCPU));
-  for (const c10::IValue& v : args)  // sizes the kernel's thread team (OpenRegStream.h)
-    for_each_tensor(v, [](const at::Tensor& t) {
-      if (t.defined() && t.layout() == c10::kStrided && !t.is_nested()) note_kernel_bytes(t.nbytes());
+  c10::SmallVector<LaunchBytes, 4> counted;  // sizes the kernel's thread team (OpenRegStream.h)
+  for (const c10::IValue& v : args)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (t.defined() && t.layout() == c10::kStrided && !t.is_nested()) counted.emplace_back(t.nbytes());
     });
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {
@@ -1338,7 +1355,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     replace_devices(first, num_args, c10::Device(c10::kCPU));
     bool routed = facts.out_op != nullptr;  // a structured op: its out= overload writes the outputs in place
     for (const c10::IValue& o : outputs) routed &= o.isTensor() && o.toTensor().defined();
-    Launch* launch = Launch::make(routed ? *facts.out_op : op);
+    const orStream_t stream = current_stream_handle(device.index());
+    std::unique_ptr<Launch, Launch::Unlaunched> launch(Launch::make(routed ? *facts.out_op : op));
     launch->writes_argument = facts.writes_argument && !routed;
     launch->args.capture(first, first + num_args);
     if (routed) {
@@ -1347,8 +1365,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     } else {  // where each result must land: not for true views
       for (size_t i = 0; i < outputs.size(); ++i) launch->targets.add(true_view[i] ? c10::IValue() : outputs[i]);
     }
-    OPENREG_CHECK(orLaunchKernel(current_stream_handle(device.index()), schema.name().c_str(), &Launch::run, launch,
-                                 &Launch::bury));
+    OPENREG_CHECK(orLaunchKernel(stream, schema.name().c_str(), &Launch::run, launch.release(), &Launch::bury));
   }
   stack->erase(stack->end() - num_args, stack->end());
   for (c10::IValue& o : outputs) stack->push_back(std::move(o));

@@ -9,6 +9,8 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <type_traits>
+
 #include "../runtime/OpenRegStream.h"
 #include "openreg/runtime.hpp"
 
@@ -17,10 +19,10 @@ namespace c10::openreg {
 // Host side, at launch: an openreg tensor over the same memory that does not
 // own it. Kernels capture these, so a tensor the user drops while its kernel
 // is still queued is freed at once, as on CUDA: the caching allocator only
-// reuses the block for work queued later on the same stream.
+// reuses the block for work queued later on the same stream. It counts no
+// bytes toward the launch (OpenRegStream.h): its caller does.
 inline at::Tensor launch_tensor(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
-  note_kernel_bytes(t.nbytes());
   const auto& storage = t.storage();
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
                      c10::DataPtr(const_cast<void*>(storage.data()), storage.device()), /*allocator=*/nullptr,
@@ -63,9 +65,13 @@ struct KernelTensorArg {
   caffe2::TypeMeta dtype;
   c10::SmallVector<int64_t, 5> sizes, strides;
   int64_t offset;
-  bool conj, neg;  // lazily conjugated / negated views stay so on the device
+  bool conj, neg;       // lazily conjugated / negated views stay so on the device
+  LaunchBytes counted;  // sizes the launch's thread team (OpenRegStream.h)
 
-  explicit KernelTensorArg(const at::Tensor& t)
+  // uncounted: for a tensor no launch takes (made on the device side, kernel_tensor below).
+  enum Uncounted { uncounted };
+  explicit KernelTensorArg(const at::Tensor& t) : KernelTensorArg(t, uncounted) { counted = LaunchBytes(t.nbytes()); }
+  KernelTensorArg(const at::Tensor& t, Uncounted)
       : storage(t.storage().data()),
         nbytes(t.storage().nbytes()),
         dtype(t.dtype()),
@@ -73,9 +79,7 @@ struct KernelTensorArg {
         strides(t.strides().begin(), t.strides().end()),
         offset(t.storage_offset()),
         conj(t.is_conj()),
-        neg(t.is_neg()) {
-    note_kernel_bytes(t.nbytes());
-  }
+        neg(t.is_neg()) {}
 
   // Device side: the CPU tensor over the kernel view. Its storage is
   // resizable with the CPU allocator: a CPU out= kernel that reallocates its
@@ -95,12 +99,14 @@ struct KernelTensorArg {
     return out;
   }
 };
+// Moved, not copied, when a vector of them grows: a copy would not carry the count (LaunchBytes).
+static_assert(std::is_nothrow_move_constructible_v<KernelTensorArg>);
 
 // Device side: the CPU tensor over the kernel view of an openreg tensor
 // (other tensors are returned as they are).
 inline at::Tensor kernel_tensor(const at::Tensor& t, KernelStorages* storages = nullptr) {
   if (!t.defined() || !t.is_privateuseone()) return t;
-  return KernelTensorArg(t).materialize(storages);
+  return KernelTensorArg(t, KernelTensorArg::uncounted).materialize(storages);
 }
 
 }  // namespace c10::openreg

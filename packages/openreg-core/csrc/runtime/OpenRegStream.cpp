@@ -84,10 +84,20 @@ orStream_t handle_of(c10::DeviceIndex device, c10::StreamId id) {
 // behind a spinning helper (up to 8 ms on the 2-core VM, against 0.4 ms for the same kernel on the
 // CPU). Below about half a MiB of tensor arguments a kernel gains less from a second thread than
 // that risk costs (docs/benchmarks.md, "Thread budget"). Launch sites count their tensor
-// arguments' bytes (note_kernel_bytes, called by KernelTensorArg and launch_tensor) and the
-// capture below takes them; a launch that counted none (a compiled kernel) keeps the host's count.
-thread_local size_t t_kernel_bytes = 0;
-thread_local bool t_kernel_counted = false;
+// arguments' bytes with LaunchBytes (OpenRegStream.h) and the capture below takes them; a launch
+// that counted none (a compiled kernel) keeps the host's count. A count carries a number unique in
+// the process, so that a LaunchBytes dropped on another thread (a kernel's closure, on its worker)
+// or after its launch took the count gives nothing back. Threads take the numbers in blocks, so
+// that counting touches no memory shared with other threads.
+struct PendingLaunchBytes {
+  size_t bytes = 0;
+  size_t arguments = 0;
+  uint64_t id = 0;
+  uint64_t next_id = 0, end_id = 0;  // the thread's block of unused numbers
+};
+thread_local PendingLaunchBytes t_pending;
+constexpr uint64_t kCountIdBlock = uint64_t{1} << 20;
+std::atomic<uint64_t> g_count_id_blocks{0};
 
 size_t read_small_kernel_bytes() {
   const char* env = std::getenv("OPENREG_SMALL_KERNEL_BYTES");
@@ -100,10 +110,10 @@ size_t read_small_kernel_bytes() {
 
 uint64_t capture_intra_op_threads() {
   int n = at::get_num_threads();
-  if (t_kernel_counted) {
-    if (t_kernel_bytes < small_kernel_bytes()) n = 1;
-    t_kernel_bytes = 0;
-    t_kernel_counted = false;
+  if (t_pending.arguments > 0) {
+    if (t_pending.bytes < small_kernel_bytes()) n = 1;
+    t_pending.bytes = 0;
+    t_pending.arguments = 0;
   }
   return static_cast<uint64_t>(n);
 }
@@ -132,14 +142,27 @@ struct LaunchContextRegistrar {
 
 }  // namespace
 
-void note_kernel_bytes(size_t nbytes) {
-  t_kernel_bytes += nbytes;
-  t_kernel_counted = true;
+LaunchBytes::LaunchBytes(size_t nbytes) : nbytes_(nbytes) {
+  PendingLaunchBytes& p = t_pending;
+  if (p.arguments == 0) {  // a new count
+    if (p.next_id == p.end_id) {
+      p.next_id = g_count_id_blocks.fetch_add(1, std::memory_order_relaxed) * kCountIdBlock + 1;  // 0 means none
+      p.end_id = p.next_id + kCountIdBlock - 1;
+    }
+    p.id = p.next_id++;
+  }
+  p.bytes += nbytes;
+  ++p.arguments;
+  count_ = p.id;
 }
 
-void discard_kernel_bytes() {
-  t_kernel_bytes = 0;
-  t_kernel_counted = false;
+void LaunchBytes::give_back_counted() noexcept {
+  PendingLaunchBytes& p = t_pending;
+  if (p.arguments > 0 && p.id == count_) {
+    p.bytes -= nbytes_;
+    --p.arguments;
+  }
+  count_ = 0;
 }
 
 size_t small_kernel_bytes() {

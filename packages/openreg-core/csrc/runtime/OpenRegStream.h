@@ -11,7 +11,10 @@
 
 #include <c10/core/Stream.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <ostream>
+#include <utility>
 
 #include "openreg/runtime.h"
 
@@ -50,20 +53,42 @@ orStream_t current_stream_handle(c10::DeviceIndex device);
 
 // Launch sizing: a kernel whose tensor arguments total fewer than small_kernel_bytes() bytes
 // (OPENREG_SMALL_KERNEL_BYTES, default 512 KiB; 0 turns it off) runs with one intra-op thread on
-// its stream's worker. Launch sites count the bytes with note_kernel_bytes (KernelTensorArg and
-// launch_tensor do so); the launch takes the count. See OpenRegStream.cpp.
+// its stream's worker. A launch site counts each tensor argument with a LaunchBytes (KernelTensorArg
+// holds one), and the calling thread's next launch takes the count. See OpenRegStream.cpp.
 size_t small_kernel_bytes();
-void note_kernel_bytes(size_t nbytes);
-// Drops the calling thread's count: for a launch site that built kernel arguments and then did
-// not launch (a refused call, an early return), so that the thread's next launch is not sized by
-// them. Such a site holds a KernelBytesScope, which drops the count when it returns or throws (a
-// launch has taken it by then).
-void discard_kernel_bytes();
-struct KernelBytesScope {
-  KernelBytesScope() = default;
-  KernelBytesScope(const KernelBytesScope&) = delete;
-  KernelBytesScope& operator=(const KernelBytesScope&) = delete;
-  ~KernelBytesScope() { discard_kernel_bytes(); }
+
+// `nbytes` counted toward the calling thread's next launch. Dropped on that thread before any
+// launch took the count (the site refused the call or returned early), it takes its bytes back: a
+// site may build its arguments before its checks, and a refused call leaves no count behind. A copy
+// counts nothing (a closure that copies an argument does not count it twice); a move carries the
+// count.
+class LaunchBytes {
+ public:
+  LaunchBytes() noexcept = default;
+  explicit LaunchBytes(size_t nbytes);
+  LaunchBytes(const LaunchBytes&) noexcept {}
+  LaunchBytes(LaunchBytes&& other) noexcept : nbytes_(other.nbytes_), count_(std::exchange(other.count_, 0)) {}
+  LaunchBytes& operator=(const LaunchBytes& other) noexcept {
+    if (this != &other) give_back();
+    return *this;
+  }
+  LaunchBytes& operator=(LaunchBytes&& other) noexcept {
+    if (this != &other) {
+      give_back();
+      nbytes_ = other.nbytes_;
+      count_ = std::exchange(other.count_, 0);
+    }
+    return *this;
+  }
+  ~LaunchBytes() { give_back(); }
+
+ private:
+  void give_back() noexcept {
+    if (count_ != 0) give_back_counted();
+  }
+  void give_back_counted() noexcept;
+  size_t nbytes_ = 0;
+  uint64_t count_ = 0;  // which thread's count, until its launch, holds nbytes_ (unique per process); 0: none
 };
 
 std::ostream& operator<<(std::ostream& os, const OpenRegStream& s);

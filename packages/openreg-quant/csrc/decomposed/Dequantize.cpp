@@ -52,7 +52,6 @@ at::Tensor dequantize_per_tensor_tensor(const at::Tensor& input, const at::Tenso
                                         int64_t quant_min, int64_t quant_max, at::ScalarType dtype,
                                         std::optional<at::ScalarType> out_dtype) {
   const char* name = "quantized_decomposed::dequantize_per_tensor.tensor";
-  c10::openreg::KernelBytesScope unlaunched;  // the parameters below count their bytes before the checks
   check_one_element(scale, zero_point);
   // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
   // a call's arguments are evaluated is the compiler's).
@@ -66,7 +65,6 @@ at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tens
                                          const at::Tensor& quant_min, const at::Tensor& quant_max, at::ScalarType dtype,
                                          std::optional<at::ScalarType> out_dtype) {
   const char* name = "quantized_decomposed::dequantize_per_tensor.tensor2";
-  c10::openreg::KernelBytesScope unlaunched;  // the parameters below count their bytes before the checks
   check_one_element(scale, zero_point);
   // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
   // a call's arguments are evaluated is the compiler's).

@@ -95,7 +95,6 @@ at::Tensor quantize_per_tensor(const at::Tensor& input, double scale, int64_t ze
 at::Tensor quantize_per_tensor_tensor(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
                                       int64_t quant_min, int64_t quant_max, at::ScalarType dtype) {
   const char* name = "quantized_decomposed::quantize_per_tensor.tensor";
-  c10::openreg::KernelBytesScope unlaunched;  // the parameters below count their bytes before the checks
   check_one_element(scale, zero_point);
   // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
   // a call's arguments are evaluated is the compiler's).
@@ -107,7 +106,6 @@ at::Tensor quantize_per_tensor_tensor(const at::Tensor& input, const at::Tensor&
 at::Tensor quantize_per_tensor_tensor2(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
                                        const at::Tensor& quant_min, const at::Tensor& quant_max, at::ScalarType dtype) {
   const char* name = "quantized_decomposed::quantize_per_tensor.tensor2";
-  c10::openreg::KernelBytesScope unlaunched;  // the parameters below count their bytes before the checks
   check_one_element(scale, zero_point);
   const ScalarParam s = ScalarParam::of(scale, input, "scale", name);  // in order, as above
   const ScalarParam z = ScalarParam::of(zero_point, input, "zero_point", name);
