@@ -325,6 +325,53 @@ class TestPerChannel(QuantTestCase):
             [[-62.5, 36.0]],
         )
 
+    def test_wide_zero_points_subtract_as_the_decomposition(self):
+        # Beyond 2^24 a float32 cannot hold every integer: the decomposition subtracts an int64
+        # zero point from the values in integers (exact), the fused loop in float32 (the zero point
+        # rounded first: 16777217 - 1 gave 16777215 for 16777216).
+        big = 2**24 + 1
+        q, s = torch.tensor([[1, 0], [3, -1]], dtype=torch.int8), torch.tensor([1.0, 0.5])
+        z = torch.tensor([big, -big])
+        want = qd.dequantize_per_channel(q, s, z, 1, -128, 127, torch.int8)
+        self.assertEqual(want[0, 0].item(), -16777216.0)
+        got = qd.dequantize_per_channel(*(t.to("openreg") for t in (q, s, z)), 1, -128, 127, torch.int8)
+        self.assertSame(got, want)
+        zt = torch.tensor([[big], [3]])
+        want = qd.dequantize_per_token(q, s[:1].expand(2, 1), zt, -128, 127, torch.int8, torch.float32)
+        got = qd.dequantize_per_token(
+            *(t.to("openreg") for t in (q, s[:1].expand(2, 1), zt)), -128, 127, torch.int8, torch.float32
+        )
+        self.assertSame(got, want)
+        # float64 scales hold them: the fused loop, with the same result
+        want = qd.dequantize_per_channel(q, s.double(), z, 1, -128, 127, torch.int8)
+        got = qd.dequantize_per_channel(*(t.to("openreg") for t in (q, s.double(), z)), 1, -128, 127, torch.int8)
+        self.assertSame(got, want)
+
+    def test_a_promotion_pytorch_refuses_is_refused_for_an_empty_input_too(self):
+        # uint16 values minus int64 zero points: the decomposition raises whatever the input's size.
+        for n in (2, 0):
+            q, s, z = torch.zeros(n, 2, dtype=torch.uint16), torch.ones(2), torch.zeros(2, dtype=torch.long)
+            calls = {
+                "per_channel": lambda d: qd.dequantize_per_channel(
+                    *(t.to(d) for t in (q, s, z)), 1, 0, 65535, torch.uint16
+                ),
+                "per_token": lambda d: qd.dequantize_per_token(
+                    *(t.to(d) for t in (q, s[:1].expand(n, 1), z[:1].expand(n, 1))),
+                    0,
+                    65535,
+                    torch.uint16,
+                    torch.float32,
+                ),
+            }
+            for name, call in calls.items():
+                for device in ("cpu", "openreg"):
+                    with self.assertRaisesRegex(
+                        RuntimeError,
+                        "^Promotion for uint16, uint32, uint64 types is not supported",
+                        msg=f"{name} {n} {device}",
+                    ):
+                        call(device)
+
     def test_one_scale_for_all_channels(self):
         x = ties(6).reshape(4, 6)
         s, z = torch.tensor([0.5]), torch.tensor([3])

@@ -32,6 +32,17 @@ class TestIntMM(TestCase):
         torch._int_mm(a.flip(0).to("openreg"), b.to("openreg"), out=out)
         self.assertEqual(out.data_ptr(), storage)
         self.assertEqual(out.cpu(), torch._int_mm(a.flip(0), b), atol=0, rtol=0)
+        # As on CUDA: an out of another shape is resized with the out= warning (the CPU refuses
+        # it), and a non-contiguous one is refused (the CPU's message too).
+        wrong = torch.zeros(3, 3, dtype=torch.int32, device="openreg")
+        with self.assertWarnsRegex(UserWarning, "An output with one or more elements was resized"):
+            torch._int_mm(a.to("openreg"), b.to("openreg"), out=wrong)
+        self.assertEqual(wrong.cpu(), torch._int_mm(a, b), atol=0, rtol=0)
+        transposed = torch.zeros(16, 6, dtype=torch.int32, device="openreg").t()
+        for device, t in (("cpu", transposed.cpu()), ("openreg", transposed)):
+            with self.assertRaisesRegex(RuntimeError, "Expected result to be contiguous."):
+                torch._int_mm(a.to(device), b.to(device), out=t)
+        self.assertEqual(transposed.cpu().count_nonzero().item(), 0)  # untouched
 
     def test_int_mm_native_and_errors(self):
         a = torch.ones(8, 16, dtype=torch.int8, device="openreg")

@@ -78,9 +78,29 @@ at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tens
 // The decomposition subtracts an integer zero point in the type input and zero point promote to,
 // which wraps when that is narrower than 32 bits (uint8 3 - 128 is 131 there). The fused loops
 // subtract in float: such zero points take the decomposition in the kernel instead, to be bit-exact.
+// The decomposition subtracts the zero points from the integer input: a promotion PyTorch refuses
+// (uint16 with int64) is refused at the call, for an empty input too.
+void check_zero_point_promotion(const at::Tensor& input, const at::Tensor& zero_points) {
+  if (zero_points.defined()) (void)c10::promoteTypes(input.scalar_type(), zero_points.scalar_type());
+}
+
 bool wrapping_zero_point(const at::Tensor& input, const at::Tensor& zero_points) {
   if (!zero_points.defined() || !c10::isIntegralType(zero_points.scalar_type(), /*includeBool=*/true)) return false;
   return c10::elementSize(c10::promoteTypes(input.scalar_type(), zero_points.scalar_type())) < 4;
+}
+
+// Device side: whether the fused loop, which subtracts the zero points in the scales' type `T`, gives
+// the decomposition's result. The decomposition subtracts an integral zero point from the integer
+// input first; that matches while `T` holds every zero point exactly (up to 2^24 in float32), and
+// rounds differently beyond (16777217 - 1 is 16777216 in integers, 16777215 in float32).
+bool zero_points_exact_in(const at::Tensor& z, c10::ScalarType T) {
+  if (!z.defined() || !c10::isIntegralType(z.scalar_type(), /*includeBool=*/false)) return true;
+  const int64_t limit = int64_t{1} << (T == at::kDouble ? 53 : 24);
+  const at::Tensor v = z.to(at::kLong).reshape(-1).contiguous();
+  const int64_t* p = v.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < v.numel(); ++i)
+    if (p[i] > limit || p[i] < -limit) return false;
+  return true;
 }
 
 // Launches the fused loop (or, when `fusable` is false or the types are not the loops',
@@ -99,7 +119,7 @@ void launch_dequantize_groups(const char* name, const at::Tensor& input, const a
         at::Tensor x = x_arg.materialize(), y = y_arg.materialize(), s = s_arg.materialize();
         at::Tensor z = z_arg ? z_arg->materialize() : at::Tensor();
         bool fused = false;
-        if (fusable) {
+        if (fusable && zero_points_exact_in(z, s.scalar_type())) {
           visit_ftype(
               y.scalar_type(),
               [&](auto out_v) {
@@ -149,6 +169,7 @@ at::Tensor dequantize_per_channel(const at::Tensor& input, const at::Tensor& sca
     TORCH_CHECK(zero_points.numel() == n, name, ": zero_points must hold as many values as scales (", n, "), got ",
                 zero_points.numel(), ".");
   }
+  check_zero_point_promotion(input, zero_points);
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();
@@ -177,6 +198,7 @@ at::Tensor dequantize_per_token(const at::Tensor& input, const at::Tensor& scale
   check_on_device(scales, input, "scales", name);
   check_on_device(zero_points, input, "zero_points", name);
   check_token_shapes(input, scales, zero_points, name);
+  check_zero_point_promotion(input, zero_points);
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();

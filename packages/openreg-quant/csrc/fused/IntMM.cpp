@@ -10,6 +10,7 @@
 // an integer of magnitude <= 2^24, which float32 represents exactly whatever the
 // GEMM's summation order; blocks are summed in int32.
 #include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
@@ -64,7 +65,10 @@ at::Tensor& int_mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tenso
   check_int_mm(self, mat2);
   TORCH_CHECK(out.scalar_type() == at::kInt, "Expected result dtype to be of type kInt but got ", out.scalar_type());
   c10::openreg::check_same_device(self.device(), out.device(), "aten::_int_mm.out");
-  out.resize_({self.size(0), mat2.size(1)});
+  // As CUDA's: an out of another shape is resized (with the out= warning unless it is empty); the
+  // kernel writes a contiguous one. (The CPU's refuses any other shape.)
+  at::native::resize_output(out, {self.size(0), mat2.size(1)});
+  TORCH_CHECK(out.is_contiguous(), "Expected result to be contiguous.");
   launch_int_mm(self, mat2, out);
   return out;
 }
