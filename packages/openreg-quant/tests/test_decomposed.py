@@ -326,9 +326,10 @@ class TestPerChannel(QuantTestCase):
         )
 
     def test_wide_zero_points_subtract_as_the_decomposition(self):
-        # Beyond 2^24 a float32 cannot hold every integer: the decomposition subtracts an int64
-        # zero point from the values in integers (exact), the fused loop in float32 (the zero point
-        # rounded first: 16777217 - 1 gave 16777215 for 16777216).
+        # The decomposition subtracts an integral zero point from the values in integers, in the
+        # type the two promote to; the fused loop subtracts in the scales' type. Beyond 2^24 a
+        # float32 cannot hold every integer (1 - 16777217 gave -16777215 for -16777216), and an
+        # int32 subtraction wraps near 2^31 where a float64 one does not.
         big = 2**24 + 1
         q, s = torch.tensor([[1, 0], [3, -1]], dtype=torch.int8), torch.tensor([1.0, 0.5])
         z = torch.tensor([big, -big])
@@ -346,31 +347,53 @@ class TestPerChannel(QuantTestCase):
         want = qd.dequantize_per_channel(q, s.double(), z, 1, -128, 127, torch.int8)
         got = qd.dequantize_per_channel(*(t.to("openreg") for t in (q, s.double(), z)), 1, -128, 127, torch.int8)
         self.assertSame(got, want)
+        # int32 zero points at the int32 limits wrap in the decomposition's subtraction
+        z32 = torch.tensor([-(2**31), 2**31 - 1], dtype=torch.int32)
+        want = qd.dequantize_per_channel(q, s.double(), z32, 1, -128, 127, torch.int8)
+        self.assertEqual(want[0, 0].item(), -(2**31))  # 1 - (-2^31) wrapped
+        got = qd.dequantize_per_channel(*(t.to("openreg") for t in (q, s.double(), z32)), 1, -128, 127, torch.int8)
+        self.assertSame(got, want)
 
-    def test_a_promotion_pytorch_refuses_is_refused_for_an_empty_input_too(self):
-        # uint16 values minus int64 zero points: the decomposition raises whatever the input's size.
-        for n in (2, 0):
-            q, s, z = torch.zeros(n, 2, dtype=torch.uint16), torch.ones(2), torch.zeros(2, dtype=torch.long)
-            calls = {
-                "per_channel": lambda d: qd.dequantize_per_channel(
-                    *(t.to(d) for t in (q, s, z)), 1, 0, 65535, torch.uint16
-                ),
-                "per_token": lambda d: qd.dequantize_per_token(
-                    *(t.to(d) for t in (q, s[:1].expand(n, 1), z[:1].expand(n, 1))),
-                    0,
-                    65535,
-                    torch.uint16,
-                    torch.float32,
-                ),
-            }
-            for name, call in calls.items():
-                for device in ("cpu", "openreg"):
-                    with self.assertRaisesRegex(
-                        RuntimeError,
-                        "^Promotion for uint16, uint32, uint64 types is not supported",
-                        msg=f"{name} {n} {device}",
-                    ):
-                        call(device)
+    def test_a_subtraction_pytorch_refuses_is_refused_for_an_empty_input_too(self):
+        # What the decomposition's integer subtraction refuses, it refuses whatever the input's
+        # size; openreg refuses it at the call with PyTorch's error.
+        refused = (
+            (torch.uint16, torch.long, RuntimeError, "^Promotion for uint16, uint32, uint64 types is not supported"),
+            (
+                torch.int8,
+                torch.bool,
+                RuntimeError,
+                "^Subtraction, the `-` operator, with a bool tensor is not supported",
+            ),
+            (torch.uint16, torch.uint16, NotImplementedError, "not implemented for 'UInt16'"),
+        )
+        for q_dtype, z_dtype, error, message in refused:
+            lo, hi = BOUNDS[q_dtype]
+            for n in (2, 0):
+                q, s, z = torch.zeros(n, 2, dtype=q_dtype), torch.ones(2), torch.zeros(2, dtype=z_dtype)
+                calls = {
+                    "per_channel": lambda d: qd.dequantize_per_channel(
+                        *(t.to(d) for t in (q, s, z)), 1, lo, hi, q_dtype
+                    ),
+                    "per_token": lambda d: qd.dequantize_per_token(
+                        *(t.to(d) for t in (q, s[:1].expand(n, 1), z[:1].expand(n, 1))), lo, hi, q_dtype, torch.float32
+                    ),
+                }
+                for name, call in calls.items():
+                    for device in ("cpu", "openreg"):
+                        with self.assertRaisesRegex(error, message, msg=f"{q_dtype} {z_dtype} {name} {n} {device}"):
+                            call(device)
+        # A 0-dim zero point per token takes no part in the promotion: uint8 values with a uint16
+        # one stay uint8 (and wrap), as in the decomposition.
+        q, s, z = (
+            torch.tensor([[3, 200]], dtype=torch.uint8),
+            torch.tensor([[0.5]]),
+            torch.tensor(4, dtype=torch.uint16),
+        )
+        want = qd.dequantize_per_token(q, s, z, 0, 255, torch.uint8, torch.float32)
+        self.assertEqual(want.tolist(), [[127.5, 98.0]])
+        got = qd.dequantize_per_token(*(t.to("openreg") for t in (q, s, z)), 0, 255, torch.uint8, torch.float32)
+        self.assertSame(got, want)
 
     def test_one_scale_for_all_channels(self):
         x = ties(6).reshape(4, 6)

@@ -22,27 +22,30 @@ class TestIntMM(TestCase):
             got = torch._int_mm(a.to("openreg"), b.to("openreg"))
             self.assertEqual(got.dtype, torch.int32)
             self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=f"{m}x{k}x{n}")
-        # out=: resized from empty on the first call, then written in place.
+        # out=: written in place. An out of another shape is refused, not resized, as on the CPU
+        # and CUDA, with their messages, as is a non-contiguous one (left untouched).
         a = torch.randint(-128, 128, (6, 40), generator=g, dtype=torch.int8)
         b = torch.randint(-128, 128, (40, 16), generator=g, dtype=torch.int8)
-        out = torch.empty(0, dtype=torch.int32, device="openreg")
-        torch._int_mm(a.to("openreg"), b.to("openreg"), out=out)
-        self.assertEqual(out.cpu(), torch._int_mm(a, b), atol=0, rtol=0)
+        out = torch.empty(6, 16, dtype=torch.int32, device="openreg")
         storage = out.data_ptr()
-        torch._int_mm(a.flip(0).to("openreg"), b.to("openreg"), out=out)
-        self.assertEqual(out.data_ptr(), storage)
-        self.assertEqual(out.cpu(), torch._int_mm(a.flip(0), b), atol=0, rtol=0)
-        # As on CUDA: an out of another shape is resized with the out= warning (the CPU refuses
-        # it), and a non-contiguous one is refused (the CPU's message too).
-        wrong = torch.zeros(3, 3, dtype=torch.int32, device="openreg")
-        with self.assertWarnsRegex(UserWarning, "An output with one or more elements was resized"):
-            torch._int_mm(a.to("openreg"), b.to("openreg"), out=wrong)
-        self.assertEqual(wrong.cpu(), torch._int_mm(a, b), atol=0, rtol=0)
-        transposed = torch.zeros(16, 6, dtype=torch.int32, device="openreg").t()
-        for device, t in (("cpu", transposed.cpu()), ("openreg", transposed)):
-            with self.assertRaisesRegex(RuntimeError, "Expected result to be contiguous."):
-                torch._int_mm(a.to(device), b.to(device), out=t)
-        self.assertEqual(transposed.cpu().count_nonzero().item(), 0)  # untouched
+        for x in (a, a.flip(0)):
+            self.assertIs(torch._int_mm(x.to("openreg"), b.to("openreg"), out=out), out)
+            self.assertEqual(out.data_ptr(), storage)
+            self.assertEqual(out.cpu(), torch._int_mm(x, b), atol=0, rtol=0)
+        wrong = {
+            "Expected result dtype to be of type kInt but got long int": torch.zeros(6, 16, dtype=torch.long),
+            r"Expected result.size\(0\) to be 6 but got 0": torch.zeros(0, dtype=torch.int32),
+            r"Expected result.size\(1\) to be 16 but got 3": torch.zeros(6, 3, dtype=torch.int32),
+            "Expected result to be of dimension 2 but got 3": torch.zeros(6, 16, 1, dtype=torch.int32),
+            "Expected result to be contiguous.": torch.zeros(16, 6, dtype=torch.int32).t(),
+        }
+        for message, t in wrong.items():
+            for device in ("cpu", "openreg"):
+                target = t.to(device)
+                with self.assertRaisesRegex(RuntimeError, message, msg=device):
+                    torch._int_mm(a.to(device), b.to(device), out=target)
+                self.assertEqual(target.shape, t.shape)
+                self.assertEqual(target.cpu().count_nonzero().item(), 0)
 
     def test_int_mm_native_and_errors(self):
         a = torch.ones(8, 16, dtype=torch.int8, device="openreg")

@@ -78,10 +78,21 @@ at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tens
 // The decomposition subtracts an integer zero point in the type input and zero point promote to,
 // which wraps when that is narrower than 32 bits (uint8 3 - 128 is 131 there). The fused loops
 // subtract in float: such zero points take the decomposition in the kernel instead, to be bit-exact.
-// The decomposition subtracts the zero points from the integer input: a promotion PyTorch refuses
-// (uint16 with int64) is refused at the call, for an empty input too.
-void check_zero_point_promotion(const at::Tensor& input, const at::Tensor& zero_points) {
-  if (zero_points.defined()) (void)c10::promoteTypes(input.scalar_type(), zero_points.scalar_type());
+// The decomposition subtracts the zero points from the integer input (with `zp_dims` dimensions: a
+// 0-dim one per token takes no part in the promotion). What PyTorch refuses there (a promotion it
+// does not make, uint16 with int64; a bool; a type its subtraction is not compiled for) is refused at
+// the call, for an empty input too, by the same subtraction on one-element CPU tensors, with
+// PyTorch's own error. The usual types skip it.
+void check_zero_point_subtraction(const at::Tensor& input, const at::Tensor& zero_points, int64_t zp_dims) {
+  if (!zero_points.defined()) return;
+  auto usual = [](c10::ScalarType t) {
+    return t == at::kChar || t == at::kByte || t == at::kShort || t == at::kInt || t == at::kLong ||
+           c10::isFloatingType(t);
+  };
+  if (usual(input.scalar_type()) && usual(zero_points.scalar_type())) return;
+  const at::Tensor x = at::zeros(std::vector<int64_t>(input.dim(), 1), at::TensorOptions().dtype(input.dtype()));
+  const at::Tensor z = at::zeros(std::vector<int64_t>(zp_dims, 1), at::TensorOptions().dtype(zero_points.dtype()));
+  (void)at::sub(x, z);
 }
 
 bool wrapping_zero_point(const at::Tensor& input, const at::Tensor& zero_points) {
@@ -91,11 +102,14 @@ bool wrapping_zero_point(const at::Tensor& input, const at::Tensor& zero_points)
 
 // Device side: whether the fused loop, which subtracts the zero points in the scales' type `T`, gives
 // the decomposition's result. The decomposition subtracts an integral zero point from the integer
-// input first; that matches while `T` holds every zero point exactly (up to 2^24 in float32), and
-// rounds differently beyond (16777217 - 1 is 16777216 in integers, 16777215 in float32).
-bool zero_points_exact_in(const at::Tensor& z, c10::ScalarType T) {
+// input first, in the type the two promote to; that matches while `T` holds every zero point exactly
+// (up to 2^24 in float32: 1 - 16777217 is -16777216 in integers, -16777215 in float32) and the
+// integer subtraction does not wrap (below 2^30 when the two promote to 32 bits).
+bool zero_points_exact_in(const at::Tensor& x, const at::Tensor& z, c10::ScalarType T) {
   if (!z.defined() || !c10::isIntegralType(z.scalar_type(), /*includeBool=*/false)) return true;
-  const int64_t limit = int64_t{1} << (T == at::kDouble ? 53 : 24);
+  int64_t limit = int64_t{1} << (T == at::kDouble ? 53 : 24);
+  if (c10::elementSize(c10::promoteTypes(x.scalar_type(), z.scalar_type())) == 4)
+    limit = std::min(limit, int64_t{1} << 30);
   const at::Tensor v = z.to(at::kLong).reshape(-1).contiguous();
   const int64_t* p = v.const_data_ptr<int64_t>();
   for (int64_t i = 0; i < v.numel(); ++i)
@@ -119,7 +133,7 @@ void launch_dequantize_groups(const char* name, const at::Tensor& input, const a
         at::Tensor x = x_arg.materialize(), y = y_arg.materialize(), s = s_arg.materialize();
         at::Tensor z = z_arg ? z_arg->materialize() : at::Tensor();
         bool fused = false;
-        if (fusable && zero_points_exact_in(z, s.scalar_type())) {
+        if (fusable && zero_points_exact_in(x, z, s.scalar_type())) {
           visit_ftype(
               y.scalar_type(),
               [&](auto out_v) {
@@ -169,7 +183,7 @@ at::Tensor dequantize_per_channel(const at::Tensor& input, const at::Tensor& sca
     TORCH_CHECK(zero_points.numel() == n, name, ": zero_points must hold as many values as scales (", n, "), got ",
                 zero_points.numel(), ".");
   }
-  check_zero_point_promotion(input, zero_points);
+  check_zero_point_subtraction(input, zero_points, input.dim());  // the decomposition views them to the input's dims
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();
@@ -198,7 +212,7 @@ at::Tensor dequantize_per_token(const at::Tensor& input, const at::Tensor& scale
   check_on_device(scales, input, "scales", name);
   check_on_device(zero_points, input, "zero_points", name);
   check_token_shapes(input, scales, zero_points, name);
-  check_zero_point_promotion(input, zero_points);
+  check_zero_point_subtraction(input, zero_points, zero_points.dim());
   at::Tensor out = at::empty_like(input, input.options().dtype(out_t));
   if (input.numel() == 0) return out;
   const auto T = scales.scalar_type();

@@ -10,7 +10,6 @@
 // an integer of magnitude <= 2^24, which float32 represents exactly whatever the
 // GEMM's summation order; blocks are summed in int32.
 #include <ATen/core/Tensor.h>
-#include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
@@ -63,12 +62,13 @@ at::Tensor int_mm(const at::Tensor& self, const at::Tensor& mat2) {
 
 at::Tensor& int_mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   check_int_mm(self, mat2);
-  TORCH_CHECK(out.scalar_type() == at::kInt, "Expected result dtype to be of type kInt but got ", out.scalar_type());
-  c10::openreg::check_same_device(self.device(), out.device(), "aten::_int_mm.out");
-  // As CUDA's: an out of another shape is resized (with the out= warning unless it is empty); the
-  // kernel writes a contiguous one. (The CPU's refuses any other shape.)
-  at::native::resize_output(out, {self.size(0), mat2.size(1)});
+  // The CPU's and CUDA's checks, in their order: an out of another shape is refused, not resized.
+  TORCH_CHECK(out.dtype() == at::kInt, "Expected result dtype to be of type kInt but got ", out.dtype());
+  TORCH_CHECK(out.size(0) == self.size(0), "Expected result.size(0) to be ", self.size(0), " but got ", out.size(0));
+  TORCH_CHECK(out.size(1) == mat2.size(1), "Expected result.size(1) to be ", mat2.size(1), " but got ", out.size(1));
+  TORCH_CHECK(out.dim() == 2, "Expected result to be of dimension 2 but got ", out.dim());
   TORCH_CHECK(out.is_contiguous(), "Expected result to be contiguous.");
+  c10::openreg::check_same_device(self.device(), out.device(), "aten::_int_mm.out");
   launch_int_mm(self, mat2, out);
   return out;
 }
