@@ -234,6 +234,15 @@ class TestDeviceModule(TestCase):
             with torch.openreg._DeviceGuard(1):
                 raise KeyError("raised inside")
         self.assertEqual(torch.openreg.current_device(), 0)
+        with torch.openreg._DeviceGuard(1):  # a negative index leaves the device alone
+            with torch.openreg._DeviceGuard(-1):
+                self.assertEqual(torch.openreg.current_device(), 1)
+            self.assertEqual(torch.openreg.current_device(), 1)
+        with self.assertRaisesRegex(TypeError, "_DeviceGuard: the device index must be an int"):
+            torch.openreg._DeviceGuard("openreg:1")
+        with self.assertRaisesRegex(TypeError, r"_DeviceGuard\(index\) takes 1 positional argument"):
+            torch.openreg._DeviceGuard(index=1)
+        self.assertEqual(torch.openreg.current_device(), 0)
 
     def test_empty_strided_for_compiled_code(self):
         # torch_openreg._C._empty_strided(size, stride, dtype, index): openreg-inductor's buffers.

@@ -209,15 +209,20 @@ def set_device(device: _DeviceLike) -> None:
     _C._set_device(index)
 
 
-class _DeviceGuard:
-    """``device`` for compiled code, which passes a valid index (``with torch.openreg._DeviceGuard(0):``
-    in openreg-inductor's wrappers): no argument conversion, half of ``device``'s cost. As
-    ``torch.cuda._DeviceGuard``."""
+# The guard openreg-inductor's wrappers enter (``with torch.openreg._DeviceGuard(0):``), as
+# ``torch.cuda._DeviceGuard``: a C type taking an index (a negative one leaves the device alone), at
+# a third of the cost of a Python class (packages/openreg-core/csrc/python/Module.cpp).
+_DeviceGuard = _C._DeviceGuard
+
+
+class device:
+    """Context manager that changes the current openreg device."""
 
     __slots__ = ("idx", "prev_idx")
 
-    def __init__(self, index: int):
-        self.idx = index
+    def __init__(self, device: Any):
+        # None or a negative index (a CPU tensor's get_device()) leaves the device alone, as in torch.cuda.
+        self.idx = -1 if device is None or (isinstance(device, int) and device < 0) else _get_device_index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -226,16 +231,6 @@ class _DeviceGuard:
     def __exit__(self, *args: Any) -> None:
         if self.prev_idx >= 0:
             _C._set_device(self.prev_idx)
-
-
-class device(_DeviceGuard):
-    """Context manager that changes the current openreg device."""
-
-    def __init__(self, device: Any):
-        # None or a negative index (a CPU tensor's get_device()) leaves the device alone, as in torch.cuda.
-        super().__init__(
-            -1 if device is None or (isinstance(device, int) and device < 0) else _get_device_index(device)
-        )
 
 
 class device_of(device):
