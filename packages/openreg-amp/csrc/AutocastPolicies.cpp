@@ -53,10 +53,9 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   // promote: mixed inputs run in the widest floating type among them.
 #define OPENREG_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
   AT_FORALL_PROMOTE(OPENREG_PROMOTE)
-  // cat and stack promote natively; listing them makes the policy explicit
-  // (as AutocastCPU does) and gives the same result dtype as CUDA.
-  KERNEL_PRIVATEUSEONE(cat, promote)
-  KERNEL_PRIVATEUSEONE(stack, promote)
+  // cat and stack are not listed, as on CUDA (AutocastCPU lists them as promote): they promote
+  // natively, and the promote policy refuses a 16-bit type other than the region's (a cat of
+  // bfloat16 tensors in a float16 region raised "Unexpected floating ScalarType").
 
   m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"), TORCH_FN(binary_cross_entropy_banned));
 }

@@ -62,15 +62,15 @@ CASES = {
     # promote: a float32 and a low-precision input give float32
     "addcmul": ("fp32", lambda t: torch.addcmul(t["a"], t["a"].to(t["low"]), t["b"])),
     "index_put": ("fp32", lambda t: t["a"].to(t["low"]).index_put((t["idx"],), t["vals"])),
+    "atan2": ("fp32", lambda t: torch.atan2(t["a"].to(t["low"]), t["b"])),
+    # not listed: falls through and keeps its input dtype (cat and stack promote natively, as on CUDA)
     "cat": ("fp32", lambda t: torch.cat([t["a"], t["b"].to(t["low"])])),
     "stack": ("fp32", lambda t: torch.stack([t["a"], t["b"].to(t["low"])])),
-    "atan2": ("fp32", lambda t: torch.atan2(t["a"].to(t["low"]), t["b"])),
-    # not listed: falls through and keeps its input dtype
     "add (fallthrough)": ("fp32", lambda t: t["a"] + t["b"]),
     "relu of low (fallthrough)": ("low", lambda t: torch.relu(t["a"].to(t["low"]))),
 }
 # Ops whose CPU autocast policy is the same as CUDA's in torch 2.13: values are compared too.
-SAME_POLICY_ON_CPU = {"mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "conv2d", "mse_loss", "nll_loss", "cat"}
+SAME_POLICY_ON_CPU = {"mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "conv2d", "mse_loss", "nll_loss"}
 
 
 def _run(device: str, low: torch.dtype, fn):
@@ -123,6 +123,21 @@ class TestAutocastBehaviour(TestCase):
             # The safe form works, in float32.
             self.assertEqual(F.binary_cross_entropy_with_logits(p, p).dtype, torch.float32)
         self.assertEqual(F.binary_cross_entropy(p, p).item(), F.binary_cross_entropy(p.cpu(), p.cpu()).item())
+
+    def test_cat_and_stack_keep_the_other_16_bit_type_as_on_cuda(self):
+        # CUDA does not list cat and stack: bfloat16 tensors concatenated in a float16 region stay
+        # bfloat16 (a rotary embedding's torch.cat((-x2, x1), -1) in a model.bfloat16()). CPU
+        # autocast lists them as promote, which refuses the other 16-bit type.
+        for region, other in ((torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)):
+            x = torch.randn(2, 3).to(other)
+            for combine in (torch.cat, torch.stack):
+                with torch.autocast("openreg", dtype=region):
+                    out = combine([x.to("openreg"), -x.to("openreg")])
+                self.assertEqual(out.dtype, other)
+                self.assertEqual(out.cpu(), combine([x, -x]), atol=0, rtol=0)
+                with torch.autocast("cpu", dtype=region):
+                    with self.assertRaisesRegex(RuntimeError, "Unexpected floating ScalarType"):
+                        combine([x, -x])
 
     def test_supported_dtypes(self):
         self.assertEqual(torch.openreg.get_amp_supported_dtype(), [torch.float16, torch.bfloat16])
