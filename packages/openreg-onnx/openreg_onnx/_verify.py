@@ -16,9 +16,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
@@ -262,6 +263,27 @@ def _node_values(program: torch.export.ExportedProgram, args, kwargs) -> Dict[st
     return values
 
 
+@contextlib.contextmanager
+def _buffers_kept(model: object) -> Iterator[None]:
+    """Gives a module's buffers back as they were after the block: the reference run is the model's
+    real forward, and a forward that updates a buffer (a running counter, a cache) in place or
+    rebinds it would otherwise leave the model changed by its verification (and the ONNX run, whose
+    initializers may be those buffers, would start from the changed values)."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    saved = [
+        (m, name, b, b.detach().clone()) for m in model.modules() for name, b in m._buffers.items() if b is not None
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, name, original, value in saved:
+                m._buffers[name] = original
+                original.copy_(value)
+
+
 def verify(
     model_or_program,
     args: Tuple[Any, ...] = (),
@@ -307,8 +329,9 @@ def verify(
     # captured in train() mode has its batch norm translated as inference): the eager reference
     # runs in the same mode, which also leaves batch-norm statistics alone; the model is given
     # back in the mode it had.
-    with torch.no_grad(), _export.eval_mode(model_or_program):
-        expected = _flat_tensors(run(*args, **kwargs))
+    with torch.no_grad(), _export.eval_mode(model_or_program), _buffers_kept(model_or_program):
+        # cloned: an output may be a buffer, which the reference run's end restores
+        expected = [t.clone() for t in _flat_tensors(run(*args, **kwargs))]
     inputs = _flat_tensors((args, kwargs))
     # A file saved with keep_initializers_as_inputs lists its weights among the inputs too; they
     # keep their stored values (as onnxruntime does when they are not fed).

@@ -171,6 +171,30 @@ class TestProvenanceAndShapes:
             expected = model.eval()(x).cpu()
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
 
+    def test_verify_leaves_buffers_the_forward_updates_as_they_were(self):
+        # verify's reference is the model's real forward: a running sum updated in place (and a
+        # counter rebound) changed the model, and the ONNX run read the changed initializer.
+        class Accumulating(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("acc", torch.zeros(4))
+                self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+            def forward(self, x):
+                self.acc.add_(x.sum(0))
+                self.calls = self.calls + 1
+                return x * 2 + self.acc
+
+        model = Accumulating().to("openreg").eval()
+        acc, calls = model.acc, model.calls
+        x = torch.ones(2, 4, device="openreg")
+        result = openreg_onnx.verify(model, (x,))
+        assert result.ok, result.report()
+        assert model.acc is acc and model.calls is calls
+        assert model.acc.cpu().tolist() == [0.0] * 4 and model.calls.item() == 0
+        # the model still computes as before verification: its first call's output
+        torch.testing.assert_close(model(x).cpu(), torch.full((2, 4), 4.0))
+
     def test_training_mode_is_restored_when_export_fails(self):
         model = Twice().train()
         with pytest.raises(UnsupportedOperatorError):
