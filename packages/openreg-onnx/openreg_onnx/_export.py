@@ -45,15 +45,21 @@ class DeviceMismatchError(ValueError):
 
 
 def _tensors_by_place(model, inputs) -> Dict[str, str]:
-    """``{"parameter fc.weight": "openreg:0", "input 0": "cpu", ...}``."""
+    """``{"parameter fc.weight": "openreg:0", "buffer bn.running_mean": "openreg:0", "input 0": "cpu", ...}``."""
     places = {}
     if isinstance(model, torch.nn.Module):
-        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        for name, t in model.named_parameters():
             places[f"parameter {name}"] = str(t.device)
+        for name, t in model.named_buffers():
+            places[f"buffer {name}"] = str(t.device)
     elif isinstance(model, torch.export.ExportedProgram):
+        parameters = set(model.graph_signature.parameters)
         for name, t in model.state_dict.items():
             if isinstance(t, torch.Tensor):
-                places[f"parameter {name}"] = str(t.device)
+                places[f"{'parameter' if name in parameters else 'buffer'} {name}"] = str(t.device)
+        for name, t in model.constants.items():  # lifted constants, non-persistent buffers
+            if isinstance(t, torch.Tensor):
+                places[f"constant {name}"] = str(t.device)
     leaves = torch.utils._pytree.tree_leaves(inputs)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):

@@ -298,6 +298,28 @@ class TestBadInputs(TestCase):
         with self.assertRaisesRegex(DeviceMismatchError, r"\(openreg:0: .*; openreg:1: input 0\)"):
             openreg_onnx.verify(model, (torch.randn(2, 8, device="openreg:1"),))
 
+    def test_mismatched_devices_name_buffers_and_a_programs_constants(self):
+        class Scaled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 4)
+                self.register_buffer("shift", torch.zeros(4))
+                self.register_buffer("scale", torch.ones(4), persistent=False)
+
+            def forward(self, x):
+                return self.fc(x) * self.scale + self.shift
+
+        model = Scaled().to("openreg")
+        model.shift = model.shift.to("openreg:1")
+        x = torch.randn(2, 4, device="openreg")
+        with self.assertRaisesRegex(DeviceMismatchError, r"openreg:1: buffer shift\)"):
+            openreg_onnx.export(model, (x,))
+        model.shift = model.shift.to("openreg:0")
+        program = torch.export.export(model, (x,))
+        program.constants["scale"] = program.constants["scale"].to("openreg:1")
+        with self.assertRaisesRegex(DeviceMismatchError, r"openreg:1: constant scale\)"):
+            openreg_onnx.export(program, (x,))
+
 
 FACTORY = """
 import torch
