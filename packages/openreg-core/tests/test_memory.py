@@ -142,6 +142,16 @@ class TestCachingAllocator(TestCase):
         self.assertIn("16.00 MiB allocated by PyTorch", r.stdout)
         self.assertIn("after: 8.0 16777216", r.stdout)
 
+    def test_out_of_memory_beyond_the_capacity_names_the_request(self):
+        # The runtime clamps a request beyond the device's capacity before it looks for a block:
+        # its part of the message named the clamped size (8192.00 MiB for a 1 TiB request).
+        with self.assertRaises(torch.OutOfMemoryError) as caught:
+            torch.empty(1 << 40, dtype=torch.uint8, device="openreg")
+        message = str(caught.exception)
+        self.assertIn("Tried to allocate 1024.00 GiB", message)
+        self.assertIn("tried to allocate 1048576.00 MiB", message)
+        self.assertEqual((torch.ones(4, device="openreg") * 2).sum().item(), 8.0)
+
 
 class TestPinnedMemory(TestCase):
     def test_pin_memory(self):
@@ -158,6 +168,39 @@ class TestPinnedMemory(TestCase):
         back.copy_(d, non_blocking=True)
         torch.openreg.current_stream().synchronize()
         self.assertEqual(back, host)
+
+    def test_a_reused_pinned_buffer_holds_one_event_per_stream(self):
+        # Each non-blocking copy from a pinned block recorded a new runtime event, kept until the
+        # block was freed and reused: a staging buffer reused 2^20 times filled the runtime's event
+        # table, and from then on every event creation in the process failed. The block now keeps
+        # one event per stream it is used on at once, recorded again at each use.
+        torch.openreg.empty_cache()  # no cached pinned block: the reuse below finds staging's
+        staging, dst = torch.ones(16).pin_memory(), torch.empty(16, device="openreg")
+        side = torch.openreg.Stream()
+        torch.openreg.synchronize()
+        before = torch.openreg._runtime_counters()
+        for i in range(300):
+            staging.fill_(i)
+            with torch.openreg.stream(side if i % 2 else torch.openreg.default_stream()):
+                dst.copy_(staging, non_blocking=True)
+                torch.openreg.current_stream().synchronize()  # the next fill_ must not race the copy
+            self.assertEqual(dst.cpu()[0].item(), i)
+        after = torch.openreg._runtime_counters()
+        # each copy was over when the other stream's began: the two streams took turns with one event
+        self.assertEqual(after["events_created"] - before["events_created"], 1)
+        # in flight on both streams at once: one event each
+        with StreamHold():  # the current (default) stream's copy stays queued
+            dst.copy_(staging, non_blocking=True)
+            with torch.openreg.stream(side):
+                dst.copy_(staging, non_blocking=True)
+        torch.openreg.synchronize()
+        after = torch.openreg._runtime_counters()
+        self.assertEqual(after["events_created"] - before["events_created"], 2)
+        ptr = staging.data_ptr()
+        del staging
+        # freed, then reused by a pinned allocation of its size: its events are done and destroyed
+        self.assertEqual(torch.empty(16).pin_memory().data_ptr(), ptr)
+        self.assertEqual(torch.openreg._runtime_counters()["events_destroyed"] - before["events_destroyed"], 2)
 
     def test_non_blocking_h2d_is_asynchronous(self):
         host = torch.ones(4 << 20).pin_memory()

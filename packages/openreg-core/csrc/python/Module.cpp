@@ -323,6 +323,8 @@ PYBIND11_MODULE(_C, m) {
     out["graphs_launched"] = c.graphsLaunched;
     out["graph_items_launched"] = c.graphItemsLaunched;
     out["memcpy_on_caller"] = c.memcpyOnCaller;
+    out["events_created"] = c.eventsCreated;
+    out["events_destroyed"] = c.eventsDestroyed;
     return out;
   });
 

@@ -2,14 +2,21 @@
 // blocks are cached by power-of-two size. A block used by an asynchronous
 // copy is only reused after an event recorded behind that copy completed,
 // so a `non_blocking=True` copy can never read a buffer that was reused.
+// A block keeps one event per stream that uses it, recorded again at each use
+// (a stream runs in order: its latest use follows the earlier ones), and a new
+// stream takes the event of a use that is over: a staging buffer reused for a
+// million copies holds one event, not a million (the runtime's event table then
+// ran out, and every event creation in the process failed).
 #include "OpenRegHostAllocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "OpenRegException.h"
@@ -21,7 +28,7 @@ namespace {
 struct HostBlock {
   void* ptr;
   size_t size;
-  std::vector<orEvent_t> events;  // uses by async copies
+  std::vector<std::pair<orStream_t, orEvent_t>> uses;  // per stream: an event behind its latest async copy
 };
 
 size_t round_pow2(size_t n) {
@@ -101,17 +108,36 @@ class HostCache final : public at::HostAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = used_.find(ptr);
     if (it == used_.end()) return;
-    orEvent_t event = nullptr;
-    OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
-    OPENREG_CHECK(orEventRecord(event, stream.handle()));
-    it->second->events.push_back(event);
+    const orStream_t handle = stream.handle();
+    auto& uses = it->second->uses;
+    auto found = std::find_if(uses.begin(), uses.end(), [&](const auto& use) { return use.first == handle; });
+    if (found == uses.end()) {
+      // A new stream takes the event of a use that is over, if any: a buffer used from many
+      // short-lived streams keeps as many events as streams it is used on at once.
+      found = std::find_if(uses.begin(), uses.end(),
+                           [](const auto& use) { return orEventQuery(use.second) != orErrorNotReady; });
+      if (found != uses.end()) {
+        found->first = handle;
+      } else {
+        orEvent_t event = nullptr;
+        if (orStatus st = orEventCreateWithFlags(&event, orEventDisableTiming); st != orSuccess) {
+          protect_unrecorded(handle);
+          OPENREG_CHECK(st);
+        }
+        found = uses.emplace(uses.end(), handle, event);
+      }
+    }
+    if (orStatus st = orEventRecord(found->second, handle); st != orSuccess) {
+      protect_unrecorded(handle);
+      OPENREG_CHECK(st);
+    }
   }
 
   void empty() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [size, list] : free_) {
       for (HostBlock* b : list) {
-        for (orEvent_t e : b->events) {
+        for (auto& [stream, e] : b->uses) {
           orEventSynchronize(e);
           orEventDestroy(e);
         }
@@ -128,12 +154,16 @@ class HostCache final : public at::HostAllocator {
  private:
   static void raw_delete(void* ptr);
 
+  // The copy is queued and no event follows it: wait for it before the caller learns of the
+  // failure, so that the block is not handed out again while the copy still reads or writes it.
+  static void protect_unrecorded(orStream_t stream) { (void)orStreamSynchronize(stream); }
+
   // True when every async copy that used the block has completed.
   static bool ready(HostBlock* b) {
-    for (auto it = b->events.begin(); it != b->events.end();) {
-      if (orEventQuery(*it) == orErrorNotReady) return false;
-      orEventDestroy(*it);
-      it = b->events.erase(it);
+    for (auto it = b->uses.begin(); it != b->uses.end();) {
+      if (orEventQuery(it->second) == orErrorNotReady) return false;
+      orEventDestroy(it->second);
+      it = b->uses.erase(it);
     }
     return true;
   }

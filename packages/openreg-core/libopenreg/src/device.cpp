@@ -293,6 +293,8 @@ orStatus orGetCounters(orRuntimeCounters* out) {
   out->graphsLaunched = c.graphs.load();
   out->graphItemsLaunched = c.graph_items.load();
   out->memcpyOnCaller = c.copies_on_caller.load();
+  out->eventsCreated = c.events_created.load();
+  out->eventsDestroyed = c.events_destroyed.load();
   return orSuccess;
 }
 

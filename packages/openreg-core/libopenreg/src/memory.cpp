@@ -241,6 +241,7 @@ orStatus orMalloc(void** ptr, size_t size) {
   if (size == 0) return orSuccess;
   if (g_faults_armed.load(std::memory_order_relaxed))
     if (orStatus st = fault_on_malloc(dev->index)) return st;
+  const size_t requested = size;                           // the message names it, not the clamped size
   if (size > dev->arena.size) size = dev->arena.size + 1;  // fails below, without overflow
   const size_t need = round_up(size, kAlignment);
   std::lock_guard<std::mutex> lock(dev->mem_mu);
@@ -259,10 +260,11 @@ orStatus orMalloc(void** ptr, size_t size) {
     *ptr = dev->arena.device_view + off;
     return orSuccess;
   }
-  return fail(orErrorMemoryAllocation, "out of memory on openreg device " + std::to_string(dev->index) +
-                                           ": tried to allocate " + mib(need) + "; " + mib(dev->allocated) +
-                                           " allocated, " + mib(largest) + " largest free block, " +
-                                           mib(dev->arena.size) + " capacity (set OPENREG_DEVICE_MEMORY to change it)");
+  return fail(orErrorMemoryAllocation,
+              "out of memory on openreg device " + std::to_string(dev->index) + ": tried to allocate " +
+                  mib(requested > dev->arena.size ? requested : need) + "; " + mib(dev->allocated) + " allocated, " +
+                  mib(largest) + " largest free block, " + mib(dev->arena.size) +
+                  " capacity (set OPENREG_DEVICE_MEMORY to change it)");
 }
 
 orStatus orFree(void* ptr) {

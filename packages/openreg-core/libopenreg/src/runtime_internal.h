@@ -288,7 +288,7 @@ struct Device {
 
 struct Counters {
   std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, mallocs{0},
-      frees{0}, wait_wakeups{0}, graphs{0}, graph_items{0}, copies_on_caller{0};
+      frees{0}, wait_wakeups{0}, graphs{0}, graph_items{0}, copies_on_caller{0}, events_created{0}, events_destroyed{0};
 };
 
 // Device memory of another process, mapped here by orIpcOpenMemHandle.

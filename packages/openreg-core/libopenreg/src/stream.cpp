@@ -495,6 +495,7 @@ orStatus orEventCreateWithFlags(orEvent_t* event, unsigned int flags) {
   // A recycled event starts "never recorded": its counters continue, equal.
   e->completed.advance_to(e->recorded.load());
   e->time_ns.store(0);
+  runtime().counters.events_created.fetch_add(1, std::memory_order_relaxed);
   *event = reinterpret_cast<orEvent_t>(handle);
   return orSuccess;
 }
@@ -509,6 +510,7 @@ orStatus orEventDestroy(orEvent_t event) {
   (void)e;
   if (!runtime().events.release(reinterpret_cast<uintptr_t>(event)))
     return fail(orErrorInvalidResourceHandle, "the event is unknown or was destroyed");
+  runtime().counters.events_destroyed.fetch_add(1, std::memory_order_relaxed);
   return orSuccess;
 }
 

@@ -113,6 +113,8 @@ typedef struct orRuntimeCounters {
   uint64_t graphItemsLaunched; /* work items those launches enqueued (kernelsLaunched does not count them) */
   uint64_t memcpyOnCaller;     /* blocking copies that found their stream idle and ran on the calling thread
                                   (counted in memcpy* too) */
+  uint64_t eventsCreated;      /* orEventCreate(WithFlags) calls that made an event */
+  uint64_t eventsDestroyed;    /* orEventDestroy calls that released one (created - destroyed: alive) */
 } orRuntimeCounters;
 
 /* An opaque handle to one device allocation, for another process (see orIpcGetMemHandle). */
