@@ -73,6 +73,38 @@ class TestStreams(TestCase):
         self.assertEqual(torch.openreg.current_stream(), torch.openreg.default_stream())
         self.assertEqual((torch.arange(3, device="openreg") + 1).cpu().tolist(), [1, 2, 3])
 
+    def test_every_way_to_make_a_stream_current_refuses_a_made_up_pool_id(self):
+        # torch.accelerator.set_stream and torch.Stream as a context reach the device guard's
+        # exchangeStream (as c10::StreamGuard does), which took any stream id; every later op on the
+        # thread then failed. torch.openreg's own calls also refuse an external handle that is not a
+        # live stream of the device (another device's handle would escape this device's
+        # synchronize); the guard takes those as they are, since a guard's destructor restores
+        # through it and must not throw.
+        other = torch.openreg.Stream(device=1).openreg_stream
+        made_up = torch.Stream(stream_id=99, device_index=0, device_type=20)
+        openreg_only = {
+            "unknown or was destroyed": torch.Stream(stream_id=(1 << 40) + 7, device_index=0, device_type=20),
+            f"openreg stream 0x{other:x} belongs to openreg device 1, not 0": torch.Stream(
+                stream_id=other, device_index=0, device_type=20
+            ),
+        }
+        ways = {
+            "torch.openreg.set_stream": torch.openreg.set_stream,
+            "with torch.openreg.stream": lambda s: torch.openreg.stream(s).__enter__(),
+            "torch.accelerator.set_stream": torch.accelerator.set_stream,
+            "with torch.Stream": lambda s: s.__enter__(),
+        }
+        cases = [("invalid openreg stream id 99", made_up, name, use) for name, use in ways.items()]
+        cases += [(m, s, name, ways[name]) for m, s in openreg_only.items() for name in list(ways)[:2]]
+        for message, stream, name, use in cases:
+            with self.assertRaisesRegex(RuntimeError, message, msg=name):
+                use(stream)
+            # nothing changed: the device, the current streams, and the thread still works
+            self.assertEqual(torch.openreg.current_device(), 0, msg=name)
+            self.assertEqual(torch.openreg.current_stream(0), torch.openreg.default_stream(0), msg=name)
+            self.assertEqual(torch.openreg.current_stream(1), torch.openreg.default_stream(1), msg=name)
+            self.assertEqual((torch.arange(3, device="openreg") + 1).cpu().tolist(), [1, 2, 3])
+
     def test_raw_stream_handles(self):
         """The runtime handle that compiled code launches on: per stream, per device, following the
         thread's current stream; the C ABI (openregCurrentStream) answers the same, NULL for a bad device."""

@@ -336,12 +336,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(device_index(d))); });
   m.def("_set_current_stream", [](int64_t id, int d, int) {
     const OpenRegStream stream = stream_of(id, d);
-    int device = 0;  // an unknown or destroyed stream is refused here, not by every later op on the thread
-    OPENREG_CHECK(orStreamGetDevice(stream.handle(), &device));
+    // First: a made-up, destroyed or another device's stream is refused here, not by every later op
+    // on the thread (another device's stream would escape this device's synchronize).
+    checkExternalOpenRegStream(stream);
+    setCurrentOpenRegStream(stream);
     // As torch.cuda.set_stream: the stream's device becomes current too, so that the work that
     // follows on the current device goes to the stream.
     exchange_device(stream.device_index());
-    setCurrentOpenRegStream(stream);
   });
   // The runtime handle (orStream_t as an integer) of a stream and of the current one: what compiled
   // code passes to orLaunchKernel (openreg-inductor's wrapper asks once per graph).

@@ -219,9 +219,29 @@ OpenRegStream getStreamFromExternal(orStream_t handle, c10::DeviceIndex device) 
   return OpenRegStream(make(device, static_cast<c10::StreamId>(reinterpret_cast<uintptr_t>(handle))));
 }
 
+void checkExternalOpenRegStream(OpenRegStream stream) {
+  const c10::StreamId id = stream.id();
+  if (id < kExternalBase) return;
+  int owner = -1;
+  OPENREG_CHECK(orStreamGetDevice(handle_of(stream.device_index(), id), &owner));
+  TORCH_CHECK(owner == stream.device_index(), "openreg stream ",
+              reinterpret_cast<void*>(handle_of(stream.device_index(), id)), " belongs to openreg device ", owner,
+              ", not ", static_cast<int>(stream.device_index()));
+}
+
+// Every way a stream becomes current comes here (torch.openreg.set_stream, and through the device
+// guard torch.accelerator.set_stream, `with torch.Stream(...)` and c10::StreamGuard). It refuses
+// what can never be valid, a pool id out of range, so that a made-up id fails here and not at every
+// later op on the thread. It takes an external handle as it is: a guard's destructor restores the
+// stream it replaced through this call and must not throw, and that stream may have been destroyed
+// meanwhile (a destroyed handle then fails the thread's next op, as on CUDA).
+// torch.openreg.set_stream checks an external handle first (checkExternalOpenRegStream).
 void setCurrentOpenRegStream(OpenRegStream stream) {
-  check_device_index(stream.device_index());
-  t_current[stream.device_index()] = stream.id();
+  const c10::DeviceIndex device = stream.device_index();
+  check_device_index(device);
+  const c10::StreamId id = stream.id();
+  TORCH_CHECK(id >= kExternalBase || (id >= 0 && id <= 2 * kStreamPoolSize), "invalid openreg stream id ", id);
+  t_current[device] = id;
 }
 
 orStream_t current_stream_handle(c10::DeviceIndex device) { return handle_of(device, t_current[device]); }

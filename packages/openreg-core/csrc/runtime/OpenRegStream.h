@@ -47,7 +47,9 @@ OpenRegStream getCurrentOpenRegStream(c10::DeviceIndex device = -1);
 // priority: 0 (low, default) or negative (high), as torch.cuda.Stream.
 OpenRegStream getStreamFromPool(int priority = 0, c10::DeviceIndex device = -1);
 OpenRegStream getStreamFromExternal(orStream_t handle, c10::DeviceIndex device);
-void setCurrentOpenRegStream(OpenRegStream stream);
+void setCurrentOpenRegStream(OpenRegStream stream);  // refuses a pool id out of range
+// Refuses an external handle that is not a live stream of the stream's device (a pool stream passes).
+void checkExternalOpenRegStream(OpenRegStream stream);
 // The runtime handle of the current stream of `device` (hot path of every op).
 orStream_t current_stream_handle(c10::DeviceIndex device);
 

@@ -144,10 +144,11 @@ class StreamContext:
         if self.stream is None:
             return
         _check_openreg_stream(self.stream)
-        self.prev_device = _C._exchange_device(self.stream.device_index)
-        self.src_prev_stream = current_stream(self.prev_device)
+        prev_device = _C._get_device()
+        self.src_prev_stream = current_stream(prev_device)
         self.dst_prev_stream = current_stream(self.stream.device_index)
-        set_stream(self.stream)
+        set_stream(self.stream)  # a stream it refuses leaves the device and streams as they were
+        self.prev_device = prev_device
 
     def __exit__(self, *args: Any) -> None:
         if self.stream is None:
