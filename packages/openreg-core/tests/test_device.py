@@ -435,6 +435,73 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.stdout.strip(), "0", r.stderr)
 
+    def test_fork_after_only_counting_devices_is_usable(self):
+        # torch.openreg.device_count() reads the count from the runtime, which then existed in the
+        # parent and refused every call of the child; nothing of a device had been set up, so the
+        # child now starts afresh (as CUDA's child after an NVML device count).
+        r = run_python(
+            """
+            import os, torch
+            print(torch.openreg.is_available(), torch.openreg.device_count(), torch.openreg.is_initialized())
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    ok = (torch.ones(2, device="openreg") + 1).cpu().tolist() == [2.0, 2.0]
+                    os._exit(0 if ok else 3)
+                except RuntimeError as e:
+                    print("child:", e, flush=True)
+                    os._exit(4)
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status))
+            """
+        )
+        self.assertEqual(r.stdout.split(), ["True", "2", "False", "0"], r.stderr)
+
+    def test_seeding_before_first_use_does_not_initialise(self):
+        # torch.manual_seed seeds every backend; openreg's seeding started openreg (as torch.cuda's
+        # does not), so a process that seeded and then forked had a child that could not use the
+        # device. The seeds are queued and applied at initialisation, the latest of each kind.
+        r = run_python(
+            """
+            import torch
+            torch.manual_seed(0)
+            torch.openreg.manual_seed(5)  # the current device's seed, after the all-devices one
+            print(torch.openreg.is_initialized())
+            a = torch.randn(4, device="openreg").cpu()
+            b = torch.randn(4, device="openreg:1").cpu()
+            torch.manual_seed(0)
+            torch.openreg.manual_seed(5)
+            print(torch.equal(a, torch.randn(4, device="openreg").cpu()),
+                  torch.equal(b, torch.randn(4, device="openreg:1").cpu()))
+            torch.openreg.manual_seed_all(0)
+            print(torch.equal(b, torch.randn(4, device="openreg:1").cpu()),
+                  torch.openreg.initial_seed())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["False", "True", "True", "True", "0"])
+
+    def test_a_queued_call_that_fails_names_where_it_was_made(self):
+        r = run_python(
+            """
+            import torch
+            def broken():
+                raise ValueError("from the queued call")
+            torch.openreg._lazy_call(broken)
+            try:
+                torch.ones(1, device="openreg")
+            except RuntimeError as e:
+                print(str(e).splitlines()[0])
+                print('originally invoked at:' in str(e) and '"<string>", line 5' in str(e))  # the _lazy_call
+            print(torch.openreg.is_initialized())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.splitlines(),
+            ["openreg call failed lazily at initialization with error: from the queued call", "True", "False"],
+        )
+
 
 class TestExit(TestCase):
     def test_program_ending_right_after_backward_exits_cleanly(self):

@@ -78,7 +78,21 @@ bool parse_bytes(const char* text, size_t* out) {
   return true;
 }
 
-void mark_forked() { g_forked.store(true); }
+Runtime* g_runtime_for_fork = nullptr;  // set by create_runtime, which registers mark_forked
+
+// In a forked child. A device the parent set up (its memory, its streams' workers) is the parent's:
+// the child's runtime refuses every call. A parent that had only read the configuration (the
+// device count, as torch.openreg.device_count() does) set nothing up, and its child starts afresh,
+// as CUDA's child after an NVML device count.
+void mark_forked() {
+  const Runtime& rt = *g_runtime_for_fork;
+  for (int i = 0; i < rt.device_count; ++i) {
+    if (rt.devices[i].ready.load(std::memory_order_acquire)) {
+      g_forked.store(true);
+      return;
+    }
+  }
+}
 
 Runtime* create_runtime() {
   auto* rt = new Runtime();
@@ -102,6 +116,7 @@ Runtime* create_runtime() {
   faults_from_env(rt->device_count, &rt->config_error);
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
+  g_runtime_for_fork = rt;
   platform::on_fork_child(mark_forked);
   return rt;
 }

@@ -8,6 +8,7 @@ plugin discovery in ``_plugins.py``.
 import atexit
 import os
 import threading
+import traceback
 import warnings
 from typing import Any, Dict, List
 
@@ -114,6 +115,29 @@ _ipc._install_reducers()
 _initialized = False
 _in_bad_fork = False
 _init_lock = threading.Lock()
+_init_tls = threading.local()  # is_initializing: the queued calls run (they may use the module)
+# Calls made before initialisation that need the device, run by _lazy_init (torch.cuda's
+# _lazy_call): the seeding functions queue theirs, so that torch.manual_seed does not start openreg
+# and a process may still fork after it. Of the seeds, only the last call for the current device
+# (manual_seed, seed) and the last for all devices (manual_seed_all, seed_all) count, in the order
+# they were made, after the other queued calls (as torch.cuda runs them).
+_queued_calls: List[Any] = []  # (callable, the stack that queued it)
+_queued_seeds: Dict[str, Any] = {}  # "seed" / "seed_all" -> (callable, stack), in call order
+
+
+def _lazy_call(callable: Any, seed: bool = False, seed_all: bool = False) -> None:
+    """Runs ``callable`` now if openreg is initialised, else at its initialisation."""
+    with _init_lock:
+        if is_initialized():
+            callable()
+            return
+        entry = (callable, traceback.format_stack())
+        if seed or seed_all:
+            key = "seed_all" if seed_all else "seed"
+            _queued_seeds.pop(key, None)  # the latest of its kind, after the other kind
+            _queued_seeds[key] = entry
+        else:
+            _queued_calls.append(entry)
 
 
 def _after_fork_in_child() -> None:
@@ -174,7 +198,7 @@ def is_initialized() -> bool:
 
 def _lazy_init() -> None:
     global _initialized
-    if _initialized:
+    if _initialized or getattr(_init_tls, "is_initializing", False):
         return
     with _init_lock:
         if _initialized:
@@ -187,7 +211,21 @@ def _lazy_init() -> None:
         if _C._device_count() <= 0:
             reason = _C._device_count_error() or "check OPENREG_DEVICE_COUNT"
             raise RuntimeError(f"No openreg device is available: {reason}")
-        _initialized = True
+        _init_tls.is_initializing = True
+        try:
+            for call, stack in [*_queued_calls, *_queued_seeds.values()]:
+                try:
+                    call()
+                except Exception as e:
+                    raise RuntimeError(
+                        f"openreg call failed lazily at initialization with error: {e}\n\n"
+                        f"openreg call was originally invoked at:\n\n{''.join(stack)}"
+                    ) from e
+            _queued_seeds.clear()
+            _queued_calls.clear()
+            _initialized = True
+        finally:
+            del _init_tls.is_initializing
 
 
 def init() -> None:
@@ -315,7 +353,7 @@ def _runtime_counters() -> Dict[str, int]:
 
 def _inject_faults(spec: str) -> None:
     """Arms the runtime's fault injection with ``spec`` (the ``OPENREG_FAULTS`` syntax, see
-    docs/mechanisms/fault-injection.md; ``""`` disarms). For tests; replaces what was armed."""
+    docs/mechanisms/reliability.md; ``""`` disarms). For tests; replaces what was armed."""
     _C._inject_faults(spec)
 
 

@@ -8,7 +8,7 @@ from typing import Iterable, List
 import torch
 
 from .. import _C
-from ._utils import _DeviceLike, _get_device_index
+from ._utils import _DeviceLike, _get_device_index, _package
 
 
 def _generator(device: _DeviceLike = None) -> torch.Generator:
@@ -66,27 +66,42 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
         set_rng_state(state, i)
 
 
+# The seeding functions do not start openreg (as torch.cuda's): before its initialisation they
+# queue their call (torch.openreg._lazy_call), and torch.manual_seed leaves a process free to fork.
+# The calls use the generators' bindings directly, which do not initialise.
+
+
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
-    _generator().manual_seed(int(seed))
+    seed = int(seed)
+    _package()._lazy_call(lambda: _C._get_default_generator(_C._get_device()).manual_seed(seed), seed=True)
 
 
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator."""
-    for i in range(_count()):
-        _generator(i).manual_seed(int(seed))
+    seed = int(seed)
+
+    def seed_every_device() -> None:
+        for i in range(_count()):
+            _C._get_default_generator(i).manual_seed(seed)
+
+    _package()._lazy_call(seed_every_device, seed_all=True)
 
 
 def seed() -> None:
     """Seed the current device's generator with a random number."""
-    _generator().seed()
+    _package()._lazy_call(lambda: _C._get_default_generator(_C._get_device()).seed(), seed=True)
 
 
 def seed_all() -> None:
     """Seed every device's generator with one random number."""
-    s = _generator(0).seed()
-    for i in range(1, _count()):
-        _generator(i).manual_seed(s)
+
+    def seed_every_device() -> None:
+        s = _C._get_default_generator(0).seed()
+        for i in range(1, _count()):
+            _C._get_default_generator(i).manual_seed(s)
+
+    _package()._lazy_call(seed_every_device, seed_all=True)
 
 
 def initial_seed() -> int:
