@@ -95,8 +95,13 @@ class TestGraphs(TestCase):
         s = torch.Stream(device="openreg")
         warm_up(lambda: x.mul_(2), s)
         g = torch.accelerator.Graph()
+        self.assertFalse(s.is_capturing())
         with s, g:
             x.mul_(2)
+            # torch.Stream.is_capturing asks the device guard (its default answered False here)
+            self.assertTrue(s.is_capturing())
+            self.assertFalse(torch.openreg.default_stream().is_capturing())
+        self.assertFalse(s.is_capturing())
         g.replay()
         g.replay()
         torch.openreg.synchronize()

@@ -104,6 +104,13 @@ bool OpenRegGuardImpl::queryStream(const c10::Stream& stream) const { return Ope
 
 void OpenRegGuardImpl::synchronizeStream(const c10::Stream& stream) const { OpenRegStream(stream).synchronize(); }
 
+// torch.Stream.is_capturing() (the interface's default answers false, also mid-capture).
+bool OpenRegGuardImpl::isStreamCapturing(const c10::Stream& stream) const {
+  int capturing = 0;
+  OPENREG_CHECK(orStreamIsCapturing(OpenRegStream(stream).handle(), &capturing));
+  return capturing != 0;
+}
+
 void OpenRegGuardImpl::synchronizeDevice(const c10::DeviceIndex device_index) const {
   const auto previous = exchange_device(device_index < 0 ? current_device() : device_index);
   orStatus st = orDeviceSynchronize();
