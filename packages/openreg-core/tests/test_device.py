@@ -102,10 +102,9 @@ class TestRegistration(TestCase):
         ignore it). Without the flags the header template runs serially (team of 1)."""
         import ctypes
         import tempfile
-        from pathlib import Path
 
-        from torch.utils.cpp_extension import load
-        from torch_openreg.utils.cpp_extension import OpenRegExtension, openmp_flags
+        from torch_openreg.utils.cpp_extension import openmp_flags
+        from torch_openreg.utils.testing import compile_probe
 
         probe = """
             #include <ATen/Parallel.h>
@@ -120,19 +119,9 @@ class TestRegistration(TestCase):
               return count;
             }
         """
-        ext = OpenRegExtension("p._C", ["probe.cpp"])
         before = torch.get_num_threads()
         with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, "probe.cpp").write_text(probe)
-            path = load(
-                "openreg_team_probe",
-                [str(Path(tmp, "probe.cpp"))],
-                extra_cflags=ext.extra_compile_args,
-                extra_ldflags=ext.extra_link_args,
-                build_directory=tmp,
-                is_python_module=False,
-            )
-            team_size = ctypes.CDLL(path).team_size
+            team_size = compile_probe("openreg_team_probe", probe, tmp).team_size
             team_size.argtypes = [ctypes.c_int64]
             try:
                 for n in (1, 2, 3):

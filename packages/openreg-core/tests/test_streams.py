@@ -311,10 +311,8 @@ class TestStreams(TestCase):
         dropped after another launch took its count gives nothing back."""
         import ctypes
         import tempfile
-        from pathlib import Path
 
-        from torch.utils.cpp_extension import load
-        from torch_openreg.utils.cpp_extension import OpenRegExtension
+        from torch_openreg.utils.testing import compile_probe
 
         probe = """
             #include <ATen/Parallel.h>
@@ -362,23 +360,11 @@ class TestStreams(TestCase):
               }
             }
         """
-        ext = OpenRegExtension("p._C", ["probe.cpp"])
         large = _large()  # would make the next raw kernel run with the whole team, n
         tiny = torch.zeros(1, device="openreg")  # would make it run on one thread
         before = torch.get_num_threads()
         with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, "probe.cpp").write_text(probe)
-            path = load(
-                "openreg_launch_bytes_probe",
-                [str(Path(tmp, "probe.cpp"))],
-                extra_cflags=ext.extra_compile_args,
-                extra_include_paths=ext.include_dirs,
-                extra_ldflags=[*ext.extra_link_args, *(f"-L{d}" for d in ext.library_dirs)]
-                + [f"-l{lib}" for lib in ext.libraries],
-                build_directory=tmp,
-                is_python_module=False,
-            )
-            lib = ctypes.CDLL(path)
+            lib = compile_probe("openreg_launch_bytes_probe", probe, tmp)
             lib.build_then.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
 
             def build_then(t: torch.Tensor, what: int) -> int:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 
 def run_python(
@@ -49,6 +49,36 @@ def raw_kernel_team_size() -> int:
     assert lib.orLaunchKernel(torch.openreg.current_raw_stream(), b"team_size_probe", fn, None, None) == 0
     torch.openreg.synchronize()
     return seen[0]
+
+
+def compile_probe(name: str, source: str, folder: str) -> Any:
+    """Compiles the C++ ``source`` in ``folder`` as a shared library built the way a plugin is
+    (``torch_openreg.utils.cpp_extension.OpenRegExtension``'s flags, core's headers and libraries)
+    and loads it with ctypes: for tests that check what a vendor's launch site or kernel sees."""
+    import ctypes
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import load
+
+    from .cpp_extension import OpenRegExtension
+
+    ext = OpenRegExtension(f"{name}._C", [f"{name}.cpp"])
+    path = Path(folder, f"{name}.cpp")
+    path.write_text(source)
+    library = load(
+        name,
+        [str(path)],
+        extra_cflags=ext.extra_compile_args,
+        extra_include_paths=ext.include_dirs,
+        extra_ldflags=[
+            *ext.extra_link_args,
+            *(f"-L{d}" for d in ext.library_dirs),
+            *(f"-l{lib}" for lib in ext.libraries),
+        ],
+        build_directory=folder,
+        is_python_module=False,
+    )
+    return ctypes.CDLL(library)
 
 
 class StreamHold:
