@@ -483,13 +483,46 @@ class TestFork(TestCase):
                 print(str(e).splitlines()[0])
                 print('originally invoked at:' in str(e) and '"<string>", line 5' in str(e))  # the _lazy_call
             print(torch.openreg.is_initialized())
+            # reported once and dropped: the next use initialises
+            print((torch.ones(1, device="openreg") + 1).item(), torch.openreg.is_initialized())
             """
         )
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(
             r.stdout.splitlines(),
-            ["openreg call failed lazily at initialization with error: from the queued call", "True", "False"],
+            [
+                "openreg call failed lazily at initialization with error: from the queued call",
+                "True",
+                "False",
+                "2.0 True",
+            ],
         )
+
+    def test_queued_seeds_keep_their_device_and_may_seed_again(self):
+        r = run_python(
+            """
+            import torch
+            # a seed for the current device is for the device current at the call
+            with torch.openreg._DeviceGuard(1):
+                torch.openreg.manual_seed(5)
+            torch.openreg.manual_seed(7)
+            # a queued call may seed again (it ran while the initialisation held its lock)
+            torch.openreg._lazy_call(lambda: torch.openreg.manual_seed(7))
+            # a seed out of range is refused at the call, as by the CPU generator, and not queued
+            try:
+                torch.openreg.manual_seed_all(2**64)
+            except ValueError as e:
+                print("refused:", e)
+            a0, a1 = torch.randn(3, device="openreg:0").cpu(), torch.randn(3, device="openreg:1").cpu()
+            torch.openreg.manual_seed(7)
+            with torch.openreg.device(1):
+                torch.openreg.manual_seed(5)
+            print(torch.equal(a0, torch.randn(3, device="openreg:0").cpu()),
+                  torch.equal(a1, torch.randn(3, device="openreg:1").cpu()))
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines(), ["refused: Overflow when unpacking long long", "True True"])
 
 
 class TestExit(TestCase):

@@ -78,20 +78,15 @@ bool parse_bytes(const char* text, size_t* out) {
   return true;
 }
 
-Runtime* g_runtime_for_fork = nullptr;  // set by create_runtime, which registers mark_forked
+// Whether any call but orGetDeviceCount has reached the runtime: from then on it may hold state of
+// the parent's (devices, pinned memory, events, locks another thread holds at the fork).
+std::atomic<bool> g_used{false};
 
-// In a forked child. A device the parent set up (its memory, its streams' workers) is the parent's:
-// the child's runtime refuses every call. A parent that had only read the configuration (the
-// device count, as torch.openreg.device_count() does) set nothing up, and its child starts afresh,
-// as CUDA's child after an NVML device count.
+// In a forked child. A runtime the parent used is the parent's: the child's refuses every call. A
+// parent that had only read the configuration (the device count, as torch.openreg.device_count()
+// does) used nothing, and its child starts afresh, as CUDA's child after an NVML device count.
 void mark_forked() {
-  const Runtime& rt = *g_runtime_for_fork;
-  for (int i = 0; i < rt.device_count; ++i) {
-    if (rt.devices[i].ready.load(std::memory_order_acquire)) {
-      g_forked.store(true);
-      return;
-    }
-  }
+  if (g_used.load()) g_forked.store(true);
 }
 
 Runtime* create_runtime() {
@@ -116,7 +111,6 @@ Runtime* create_runtime() {
   faults_from_env(rt->device_count, &rt->config_error);
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
-  g_runtime_for_fork = rt;
   platform::on_fork_child(mark_forked);
   return rt;
 }
@@ -132,7 +126,7 @@ Runtime& runtime() {
 
 int& current_device_index() { return t_current_device; }
 
-orStatus check_runtime() {
+orStatus check_config() {
   Runtime& rt = runtime();
   if (g_forked.load(std::memory_order_relaxed))
     return fail(orErrorForkedProcess,
@@ -140,6 +134,13 @@ orStatus check_runtime() {
                 "forked child; start worker processes with the 'spawn' method");
   if (!rt.config_error.empty()) return fail(orErrorInitialization, rt.config_error);
   return orSuccess;
+}
+
+orStatus check_runtime() {
+  // Read before written: after the first call, every call only reads the flag (no cache-line
+  // transfer between threads on the launch path).
+  if (!g_used.load(std::memory_order_relaxed)) g_used.store(true);
+  return check_config();
 }
 
 orStatus get_device(int index, Device** out) {
@@ -237,7 +238,7 @@ extern "C" {
 
 orStatus orGetDeviceCount(int* count) {
   if (count == nullptr) return fail(orErrorInvalidValue, "count is NULL");
-  if (orStatus st = check_runtime()) return st;
+  if (orStatus st = check_config()) return st;  // reads the configuration only: see mark_forked
   *count = runtime().device_count;
   return orSuccess;
 }

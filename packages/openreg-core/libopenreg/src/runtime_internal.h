@@ -324,8 +324,11 @@ struct Runtime {
 Runtime& runtime();
 extern std::atomic<bool> g_forked;
 
-// Validates the configuration (once) and the fork state. Every API entry calls it.
+// Validates the configuration (once) and the fork state. Every API entry calls it, and the runtime
+// counts as used from then on (a forked child's is refused: see device.cpp::mark_forked).
 orStatus check_runtime();
+// The same checks for a call that only reads the configuration (orGetDeviceCount).
+orStatus check_config();
 // Initialises device `index` if needed.
 orStatus get_device(int index, Device** out);
 // The current device of this host thread, initialised.

@@ -118,30 +118,37 @@ _init_lock = threading.Lock()
 _init_tls = threading.local()  # is_initializing: the queued calls run (they may use the module)
 # Calls made before initialisation that need the device, run by _lazy_init (torch.cuda's
 # _lazy_call): the seeding functions queue theirs, so that torch.manual_seed does not start openreg
-# and a process may still fork after it. Of the seeds, only the last call for the current device
-# (manual_seed, seed) and the last for all devices (manual_seed_all, seed_all) count, in the order
-# they were made, after the other queued calls (as torch.cuda runs them).
+# and a process may still fork after it. Of the seeds, only the last call for each device (manual_seed,
+# seed: the device current at the call) and the last for all devices (manual_seed_all, seed_all)
+# count, in the order they were made, after the other queued calls (as torch.cuda runs them).
 _queued_calls: List[Any] = []  # (callable, the stack that queued it)
-_queued_seeds: Dict[str, Any] = {}  # "seed" / "seed_all" -> (callable, stack), in call order
+_queued_seeds: Dict[Any, Any] = {}  # "all" or a device index -> (callable, stack), in call order
 
 
-def _lazy_call(callable: Any, seed: bool = False, seed_all: bool = False) -> None:
-    """Runs ``callable`` now if openreg is initialised, else at its initialisation."""
+def _lazy_call(callable: Any, seed: Any = None) -> None:
+    """Runs ``callable`` now if openreg is initialised (or being initialised by this thread: a queued
+    call may queue another), else at its initialisation. The lock is never held while a call runs or
+    a stack is formatted (a call that seeds again would wait for itself; a fork meanwhile would give
+    the child a held lock). ``seed`` names what a seeding call seeds ("all", or a device index): a
+    later call for the same replaces it."""
+    if is_initialized() or getattr(_init_tls, "is_initializing", False):
+        callable()
+        return
+    entry = (callable, traceback.format_stack())
     with _init_lock:
-        if is_initialized():
-            callable()
+        if not _initialized:
+            if seed is not None:
+                _queued_seeds.pop(seed, None)  # the latest for what it seeds, after the others
+                _queued_seeds[seed] = entry
+            else:
+                _queued_calls.append(entry)
             return
-        entry = (callable, traceback.format_stack())
-        if seed or seed_all:
-            key = "seed_all" if seed_all else "seed"
-            _queued_seeds.pop(key, None)  # the latest of its kind, after the other kind
-            _queued_seeds[key] = entry
-        else:
-            _queued_calls.append(entry)
+    callable()  # initialised meanwhile
 
 
 def _after_fork_in_child() -> None:
-    global _initialized, _in_bad_fork
+    global _initialized, _in_bad_fork, _init_lock
+    _init_lock = threading.Lock()  # another thread of the parent may have held it at the fork
     if _initialized:
         _initialized = False
         _in_bad_fork = True
@@ -211,9 +218,14 @@ def _lazy_init() -> None:
         if _C._device_count() <= 0:
             reason = _C._device_count_error() or "check OPENREG_DEVICE_COUNT"
             raise RuntimeError(f"No openreg device is available: {reason}")
+        # Each queued call runs once: one that fails is reported and dropped, and the next use
+        # initialises without it (kept, it would fail every use of the process).
+        calls = [*_queued_calls, *_queued_seeds.values()]
+        _queued_calls.clear()
+        _queued_seeds.clear()
         _init_tls.is_initializing = True
         try:
-            for call, stack in [*_queued_calls, *_queued_seeds.values()]:
+            for call, stack in calls:
                 try:
                     call()
                 except Exception as e:
@@ -221,8 +233,6 @@ def _lazy_init() -> None:
                         f"openreg call failed lazily at initialization with error: {e}\n\n"
                         f"openreg call was originally invoked at:\n\n{''.join(stack)}"
                     ) from e
-            _queued_seeds.clear()
-            _queued_calls.clear()
             _initialized = True
         finally:
             del _init_tls.is_initializing

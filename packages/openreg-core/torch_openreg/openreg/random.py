@@ -3,7 +3,7 @@
 Each generator's state is host-side (see ``csrc/runtime/OpenRegGenerator.h``).
 """
 
-from typing import Iterable, List
+from typing import Any, Iterable, List
 
 import torch
 
@@ -68,29 +68,38 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
 
 # The seeding functions do not start openreg (as torch.cuda's): before its initialisation they
 # queue their call (torch.openreg._lazy_call), and torch.manual_seed leaves a process free to fork.
-# The calls use the generators' bindings directly, which do not initialise.
+# The calls use the generators' bindings directly, which do not initialise. A seed is checked at the
+# call, as the CPU generator checks it, and one for the current device is for the device current at
+# the call.
+
+
+def _checked_seed(seed: Any) -> int:
+    seed = int(seed)
+    torch.Generator().manual_seed(seed)  # the CPU's error for a seed out of range, now
+    return seed
 
 
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
-    seed = int(seed)
-    _package()._lazy_call(lambda: _C._get_default_generator(_C._get_device()).manual_seed(seed), seed=True)
+    seed, device = _checked_seed(seed), _C._get_device()
+    _package()._lazy_call(lambda: _C._get_default_generator(device).manual_seed(seed), seed=device)
 
 
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator."""
-    seed = int(seed)
+    seed = _checked_seed(seed)
 
     def seed_every_device() -> None:
         for i in range(_count()):
             _C._get_default_generator(i).manual_seed(seed)
 
-    _package()._lazy_call(seed_every_device, seed_all=True)
+    _package()._lazy_call(seed_every_device, seed="all")
 
 
 def seed() -> None:
     """Seed the current device's generator with a random number."""
-    _package()._lazy_call(lambda: _C._get_default_generator(_C._get_device()).seed(), seed=True)
+    device = _C._get_device()
+    _package()._lazy_call(lambda: _C._get_default_generator(device).seed(), seed=device)
 
 
 def seed_all() -> None:
@@ -101,7 +110,7 @@ def seed_all() -> None:
         for i in range(1, _count()):
             _C._get_default_generator(i).manual_seed(s)
 
-    _package()._lazy_call(seed_every_device, seed_all=True)
+    _package()._lazy_call(seed_every_device, seed="all")
 
 
 def initial_seed() -> int:
