@@ -213,10 +213,9 @@ OpenRegStream getStreamFromPool(int priority, c10::DeviceIndex device) {
 }
 
 OpenRegStream getStreamFromExternal(orStream_t handle, c10::DeviceIndex device) {
-  int owner = -1;
-  OPENREG_CHECK(orStreamGetDevice(handle, &owner));
-  TORCH_CHECK(owner == device, "external stream belongs to openreg device ", owner, ", not ", static_cast<int>(device));
-  return OpenRegStream(make(device, static_cast<c10::StreamId>(reinterpret_cast<uintptr_t>(handle))));
+  OpenRegStream stream(make(device, static_cast<c10::StreamId>(reinterpret_cast<uintptr_t>(handle))));
+  checkExternalOpenRegStream(stream);
+  return stream;
 }
 
 void checkExternalOpenRegStream(OpenRegStream stream) {
