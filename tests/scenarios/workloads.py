@@ -4,6 +4,9 @@ Data is made on the CPU from fixed seeds, so every device and every rank sees th
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -11,39 +14,24 @@ import torch.nn.functional as F
 VOCAB, WIDTH, HEADS, LAYERS, CONTEXT = 64, 32, 4, 2, 16
 
 
-class Block(nn.Module):
-    """A pre-norm GPT block: causal attention (F.scaled_dot_product_attention) and a GELU MLP."""
-
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=-1))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+def _core_models():
+    """core's reference models (torch_openreg/utils/models.py, which imports only torch), loaded from
+    their file rather than as torch_openreg.utils.models: importing that would import torch_openreg,
+    and a scenario resumes a checkpoint in a process that must not (test_checkpoint.py)."""
+    package = Path(importlib.util.find_spec("torch_openreg").origin).parent  # finds it, imports nothing
+    spec = importlib.util.spec_from_file_location("openreg_reference_models", package / "utils" / "models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class TinyGPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, WIDTH)
-        self.pos = nn.Parameter(torch.randn(CONTEXT, WIDTH) * 0.02)
-        self.blocks = nn.Sequential(*[Block(WIDTH, HEADS) for _ in range(LAYERS)])
-        self.ln, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, idx):
-        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos[: idx.shape[1]])))
+_models = _core_models()
+TinyGPT, SmallCNN = _models.TinyGPT, _models.SmallCNN
 
 
 def make_gpt(seed: int = 0) -> TinyGPT:
     torch.manual_seed(seed)
-    return TinyGPT()
+    return TinyGPT(VOCAB, WIDTH, HEADS, LAYERS, CONTEXT)
 
 
 def gpt_batch(step: int, batch: int = 8):
@@ -84,21 +72,6 @@ def make_optimizer(model, name: str, lr: float):
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr)
     return torch.optim.AdamW(model.parameters(), lr=lr)
-
-
-class SmallCNN(nn.Module):
-    """conv-relu x2 + linear, for quantization and export."""
-
-    def __init__(self):
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
-        self.c2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.fc = nn.Linear(32 * 8 * 8, 10)
-
-    def forward(self, x):
-        x = F.relu(self.c1(x))
-        x = F.relu(self.c2(x))
-        return self.fc(torch.flatten(x, 1))
 
 
 def cnn_images(seed: int, batch: int = 4):

@@ -122,45 +122,19 @@ def mlp_step_bf16_autocast(device: str):
     return autocast_step
 
 
-class TinyGPT(torch.nn.Module):
+def make_gpt() -> torch.nn.Module:
     """A small decoder-only transformer (issue #15's): hundreds of small ops per step, where the
-    per-op host cost shows (embedding, LayerNorm, causal SDPA, GELU MLP, cross-entropy)."""
+    per-op host cost shows (embedding, LayerNorm, causal SDPA, GELU MLP, cross-entropy). The
+    model is the one core's and the plugins' tests use (torch_openreg.utils.models), at this size."""
+    from torch_openreg.utils.models import TinyGPT
 
-    def __init__(self, vocab: int = 100, d: int = 128, heads: int = 4, layers: int = 2, ctx: int = 64):
-        super().__init__()
-        self.heads = heads
-        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(ctx, d)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.ModuleDict(
-                {
-                    "ln1": torch.nn.LayerNorm(d),
-                    "qkv": torch.nn.Linear(d, 3 * d),
-                    "proj": torch.nn.Linear(d, d),
-                    "ln2": torch.nn.LayerNorm(d),
-                    "up": torch.nn.Linear(d, 4 * d),
-                    "down": torch.nn.Linear(4 * d, d),
-                }
-            )
-            for _ in range(layers)
-        )
-        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        b, t = idx.shape
-        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).split(x.shape[-1], dim=2)
-            q, k, v = [z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v)]
-            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](y.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk["down"](torch.nn.functional.gelu(blk["up"](blk["ln2"](x))))
-        return self.head(self.ln(x))
+    return TinyGPT(vocab=100, d=128, heads=4, layers=2, context=64)
 
 
 def gpt_training(device: str):
     """The GPT step's state: the model, its AdamW, a batch of 16 x 64 tokens and their targets."""
     torch.manual_seed(0)
-    model = TinyGPT().to(device)
+    model = make_gpt().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     idx = torch.randint(0, 100, (16, 64), device=device)
     target = torch.randint(0, 100, (16, 64), device=device)
@@ -182,7 +156,7 @@ def gpt_step(device: str):
 
 def gpt_forward_b1(device: str):
     torch.manual_seed(0)
-    model = TinyGPT().to(device).eval()
+    model = make_gpt().to(device).eval()
     idx = torch.randint(0, 100, (1, 64), device=device)
     sync = _sync(device)
 

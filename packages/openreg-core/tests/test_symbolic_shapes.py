@@ -8,25 +8,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_symbols
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-
-class AttentionBlock(nn.Module):
-    """A causal self-attention block with an MLP, as in a small GPT."""
-
-    def __init__(self, d: int = 32, heads: int = 4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
+from torch_openreg.utils.models import GPTBlock
 
 
 def batch_and_seq_symbols(ep) -> list:
@@ -53,7 +35,7 @@ class TestExport(TestCase):
 
     def test_sdpa_block(self):
         torch.manual_seed(0)
-        model = AttentionBlock().to("openreg").eval()
+        model = GPTBlock().to("openreg").eval()
         ep = self.check_export(model, torch.randn(2, 8, 32, device="openreg"))
         targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
         self.assertIn(torch.ops.aten.scaled_dot_product_attention.default, targets)
@@ -83,7 +65,7 @@ class TestCompileDynamic(TestCase):
             return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
 
         torch.manual_seed(0)
-        model = AttentionBlock().to("openreg")
+        model = GPTBlock().to("openreg")
         compiled = torch.compile(model, backend=counting_backend, dynamic=True)
         after_first = None
         for seq in (8, 13, 21):

@@ -8,37 +8,7 @@ import torch
 from compile_check import compare_with_cpu_inductor
 from torch._dynamo.utils import counters
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-
-class Block(torch.nn.Module):
-    """A GPT block; attention through F.scaled_dot_product_attention (openreg's fused kernel, an
-    extern call in the compiled graph, whose results must have the strides its meta kernel gives)."""
-
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=-1))
-        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyGPT(torch.nn.Module):
-    def __init__(self, vocab=64, d=32, heads=4, layers=2, block=16):
-        super().__init__()
-        self.tok = torch.nn.Embedding(vocab, d)
-        self.pos = torch.nn.Parameter(torch.randn(block, d) * 0.02)
-        self.blocks = torch.nn.Sequential(*[Block(d, heads) for _ in range(layers)])
-        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos[: idx.shape[1]])))
+from torch_openreg.utils.models import TinyGPT
 
 
 class TestGPT(TestCase):

@@ -87,37 +87,6 @@ class MHA(nn.Module):
         return self.attn(x, x, x, need_weights=False)[0]
 
 
-class Block(nn.Module):
-    """A pre-norm GPT block: causal self-attention through F.scaled_dot_product_attention."""
-
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab=64, d=32, heads=4, layers=2, block=16):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
-        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        return self.head(self.ln(self.blocks(x)))
-
-
 class AllOps(nn.Module):
     """Every openreg operator and every form of the fused attention, one output each."""
 

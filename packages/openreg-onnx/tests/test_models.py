@@ -4,9 +4,10 @@ import openreg_onnx
 import pytest
 import torch
 import torch.nn as nn
-from conftest import GPT, MHA, MLP, Block, ConvBN, Recurrent
+from conftest import MHA, MLP, ConvBN, Recurrent
 from openreg_onnx._verify import run_onnx
 from torch.export import Dim
+from torch_openreg.utils.models import GPTBlock, TinyGPT
 
 MODELS = {
     "mlp": (lambda: MLP(), lambda g: (torch.randn(5, 8, generator=g),)),
@@ -18,7 +19,7 @@ MODELS = {
         lambda: nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True),
         lambda g: (torch.randn(2, 5, 16, generator=g),),
     ),
-    "gpt_block": (lambda: Block(32, 4), lambda g: (torch.randn(2, 6, 32, generator=g),)),
+    "gpt_block": (lambda: GPTBlock(32, 4), lambda g: (torch.randn(2, 6, 32, generator=g),)),
 }
 
 
@@ -79,7 +80,7 @@ GPT_DYNAMIC = {"idx": {0: Dim("batch", max=64), 1: Dim("seq", max=16)}}
 @pytest.fixture(scope="module")
 def gpt():
     torch.manual_seed(0)
-    return GPT().to("openreg").eval()
+    return TinyGPT().to("openreg").eval()
 
 
 def _symbolic_dims(program):
@@ -89,7 +90,7 @@ def _symbolic_dims(program):
 
 def test_gpt_on_cpu_keeps_dynamic_dims(gpt):
     # The reference point: the same model on the CPU exports with symbolic batch and sequence.
-    cpu = GPT().eval()
+    cpu = TinyGPT().eval()
     cpu.load_state_dict({k: v.cpu() for k, v in gpt.state_dict().items()})
     program = openreg_onnx.export(cpu, (torch.randint(0, 64, (2, 8)),), dynamic_shapes=GPT_DYNAMIC)
     assert _symbolic_dims(program) == ["batch", "seq"]

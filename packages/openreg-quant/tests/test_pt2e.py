@@ -15,6 +15,7 @@ import torch.nn.functional as F  # noqa: E402
 from conftest import run_recorded  # noqa: E402
 from openreg_quant import OpenRegQuantizer, lower_pt2e, pt2e  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
+from torch_openreg.utils.models import SmallCNN  # noqa: E402
 from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e  # noqa: E402
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: E402
@@ -23,21 +24,6 @@ from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa
 )
 
 qd = torch.ops.quantized_decomposed
-
-
-class SmallCNN(nn.Module):
-    """conv-relu x2 + linear."""
-
-    def __init__(self):
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
-        self.c2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.fc = nn.Linear(32 * 8 * 8, 10)
-
-    def forward(self, x):
-        x = torch.relu(self.c1(x))
-        x = torch.relu(self.c2(x))
-        return self.fc(torch.flatten(x, 1))
 
 
 class Block(nn.Module):
