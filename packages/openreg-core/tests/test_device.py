@@ -199,6 +199,21 @@ class TestDeviceModule(TestCase):
             torch.openreg.set_device(5)
         self.assertTrue(torch.openreg.is_bf16_supported())
 
+    def test_negative_index_means_the_current_device_for_streams_and_synchronize(self):
+        # As torch.cuda's current_stream/default_stream/synchronize (getCurrentCUDAStream(-1)); the
+        # memory and RNG functions still refuse it, as CUDA's do.
+        o = torch.openreg
+        o.set_device(1)
+        self.assertEqual(o.current_stream(-1), o.current_stream(1))
+        self.assertEqual(o.default_stream(-1), o.default_stream(1))
+        self.assertEqual(o.current_raw_stream(-1), o.current_raw_stream(1))
+        x = torch.ones(4, device="openreg:1") * 3
+        o.synchronize(torch.ones(1).get_device())
+        self.assertEqual(x.cpu().tolist(), [3.0] * 4)
+        self.assertEqual(o.current_device(), 1)
+        with self.assertRaisesRegex(ValueError, "Invalid openreg device index -1: indices start at 0"):
+            o.memory_allocated(-1)
+
     def test_device_context(self):
         with torch.openreg.device(1):
             self.assertEqual(torch.openreg.current_device(), 1)
@@ -330,7 +345,7 @@ class TestDeviceModule(TestCase):
             "get_rng_state": lambda d: o.get_rng_state(d),
             "device": lambda d: o.device(d).__enter__(),
         }
-        for index in (255, 256, 257):
+        for index in (255, 256, 257, 2**31, 2**40):  # beyond C int too: the same error, not pybind11's
             for name, call in calls.items():
                 with self.subTest(call=name, index=index):
                     with self.assertRaisesRegex(
@@ -469,6 +484,21 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.split(), ["False", "True", "True", "True", "0"])
+
+    def test_seeding_without_a_device_is_ignored(self):
+        # torch.cuda documents manual_seed and seed as safe without a device (silently ignored).
+        r = run_python(
+            """
+            import torch
+            print(torch.openreg.is_available())
+            torch.openreg.manual_seed(1); torch.openreg.seed()
+            torch.openreg.manual_seed_all(1); torch.openreg.seed_all(); torch.manual_seed(1)
+            print("ignored")
+            """,
+            env={"OPENREG_DEVICE_COUNT": "0"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["False", "ignored"])
 
     def test_a_queued_call_that_fails_names_where_it_was_made(self):
         r = run_python(

@@ -111,6 +111,9 @@ class TestState(TestCase):
         gens[1].manual_seed(7)
         self.assertEqual(torch.randn(8, device="openreg:1"), a)
         self.assertEqual(gens[1].initial_seed(), 7)
+        # Built once, as CUDA's tuple: the same objects at every access.
+        self.assertIs(torch.openreg.default_generators, gens)
+        self.assertIs(torch.openreg.default_generators[0], gens[0])
 
 
 class TestReproducibility(TestCase):

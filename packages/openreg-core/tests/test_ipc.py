@@ -45,6 +45,27 @@ class TestIpcHandles(TestCase):
         whole = torch.empty(0, device="openreg:1").set_(t.untyped_storage())
         self.assertEqual(whole.cpu().tolist(), [0, 1, 2, 3, 7, 5, 7, 7, 7, 9, 7, 11])
 
+    def test_a_range_beyond_the_allocation_is_refused_without_wrapping(self):
+        # offset + nbytes computed in size_t wrapped around for a forged offset near 2**64, passed the
+        # check, and gave a tensor that started before the allocation.
+        t = torch.ones(4, device="openreg")
+        h = torch.openreg.get_ipc_handle(t)
+        r = run_python(
+            f"""
+            import pickle, torch
+            h = pickle.loads(bytes.fromhex({pickle.dumps(h).hex()!r}))
+            for offset, nbytes in ((2**64 - 8, 16), (0, 2**40), (2**40, 1)):
+                try:
+                    torch.openreg.open_ipc_handle(h._replace(offset=offset, nbytes=nbytes))
+                    print("opened")
+                except RuntimeError as e:
+                    print(str(e).split(":")[0])
+            print(torch.openreg.open_ipc_handle(h).cpu().tolist())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines(), ["IPC handle does not match the tensor"] * 3 + ["[1.0, 1.0, 1.0, 1.0]"])
+
     def test_conjugate_and_negative_views_keep_their_bits(self):
         # A lazy conj view and its imaginary part (a negated view after conj) read the base's memory;
         # the handle carries the bits, so the other process reads the view's values, not the base's.

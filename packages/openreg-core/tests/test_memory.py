@@ -94,6 +94,38 @@ class TestCachingAllocator(TestCase):
         self.assertIn("reserved_bytes.large_pool.peak", stats)
         self.assertGreaterEqual(torch.openreg.max_memory_reserved(), torch.openreg.memory_reserved())
 
+    def test_reset_peak_recounts_the_inactive_splits_first(self):
+        # The inactive-split counts are recounted when read: a reset must recount them first, or
+        # their peaks keep the count of the last read (here a split segment since released).
+        torch.openreg.empty_cache()
+        a = torch.empty(1000, dtype=torch.uint8, device="openreg")  # splits a small segment
+        self.assertEqual(torch.openreg.memory_stats()["inactive_split.all.current"], 1)
+        del a
+        torch.openreg.empty_cache()
+        torch.openreg.reset_peak_memory_stats()
+        stats = torch.openreg.memory_stats()
+        for key in ("inactive_split.all", "inactive_split_bytes.all"):
+            self.assertEqual((stats[key + ".current"], stats[key + ".peak"]), (0, 0), key)
+        torch.openreg.reset_accumulated_memory_stats()
+        stats = torch.openreg.memory_stats()
+        self.assertEqual((stats["inactive_split.all.allocated"], stats["inactive_split.all.freed"]), (0, 0))
+
+    def test_profiler_records_device_memory(self):
+        # As CUDA's allocator: torch.profiler(profile_memory=True) sees each allocation and free.
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.openreg.empty_cache()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], profile_memory=True) as prof:
+            x = torch.empty(MiB, device="openreg:1")
+            del x
+        empty = {e.key: e for e in prof.key_averages()}["aten::empty"]
+        self.assertEqual((empty.device_memory_usage, empty.cpu_memory_usage), (4 * MiB, 0))
+        # The free happens outside any operator: a "[memory]" record of its own.
+        records = [e for e in prof.events() if e.name == "[memory]"]
+        self.assertEqual([e.device_memory_usage for e in records], [-4 * MiB])
+        # Outside a profile nothing is recorded, and allocations work as before.
+        self.assertEqual(torch.ones(3, device="openreg").sum().item(), 3.0)
+
     def test_accelerator_memory_api(self):
         base = torch.accelerator.memory_allocated()
         x = torch.empty(MiB, device="openreg")

@@ -152,12 +152,33 @@ class TestTensors(SerializationTestCase):
                         loaded["f32_dev0"].untyped_storage().data_ptr(),
                     )
 
+    def test_load_saved_on_a_device_this_process_lacks_names_map_location(self):
+        # torch.serialization parses the location with torch.openreg._utils._get_device_index (CUDA's
+        # contract: no range check) and then raises its own error, which tells the user what to do.
+        path = self.save({"b": torch.ones(2, device="openreg:1")})
+        r = run_python(
+            f"""
+            import torch
+            try:
+                torch.load({path!r})
+            except RuntimeError as e:
+                print(e)
+            print(torch.load({path!r}, map_location="openreg:0")["b"].device)
+            """,
+            env={"OPENREG_DEVICE_COUNT": "1"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(
+            "Attempting to deserialize object on OPENREG device 1 but torch.openreg.device_count() is 1. "
+            "Please use torch.load with map_location",
+            r.stdout,
+        )
+        self.assertTrue(r.stdout.strip().endswith("openreg:0"), r.stdout)
+
     def test_load_onto_missing_device_index(self):
         path = self.save({"a": torch.ones(3, device="openreg:0"), "b": torch.ones(2, device="openreg:1")})
-        message = (
-            r"Invalid openreg device index 5: there are 2 openreg devices "
-            r"\(valid indices 0\.\.1; OPENREG_DEVICE_COUNT sets the count\)"
-        )
+        # torch's own message (torch.serialization._validate_device), which names map_location.
+        message = r"Attempting to deserialize object on OPENREG device 5 but torch.openreg.device_count\(\) is 2"
         for map_location in ("openreg:5", torch.device("openreg", 5), {"openreg:0": "openreg:5"}):
             for weights_only in (True, False):
                 with self.subTest(map_location=repr(map_location), weights_only=weights_only):

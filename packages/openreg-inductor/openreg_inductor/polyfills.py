@@ -27,7 +27,7 @@ _registered = False
 
 def _device(device) -> torch.device:
     """``torch.openreg``'s device argument as an indexed openreg device (None: the current one).
-    Core's ``_get_device_index`` does this through a binding Dynamo cannot trace."""
+    Core's ``_device_index`` does this through a binding Dynamo cannot trace."""
     if isinstance(device, int):
         return torch.device(DEVICE, device)
     device = torch.device(DEVICE if device is None else device)
@@ -51,7 +51,7 @@ def _device_context_index(device, optional: bool = True) -> int:
     None, a negative index (a CPU tensor's ``get_device()``) and a device without an index (which
     names the current device) switch nothing, in eager code too. Read once, at the trace; a bad
     index fails the trace with the eager error."""
-    from torch_openreg.openreg._utils import _get_device_index
+    from torch_openreg.openreg._utils import _device_index
 
     if device is None or (isinstance(device, int) and device < 0):
         return -1
@@ -59,7 +59,7 @@ def _device_context_index(device, optional: bool = True) -> int:
         device = torch.device(device)
         if device.type == DEVICE and device.index is None:
             return -1
-    return int(_get_device_index(device))  # the eager errors: another device type, a bad index
+    return int(_device_index(device))  # the eager errors: another device type, a bad index
 
 
 def _device_context_variable() -> type:

@@ -31,13 +31,13 @@ namespace {
 
 // A device index from Python, checked as the int it is: cast first to the 8-bit DeviceIndex,
 // 257 would become 1 and pass the check.
-c10::DeviceIndex device_index(int d) {
+c10::DeviceIndex device_index(int64_t d) {
   check_device_index(d);
   return static_cast<c10::DeviceIndex>(d);
 }
 
 // The stream a Python stream names (its id and device index).
-OpenRegStream stream_of(int64_t id, int d) {
+OpenRegStream stream_of(int64_t id, int64_t d) {
   return OpenRegStream(
       c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_index(d)), id));
 }
@@ -259,12 +259,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
   m.def("_device_count_error", [] { return device_count_error(); });
   m.def("_get_device", [] { return static_cast<int>(current_device()); });
-  m.def("_set_device", [](int d) { set_device(device_index(d)); });
-  m.def("_exchange_device", [](int d) {
+  m.def("_set_device", [](int64_t d) { set_device(device_index(d)); });
+  m.def("_exchange_device", [](int64_t d) {
     if (d < 0) return -1;
     return static_cast<int>(exchange_device(device_index(d)));
   });
-  m.def("_check_device_index", [](int d) { check_device_index(d); });
+  m.def("_check_device_index", [](int64_t d) { check_device_index(d); });
   // A one-element backward per device, queued behind what autograd's device threads still hold of
   // earlier passes (see torch_openreg/openreg/__init__.py::_finish_queued_work_at_exit). Built in
   // C++, without the GIL, so that none of its tensors has a Python object for a device thread to
@@ -280,14 +280,14 @@ PYBIND11_MODULE(_C, m) {
       torch::autograd::backward({out}, {at::ones_like(out)});
     }
   });
-  m.def("_synchronize", [](int d) {
+  m.def("_synchronize", [](int64_t d) {
     py::gil_scoped_release no_gil;
     const auto previous = exchange_device(device_index(d));
     orStatus st = orDeviceSynchronize();
     exchange_device(previous);
     OPENREG_CHECK(st);
   });
-  m.def("_get_device_properties", [](int d) {
+  m.def("_get_device_properties", [](int64_t d) {
     orDeviceProp prop;
     OPENREG_CHECK(orGetDeviceProperties(&prop, d));
     py::dict out;
@@ -298,7 +298,7 @@ PYBIND11_MODULE(_C, m) {
     out["minor"] = prop.minor;
     return out;
   });
-  m.def("_mem_get_info", [](int d) {
+  m.def("_mem_get_info", [](int64_t d) {
     const auto previous = exchange_device(device_index(d));
     size_t free_bytes = 0, total = 0;
     orStatus st = orMemGetInfo(&free_bytes, &total);
@@ -332,9 +332,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_inject_faults", [](const std::string& spec) { OPENREG_CHECK(orInjectFaults(spec.c_str())); });
 
   // streams
-  m.def("_get_current_stream", [](int d) { return pack(getCurrentOpenRegStream(device_index(d))); });
-  m.def("_get_default_stream", [](int d) { return pack(getDefaultOpenRegStream(device_index(d))); });
-  m.def("_set_current_stream", [](int64_t id, int d, int) {
+  m.def("_get_current_stream", [](int64_t d) { return pack(getCurrentOpenRegStream(device_index(d))); });
+  m.def("_get_default_stream", [](int64_t d) { return pack(getDefaultOpenRegStream(device_index(d))); });
+  m.def("_set_current_stream", [](int64_t id, int64_t d, int) {
     const OpenRegStream stream = stream_of(id, d);
     // First: a made-up, destroyed or another device's stream is refused here, not by every later op
     // on the thread (another device's stream would escape this device's synchronize).
@@ -346,14 +346,14 @@ PYBIND11_MODULE(_C, m) {
   });
   // The runtime handle (orStream_t as an integer) of a stream and of the current one: what compiled
   // code passes to orLaunchKernel (openreg-inductor's wrapper asks once per graph).
-  m.def("_stream_handle", [](int64_t id, int d) { return reinterpret_cast<uintptr_t>(stream_of(id, d).handle()); });
+  m.def("_stream_handle", [](int64_t id, int64_t d) { return reinterpret_cast<uintptr_t>(stream_of(id, d).handle()); });
   m.def("_current_raw_stream",
-        [](int d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(device_index(d)).handle()); });
+        [](int64_t d) { return reinterpret_cast<uintptr_t>(getCurrentOpenRegStream(device_index(d)).handle()); });
   if (PyType_Ready(device_guard_type()) < 0) throw py::error_already_set();
   m.attr("_DeviceGuard") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(device_guard_type()));
   m.attr("_empty_strided") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStridedDef, nullptr, m.attr("__name__").ptr()));
-  m.def("_stream_priority", [](int64_t id, int d) { return stream_of(id, d).priority(); });
+  m.def("_stream_priority", [](int64_t id, int64_t d) { return stream_of(id, d).priority(); });
   m.def("_stream_priority_range", [] {
     int least = 0, greatest = 0;
     OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));
@@ -368,7 +368,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // memory
-  m.def("_memory_stats", [](int d) { return stats_dict(device_index(d)); });
+  m.def("_memory_stats", [](int64_t d) { return stats_dict(device_index(d)); });
   m.def("_memory_snapshot", [] { return snapshot_list(); });
   m.def("_empty_cache", [] {
     py::gil_scoped_release no_gil;
@@ -376,17 +376,17 @@ PYBIND11_MODULE(_C, m) {
     host_allocator::empty_cache();
   });
   m.def(
-      "_reset_peak_memory_stats", [](int d) { allocator::resetPeakStats(device_index(d)); },
+      "_reset_peak_memory_stats", [](int64_t d) { allocator::resetPeakStats(device_index(d)); },
       py::call_guard<py::gil_scoped_release>());
   m.def(
-      "_reset_accumulated_memory_stats", [](int d) { allocator::resetAccumulatedStats(device_index(d)); },
+      "_reset_accumulated_memory_stats", [](int64_t d) { allocator::resetAccumulatedStats(device_index(d)); },
       py::call_guard<py::gil_scoped_release>());
 
   // launch sizing: kernels below this many bytes of tensor arguments run with one thread
   m.def("_small_kernel_bytes", [] { return small_kernel_bytes(); });
 
   // random
-  m.def("_get_default_generator", [](int d) {
+  m.def("_get_default_generator", [](int64_t d) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(device_index(d))));
   });
 
@@ -421,7 +421,7 @@ PYBIND11_MODULE(_C, m) {
   });
   // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
   // its storage closes the mapping when it dies.
-  m.def("_ipc_open", [](const py::bytes& data, int device, size_t offset, size_t nbytes) {
+  m.def("_ipc_open", [](const py::bytes& data, int64_t device, size_t offset, size_t nbytes) {
     const std::string raw = data;
     TORCH_CHECK(raw.size() == sizeof(orIpcMemHandle_t), "an openreg IPC handle has ", sizeof(orIpcMemHandle_t),
                 " bytes, got ", raw.size());
@@ -432,7 +432,7 @@ PYBIND11_MODULE(_C, m) {
     OPENREG_CHECK(orIpcOpenMemHandle(&base, handle));
     orPointerAttributes attr;
     OPENREG_CHECK(orPointerGetAttributes(&attr, base));
-    if (attr.device != device || offset + nbytes > attr.size) {
+    if (attr.device != device || offset > attr.size || nbytes > attr.size - offset) {  // no wrap-around
       orIpcCloseMemHandle(base);
       TORCH_CHECK(false, "IPC handle does not match the tensor: allocation of ", attr.size,
                   " bytes on openreg:", attr.device, ", asked for ", nbytes, " bytes at offset ", offset,

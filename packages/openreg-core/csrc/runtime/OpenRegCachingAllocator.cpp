@@ -98,7 +98,12 @@ class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
-  Block* malloc(size_t requested, orStream_t stream) {
+  // The device's allocated and reserved bytes after a malloc or free, for the profiler's memory records.
+  struct Usage {
+    size_t allocated = 0, reserved = 0;
+  };
+
+  Block* malloc(size_t requested, orStream_t stream, Usage* usage) {
     std::lock_guard<std::mutex> lock(mu_);
     process_events();
     const size_t size = round_size(requested);
@@ -120,22 +125,26 @@ class DeviceCache {
     live_.emplace(block->ptr, block);
     if (!capturing_.empty())
       if (auto c = capturing_.find(stream); c != capturing_.end()) block->graph = c->second;
+    *usage = current_usage();
     return block;
   }
 
-  void free(void* ptr) {
+  // Returns the freed block's size.
+  size_t free(void* ptr, Usage* usage) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != live_.end(), "openreg allocator: freeing an unknown pointer");
     Block* block = it->second;
+    const size_t size = block->size;
     live_.erase(it);
     block->allocated = false;
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
+    *usage = current_usage();
     if (block->graph != 0) {  // a captured graph may still read or write it when replayed
       retained_[block->graph].push_back(block);
-      return;
+      return size;
     }
     if (!block->stream_uses.empty()) {
       // Not reusable until the other streams' work queued so far is done. While a graph is being
@@ -147,11 +156,12 @@ class DeviceCache {
         needs_events_.push_back(block);
         block->pending_events++;  // holds the block (no reuse, no coalescing) until its events exist
       }
-      return;
+      return size;
     }
     deactivate(block);
     Block* previous = std::exchange(recent_, block);  // first: `previous` must not merge with `block`
     if (previous != nullptr) release_to_pool(previous);
+    return size;
   }
 
   // Device side of a free: events on every stream that used the block (record_stream).
@@ -236,11 +246,17 @@ class DeviceCache {
 
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
+    // The inactive-split counts are recounted when read (see recount_inactive_split): bring them up
+    // to date first, or a peak reset now would keep the count of the last read as its peak.
+    settle();
+    recount_inactive_split();
     for_each_stat([](Stat& s) { s.reset_peak(); });
   }
 
   void reset_accumulated() {
     std::lock_guard<std::mutex> lock(mu_);
+    settle();  // as reset_peak: the next read must not book what happened before the reset
+    recount_inactive_split();
     for_each_stat([](Stat& s) { s.reset_accumulated(); });
     stats_.num_alloc_retries = 0;
     stats_.num_ooms = 0;
@@ -299,6 +315,8 @@ class DeviceCache {
       orMemGetInfo(&free_bytes, &total);
       exchange_device(prev);
       const auto& agg = [](const StatArray& a) { return a[static_cast<size_t>(StatType::AGGREGATE)].current; };
+      c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(bytes), agg(stats_.allocated_bytes),
+                                       agg(stats_.reserved_bytes), c10::Device(c10::DeviceType::PrivateUse1, device_));
       TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
                        ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(size),
                        "). Device capacity ", format_size(total), ", ", format_size(free_bytes), " free; ",
@@ -475,6 +493,12 @@ class DeviceCache {
     }
   }
 
+  Usage current_usage() const {
+    constexpr auto kAll = static_cast<size_t>(StatType::AGGREGATE);
+    return {static_cast<size_t>(stats_.allocated_bytes[kAll].current),
+            static_cast<size_t>(stats_.reserved_bytes[kAll].current)};
+  }
+
   static void update(StatArray& a, bool small, int64_t delta) {
     for (size_t i : {static_cast<size_t>(StatType::AGGREGATE),
                      static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL)}) {
@@ -515,7 +539,12 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     const c10::DeviceIndex device = current_device();
     const c10::Device dev(c10::DeviceType::PrivateUse1, device);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &raw_delete, dev);
-    Block* block = cache(device).malloc(n, current_stream_handle(device));
+    DeviceCache::Usage usage;
+    Block* block = cache(device).malloc(n, current_stream_handle(device), &usage);
+    // As CUDA's allocator: torch.profiler(profile_memory=True) records each allocation and free
+    // (a no-op unless this thread is being profiled). Outside the cache's lock.
+    c10::reportMemoryUsageToProfiler(block->ptr, static_cast<int64_t>(block->size), usage.allocated, usage.reserved,
+                                     dev);
     return c10::DataPtr(block->ptr, block->ptr, &raw_delete, dev);
   }
 
@@ -587,7 +616,10 @@ void OpenRegCachingAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
   const int device = orPointerGetDevice(ptr);
   TORCH_INTERNAL_ASSERT(device >= 0, "openreg allocator: freeing a pointer that is not device memory");
-  g_allocator.cache(static_cast<c10::DeviceIndex>(device)).free(ptr);
+  DeviceCache::Usage usage;
+  const size_t size = g_allocator.cache(static_cast<c10::DeviceIndex>(device)).free(ptr, &usage);
+  c10::reportMemoryUsageToProfiler(ptr, -static_cast<int64_t>(size), usage.allocated, usage.reserved,
+                                   c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ from . import backend_meta as _backend_meta
 from . import ipc as _ipc
 from . import ops  # noqa: F401  (registers openreg::scaled_square)
 from ._plugins import plugins
-from ._utils import _DeviceLike, _get_device_index
+from ._utils import _device_index, _DeviceLike
 from .backend_meta import BackendMeta, clear_backend_meta, get_backend_meta, set_backend_meta
 from .ipc import IpcHandle, get_ipc_handle, open_ipc_handle
 from .memory import (
@@ -253,7 +253,7 @@ def set_device(device: _DeviceLike) -> None:
     """Set the current openreg device of this thread (a negative index does nothing, as in torch.cuda)."""
     if isinstance(device, int) and device < 0:
         return
-    index = _get_device_index(device)
+    index = _device_index(device)
     _C._set_device(index)
 
 
@@ -270,7 +270,7 @@ class device:
 
     def __init__(self, device: Any):
         # None or a negative index (a CPU tensor's get_device()) leaves the device alone, as in torch.cuda.
-        self.idx = -1 if device is None or (isinstance(device, int) and device < 0) else _get_device_index(device)
+        self.idx = -1 if device is None or (isinstance(device, int) and device < 0) else _device_index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -290,7 +290,7 @@ class device_of(device):
 
 def synchronize(device: _DeviceLike = None) -> None:
     """Wait for all work queued on all streams of an openreg device."""
-    _C._synchronize(_get_device_index(device))
+    _C._synchronize(_device_index(device, negative_is_current=True))
 
 
 class _DeviceProperties:
@@ -311,7 +311,7 @@ class _DeviceProperties:
 
 def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
     """Properties of an openreg device (name, total memory, ...)."""
-    return _DeviceProperties(_C._get_device_properties(_get_device_index(device)))
+    return _DeviceProperties(_C._get_device_properties(_device_index(device)))
 
 
 def get_device_name(device: _DeviceLike = None) -> str:

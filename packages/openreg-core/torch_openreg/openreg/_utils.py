@@ -10,8 +10,11 @@ from .. import _C
 _DeviceLike = Union[torch.device, str, int, None]
 
 
-def _get_device_index(device: _DeviceLike = None, optional: bool = True) -> int:
-    """The index of an openreg device given as a device, string, int or None (current)."""
+def _device_index(device: _DeviceLike = None, optional: bool = True, negative_is_current: bool = False) -> int:
+    """The index of an openreg device given as a device, string, int or None (current), checked
+    against the device count. With ``negative_is_current``, a negative int means the current device,
+    as the stream and synchronisation functions of torch.cuda take it (a CPU tensor's
+    ``get_device()`` is -1, and code passes it on)."""
     if type(device) is int and device >= 0:
         # The common case, and the one on compiled code's per-call path (its device guard and stream
         # query): a plain index needs no conversion, only the checks below (~0.2 us, was ~1 us).
@@ -32,6 +35,8 @@ def _get_device_index(device: _DeviceLike = None, optional: bool = True) -> int:
         if not isinstance(index, int):
             raise TypeError(f"Expected a device index as int, got {type(index).__name__}")
         if index < 0:
+            if negative_is_current:
+                return _package().current_device()
             _package()._lazy_init()
             raise ValueError(f"Invalid openreg device index {index}: indices start at 0")
     package = _package()
@@ -39,6 +44,29 @@ def _get_device_index(device: _DeviceLike = None, optional: bool = True) -> int:
         package._lazy_init()
     _C._check_device_index(index)
     return index
+
+
+def _get_device_index(device: _DeviceLike, optional: bool = False, allow_cpu: bool = False) -> int:
+    """torch.cuda._utils._get_device_index's contract, which torch.serialization relies on: parses a
+    device, string, int or None (current, with ``optional``) without checking the index against the
+    device count, so that torch.load of a tensor saved on a device this process lacks reaches
+    torch's own error, which names map_location. openreg's functions use _device_index."""
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if allow_cpu and device.type == "cpu":
+            return -1
+        if device.type != "openreg":
+            raise ValueError(f"Expected an openreg device, but got: {device}")
+        if device.index is not None:
+            return device.index
+    elif device is not None:
+        raise TypeError(f"Expected an openreg device, string, int or None, got {type(device).__name__}")
+    if not optional:
+        raise ValueError(f"Expected an openreg device with a specified index, got: {device}")
+    return _package().current_device()
 
 
 def _package() -> Any:

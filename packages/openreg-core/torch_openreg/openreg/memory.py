@@ -6,12 +6,12 @@ The numbers come from the caching allocator (``csrc/runtime/OpenRegCachingAlloca
 from typing import Any, Dict, List, Tuple
 
 from .. import _C
-from ._utils import _DeviceLike, _get_device_index
+from ._utils import _device_index, _DeviceLike
 
 
 def memory_stats(device: _DeviceLike = None) -> Dict[str, Any]:
     """All caching-allocator statistics of a device, keyed like ``torch.cuda.memory_stats``."""
-    return dict(sorted(_C._memory_stats(_get_device_index(device)).items()))
+    return dict(sorted(_C._memory_stats(_device_index(device)).items()))
 
 
 def memory_allocated(device: _DeviceLike = None) -> int:
@@ -36,12 +36,12 @@ def max_memory_reserved(device: _DeviceLike = None) -> int:
 
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
     """Reset the peaks of the memory statistics of a device."""
-    _C._reset_peak_memory_stats(_get_device_index(device))
+    _C._reset_peak_memory_stats(_device_index(device))
 
 
 def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
     """Reset the accumulated (allocated/freed totals) memory statistics of a device."""
-    _C._reset_accumulated_memory_stats(_get_device_index(device))
+    _C._reset_accumulated_memory_stats(_device_index(device))
 
 
 def empty_cache() -> None:
@@ -56,4 +56,4 @@ def memory_snapshot() -> List[Dict[str, Any]]:
 
 def mem_get_info(device: _DeviceLike = None) -> Tuple[int, int]:
     """(free, total) bytes of a device as the runtime sees them."""
-    return tuple(_C._mem_get_info(_get_device_index(device)))
+    return tuple(_C._mem_get_info(_device_index(device)))

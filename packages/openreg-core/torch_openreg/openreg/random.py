@@ -3,16 +3,17 @@
 Each generator's state is host-side (see ``csrc/runtime/OpenRegGenerator.h``).
 """
 
-from typing import Any, Iterable, List
+import threading
+from typing import Any, Iterable, List, Optional
 
 import torch
 
 from .. import _C
-from ._utils import _DeviceLike, _get_device_index, _package
+from ._utils import _device_index, _DeviceLike, _package
 
 
 def _generator(device: _DeviceLike = None) -> torch.Generator:
-    return _C._get_default_generator(_get_device_index(device))
+    return _default_generators()[_device_index(device)]
 
 
 def _get_generator(device: torch.device) -> torch.Generator:
@@ -40,9 +41,19 @@ def _count() -> int:
     return _C._device_count()
 
 
+_DEFAULT_GENERATORS: Optional[tuple] = None
+_DEFAULT_GENERATORS_LOCK = threading.Lock()
+
+
 def _default_generators() -> tuple:
-    """Every device's default generator, as ``torch.cuda.default_generators``."""
-    return tuple(_generator(i) for i in range(_count()))
+    """Every device's default generator, as ``torch.cuda.default_generators``: built once, so that
+    each device has one Python object (``is`` and identity-keyed caches work, as on CUDA)."""
+    global _DEFAULT_GENERATORS
+    if _DEFAULT_GENERATORS is None:
+        with _DEFAULT_GENERATORS_LOCK:
+            if _DEFAULT_GENERATORS is None:
+                _DEFAULT_GENERATORS = tuple(_C._get_default_generator(i) for i in range(_count()))
+    return _DEFAULT_GENERATORS
 
 
 def get_rng_state(device: _DeviceLike = "openreg") -> torch.Tensor:
@@ -80,8 +91,11 @@ def _checked_seed(seed: Any) -> int:
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the current device's generator."""
-    seed, device = _checked_seed(seed), _C._get_device()
+    """Seed the current device's generator (without a usable device, nothing: as torch.cuda)."""
+    seed = _checked_seed(seed)
+    if _count() <= 0:
+        return
+    device = _C._get_device()
     _package()._lazy_call(lambda: _C._get_default_generator(device).manual_seed(seed), seed=device)
 
 
@@ -97,7 +111,9 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
-    """Seed the current device's generator with a random number."""
+    """Seed the current device's generator with a random number (without a usable device, nothing)."""
+    if _count() <= 0:
+        return
     device = _C._get_device()
     _package()._lazy_call(lambda: _C._get_default_generator(device).seed(), seed=device)
 

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from .. import _C
-from ._utils import _DeviceLike, _get_device_index
+from ._utils import _device_index, _DeviceLike
 
 
 class Stream(torch.Stream):
@@ -22,7 +22,7 @@ class Stream(torch.Stream):
     def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
         if kwargs.get("stream_id") is not None:  # re-wrapping an existing stream
             return super().__new__(cls, **kwargs)
-        index = _get_device_index(device)
+        index = _device_index(device)
         return super().__new__(cls, device=torch.device("openreg", index), priority=priority)
 
     def wait_event(self, event: "Event") -> None:
@@ -102,19 +102,19 @@ class Event(torch.Event):
 
 def current_stream(device: _DeviceLike = None) -> Stream:
     """The current stream of an openreg device, for this thread."""
-    return _wrap(_C._get_current_stream(_get_device_index(device)))
+    return _wrap(_C._get_current_stream(_device_index(device, negative_is_current=True)))
 
 
 def current_raw_stream(device: _DeviceLike = None) -> int:
     """The runtime handle of the current stream of an openreg device, for this thread, as an integer
     (``current_stream(device).openreg_stream`` without building a Stream): compiled code asks it
     once per call. C code gets the same from ``openregCurrentStream`` (``runtime/OpenRegCApi.h``)."""
-    return _C._current_raw_stream(_get_device_index(device))
+    return _C._current_raw_stream(_device_index(device, negative_is_current=True))
 
 
 def default_stream(device: _DeviceLike = None) -> Stream:
     """The default stream of an openreg device."""
-    return _wrap(_C._get_default_stream(_get_device_index(device)))
+    return _wrap(_C._get_default_stream(_device_index(device, negative_is_current=True)))
 
 
 def _check_openreg_stream(stream: torch.Stream) -> None:
