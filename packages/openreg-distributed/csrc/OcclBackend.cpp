@@ -58,51 +58,52 @@ constexpr const char* kPeerErrorKey = "occl/first_error";
 std::atomic<size_t> next_pg_id{0};
 
 // ---- checks at the call: errors name the operation and surface where the user made the call ----
+// As NCCL's: ValueError for a tensor or size the operation cannot take, TypeError for mismatched dtypes.
 
 // `p2p`: a send or receive, which (as NCCL's) takes any dense layout, not only a contiguous one.
 void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt,
                   bool p2p = false) {
-  TORCH_CHECK(t.defined(), "occl ", op, ": got an undefined tensor");
-  TORCH_CHECK(t.layout() == c10::kStrided, "occl ", op, ": only dense (strided) tensors are supported, got ",
-              t.layout());
-  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "occl ", op,
-              ": tensors must be on an openreg device, got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.defined(), "occl ", op, ": got an undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "occl ", op, ": only dense (strided) tensors are supported, got ",
+                    t.layout());
+  TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1, "occl ", op,
+                    ": tensors must be on an openreg device, got a tensor on ", t.device());
   if (device) {
-    TORCH_CHECK(t.device() == *device, "occl ", op, ": all tensors must be on one device, got ", *device, " and ",
-                t.device());
+    TORCH_CHECK_VALUE(t.device() == *device, "occl ", op, ": all tensors must be on one device, got ", *device, " and ",
+                      t.device());
   }
   // NCCL's rule (ProcessGroupNCCL's check_gpu_single_tensor): contiguous in the tensor's suggested memory
   // format, so channels_last tensors (a channels_last conv model's gradients) are taken; send and receive
   // take any layout, moved in memory order. occl refused anything but is_contiguous(), and takes dense
   // tensors only for p2p (NCCL reads numel() elements from data_ptr() whatever the gaps).
   if (p2p) {
-    TORCH_CHECK(t.is_non_overlapping_and_dense(), "occl ", op,
-                ": tensors must be dense (no gaps or overlaps between elements), got sizes ", t.sizes(),
-                " and strides ", t.strides());
+    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), "occl ", op,
+                      ": tensors must be dense (no gaps or overlaps between elements), got sizes ", t.sizes(),
+                      " and strides ", t.strides());
     if (!t.is_contiguous()) {
       TORCH_WARN_ONCE("occl ", op,
                       ": a non-contiguous tensor is sent or received in memory order; the sender's and the "
                       "receiver's tensors must have the same layout (as with NCCL)");
     }
   } else {
-    TORCH_CHECK(t.is_contiguous(t.suggest_memory_format()), "occl ", op, ": tensors must be contiguous");
+    TORCH_CHECK_VALUE(t.is_contiguous(t.suggest_memory_format()), "occl ", op, ": tensors must be contiguous");
   }
 }
 
 c10::Device check_tensors(const char* op, const std::vector<at::Tensor>& ts, bool p2p = false) {
-  TORCH_CHECK(!ts.empty(), "occl ", op, ": expects at least one tensor");
+  TORCH_CHECK_VALUE(!ts.empty(), "occl ", op, ": expects at least one tensor");
   const c10::Device device = ts.front().defined() ? ts.front().device() : c10::Device(c10::DeviceType::CPU);
   for (const auto& t : ts) check_tensor(op, t, device, p2p);
   return device;
 }
 
 void check_single(const char* op, size_t n, const char* what) {
-  TORCH_CHECK(n == 1, "occl ", op, ": expects exactly one ", what, " tensor (list) per process, got ", n);
+  TORCH_CHECK_VALUE(n == 1, "occl ", op, ": expects exactly one ", what, " tensor (list) per process, got ", n);
 }
 
 void check_same_dtype(const char* op, const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "occl ", op, ": input and output dtypes differ (", a.scalar_type(),
-              " and ", b.scalar_type(), ")");
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "occl ", op, ": input and output dtypes differ (",
+                   a.scalar_type(), " and ", b.scalar_type(), ")");
 }
 
 // The root's list of per-rank tensors of gather (outputs) and scatter (inputs), `role` naming them:
@@ -112,19 +113,19 @@ std::vector<at::Tensor> root_list(const char* op, const char* role, const std::v
                                   bool is_root, int root, int world_size, c10::Device device, const at::Tensor& like,
                                   const char* like_role) {
   if (!is_root) {
-    TORCH_CHECK(lists.empty() || lists[0].empty(), "occl ", op, ": only the root (rank ", root, ") takes ", role,
-                " tensors");
+    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "occl ", op, ": only the root (rank ", root, ") takes ", role,
+                      " tensors");
     return {};
   }
   check_single(op, lists.size(), role);
   const std::vector<at::Tensor>& ts = lists[0];
-  TORCH_CHECK(static_cast<int>(ts.size()) == world_size, "occl ", op, ": the root expects world size (", world_size,
-              ") ", role, " tensors, got ", ts.size());
+  TORCH_CHECK_VALUE(static_cast<int>(ts.size()) == world_size, "occl ", op, ": the root expects world size (",
+                    world_size, ") ", role, " tensors, got ", ts.size());
   for (const auto& t : ts) {
     check_tensor(op, t, device);
     check_same_dtype(op, like, t);
-    TORCH_CHECK(t.numel() == like.numel(), "occl ", op, ": ", role, " tensors must have the ", like_role, "'s ",
-                like.numel(), " elements, got ", t.numel());
+    TORCH_CHECK_VALUE(t.numel() == like.numel(), "occl ", op, ": ", role, " tensors must have the ", like_role, "'s ",
+                      like.numel(), " elements, got ", t.numel());
   }
   return ts;
 }
@@ -537,6 +538,10 @@ void OcclBackend::shutdown() {
 
 // ---- the watchdog ----
 
+namespace {
+void complete_result(WorkOutcome& o);
+}  // namespace
+
 void OcclBackend::stop_watchdog() {
   {
     std::lock_guard<std::mutex> g(watch_mu_);
@@ -545,6 +550,38 @@ void OcclBackend::stop_watchdog() {
   watch_cv_.notify_all();
   // The watchdog may be waiting for the GIL to drop a tensor: the caller may hold it.
   if (watchdog_.joinable()) without_gil([this] { watchdog_.join(); });
+  // Operations still queued run to their end (shutdown, destroy_process_group): their results
+  // (Work.get_future_result) are completed by a thread of their own, which holds only their
+  // outcomes (no tensors, not the backend) and ends with the last of them, finished or timed out.
+  std::deque<Watched> pending;
+  {
+    std::lock_guard<std::mutex> g(watch_mu_);
+    pending.swap(watched_);
+  }
+  std::vector<std::pair<std::shared_ptr<WorkOutcome>, std::chrono::steady_clock::time_point>> left;
+  for (auto& w : pending)
+    if (!w.outcome->result->completed()) left.emplace_back(w.outcome, w.enqueued + w.timeout);
+  if (left.empty()) return;
+  std::thread([left = std::move(left)]() mutable {
+    while (!left.empty()) {
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = left.begin(); it != left.end();) {
+        WorkOutcome& o = *it->first;
+        const bool finished = o.finished.load(std::memory_order_acquire);
+        if (!finished && !o.error.failed() && now >= it->second) {
+          o.timed_out = true;
+          o.error.set("timed out after the process group was shut down");
+        }
+        if (finished || o.error.failed()) {
+          if (!o.result->completed()) complete_result(o);
+          it = left.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (!left.empty()) std::this_thread::sleep_for(kWatchdogPoll);
+    }
+  }).detach();
 }
 
 void OcclBackend::watch(Watched w) {
@@ -748,6 +785,14 @@ void OcclBackend::check_rank(const char* op, const char* role, int64_t rank) con
   TORCH_CHECK_VALUE(rank >= 0 && rank < size_, "occl ", op, ": ", role, " rank ", rank,
                     " is not a rank of this process group of size ", size_, " (rank ", rank_,
                     " calling; valid ranks are 0 to ", size_ - 1, ")");
+}
+
+// NCCL sends to its own rank (a device copy); Gloo, occl's transport, has no connection to itself, so
+// the send failed in its kernel and took the group (and, by default, the process) down. Refused here.
+void OcclBackend::check_not_self(const char* op, int64_t peer) const {
+  TORCH_CHECK_VALUE(peer != rank_, "occl ", op, ": the peer is this rank (", rank_,
+                    "); occl does not send to or receive from its own rank (its transport, Gloo, has no "
+                    "connection to itself): copy the tensor instead");
 }
 
 void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
@@ -1025,12 +1070,25 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
 
 void OcclBackend::startCoalescing() {
   coalescing_ = true;
+  coalescing_abandoned_ = false;
   coalesced_device_.reset();
   coalesced_streams_.clear();
   coalesced_outputs_.clear();
 }
 
+void OcclBackend::abandon_coalescing() {
+  coalescing_ = false;
+  coalescing_abandoned_ = true;
+  coalesced_device_.reset();
+  coalesced_streams_.clear();
+  coalesced_outputs_.clear();  // each operation's own Work keeps its tensors until it ends
+}
+
 c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
+  TORCH_CHECK(!coalescing_abandoned_,
+              "occl: this coalescing block (batch_isend_irecv or _coalescing_manager) was ended when an operation "
+              "in it was refused at its call; the operations queued before it run on their own, those after it "
+              "were not part of the block: wait for their own Works");
   coalescing_ = false;
   int current = 0;
   OPENREG_CHECK(orGetDevice(&current));
@@ -1056,6 +1114,7 @@ c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
 // ---- the operations ----
 
 c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("broadcast", tensors.size(), "");
   const auto device = check_tensors("broadcast", tensors);
   check_rank("broadcast", "root", opts.rootRank);
@@ -1072,6 +1131,7 @@ c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors
 }
 
 c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const auto device = check_tensors("all_reduce", tensors);
   std::vector<at::Tensor> stash;
   // A coalesced all-reduce may mix dtypes; the transport reduces one dtype at a time: one of its
@@ -1116,6 +1176,7 @@ c10::intrusive_ptr<Work> OcclBackend::allreduce_coalesced(std::vector<at::Tensor
 }
 
 c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("reduce", tensors.size(), "");
   const auto device = check_tensors("reduce", tensors);
   check_rank("reduce", "root", opts.rootRank);
@@ -1128,8 +1189,10 @@ c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, c
   return enqueue(
       c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, std::move(stash), tensors,
       [t, a = args_of(tensors), r, root, is_root, timeout] {
-        // Off the root the tensor is an input only: PREMUL_SUM scales a copy.
-        at::Tensor v = r.scaled(reduced_view(a[0].materialize()), /*in_place=*/is_root);
+        // Off the root the tensor is an input only, left as it was (as NCCL's): the transport reduces
+        // into its buffer, so it gets a copy there (which PREMUL_SUM scales).
+        at::Tensor in = reduced_view(a[0].materialize());
+        at::Tensor v = r.scaled(is_root ? in : in.clone(), /*in_place=*/true);
         WorkPtr w = t->reduce(v, root, r.op, timeout);
         return Started{{w}, [v, r, is_root] {
                          if (is_root) r.finish(v);
@@ -1147,16 +1210,17 @@ c10::intrusive_ptr<Work> OcclBackend::_allgather_base(at::Tensor& output, at::Te
 c10::intrusive_ptr<Work> OcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "all_gather_into_tensor";
-  TORCH_CHECK(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
-              " inputs");
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
+                    " inputs");
   const auto device = check_tensors(op, inputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(op, outputs[i], device);
     check_same_dtype(op, inputs[i], outputs[i]);
-    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_, "occl ", op, ": output has ", outputs[i].numel(),
-                " elements, expected input's ", inputs[i].numel(), " x world size ", size_, " = ",
-                inputs[i].numel() * size_);
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_, "occl ", op, ": output has ", outputs[i].numel(),
+                      " elements, expected input's ", inputs[i].numel(), " x world size ", size_, " = ",
+                      inputs[i].numel() * size_);
   }
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
@@ -1175,18 +1239,19 @@ c10::intrusive_ptr<Work> OcclBackend::allgather_into_tensor_coalesced(std::vecto
 
 c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                 std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "all_gather";
   check_single(op, inputs.size(), "input");
   check_single(op, outputs.size(), "output");
   const auto device = check_tensors(op, inputs);
   auto& outs = outputs[0];
-  TORCH_CHECK(static_cast<int>(outs.size()) == size_, "occl ", op, ": expects world size (", size_,
-              ") output tensors, got ", outs.size());
+  TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size_, "occl ", op, ": expects world size (", size_,
+                    ") output tensors, got ", outs.size());
   for (const auto& o : outs) {
     check_tensor(op, o, device);
     check_same_dtype(op, inputs[0], o);
-    TORCH_CHECK(o.numel() == inputs[0].numel(), "occl ", op, ": output tensors must have the input's ",
-                inputs[0].numel(), " elements, got ", o.numel());
+    TORCH_CHECK_VALUE(o.numel() == inputs[0].numel(), "occl ", op, ": output tensors must have the input's ",
+                      inputs[0].numel(), " elements, got ", o.numel());
   }
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
@@ -1210,13 +1275,14 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
 c10::intrusive_ptr<Work> OcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_, "occl all_gather_coalesced: expects world size (", size_,
                     ") output lists, got ", outputs.size());
   for (const auto& list : outputs)
-    TORCH_CHECK(list.size() == inputs.size(),
-                "occl all_gather_coalesced: each output list must have one tensor per "
-                "input (",
-                inputs.size(), "), got ", list.size());
+    TORCH_CHECK_VALUE(list.size() == inputs.size(),
+                      "occl all_gather_coalesced: each output list must have one tensor per "
+                      "input (",
+                      inputs.size(), "), got ", list.size());
   // One all_gather per input, ended together as a coalesced group (one Work), as Gloo's is one call.
   const bool outer = !coalescing_;
   if (outer) startCoalescing();
@@ -1233,7 +1299,7 @@ c10::intrusive_ptr<Work> OcclBackend::allgather_coalesced(std::vector<std::vecto
     throw;
   }
   if (outer) return endCoalescing();
-  TORCH_CHECK(last, "occl all_gather_coalesced: no input tensors");
+  TORCH_CHECK_VALUE(last, "occl all_gather_coalesced: no input tensors");
   return last;
 }
 
@@ -1246,17 +1312,18 @@ c10::intrusive_ptr<Work> OcclBackend::_reduce_scatter_base(at::Tensor& output, a
 c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::ReduceScatterOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "reduce_scatter_tensor";
-  TORCH_CHECK(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
-              " inputs");
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
+                    " inputs");
   const auto device = check_tensors(op, inputs);
   std::vector<at::Tensor> stash = inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(op, outputs[i], device);
     check_same_dtype(op, inputs[i], outputs[i]);
-    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "occl ", op, ": input has ", inputs[i].numel(),
-                " elements, expected output's ", outputs[i].numel(), " x world size ", size_, " = ",
-                outputs[i].numel() * size_);
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, "occl ", op, ": input has ", inputs[i].numel(),
+                      " elements, expected output's ", outputs[i].numel(), " x world size ", size_, " = ",
+                      outputs[i].numel() * size_);
   }
   // A coalesced reduce-scatter may mix dtypes (as NCCL's, and occl's coalesced all-reduce and all-gather):
   // each tensor has the reduction of its own dtype (AVG truncates integers). One Reduction for inputs[0]'s
@@ -1287,18 +1354,19 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
 c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ReduceScatterOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "reduce_scatter";
   check_single(op, outputs.size(), "output");
   check_single(op, inputs.size(), "input");
   const auto device = check_tensors(op, outputs);
   auto& ins = inputs[0];
-  TORCH_CHECK(static_cast<int>(ins.size()) == size_, "occl ", op, ": expects world size (", size_,
-              ") input tensors, got ", ins.size());
+  TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == size_, "occl ", op, ": expects world size (", size_,
+                    ") input tensors, got ", ins.size());
   for (const auto& x : ins) {
     check_tensor(op, x, device);
     check_same_dtype(op, x, outputs[0]);
-    TORCH_CHECK(x.numel() == outputs[0].numel(), "occl ", op, ": input tensors must have the output's ",
-                outputs[0].numel(), " elements, got ", x.numel());
+    TORCH_CHECK_VALUE(x.numel() == outputs[0].numel(), "occl ", op, ": input tensors must have the output's ",
+                      outputs[0].numel(), " elements, got ", x.numel());
   }
   std::vector<at::Tensor> stash = ins;
   Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, device, stash);
@@ -1321,6 +1389,7 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tens
                                                     std::vector<int64_t>& outputSplitSizes,
                                                     std::vector<int64_t>& inputSplitSizes,
                                                     const c10d::AllToAllOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "all_to_all_single";
   const auto device = check_tensors(op, {input});
   check_tensor(op, output, device);
@@ -1328,25 +1397,26 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tens
   auto check_splits = [&](const at::Tensor& x, const std::vector<int64_t>& splits, const char* which) {
     const int64_t rows = x.dim() == 0 ? 1 : x.size(0);
     if (splits.empty()) {
-      TORCH_CHECK(rows % size_ == 0, "occl ", op, ": the ", which, "'s dim 0 (", rows,
-                  ") is not divisible by world size ", size_, " and no split sizes were given");
+      TORCH_CHECK_VALUE(rows % size_ == 0, "occl ", op, ": the ", which, "'s dim 0 (", rows,
+                        ") is not divisible by world size ", size_, " and no split sizes were given");
       return;
     }
-    TORCH_CHECK(static_cast<int>(splits.size()) == size_, "occl ", op, ": ", which, " split sizes need world size (",
-                size_, ") entries, got ", splits.size());
+    TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size_, "occl ", op, ": ", which,
+                      " split sizes need world size (", size_, ") entries, got ", splits.size());
     int64_t sum = 0;
     for (auto s : splits) {
-      TORCH_CHECK(s >= 0, "occl ", op, ": negative split size ", s);
+      TORCH_CHECK_VALUE(s >= 0, "occl ", op, ": negative split size ", s);
       sum += s;
     }
-    TORCH_CHECK(sum == rows, "occl ", op, ": ", which, " split sizes add up to ", sum, " but its dim 0 is ", rows);
+    TORCH_CHECK_VALUE(sum == rows, "occl ", op, ": ", which, " split sizes add up to ", sum, " but its dim 0 is ",
+                      rows);
   };
   check_splits(input, inputSplitSizes, "input");
   check_splits(output, outputSplitSizes, "output");
   const int64_t in_row = input.dim() == 0 || input.size(0) == 0 ? 1 : input.numel() / input.size(0);
   const int64_t out_row = output.dim() == 0 || output.size(0) == 0 ? 1 : output.numel() / output.size(0);
-  TORCH_CHECK(input.numel() == 0 || output.numel() == 0 || in_row == out_row, "occl ", op,
-              ": input and output rows differ in size (", in_row, " and ", out_row, " elements)");
+  TORCH_CHECK_VALUE(input.numel() == 0 || output.numel() == 0 || in_row == out_row, "occl ", op,
+                    ": input and output rows differ in size (", in_row, " and ", out_row, " elements)");
   // Splits in elements of the 1-D views the transport sees (bytes for dtypes it cannot carry).
   const int64_t unit = transport_dtype(input.scalar_type()) ? 1 : input.element_size();
   std::vector<int64_t> in_splits, out_splits;
@@ -1365,11 +1435,12 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tens
 
 c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                const c10d::AllToAllOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "all_to_all";
   const auto device = check_tensors(op, inputs);
-  TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, "occl ", op,
-              ": expects world size (", size_, ") input and output tensors, got ", inputs.size(), " and ",
-              outputs.size());
+  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, "occl ", op,
+                    ": expects world size (", size_, ") input and output tensors, got ", inputs.size(), " and ",
+                    outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     check_tensor(op, outputs[i], device);
     check_same_dtype(op, inputs[0], outputs[i]);
@@ -1405,6 +1476,7 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
 
 c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                              std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "gather";
   check_single(op, inputs.size(), "input");
   const auto device = check_tensors(op, inputs);
@@ -1428,6 +1500,7 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
 c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
                                               std::vector<std::vector<at::Tensor>>& inputs,
                                               const c10d::ScatterOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "scatter";
   check_single(op, outputs.size(), "output");
   const auto device = check_tensors(op, outputs);
@@ -1456,9 +1529,11 @@ std::shared_ptr<OcclBackend::PeerStaging> OcclBackend::peer_staging(int peer) {
 }
 
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("send", tensors.size(), "");
   const auto device = check_tensors("send", tensors, /*p2p=*/true);
   check_rank("send", "destination", dstRank);
+  check_not_self("send", dstRank);
   auto t = transport_;
   // A small send is staged: copied when it starts, so that its Work ends there, once the tensor may
   // be reused, instead of when the peer has received it (as small messages on NCCL and MPI). Its
@@ -1492,9 +1567,11 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
 }
 
 c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("recv", tensors.size(), "");
   const auto device = check_tensors("recv", tensors, /*p2p=*/true);
   check_rank("recv", "source", srcRank);
+  check_not_self("recv", srcRank);
   auto t = transport_;
   return enqueue(c10d::OpType::RECV, "occl::recv", Route(Lane::kRecv, srcRank), device, {}, tensors,
                  [t, a = kernel_arg(tensors[0]), srcRank, tag] {
@@ -1504,6 +1581,7 @@ c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int
 }
 
 c10::intrusive_ptr<Work> OcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("recv", tensors.size(), "");
   const auto device = check_tensors("recv", tensors, /*p2p=*/true);
   auto t = transport_;
@@ -1515,6 +1593,7 @@ c10::intrusive_ptr<Work> OcclBackend::recvAnysource(std::vector<at::Tensor>& ten
 }
 
 c10::intrusive_ptr<Work> OcclBackend::barrier(const c10d::BarrierOptions& opts) {
+  const RefusalEndsCoalescing refusal_ends_coalescing(this);
   c10::Device device(c10::DeviceType::PrivateUse1, 0);
   if (opts.device && opts.device->type() == c10::DeviceType::PrivateUse1 && opts.device->has_index()) {
     device = *opts.device;

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -280,6 +281,7 @@ class OcclBackend : public c10d::Backend {
   void check_not_shut_down(const char* op) const;
   // A root or peer rank given to `op`: raises ValueError at the call when it is not in the group.
   void check_rank(const char* op, const char* role, int64_t rank) const;
+  void check_not_self(const char* op, int64_t peer) const;
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   void keep_until_done(c10::intrusive_ptr<OcclWork> work);
   // The watchdog's part: releases every in-flight Work whose end event completed, and its tensors.
@@ -372,6 +374,23 @@ class OcclBackend : public c10d::Backend {
   // Coalescing (torch.distributed._coalescing_manager, batch_isend_irecv): operations are
   // enqueued as they come; endCoalescing returns one Work that completes after all of them.
   bool coalescing_ = false;
+  // An operation refused at its call inside a block (torch's coalescing manager then never ends the
+  // block): the block ends there, or every later operation's outputs were kept until the next block.
+  bool coalescing_abandoned_ = false;
+  void abandon_coalescing();
+  class RefusalEndsCoalescing {
+   public:
+    explicit RefusalEndsCoalescing(OcclBackend* b) : b_(b), exceptions_(std::uncaught_exceptions()) {}
+    ~RefusalEndsCoalescing() {
+      if (b_->coalescing_ && std::uncaught_exceptions() > exceptions_) b_->abandon_coalescing();
+    }
+    RefusalEndsCoalescing(const RefusalEndsCoalescing&) = delete;
+    RefusalEndsCoalescing& operator=(const RefusalEndsCoalescing&) = delete;
+
+   private:
+    OcclBackend* b_;
+    int exceptions_;
+  };
   std::optional<c10::Device> coalesced_device_;
   std::vector<orStream_t> coalesced_streams_;  // the p2p streams used meanwhile
   std::vector<at::Tensor> coalesced_outputs_;  // the outputs of the operations meanwhile: the coalesced

@@ -182,6 +182,24 @@ class TestFaults(OcclTestCase):
         self.assert_default_group_usable()
         dist.destroy_process_group(group)
 
+    def test_results_of_operations_in_flight_at_shutdown_complete(self):
+        # The watchdog completed Work.get_future_result(), and shutdown stops it: the result of an
+        # operation still running then never completed (a wait on it hung), though the operation ran.
+        group = dist.new_group([0, 1])
+        x = torch.ones(4, device=self.device)
+        if self.rank == 1:
+            time.sleep(1.0)  # rank 0 shuts down while its all_reduce waits for this rank
+        work = dist.all_reduce(x, group=group, async_op=True)
+        result = work.get_future_result()
+        group._get_backend(self.device).shutdown()
+        deadline = time.monotonic() + 30  # polled: without the fix a wait never returns
+        while not result.done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertTrue(result.done(), "the result of an operation in flight at shutdown never completed")
+        self.assertEqual(result.value(), int(WorkResult.SUCCESS))
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+        dist.destroy_process_group(group)
+
     def _read_dump(self, path):
         t0 = time.monotonic()
         while True:  # written by the watchdog after it failed the group: wait until it is whole
