@@ -47,10 +47,22 @@ def _fields(packed: Any) -> FakePackedWeight:
 
 
 def _check(
-    x: torch.Tensor, w: FakePackedWeight, kind: str, output_scale, output_zero_point, output_dtype, post_op: str
+    x: torch.Tensor,
+    x_zero_point,
+    w: FakePackedWeight,
+    kind: str,
+    bias: Optional[torch.Tensor],
+    output_scale,
+    output_zero_point,
+    output_dtype,
+    post_op: str,
 ) -> None:
-    """The host checks of csrc/fused/QLinearConv.cpp::check_call that need no device, same messages."""
+    """csrc/fused/QLinearConv.cpp::check_call's host checks, in its order, same messages (the real
+    op's checks are C++ only: tests/test_fused.py::TestFakeKernels runs each case on both)."""
     name = f"openreg_quant::{kind}"
+    for value, what in ((x_zero_point, "x_zero_point"), (output_zero_point, "output_zero_point")):
+        if not -(2**31) <= value < 2**31:
+            raise RuntimeError(f"{name}: {what} must fit in 32 bits, got {value}.")
     if w.kind_ != kind:
         raise RuntimeError(
             f"{name}: weight was packed by openreg_quant::{w.kind_}_prepack; pack it with "
@@ -58,6 +70,21 @@ def _check(
         )
     if x.dtype not in (torch.uint8, torch.int8):
         raise RuntimeError(f"{name}: x must be uint8 or int8 (quantized activations), got {x.dtype}.")
+    where = w.weight.device
+    if where.type not in ("openreg", "meta"):  # meta: a packed weight of meta tensors stands for one
+        raise RuntimeError(f"{name}: the packed weight is on {where}; pack (or load) it on openreg.")
+    if x.device != where:
+        raise RuntimeError(
+            f"{name}: the input must be on {where}, where the packed weight is, got a tensor on {x.device}."
+        )
+    if bias is not None:
+        if bias.device != x.device:
+            raise RuntimeError(
+                f"{name}: bias must be on {x.device} (the input's device), got a tensor on {bias.device}."
+            )
+        out_channels = w.weight.shape[0]
+        if not (bias.dtype == torch.float32 and bias.dim() == 1 and bias.numel() == out_channels):
+            raise RuntimeError(f"{name}: bias must be float32 with one value per output channel ({out_channels}).")
     if output_dtype not in (None, torch.float32, torch.bfloat16):
         raise RuntimeError(
             f"{name}: output_dtype must be None (quantized output), torch.float32 or torch.bfloat16, "
@@ -147,7 +174,7 @@ def _fake_kernel(kind: str, output: Callable[..., torch.Tensor]) -> Callable[...
         output_quant_max: Optional[int] = None,
     ):
         w = _fields(weight)
-        _check(x, w, kind, output_scale, output_zero_point, output_dtype, post_op)
+        _check(x, x_zero_point, w, kind, bias, output_scale, output_zero_point, output_dtype, post_op)
         _check_range(x, kind, output_dtype, output_quant_min, output_quant_max)
         return output(x, x_scale, x_zero_point, w, output_dtype)
 

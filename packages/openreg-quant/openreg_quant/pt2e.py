@@ -151,12 +151,25 @@ def _rank(*nodes: Any) -> Optional[int]:
 
 
 def _packed(gm: torch.fx.GraphModule, name: str, packed: torch.ScriptObject) -> torch.fx.Node:
-    """A get_attr node for a packed weight, an attribute of the module (not a buffer: ``.to()`` and
-    ``state_dict()`` do not see it; pickling and ``copy.deepcopy`` do). The node is made as
-    torch.export makes those of its torchbind constants: ``graph.get_attr`` warns about any attribute
-    that is not a module, parameter or buffer."""
+    """A get_attr node for a packed weight, an attribute of the module. It is not a buffer (a
+    torchbind object, not a tensor): ``.to()`` and ``state_dict()`` do not see it; ``copy.deepcopy``
+    of the module copies it, and ``torch.export.save`` of the module's export keeps it. (The packed
+    weight pickles on its own, but a lowered module does not: exported GraphModules do not pickle.)
+    The node is made as torch.export makes those of its torchbind constants: ``graph.get_attr`` warns
+    about any attribute that is not a module, parameter or buffer."""
     setattr(gm, name, packed)
     return gm.graph.create_node("get_attr", name)
+
+
+def _refuse_load_state_dict(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook of a lowered model: its state_dict() holds the biases only (the packed
+    weights are not tensors, and the activations' scales and zero points are constants of the graph),
+    so a load from another lowered model matched every key and kept the old weights."""
+    raise RuntimeError(
+        "lower_pt2e: a lowered model cannot load a state_dict: its state_dict() holds only the biases, "
+        "not the packed weights or the activations' quantization. Save and load the whole program with "
+        "torch.export.save / torch.export.load, or load the float model's state_dict before quantizing."
+    )
 
 
 def _drop_dead_tensors(gm: torch.fx.GraphModule) -> List[str]:
@@ -317,7 +330,9 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     the reshape of the quantized tensor (``_requantize_views``). Patterns it does not recognise stay
     as they are (they still run natively: the
     decomposed q/dq ops have openreg kernels).
-    Returns the model, changed in place."""
+    The lowered model's ``state_dict()`` holds the biases only, so it refuses ``load_state_dict``;
+    save it with ``torch.export.save(torch.export.export(model, args), f)`` (exact, packed weights
+    included). Returns the model, changed in place."""
     gm = model
     graph = gm.graph
     # Checked before the graph changes: a packed weight cannot move, so the model must be there first.
@@ -415,12 +430,19 @@ def lower_pt2e(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 result = graph.call_function(reshape.target, (result, *reshape.args[1:]), dict(reshape.kwargs))
                 _retype_meta(result, reshape, x_dtype)
         (out_q or last).replace_all_uses_with(result)
+        # The replaced chain, erased now: eliminate_dead_code keeps an in-place relu (aten.relu_, from
+        # nn.ReLU(inplace=True)) as impure, and with it the float conv/linear, the weight's
+        # dequantize and the weights. It mutated only the conv/linear's own output (its one user).
+        for dead in (out_q, *reversed(reshapes), last):
+            if dead is not None and dead is not node and not dead.users:
+                graph.erase_node(dead)
         if is_conv:
             lowered_convs.append(fused)  # its channels-last output reaches the moved reshapes too
         count += 1
     _contiguous_where_needed(graph, lowered_convs)
     graph.eliminate_dead_code()
     _drop_dead_tensors(gm)
+    gm.register_load_state_dict_pre_hook(_refuse_load_state_dict)
     graph.lint()
     gm.recompile()
     return gm

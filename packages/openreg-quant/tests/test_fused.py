@@ -191,9 +191,21 @@ class TestQLinear(TestCase):
                 lambda: oq.qlinear(xq, 0.1, 0, packed, ws.cpu(), 1.0, 0, None, "none"),
                 r"bias must be on openreg:0 \(the input's device\), got a tensor on cpu",
             ),
+            # a packed weight cannot move: the message names the input as the tensor to move
             (
                 lambda: oq.qlinear(xq.to("openreg:1"), 0.1, 0, packed, None, 1.0, 0, None, "none"),
-                r"the packed weight must be on openreg:1 \(the input's device\), got a tensor on openreg:0",
+                "the input must be on openreg:0, where the packed weight is, got a tensor on openreg:1",
+            ),
+            (
+                lambda: oq.qlinear(xq.cpu(), 0.1, 0, packed, ws, 1.0, 0, None, "none"),
+                "openreg_quant::qlinear: the input must be on openreg:0, where the packed weight is, got a tensor on "
+                "cpu",
+            ),
+            (
+                # no openreg tensor among the arguments: the ops' CPU kernel is their host checks
+                lambda: oq.qlinear(xq.cpu(), 0.1, 0, packed, None, 1.0, 0, None, "none"),
+                "openreg_quant::qlinear: the input must be on openreg:0, where the packed weight is, got a tensor on "
+                "cpu",
             ),
             # oneDNN's zero points are 32-bit (the exact path's are not: the two would disagree)
             (
@@ -314,6 +326,66 @@ class TestQConv2d(TestCase):
         )
         self.assertEqual(out.shape, (2, 8, 4, 4))
         self.assertTrue(out.is_contiguous(memory_format=torch.channels_last))
+
+
+class TestFakeKernels(TestCase):
+    """The fake (and meta) kernels (openreg_quant/fake.py) refuse what the ops refuse, with the same
+    messages: torch.export and torch.compile trace with them, so a call they let through exported
+    and failed only when run."""
+
+    def _packed(self, device):
+        w, ws, wz = (t.to(device) for t in weights(8, 4, 3, 3))
+        conv = oq.qconv2d_prepack(w, ws, wz, 0.1, 0, [1, 1], [1, 1], [1, 1], 1)
+        return conv, oq.qlinear_prepack(w.reshape(8, 36).contiguous(), ws, wz)
+
+    def test_same_refusals_as_the_ops(self):
+        f32 = torch.float32
+        # (op, x shape, x_zero_point, bias (shape, dtype), output_zero_point)
+        cases = {
+            "bias of 5 values": ((5,), f32, 0, 0),
+            "bias float16": ((8,), torch.float16, 0, 0),
+            "bias 2-D": ((8, 1), f32, 0, 0),
+            "output_zero_point 2**40": (None, None, 0, 2**40),
+            "x_zero_point -2**33": (None, None, -(2**33), 0),
+        }
+        for op, shape in (("qlinear", (3, 36)), ("qconv2d", (2, 4, 5, 5))):
+            for case, (b_shape, b_dtype, xz, oz) in cases.items():
+
+                def call(device, packed):
+                    x = torch.zeros(shape, dtype=torch.uint8, device=device)
+                    bias = None if b_shape is None else torch.zeros(b_shape, dtype=b_dtype, device=device)
+                    return getattr(oq, op)(x, 0.1, xz, packed[1 if op == "qlinear" else 0], bias, 0.1, oz, None, "none")
+
+                with self.assertRaises(RuntimeError, msg=f"{op} {case}") as real:
+                    call("openreg", self._packed("openreg"))
+                message = str(real.exception).splitlines()[0]
+                self.assertTrue(message.startswith(f"openreg_quant::{op}: "), message)
+                with self.assertRaises(RuntimeError, msg=f"{op} {case} on meta") as meta:
+                    call("meta", self._packed("meta"))
+                self.assertEqual(str(meta.exception).splitlines()[0], message)
+
+    def test_export_refuses_what_the_op_refuses(self):
+        conv, linear = self._packed("openreg")
+
+        class M(torch.nn.Module):
+            def __init__(self, bias):
+                super().__init__()
+                self.packed, self.bias = linear, bias
+
+            def forward(self, x):
+                return oq.qlinear(x, 0.1, 0, self.packed, self.bias, 0.1, 0, None, "none")
+
+        x = torch.zeros(3, 36, dtype=torch.uint8, device="openreg")
+        cases = [
+            (torch.zeros(5, device="openreg"), x, r"bias must be float32 with one value per output channel \(8\)\."),
+            # a packed weight cannot move: the input is named as the tensor to move
+            (None, x.cpu(), "the input must be on openreg:0, where the packed weight is, got a tensor on cpu"),
+        ]
+        for bias, x, message in cases:
+            with self.assertRaisesRegex(RuntimeError, "openreg_quant::qlinear: " + message):
+                M(bias)(x)
+            with self.assertRaisesRegex(RuntimeError, "openreg_quant::qlinear: " + message):
+                torch.export.export(M(bias), (x,))
 
 
 class TestOutputRange(TestCase):

@@ -131,15 +131,18 @@ class TestTorchaoConfigs(TestCase):
             self.assertEqual(got, want, atol=1e-6, rtol=1e-6)
             self.assertEqual(copies, 0)
             # the int8 product is the native aten._int_mm, the activations are quantized per token by
-            # the native kernels; only the elementwise ops (scales, bias, relu) take core's generic path
-            native = {
-                "aten._int_mm.default",
-                "quantized_decomposed.choose_qparams_per_token.default",
-                "quantized_decomposed.quantize_per_token.default",
-            }
+            # the native kernel; only the elementwise ops and the per-token amax (scales, bias, relu)
+            # take core's generic path. The scales are not choose_qparams_per_token's (see
+            # test_openreg_config_compiles_and_exports).
+            native = {"aten._int_mm.default", "quantized_decomposed.quantize_per_token.default"}
             self.assertLessEqual(native, self._ops)
             self.assertNotIn("aten.mm.default", self._ops)
-            self.assertEqual(self._generic, {"aten::mul.Tensor", "aten::add.Tensor", "aten::relu"})
+            self.assertNotIn("quantized_decomposed.choose_qparams_per_token.default", self._ops)
+            self.assertEqual(
+                self._generic,
+                {"aten::amax", "aten::clamp", "aten::div.Tensor", "aten::zero_"}
+                | {"aten::mul.Tensor", "aten::add.Tensor", "aten::relu"},
+            )
             # and close to the float model
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, width))
@@ -150,6 +153,66 @@ class TestTorchaoConfigs(TestCase):
 
         self.assertIsInstance(self._model, torch.nn.Sequential)
         self.assertIsInstance(self._model[0], Int8DynamicActivationLinear)
+
+    def test_openreg_config_scales_are_choose_qparams_per_token_s(self):
+        # forward computes quantized_decomposed.choose_qparams_per_token's scales with elementwise ops
+        # (below): the same bits for every float dtype, as the op gave them before
+        from openreg_quant import OpenRegInt8DynamicActivationInt8WeightConfig
+        from torchao.quantization import quantize_
+
+        qd = torch.ops.quantized_decomposed
+
+        def with_the_op(m, x):
+            rows = x.reshape(-1, m.in_features)
+            scales, zeros = qd.choose_qparams_per_token(rows, torch.int8)
+            x_int8 = qd.quantize_per_token(rows, scales, zeros, -127, 127, torch.int8)
+            y = torch._int_mm(x_int8, m.weight_int8_t).float() * scales.float() * m.weight_scales + m.bias
+            return y.to(x.dtype).reshape(*x.shape[:-1], m.out_features)
+
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 40)).to("openreg", dtype)
+            quantize_(model, OpenRegInt8DynamicActivationInt8WeightConfig())
+            x = torch.randn(2, 9, 64).to("openreg", dtype)
+            x[0, 0] = 0  # an all-zero row: the scale's lower bound
+            with torch.no_grad():
+                self.assertEqual(model(x).cpu(), with_the_op(model[0], x).cpu(), atol=0, rtol=0, msg=str(dtype))
+
+    def test_openreg_config_compiles_and_exports(self):
+        # quantized_decomposed.choose_qparams_per_token's meta kernel (upstream) says float64 scales,
+        # its kernels return float32: Inductor read the scales as float64 (NaN or garbage) and exported
+        # programs failed ("Tensor dtype mismatch! Expected: Double, Got: float"). forward does not call it.
+        from openreg_quant import OpenRegInt8DynamicActivationInt8WeightConfig
+        from torchao.quantization import quantize_
+
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 36)).to("openreg")
+        quantize_(model, OpenRegInt8DynamicActivationInt8WeightConfig())
+        x = torch.randn(8, 64).to("openreg")
+        with torch.no_grad():
+            want = model(x).cpu()
+            compiled = torch.compile(model, backend="inductor", fullgraph=True)
+            self.assertEqual(compiled(x).cpu(), want, atol=0, rtol=0)
+            exported = torch.export.export(model, (x,))
+            self.assertEqual(exported.module()(x).cpu(), want, atol=0, rtol=0)
+
+    def test_openreg_config_wrong_width(self):
+        # the float linear's message, not the reshape's ("shape '[-1, 20]' is invalid for input of size 30")
+        from openreg_quant import OpenRegInt8DynamicActivationInt8WeightConfig
+        from torchao.quantization import quantize_
+
+        model = torch.nn.Sequential(torch.nn.Linear(20, 12)).to("openreg")
+        quantize_(model, OpenRegInt8DynamicActivationInt8WeightConfig())
+        for shape, mat1 in (((4, 10), "4x10"), ((3, 10), "3x10"), ((2, 3, 10), "6x10"), ((10,), "1x10")):
+            with self.assertRaisesRegex(
+                RuntimeError, rf"^mat1 and mat2 shapes cannot be multiplied \({mat1} and 20x12\)"
+            ):
+                torch.nn.Linear(20, 12)(torch.randn(shape))  # the same as the float linear's
+            with self.assertRaisesRegex(
+                RuntimeError, rf"^mat1 and mat2 shapes cannot be multiplied \({mat1} and 20x12\)"
+            ):
+                model(torch.randn(shape, device="openreg"))
 
     def test_openreg_config_against_the_stock_config(self):
         # Same scheme, quantized_decomposed's conventions (range [-127, 127], scale amax / 127,

@@ -122,6 +122,38 @@ class TestPTQ(TestCase):
         x = torch.randn(4, 3, 16, 16, device="openreg")
         self.assertEqual(copied(x).cpu(), lowered(x).cpu(), atol=0, rtol=0)
 
+    def test_inplace_relu(self):
+        # nn.ReLU(inplace=True) and F.relu(..., inplace=True) export as aten.relu_, which FX's dead code
+        # elimination keeps (it mutates its input): lowering left the float conv/linear, the weight's
+        # dequantize, the int8 weight and the relu_ running next to the fused op. _ptq checks that none
+        # is left, and the lowered model against the unlowered one within one quantum.
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True)
+                self.fc1, self.fc2 = nn.Linear(8 * 8 * 8, 16), nn.Linear(16, 4)
+
+            def forward(self, x):
+                x = torch.flatten(self.relu(self.conv(x)), 1)
+                return self.fc2(F.relu(self.fc1(x), inplace=True))
+
+        _, _, converted = self._convert(Net(), (2, 3, 8, 8))
+        self.assertEqual(calls(converted, "aten.relu_"), 2)
+        self._ptq(Net(), (2, 3, 8, 8), convs=1, linears=2)
+
+    def test_state_dict_and_saving(self):
+        # A lowered model's state_dict() holds the biases only (the packed weights are torchbind
+        # objects, the activations' quantization is constants of the graph): load_state_dict from another
+        # lowered model matched every key and kept the old weights, so it is refused. torch.export.save
+        # keeps the whole program (test_lowered_model_exports_and_compiles checks the values).
+        lowered, other = (lower_pt2e(self._convert(SmallCNN(), (2, 3, 16, 16))[2]) for _ in range(2))
+        self.assertTrue(all(k.endswith("bias") for k in lowered.state_dict()))
+        for target in (other, copy.deepcopy(other)):
+            with self.assertRaisesRegex(
+                RuntimeError, "lower_pt2e: a lowered model cannot load a state_dict.*torch.export.save"
+            ):
+                target.load_state_dict(lowered.state_dict())
+
     def test_flatten_runs_on_the_quantized_tensor(self):
         # Before the classifier the flatten of a channels-last conv output copies: it copies bytes,
         # not float32. SmallCNN's graph quantizes after the flatten (conv -> relu -> flatten ->

@@ -179,7 +179,13 @@ void check_call(const at::Tensor& x, int64_t x_zero_point, const PackedWeight& w
               "_prepack; pack it with openreg_quant::", kind, "_prepack.");
   TORCH_CHECK(x.scalar_type() == at::kByte || x.scalar_type() == at::kChar, name,
               ": x must be uint8 or int8 (quantized activations), got ", py_dtype(x.scalar_type()), ".");
-  check_on_device(w.weight, x, "the packed weight", name);
+  // A packed weight cannot move (oneDNN's form of it is device state): the input is the one to move,
+  // unless the weight itself is off openreg (unpickled with map_location "cpu").
+  const c10::Device where = w.weight.device();
+  TORCH_CHECK(where.type() == c10::DeviceType::PrivateUse1, name, ": the packed weight is on ", where,
+              "; pack (or load) it on openreg.");
+  TORCH_CHECK(x.device() == where, name, ": the input must be on ", where,
+              ", where the packed weight is, got a tensor on ", x.device(), ".");
   const int64_t out_channels = w.weight.size(0);
   if (bias && bias->defined()) {
     check_on_device(*bias, x, "bias", name);
@@ -536,6 +542,13 @@ TORCH_LIBRARY_IMPL(openreg_quant, PrivateUse1, m) {
   m.impl("qconv2d", TORCH_FN(qconv2d));
   m.impl("qlinear_prepack", TORCH_FN(qlinear_prepack));
   m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
+}
+
+// A CPU input reaches the ops' host checks rather than the dispatcher's "Could not run" (when no bias
+// tensor is on openreg): check_call refuses every CPU call, naming the device the input must be on.
+TORCH_LIBRARY_IMPL(openreg_quant, CPU, m) {
+  m.impl("qlinear", TORCH_FN(qlinear));
+  m.impl("qconv2d", TORCH_FN(qconv2d));
 }
 
 // The prepacks' host code on the meta device: checks, and a packed weight of meta tensors. The fused
