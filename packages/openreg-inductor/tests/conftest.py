@@ -48,6 +48,7 @@ LONGEST_FIRST = (
     "test_cpp_wrapper.py::TestCppWrapper::test_call_is_asynchronous_on_the_current_stream_without_copies",
     "test_reduce_overhead.py::TestReplay::test_training_step",
     "test_cpp_wrapper.py::TestCppWrapper::test_second_device_and_a_synchronize_between_kernels",
+    "test_cpp_wrapper.py::TestCppWrapper::test_cpu_kernels_of_the_library_share_the_division_flag_safely",
     "test_codegen.py::TestPointwise::test_dtypes",
     "test_plugin.py::TestPluginLoading::test_register_called_before_inductor_is_imported",
 )

@@ -200,7 +200,7 @@ class TestIndirect(TestCase):
 class TestParallelFailures(TestCase):
     """launch.catch_in_parallel_regions over the layouts Inductor's CPU codegen writes."""
 
-    HEAD = "{\n    inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;\n"
+    HEAD = "{\n    std::atomic<int> inductor_cpu_integer_div_error{0};\n"
     TAIL = "    inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);\n}\n"
 
     def catch(self, body):
@@ -232,6 +232,11 @@ class TestParallelFailures(TestCase):
         self.assertEqual(lines[lines.index("    #pragma omp single") + 2], "        try {")
         self.assertNotIn("continue;", "\n".join(lines))
 
+    def test_a_division_helper_can_throw(self):
+        # It throws if it finds the division flag null, which one_division_flag_user_at_a_time rules out.
+        lines = self.catch("    #pragma omp for\n    for(a)\n    {\n        y = mod(x, z);\n    }\n").split("\n")
+        self.assertEqual(lines[lines.index("    for(a)") + 3], "        try {")
+
     def test_kernels_that_cannot_throw_or_are_not_understood_are_unchanged(self):
         no_throw = "    #pragma omp for\n    for(a)\n    {\n        y = x;\n    }\n"
         self.assertEqual(self.catch(no_throw), self.HEAD + no_throw + self.TAIL)
@@ -242,17 +247,37 @@ class TestParallelFailures(TestCase):
 
 
 class TestDivisionFlag(TestCase):
-    def test_only_dividing_kernels_take_the_lock_before_the_flag(self):
+    BODY = (
+        "{\n    std::atomic<int> inductor_cpu_integer_div_error{0};\n"
+        "    inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;\n"
+        "    out = floor_divide_integral(a, b);\n"
+        "    inductor_cpu_integer_div_error_flag = nullptr;\n"
+        "    inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);\n}"
+    )
+
+    def test_dividing_kernels_take_the_lock_before_the_flag(self):
         from openreg_inductor.codegen.launch import one_division_flag_user_at_a_time
 
-        body = "{\n    std::atomic<int> inductor_cpu_integer_div_error{0};\n    out = floor_divide_integral(a, b);\n}"
-        lines = one_division_flag_user_at_a_time(body).split("\n")
+        locked = one_division_flag_user_at_a_time(self.BODY)
+        lines = locked.split("\n")
         guard = lines.index("    std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);")
         self.assertEqual(lines[guard + 1], "    std::atomic<int> inductor_cpu_integer_div_error{0};")
-        plain = body.replace("floor_divide_integral(a, b)", "std::fmod(a, b)")
-        self.assertEqual(one_division_flag_user_at_a_time(plain), plain)
-        flagless = body.replace("    std::atomic<int> inductor_cpu_integer_div_error{0};\n", "")
+        # The C++ wrapper passes openreg's kernels through it again: a second lock would deadlock.
+        self.assertEqual(one_division_flag_user_at_a_time(locked), locked)
+        flagless = self.BODY.replace("    std::atomic<int> inductor_cpu_integer_div_error{0};\n", "")
         self.assertEqual(one_division_flag_user_at_a_time(flagless), flagless)  # no flag, no lock to add
+
+    def test_other_kernels_leave_the_flag_alone(self):
+        # In the C++ wrapper's library a CPU kernel that does not divide shares the flag too: its
+        # reset under a running dividing kernel left that kernel's division by zero to a null flag.
+        from openreg_inductor.codegen.launch import one_division_flag_user_at_a_time
+
+        plain = self.BODY.replace("floor_divide_integral(a, b)", "std::fmod(a, b)")
+        out = one_division_flag_user_at_a_time(plain)
+        self.assertNotIn("inductor_cpu_integer_div_error_flag", out)
+        self.assertNotIn("openreg_integer_division_lock", out)
+        self.assertIn("    inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);", out)
+        self.assertEqual(one_division_flag_user_at_a_time(out), out)
 
     def test_each_kernel_library_has_its_own_flag(self):
         # cpp_prefix.h's flag is an inline variable, which GCC makes a GNU unique symbol: one for

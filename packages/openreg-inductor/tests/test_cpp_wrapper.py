@@ -6,11 +6,33 @@ wrapper on the same inputs."""
 import re
 
 import torch
+from conftest import run_python
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch_openreg.utils.testing import StreamHold
 
 CPP = dict(options={"cpp_wrapper": True})
+
+# An openreg kernel dividing by zero in its last element (a long kernel, still running on the
+# stream's worker) while the host runs the graph's CPU kernel: one that divides, and one that does not.
+SHARED_DIVISION_FLAG = """
+import torch
+N = 1 << 24
+a, b = torch.randint(1, 100, (N,)), torch.randint(1, 7, (N,))
+b[-1] = 0
+c, d = torch.randint(1, 100, (N // 4,)), torch.randint(1, 7, (N // 4,))
+ao, bo = a.to("openreg"), b.to("openreg")
+for cpu_part in (lambda c, d: c // d, lambda c, d: c * d):
+    f = torch.compile(lambda a, b, c, d: (a // b, cpu_part(c, d)), options={"cpp_wrapper": True})
+    for _ in range(3):
+        _, on_cpu = f(ao, bo, c, d)
+        assert torch.equal(on_cpu, cpu_part(c, d))
+        try:
+            torch.openreg.synchronize()
+            print("no error")
+        except RuntimeError as err:
+            print(str(err).splitlines()[0])
+"""
 
 
 class TestCppWrapper(TestCase):
@@ -93,6 +115,20 @@ class TestCppWrapper(TestCase):
         self.assertEqual(out.device, torch.device("openreg:1"))
         self.assertEqual(out.cpu(), x.cos() * 3)
         self.assertLess(code.index("current_stream(1)"), code.index('"streams::synchronize_device"'))
+
+    def test_cpu_kernels_of_the_library_share_the_division_flag_safely(self):
+        # The C++ wrapper builds the graph's CPU kernels into the openreg kernels' library, with its
+        # one integer-division flag: a CPU kernel, dividing or not, reset it under the running openreg
+        # kernel, whose division by zero then threw inside its OpenMP region (std::terminate).
+        r = run_python(SHARED_DIVISION_FLAG)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        lines = r.stdout.strip().split("\n")
+        self.assertEqual(len(lines), 6, r.stdout)
+        for line in lines:
+            self.assertRegex(line, r"kernel 'openreg_fused_floor_divide_0' failed .*ZeroDivisionError")
+            # Not the division helper's throw on a null flag (the flag reset under the kernel), which
+            # launch.catch_in_parallel_regions now reports instead of ending the process.
+            self.assertNotIn("inductor_cpu_note_integer_div_by_zero", line)
 
     def test_every_fallback_operator_has_a_generated_shim(self):
         from openreg_inductor.codegen import shims

@@ -1,7 +1,7 @@
 """The C++ wrapper for openreg graphs (``torch.compile(..., options={"cpp_wrapper": True})``).
 
 Inductor's ``CppWrapperCpu`` writes the graph's ``call`` in C++ and compiles it, with the kernels,
-into one library. For openreg it differs from the CPU's in four places:
+into one library. For openreg it differs from the CPU's in five places:
 
 - the header: the CPU's wrapper header (the kernels are Inductor's CPU C++), core's C ABI
   ``<torch_openreg/runtime/OpenRegCApi.h>`` and a small prelude (``PRELUDE``): a device guard
@@ -9,6 +9,8 @@ into one library. For openreg it differs from the CPU's in four places:
 - kernel calls: ``openreg_fused_..._0(openreg_inductor::current_stream(0), ptrs...)``: the launcher
   (``launch.launcher_source``, with names unique in the translation unit) enqueues the kernel on
   the calling thread's current stream (``openregCurrentStream``, core's C ABI);
+- kernel sources: every C++ kernel of the library, CPU Inductor's too, shares one integer-division
+  flag; each goes through ``launch.one_division_flag_user_at_a_time`` (``define_kernel``);
 - fallback operators: their ``aoti_torch_openreg_*`` C shims are generated from torch's schemas
   (``shims``) and their definitions written into the wrapper's source, once per shim used;
 - building: as CPU code (the CPU's flags and -O3, as for the Python wrapper's kernels), linked to
@@ -102,6 +104,13 @@ class OpenRegCppWrapper(_torch213.WrapperFixes, CppWrapperCpu):
             # would only fail to build, half a minute later.
             raise NotImplementedError(STREAMS_UNSUPPORTED)
         super().codegen_device_guard_enter(device_idx, num_streams, stream_idx_to_user_obj_idx)
+
+    def define_kernel(self, kernel_name, kernel_body, metadata=None, gpu=True, cpp_definition=None):
+        if not gpu:
+            # The graph's CPU kernels share this library, and with it the openreg kernels' division
+            # flag: they take its lock too (launch.one_division_flag_user_at_a_time, _DIVISION_LOCK).
+            kernel_body = launch.one_division_flag_user_at_a_time(kernel_body)
+        super().define_kernel(kernel_name, kernel_body, metadata, gpu, cpp_definition)
 
     def _generate_kernel_call_helper(
         self, kernel_name, call_args, *, device=None, triton=True, arg_types=None, **kwargs

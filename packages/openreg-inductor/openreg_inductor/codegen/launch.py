@@ -138,7 +138,9 @@ extern "C" void {entry}({", ".join(params)}) {{
 # worksharing loop (and each `omp single` block) of a kernel that can throw catches its own; the
 # first is rethrown after the body's regions, where `run` reports it like any kernel failure.
 # Iterations after a failure are skipped: the asserts precede the accesses they guard, so none of
-# them reads or writes out of bounds.
+# them reads or writes out of bounds. A division helper (_DIVIDES) throws too if it finds the
+# division flag null, which one_division_flag_user_at_a_time rules out: its blocks are caught as
+# well, so that a slip there fails the kernel instead of ending the process.
 _FAILURE_SLOT = """
 #ifndef OPENREG_PARALLEL_FAILURE
 #define OPENREG_PARALLEL_FAILURE
@@ -161,9 +163,15 @@ struct OpenRegParallelFailure {
 #endif
 """
 _SLOT = "openreg_parallel_failure"
-_BODY_START = "inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;"
+_FLAG_LOCAL = "std::atomic<int> inductor_cpu_integer_div_error{0};"  # the body's first line
 _BODY_END = "inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);"
 _THROWS = ("TORCH_CHECK(", "AOTI_TORCH_CHECK(")
+# cpp_prefix.h's helpers that report a zero divisor through the flag (and throw if it is null).
+_DIVIDES = re.compile(r"\b(floor_divide_integral|remainder_integral|mod)\(")
+
+
+def _can_throw(text: str) -> bool:
+    return any(t in text for t in _THROWS) or _DIVIDES.search(text) is not None
 
 
 def _indent(line: str) -> str:
@@ -183,10 +191,10 @@ def _block_end(lines: list[str], open_at: int) -> int | None:
 def catch_in_parallel_regions(source: str) -> str:
     """``source`` with the exceptions of its OpenMP regions caught inside them (see _FAILURE_SLOT).
     Unchanged when nothing in it can throw, or when its layout is not the one this expects."""
-    if not any(t in source for t in _THROWS) or "#pragma omp" not in source:
+    if not _can_throw(source) or "#pragma omp" not in source:
         return source
     lines = source.split("\n")
-    if sum(line.strip() == _BODY_START for line in lines) != 1 or sum(line.strip() == _BODY_END for line in lines) != 1:
+    if sum(line.strip() == _FLAG_LOCAL for line in lines) != 1 or sum(line.strip() == _BODY_END for line in lines) != 1:
         return source
     wraps = []  # (line of the "{" that opens a per-iteration or single block, skip-after-failure)
     for i, line in enumerate(lines):
@@ -208,7 +216,7 @@ def catch_in_parallel_regions(source: str) -> str:
         close_at = _block_end(lines, open_at)
         if close_at is None:
             return source
-        if not any(t in line for line in lines[open_at:close_at] for t in _THROWS):
+        if not _can_throw("\n".join(lines[open_at:close_at])):
             continue  # nothing in this block throws: no cost for it
         pad = _indent(lines[open_at]) + "    "
         first = [f"{pad}if ({_SLOT}.failed.load(std::memory_order_relaxed)) continue;"] if skip else []
@@ -219,8 +227,8 @@ def catch_in_parallel_regions(source: str) -> str:
     out = [_FAILURE_SLOT]
     for i, line in enumerate(lines):
         out.extend(edits.get(i, [line]))
-        if line.strip() == _BODY_START:
-            out.append(line.replace(_BODY_START, f"OpenRegParallelFailure {_SLOT};"))
+        if line.strip() == _FLAG_LOCAL:
+            out.append(line.replace(_FLAG_LOCAL, f"OpenRegParallelFailure {_SLOT};"))
         elif line.strip() == _BODY_END:
             out.append(line.replace(_BODY_END, f"{_SLOT}.rethrow();"))
     return "\n".join(out)
@@ -228,11 +236,15 @@ def catch_in_parallel_regions(source: str) -> str:
 
 # Inductor's integer division, modulus and remainder report a zero divisor through one flag per
 # kernel library (``inductor_cpu_integer_div_error_flag``, torch/csrc/inductor/cpp_prefix.h; per
-# library with GCC only under -fno-gnu-unique, see link_flags). Each call points it at a local of
-# its own and sets it back to null at its end. Two streams running the same library at once share
-# it: one call's reset leaves the other's division by zero to throw inside its OpenMP region (the
-# process ends), and one call may report the other's error. A library whose kernels divide
-# integers runs one of their calls at a time; the others run as before.
+# library with GCC only under -fno-gnu-unique, see link_flags). Every kernel, dividing or not,
+# points it at a local of its own and sets it back to null at its end. Two calls in flight at once
+# share it: one call's reset leaves the other's division by zero to throw inside its OpenMP region
+# (the process ends), and one call may report the other's error. That happens with two streams
+# running one library, and with the C++ wrapper, whose one library also holds the graph's CPU
+# kernels, run on the host while the openreg kernels run on the streams' workers
+# (cpp_wrapper.OpenRegCppWrapper.define_kernel passes them all through here). So a dividing
+# kernel takes the library's lock before it sets the flag, and a kernel that does not divide
+# leaves the flag alone: it runs concurrently as before.
 _DIVISION_LOCK = """
 #ifndef OPENREG_INTEGER_DIVISION_LOCK
 #define OPENREG_INTEGER_DIVISION_LOCK
@@ -240,20 +252,25 @@ _DIVISION_LOCK = """
 inline std::mutex openreg_integer_division_lock;  // one per library, as the flag
 #endif
 """
-_DIVIDES = re.compile(r"\b(floor_divide_integral|remainder_integral|mod)\(")
-_FLAG_LOCAL = "std::atomic<int> inductor_cpu_integer_div_error{0};"
+_DIVISION_GUARD = "std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);"
+_FLAG_SET = (
+    "inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;",
+    "inductor_cpu_integer_div_error_flag = nullptr;",
+)
 
 
 def one_division_flag_user_at_a_time(source: str) -> str:
-    """``source`` with the calls of its dividing kernels serialised (see _DIVISION_LOCK)."""
+    """``source`` with its dividing kernels' calls serialised and its other kernels off the flag (see
+    _DIVISION_LOCK). Idempotent: the C++ wrapper passes openreg's kernels through here a second time."""
     lines = source.split("\n")
-    if not _DIVIDES.search(source) or not any(line.strip() == _FLAG_LOCAL for line in lines):
-        return source  # no division, or no flag to guard (then Inductor's layout changed: nothing to lock)
+    if not any(line.strip() == _FLAG_LOCAL for line in lines) or any(line.strip() == _DIVISION_GUARD for line in lines):
+        return source  # no flag (then Inductor's layout changed: nothing to guard), or guarded already
+    if not _DIVIDES.search(source):
+        return "\n".join(line for line in lines if line.strip() not in _FLAG_SET)  # its local stays 0
     out = [_DIVISION_LOCK]
     for line in lines:
         if line.strip() == _FLAG_LOCAL:
-            guard = "std::lock_guard<std::mutex> openreg_division_guard(openreg_integer_division_lock);"
-            out.append(_indent(line) + guard)
+            out.append(_indent(line) + _DIVISION_GUARD)
         out.append(line)
     return "\n".join(out)
 
