@@ -1,7 +1,8 @@
 """``openreg_onnx.export``: torch.onnx.export for openreg models, with checks and provenance.
 
 On top of a plain ``torch.onnx.export(dynamo=True)`` (which, with the plugin loaded, already
-translates openreg's operators):
+translates openreg's operators; ``dynamo=False`` is refused: the TorchScript exporter is
+``torch.onnx.export(dynamo=False)`` itself):
 
 - the chosen mode's table goes in as ``custom_translation_table`` (the caller's own entries,
   passed the same way, are merged over it and win);
@@ -53,13 +54,15 @@ def _tensors_by_place(model, inputs) -> Dict[str, str]:
         for name, t in model.named_buffers():
             places[f"buffer {name}"] = str(t.device)
     elif isinstance(model, torch.export.ExportedProgram):
-        parameters = set(model.graph_signature.parameters)
-        for name, t in model.state_dict.items():
-            if isinstance(t, torch.Tensor):
-                places[f"{'parameter' if name in parameters else 'buffer'} {name}"] = str(t.device)
-        for name, t in model.constants.items():  # lifted constants, non-persistent buffers
-            if isinstance(t, torch.Tensor):
-                places[f"constant {name}"] = str(t.device)
+        # Parameters and buffers, non-persistent ones (kept in ``constants``) included, as for a
+        # module. Not the lifted tensor constants: a plain tensor attribute (which model.to() leaves
+        # where it is) or a tensor forward builds from data, lifted on the CPU; the graph moves them.
+        signature = model.graph_signature
+        for kind, names in (("parameter", signature.parameters), ("buffer", signature.buffers)):
+            for name in names:
+                t = model.state_dict.get(name, model.constants.get(name))
+                if isinstance(t, torch.Tensor):
+                    places[f"{kind} {name}"] = str(t.device)
     leaves = torch.utils._pytree.tree_leaves(inputs)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
@@ -280,6 +283,12 @@ def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
 def _torch_export(model, args, mode, custom_translation_table, **kwargs):
     """torch.onnx.export with the mode's table under the caller's; "No ONNX function found"
     becomes an ``UnsupportedOperatorError`` that names the operator and the table."""
+    if not kwargs.pop("dynamo", True):  # it is passed to torch.onnx.export as True below
+        raise ValueError(
+            "openreg_onnx exports with the dynamo exporter only (dynamo=True); for the TorchScript exporter call "
+            "torch.onnx.export(model, args, dynamo=False) itself, which finds openreg's symbolic functions once "
+            "openreg_onnx is imported"
+        )
     table = dict(_table.translation_table(mode))
     table.update(custom_translation_table or {})
     try:

@@ -171,6 +171,12 @@ def _empty_outputs(query, key):
     return empty_long, empty_long, max_q, max_k, empty_long, empty_long, debug
 
 
+def _int64(value):
+    """An int64 Constant as a ``value`` tensor: onnx's version converter (torch converts the
+    model down to an ``opset_version`` below 18) fails on ``value_int``/``value_ints``."""
+    return op.Constant(value=ir.tensor(value, dtype=ir.DataType.INT64))
+
+
 def _attention(query, key, value, bias, is_causal: bool, scale):
     """Same math as core's kernel (csrc/aten/OpenRegAttention.cpp): S = scale Q K^T (+ bias,
     causal: -inf above the diagonal), softmax in float for 16-bit inputs with rows left empty
@@ -179,14 +185,16 @@ def _attention(query, key, value, bias, is_causal: bool, scale):
     if bias is not None:
         s = op.Where(bias, s, op.CastLike(float("-inf"), s)) if bias.dtype == ir.DataType.BOOL else op.Add(s, bias)
     if is_causal:
-        zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
+        zero, one = _int64(0), _int64(1)
         rows = op.Range(zero, op.Squeeze(op.Shape(query, start=-2, end=-1)), one)
         cols = op.Range(zero, op.Squeeze(op.Shape(key, start=-2, end=-1)), one)
         keep = op.LessOrEqual(cols, op.Unsqueeze(rows, [-1]))
         s = op.Where(keep, s, op.CastLike(float("-inf"), s))
     s = op.Cast(s, to=_softmax_dtype(query))
-    axis = op.Constant(value_ints=[-1])
-    m = op.ReduceMax(s, axis, keepdims=1)
+    axis = _int64([-1])
+    # No noop_with_empty_axes (None drops the default the tracer fills in): moving the axes into an
+    # attribute below opset 18, onnx's version converter keeps it, and ReduceMax-13 has none.
+    m = op.ReduceMax(s, axis, keepdims=1, noop_with_empty_axes=None)
     zero = op.CastLike(0.0, m)
     m = op.Where(op.IsInf(m, detect_positive=0), zero, m)
     e = op.Exp(op.Sub(s, m))

@@ -1,8 +1,9 @@
 """``openreg_onnx.verify``: the exported model against openreg eager.
 
 - expected: the model run eagerly on its openreg device, in eval mode as it is exported (a model
-  in train() mode is given back in that mode, its batch-norm statistics untouched), results
-  copied to the host;
+  in train() mode is given back in that mode, its batch-norm statistics untouched), on copies of
+  the inputs, with the buffers of the model or program given back as they were, results copied
+  to the host;
 - actual: the ONNX model in onnxruntime's CPU execution provider; where that provider has no
   kernel for a type (bfloat16 Gemm, float64 Erf, ...) or cannot take the inputs (bfloat16 arrays),
   the ONNX reference evaluator (``onnx.reference``) runs it instead, and the report says so;
@@ -256,7 +257,7 @@ def _node_values(program: torch.export.ExportedProgram, args, kwargs) -> Dict[st
         def run_node(self, n):
             out = super().run_node(n)
             if isinstance(out, torch.Tensor) and n.op == "call_function":
-                values[n.name] = out
+                values[n.name] = out.clone()  # a value may be a buffer, which the run's end restores
             return out
 
     Recorder(gm).run(*torch.utils._pytree.tree_leaves((args, kwargs)))
@@ -264,23 +265,34 @@ def _node_values(program: torch.export.ExportedProgram, args, kwargs) -> Dict[st
 
 
 @contextlib.contextmanager
-def _buffers_kept(model: object) -> Iterator[None]:
-    """Gives a module's buffers back as they were after the block: the reference run is the model's
-    real forward, and a forward that updates a buffer (a running counter, a cache) in place or
-    rebinds it would otherwise leave the model changed by its verification (and the ONNX run, whose
-    initializers may be those buffers, would start from the changed values)."""
-    if not isinstance(model, torch.nn.Module):
-        yield
-        return
-    saved = [
-        (m, name, b, b.detach().clone()) for m in model.modules() for name, b in m._buffers.items() if b is not None
-    ]
+def _buffers_kept(*owners: object) -> Iterator[None]:
+    """Gives the buffers of ``owners`` (modules, exported programs) back as they were after the
+    block: the reference run is the model's real forward, and a forward that updates a buffer (a
+    running counter, a cache) in place or rebinds it would otherwise leave the model changed by its
+    verification (and the ONNX run, whose initializers may be those buffers, would start from the
+    changed values). A program's buffers (``state_dict``, non-persistent ones in ``constants``) are
+    the tensors of the model it was captured from, which its ``module()`` updates in place."""
+    bound = []  # (module, name, tensor): a forward may rebind a module's buffer
+    saved = {}  # id -> (tensor, its value before the block)
+    for owner in owners:
+        if isinstance(owner, torch.nn.Module):
+            slots = [(m, name, b) for m in owner.modules() for name, b in m._buffers.items() if b is not None]
+            bound += slots
+            tensors = [b for _, _, b in slots]
+        elif isinstance(owner, torch.export.ExportedProgram):
+            tensors = [owner.state_dict.get(n, owner.constants.get(n)) for n in owner.graph_signature.buffers]
+        else:
+            tensors = []
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and id(t) not in saved:
+                saved[id(t)] = (t, t.detach().clone())
     try:
         yield
     finally:
         with torch.no_grad():
-            for m, name, original, value in saved:
+            for m, name, original in bound:
                 m._buffers[name] = original
+            for original, value in saved.values():
                 original.copy_(value)
 
 
@@ -325,13 +337,6 @@ def verify(
             optimize=not intermediates,
         )
     model = onnx_program if isinstance(onnx_program, onnx.ModelProto) else onnx_program.model_proto
-    # The export is of inference (a model in train() mode is exported as in eval(); a program
-    # captured in train() mode has its batch norm translated as inference): the eager reference
-    # runs in the same mode, which also leaves batch-norm statistics alone; the model is given
-    # back in the mode it had.
-    with torch.no_grad(), _export.eval_mode(model_or_program), _buffers_kept(model_or_program):
-        # cloned: an output may be a buffer, which the reference run's end restores
-        expected = [t.clone() for t in _flat_tensors(run(*args, **kwargs))]
     inputs = _flat_tensors((args, kwargs))
     # A file saved with keep_initializers_as_inputs lists its weights among the inputs too; they
     # keep their stored values (as onnxruntime does when they are not fed).
@@ -339,10 +344,15 @@ def verify(
     graph_inputs = [i.name for i in model.graph.input if i.name not in initializers]
     if len(graph_inputs) != len(inputs):
         raise ValueError(f"the ONNX model takes {len(graph_inputs)} inputs, the call gives {len(inputs)} tensors")
+    # Host copies before any eager run, which runs on copies too: a forward that changes an input
+    # in place (x.add_(1)) would feed onnxruntime the changed values, and change the caller's.
     feeds = {name: _to_numpy(t) for name, t in zip(graph_inputs, inputs)}
 
+    def fresh_inputs():
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+
     outputs = [o.name for o in model.graph.output]
-    node_values: Dict[str, torch.Tensor] = {}
+    program = None
     if intermediates:
         # The program the ONNX exporter translated (its own decompositions: linear stays linear)
         # names the values; without it, the default decompositions are the best guess.
@@ -353,8 +363,21 @@ def verify(
             else:
                 with _export.eval_mode(model_or_program):
                     program = torch.export.export(model_or_program, args, kwargs).run_decompositions()
-        with torch.no_grad():
-            node_values = _node_values(program, args, kwargs)
+    # The export is of inference (a model in train() mode is exported as in eval(); a program
+    # captured in train() mode has its batch norm translated as inference): the eager reference
+    # runs in the same mode, which also leaves batch-norm statistics alone; the model is given
+    # back in the mode it had. Each eager run starts from the buffers as they were, and gives
+    # them back so (the per-node run's program shares them with the model).
+    node_values: Dict[str, torch.Tensor] = {}
+    with torch.no_grad(), _export.eval_mode(model_or_program):
+        with _buffers_kept(model_or_program):
+            run_args, run_kwargs = fresh_inputs()
+            # cloned: an output may be a buffer, which the reference run's end restores
+            expected = [t.clone() for t in _flat_tensors(run(*run_args, **run_kwargs))]
+        if program is not None:
+            with _buffers_kept(model_or_program, program):
+                node_values = _node_values(program, *fresh_inputs())
+    if intermediates:
         model = _expose(model, [n for n in node_values if n not in outputs])
     names = [o.name for o in model.graph.output]
     if backend == "reference":

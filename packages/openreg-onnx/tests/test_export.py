@@ -298,7 +298,7 @@ class TestBadInputs(TestCase):
         with self.assertRaisesRegex(DeviceMismatchError, r"\(openreg:0: .*; openreg:1: input 0\)"):
             openreg_onnx.verify(model, (torch.randn(2, 8, device="openreg:1"),))
 
-    def test_mismatched_devices_name_buffers_and_a_programs_constants(self):
+    def test_mismatched_devices_name_buffers_and_a_programs_non_persistent_ones(self):
         class Scaled(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -317,8 +317,44 @@ class TestBadInputs(TestCase):
         model.shift = model.shift.to("openreg:0")
         program = torch.export.export(model, (x,))
         program.constants["scale"] = program.constants["scale"].to("openreg:1")
-        with self.assertRaisesRegex(DeviceMismatchError, r"openreg:1: constant scale\)"):
+        with self.assertRaisesRegex(DeviceMismatchError, r"openreg:1: buffer scale\)"):
             openreg_onnx.export(program, (x,))
+
+    def test_a_programs_cpu_tensor_constants_are_not_a_mismatch(self):
+        # torch.export lifts a plain tensor attribute (which model.to() does not move) and a tensor
+        # forward builds from data as constants on the CPU; the graph moves them itself. Valid
+        # programs (torch.onnx.export takes them, and so did the plugin as an nn.Module), refused
+        # with DeviceMismatchError.
+        class Table(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(3, 3)
+                self.table = torch.tensor([1.0, 2.0, 3.0])  # an attribute, not a buffer
+
+            def forward(self, x):
+                return self.fc(x) * self.table.to(x.device)
+
+        class Lifted(torch.nn.Module):
+            def forward(self, x):
+                return x * torch.tensor([1.0, 2.0, 3.0]).to(x.device)
+
+        x = torch.randn(2, 3, device="openreg")
+        for model in (Table().to("openreg"), Lifted()):
+            program = torch.export.export(model, (x,))
+            self.assertEqual({str(t.device) for t in program.constants.values()}, {"cpu"})
+            openreg_onnx.export(program, (x,))
+            result = openreg_onnx.verify(program, (x,))
+            self.assertTrue(result.ok, result.report())
+
+    def test_the_torchscript_exporter_is_refused_clearly(self):
+        # dynamo=False reached torch.onnx.export next to the dynamo=True given there: a raw TypeError.
+        model = torch.nn.Linear(4, 2).to("openreg")
+        x = torch.randn(3, 4, device="openreg")
+        with self.assertRaisesRegex(ValueError, r"openreg_onnx exports with the dynamo exporter only.*dynamo=False"):
+            openreg_onnx.export(model, (x,), dynamo=False)
+        with self.assertRaisesRegex(ValueError, r"openreg_onnx exports with the dynamo exporter only"):
+            openreg_onnx.export_without_weights(lambda: torch.nn.Linear(4, 2), lambda: torch.randn(3, 4), dynamo=False)
+        openreg_onnx.export(model, (x,), dynamo=True)  # what it does anyway
 
 
 FACTORY = """

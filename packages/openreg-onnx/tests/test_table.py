@@ -199,3 +199,20 @@ def test_float64_attention_with_a_dynamic_head_dim_keeps_a_double_scale(mode):
     result = openreg_onnx.verify(program, (q, k, v), mode=mode)
     assert result.ok, result.report()
     assert result.comparisons[0].max_abs < 1e-12
+
+
+def test_attention_exports_at_an_older_opset():
+    # torch exports at 18 and converts down; onnx's version converter failed on the attention's
+    # Constant(value_ints=...) and torch kept opset 18 with only a log line.
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            F = torch.nn.functional
+            return F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g).to("openreg") for _ in range(3))
+    program = decomposed_program(Attention(), (q, k, v))
+    onnx_program = openreg_onnx.export(program, (q, k, v), opset_version=17)
+    assert {o.domain: o.version for o in onnx_program.model_proto.opset_import} == {"": 17}
+    result = openreg_onnx.verify(program, (q, k, v), onnx_program=onnx_program)
+    assert result.ok, result.report()

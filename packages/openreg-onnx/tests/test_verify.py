@@ -148,6 +148,53 @@ class TestVerify(TestCase):
         self.assertTrue(result.ok, result.report())
 
 
+class RunningSum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.register_buffer("acc", torch.zeros(3))
+
+    def forward(self, x):
+        self.acc.add_(x.sum(0))
+        return self.fc(x) + self.acc
+
+
+class TestStateLeftAlone(TestCase):
+    def test_an_input_changed_in_place_is_fed_as_given_and_given_back(self):
+        # The eager reference ran on the caller's tensors (x becomes 1), and onnxruntime was then
+        # fed the changed x: a correct export reported as FAIL, the caller's input changed.
+        class AddOneInPlace(torch.nn.Module):
+            def forward(self, x):
+                x.add_(1)
+                return x * 2
+
+        for intermediates in (False, True):
+            x = torch.zeros(3, device="openreg")
+            result = openreg_onnx.verify(AddOneInPlace(), (x,), intermediates=intermediates)
+            self.assertTrue(result.ok, result.report())
+            self.assertEqual(x.cpu().tolist(), [0.0] * 3)
+
+    def test_intermediates_leave_buffers_the_forward_updates_as_they_were(self):
+        # The per-node run executes the captured program, whose buffers are the model's own.
+        model = RunningSum().to("openreg")
+        x = torch.ones(2, 3, device="openreg")
+        result = openreg_onnx.verify(model, (x,), intermediates=True)
+        self.assertTrue(result.ok, result.report())
+        self.assertEqual(model.acc.cpu().tolist(), [0.0] * 3)
+
+    def test_a_programs_buffers_are_left_as_they_were(self):
+        # A program's buffers are the tensors of the model it was captured from: each verification
+        # advanced the running sum of both.
+        model = RunningSum().to("openreg")
+        x = torch.ones(2, 3, device="openreg")
+        program = torch.export.export(model, (x,))
+        for intermediates in (False, True, False):
+            result = openreg_onnx.verify(program, (x,), intermediates=intermediates)
+            self.assertTrue(result.ok, result.report())
+            self.assertEqual(program.state_dict["acc"].cpu().tolist(), [0.0] * 3)
+            self.assertEqual(model.acc.cpu().tolist(), [0.0] * 3)
+
+
 class TestCompare(TestCase):
     def test_tolerance_per_dtype(self):
         self.assertEqual(TOLERANCES[torch.float16], (1e-2, 2e-3))
