@@ -818,6 +818,152 @@ class TestGenericPath(TestCase):
         self.assertNotIn("frame #", message)
 
 
+class TestErrorsAtTheCall(TestCase):
+    """Errors the CPU (and CUDA) raise at the call, raised there on openreg too after a good call of
+    the same signature verified it: the signature cache keys on dtypes and shapes, not on scalar
+    values or on a written tensor overlapping itself, so these went to the device and their error
+    surfaced at a later, unrelated synchronising call (OpenRegFallback.cpp::probe_value_checks,
+    ::written_memory_overlaps; OpenRegPerOpFallback.cpp)."""
+
+    def _same_error_at_the_call(self, good, bad):
+        errors = []
+        for d in ("cpu", "openreg"):
+            good(d)
+            with self.assertRaises(RuntimeError) as caught:
+                bad(d)
+            errors.append((type(caught.exception), str(caught.exception).splitlines()[0]))
+        self.assertEqual(errors[1], errors[0])
+        torch.openreg.synchronize()  # nothing left to fail later
+        self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))
+
+    def test_scalar_values_checked_by_the_cpu_kernel(self):
+        cases = {
+            "random_": (
+                lambda d: torch.empty(3, device=d).random_(0, 5),
+                lambda d: torch.empty(3, device=d).random_(5, 2),
+            ),
+            "random_ to": (
+                lambda d: torch.empty(3, device=d).random_(7),
+                lambda d: torch.empty(3, device=d).random_(-1),
+            ),
+            "randint": (lambda d: torch.randint(0, 5, (3,), device=d), lambda d: torch.randint(5, 2, (3,), device=d)),
+            "uint8 range": (
+                lambda d: torch.empty(3, dtype=torch.uint8, device=d).random_(0, 10),
+                lambda d: torch.empty(3, dtype=torch.uint8, device=d).random_(0, 1000),
+            ),
+            "bernoulli_": (
+                lambda d: torch.empty(3, device=d).bernoulli_(0.5),
+                lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+            ),
+            "bernoulli": (
+                lambda d: torch.empty(3, device=d).bernoulli(0.5),
+                lambda d: torch.empty(3, device=d).bernoulli(-0.5),
+            ),
+            "multinomial": (
+                lambda d: torch.ones(3, device=d).multinomial(2),
+                lambda d: torch.ones(3, device=d).multinomial(5),
+            ),
+            "multinomial 2-D": (
+                lambda d: torch.ones(2, 3, device=d).multinomial(2),
+                lambda d: torch.ones(2, 3, device=d).multinomial(0),
+            ),
+        }
+        for name, (good, bad) in cases.items():
+            with self.subTest(name):
+                self._same_error_at_the_call(good, bad)
+        # The probe (the CPU op on an empty CPU tensor, without the device's generator) draws nothing
+        # from the CPU's default generator, and the device's draws follow its seed as before.
+        cpu_state = torch.get_rng_state()
+        torch.openreg.manual_seed(3)
+        a = torch.empty(4, device="openreg").random_(0, 100).cpu()
+        torch.openreg.manual_seed(3)
+        self.assertEqual(torch.empty(4, device="openreg").random_(0, 100).cpu(), a)
+        self.assertEqual(torch.get_rng_state(), cpu_state)
+
+    def test_linear_algebra_that_fails_on_the_values(self):
+        nan = float("nan")
+        sick = [[nan, 1.0], [1.0, 3.0]]
+        cases = {
+            "svd": (
+                lambda d: torch.linalg.svd(torch.eye(2, device=d)),
+                lambda d: torch.linalg.svd(torch.tensor(sick, device=d)),
+            ),
+            "pinv": (
+                lambda d: torch.linalg.pinv(torch.eye(2, device=d)),
+                lambda d: torch.linalg.pinv(torch.tensor(sick, device=d)),
+            ),
+            "matrix_rank": (
+                lambda d: torch.linalg.matrix_rank(torch.eye(2, device=d)),
+                lambda d: torch.linalg.matrix_rank(torch.tensor(sick, device=d)),
+            ),
+            "eig": (
+                lambda d: torch.linalg.eig(torch.eye(2, device=d)),
+                lambda d: torch.linalg.eig(torch.tensor(sick, device=d)),
+            ),
+            "cholesky_inverse": (
+                lambda d: torch.cholesky_inverse(torch.eye(2, device=d)),
+                lambda d: torch.cholesky_inverse(torch.zeros(2, 2, device=d)),
+            ),
+        }
+        for name, (good, bad) in cases.items():
+            with self.subTest(name):
+                self._same_error_at_the_call(good, bad)
+
+    def test_writing_into_an_expanded_tensor(self):
+        cases = {
+            "cumsum out=": (
+                lambda d: torch.cumsum(torch.arange(4.0, device=d), 0, out=torch.empty(4, device=d)),
+                lambda d: torch.cumsum(torch.arange(4.0, device=d), 0, out=torch.zeros(1, device=d).expand(4)),
+            ),
+            "cumsum_": (
+                lambda d: torch.ones(2, 4, device=d).cumsum_(1),
+                lambda d: torch.ones(1, 4, device=d).expand(2, 4).cumsum_(1),
+            ),
+            "index_select out=": (
+                lambda d: torch.index_select(
+                    torch.ones(4, device=d), 0, torch.tensor([0, 1], device=d), out=torch.empty(2, device=d)
+                ),
+                lambda d: torch.index_select(
+                    torch.ones(4, device=d), 0, torch.tensor([0, 1], device=d), out=torch.zeros(1, device=d).expand(2)
+                ),
+            ),
+        }
+        for name, (good, bad) in cases.items():
+            with self.subTest(name):
+                self._same_error_at_the_call(good, bad)
+
+
+class TestValueTensorsFromAnotherDevice(TestCase):
+    def test_a_0_dim_value_on_another_openreg_device(self):
+        # fill_, masked_fill_, index_fill_ and index_put_ take a 0-dim value from any device (CUDA's
+        # kernels read it with item() or move it); a CPU one worked, one on openreg:1 was refused.
+        v = torch.tensor(9.0, device="openreg:1")
+        idx = torch.tensor([1], device="openreg")
+        calls = {
+            "fill_": lambda x: x.fill_(v),
+            "masked_fill_": lambda x: x.masked_fill_(x > 1, v),
+            "index_fill_": lambda x: x.index_fill_(0, idx, v),
+            "index_put_": lambda x: x.index_put_((idx,), v),
+            "setitem": lambda x: x.__setitem__(idx, v) or x,
+        }
+        for name, call in calls.items():
+            with self.subTest(name):
+                x = torch.arange(4.0, device="openreg")
+                got = call(x)
+                self.assertEqual(got.device, torch.device("openreg:0"))
+                cpu = torch.arange(4.0)
+                calls_cpu = {
+                    "fill_": lambda t: t.fill_(9.0),
+                    "masked_fill_": lambda t: t.masked_fill_(t > 1, 9.0),
+                    "index_fill_": lambda t: t.index_fill_(0, torch.tensor([1]), 9.0),
+                    "index_put_": lambda t: t.index_put_((torch.tensor([1]),), torch.tensor(9.0)),
+                    "setitem": lambda t: t.__setitem__(torch.tensor([1]), 9.0) or t,
+                }
+                self.assertEqual(got.cpu(), calls_cpu[name](cpu))
+        with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device"):
+            torch.arange(4.0, device="openreg").add_(torch.ones(4, device="openreg:1"))  # not 0-dim: refused
+
+
 class TestRandom(TestCase):
     def test_manual_seed_reproducible(self):
         torch.openreg.manual_seed(123)

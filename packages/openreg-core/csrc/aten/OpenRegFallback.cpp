@@ -86,6 +86,8 @@ struct OpFacts {
   bool writes_argument = false;                 // in-place or out=: some argument is written
   const c10::OperatorHandle* out_op = nullptr;  // a routed structured op: the out= overload its kernel runs
   int fill_value = -1;                          // fill, masked_fill, index_fill: their Scalar `value` argument
+  bool value_probe = false;                     // random_, bernoulli_(p), multinomial: see probe_value_checks
+  int value_tensor = -1;                        // fill_, masked_fill_, index_fill_, index_put_: see move_value
 };
 
 const OpFacts& facts_of(const c10::OperatorHandle& op) {
@@ -117,6 +119,18 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
     for (size_t i = 0; i < schema.arguments().size(); ++i)
       if (schema.arguments()[i].name() == "value" && schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType)
         f.fill_value = static_cast<int>(i);
+  if (name == "aten::fill" || name == "aten::fill_" || name == "aten::masked_fill" || name == "aten::masked_fill_" ||
+      name == "aten::index_fill" || name == "aten::index_fill_" || name == "aten::index_put" ||
+      name == "aten::index_put_" || name == "aten::_index_put_impl_" || name == "aten::_index_put_impl")
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto& a = schema.arguments()[i];
+      if ((a.name() == "value" || a.name() == "values") && a.type()->kind() == c10::TypeKind::TensorType)
+        f.value_tensor = static_cast<int>(i);
+    }
+  const std::string& overload = schema.overload_name();
+  f.value_probe =
+      name == "aten::random_" || name == "aten::multinomial" ||
+      ((name == "aten::bernoulli_" && overload == "float") || (name == "aten::bernoulli" && overload == "p"));
   return mine.emplace(&schema, f).first->second;
 }
 
@@ -1135,6 +1149,18 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
   return *device;
 }
 
+// fill_, masked_fill_, index_fill_ and index_put_ take a 0-dim value tensor from any device
+// (device_check: NoCheck; CUDA's kernels read it with item() or move it), and a CPU one worked here
+// already: a 0-dim value on another openreg device moves to self's, ordered by the copy's events.
+void move_value(c10::IValue* args, int value) {
+  if (!args[0].isTensor() || !args[value].isTensor()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& v = args[value].toTensor();
+  if (self.defined() && v.defined() && self.is_privateuseone() && v.is_privateuseone() && v.dim() == 0 &&
+      v.device() != self.device())
+    args[value] = v.to(self.device());
+}
+
 // Copies the host tensors of `indices` arguments to `device` (see is_index_list).
 void move_indices_to(const c10::FunctionSchema& schema, c10::IValue* args, size_t n, c10::Device device) {
   for (size_t i = 0; i < n; ++i) {
@@ -1184,13 +1210,17 @@ Stack take_arguments(Stack* stack, size_t n) {
 // the next synchronising call reports.
 bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   c10::SmallVector<std::pair<const void*, c10::TensorImpl*>, 4> written;  // by storage address
+  bool self_overlap = false;  // a written tensor whose elements share memory (expanded): the CPU refuses most
   for (size_t i = 0; i < args.size(); ++i) {
     if (is_written(schema.arguments()[i]))
       for_each_tensor(args[i], [&](const at::Tensor& t) {
-        if (t.defined() && t.has_storage() && t.storage().data() != nullptr)
+        if (t.defined() && t.has_storage() && t.storage().data() != nullptr) {
           written.emplace_back(t.storage().data(), t.unsafeGetTensorImpl());
+          self_overlap |= at::has_internal_overlap(t) == at::MemOverlap::Yes;
+        }
       });
   }
+  if (self_overlap) return true;  // the synchronous path: the CPU's verdict at the call
   if (written.empty()) return false;
   std::sort(written.begin(), written.end());
   bool overlaps = false;
@@ -1249,6 +1279,30 @@ void check_fill_value(const c10::IValue& value, const c10::IValue& self) {
   }
 }
 
+// random_'s range, bernoulli_'s probability and multinomial's sample count are checked by the CPU
+// kernel against the values of scalar arguments, which the meta kernels do not look at, and the
+// signature cache does not key on: after one good call of a signature a bad one went to the
+// device, and its error surfaced at some later synchronising call. The CPU op run on an empty
+// CPU tensor of the same dtype (and last dim, which multinomial reads) makes the same checks at the
+// call, for a few microseconds, and touches no generator.
+void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  Stack probe;
+  probe.reserve(args.size());
+  for (const c10::IValue& a : args) {
+    if (a.isTensor() && a.toTensor().defined()) {
+      const at::Tensor& t = a.toTensor();
+      c10::SmallVector<int64_t, 2> shape{0};
+      if (t.dim() >= 1) shape.push_back(t.size(-1));
+      probe.emplace_back(at::empty(shape, t.options().device(c10::kCPU)));
+    } else if (a.isGenerator()) {
+      probe.emplace_back();  // the device's generator: the CPU kernel would refuse it, and draws nothing
+    } else {
+      probe.push_back(a);
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &probe);
+}
+
 void check_not_strict(const c10::FunctionSchema& schema) {
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
               "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
@@ -1283,6 +1337,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   c10::IValue* const first = stack->data() + stack->size() - num_args;
   const c10::ArrayRef<c10::IValue> args(first, num_args);
 
+  if (facts.value_tensor >= 0) move_value(first, facts.value_tensor);
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
   move_indices_to(schema, first, num_args, device);
@@ -1291,6 +1346,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     return;
   }
   if (facts.fill_value >= 0) check_fill_value(args[facts.fill_value], args[0]);
+  if (facts.value_probe) probe_value_checks(op, args);
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);
