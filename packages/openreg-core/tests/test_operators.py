@@ -933,6 +933,26 @@ class TestErrorsAtTheCall(TestCase):
                 self._same_error_at_the_call(good, bad)
 
 
+class TestWarnings(TestCase):
+    def test_a_complex_to_real_copy_warns_on_the_host_and_the_device_is_silent(self):
+        # The CPU's copy warns at the call. On openreg the copy kernel warned on its worker, where the
+        # warning went to stderr past every filter, and the caller's Python saw none.
+        r = run_python(
+            """
+            import warnings, torch
+            z = torch.tensor([1 + 2j], device="openreg")
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                real = z.to(torch.float32)
+                torch.openreg.synchronize()
+            print(real.cpu().tolist(), [str(x.message).split(" (")[0] for x in w])
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "[1.0] ['Casting complex values to real discards the imaginary part']")
+        self.assertNotIn("Casting complex", r.stderr)
+
+
 class TestValueTensorsFromAnotherDevice(TestCase):
     def test_a_0_dim_value_on_another_openreg_device(self):
         # fill_, masked_fill_, index_fill_ and index_put_ take a 0-dim value from any device (CUDA's

@@ -227,6 +227,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // copy_ reaches _copy_from before the overlap checks the CPU's copy runs: run them here, at
   // the call (they compare addresses only, so they work on device tensors from the host).
   at::assert_no_internal_overlap(dst);
+  // The CPU's copy warns here, on the host; a device kernel cannot (its warnings are dropped).
+  if (src.is_complex() && !dst.is_complex())
+    TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
   if (is_same_data(dst, src)) return dst;
   at::assert_no_partial_overlap(dst, src);
   if (src.is_privateuseone() && dst.is_privateuseone())

@@ -131,7 +131,21 @@ void set_this_threads_count(int n) {
 #endif
 }
 
+// Device code cannot warn (a GPU kernel has no way to): a warning a CPU operator raises while it runs
+// as a kernel is dropped on every stream's worker, not printed to stderr where no filter reaches it
+// (the generic path dropped them already; a copy kernel's complex-to-real warning was printed).
+// The host warns at the call where the CPU does (copy_from). Set at a worker's first kernel.
+struct DropWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
 void apply_intra_op_threads(uint64_t n) {
+  static thread_local const bool quiet = [] {
+    static DropWarnings drop;
+    c10::WarningUtils::set_warning_handler(&drop);
+    return true;
+  }();
+  (void)quiet;
   if (at::get_num_threads() != static_cast<int>(n)) set_this_threads_count(static_cast<int>(n));
 }
 struct LaunchContextRegistrar {
