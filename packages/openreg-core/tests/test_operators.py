@@ -883,31 +883,21 @@ class TestErrorsAtTheCall(TestCase):
     def test_linear_algebra_that_fails_on_the_values(self):
         nan = float("nan")
         sick = [[nan, 1.0], [1.0, 3.0]]
-        cases = {
-            "svd": (
-                lambda d: torch.linalg.svd(torch.eye(2, device=d)),
-                lambda d: torch.linalg.svd(torch.tensor(sick, device=d)),
-            ),
-            "pinv": (
-                lambda d: torch.linalg.pinv(torch.eye(2, device=d)),
-                lambda d: torch.linalg.pinv(torch.tensor(sick, device=d)),
-            ),
-            "matrix_rank": (
-                lambda d: torch.linalg.matrix_rank(torch.eye(2, device=d)),
-                lambda d: torch.linalg.matrix_rank(torch.tensor(sick, device=d)),
-            ),
-            "eig": (
-                lambda d: torch.linalg.eig(torch.eye(2, device=d)),
-                lambda d: torch.linalg.eig(torch.tensor(sick, device=d)),
-            ),
-            "cholesky_inverse": (
-                lambda d: torch.cholesky_inverse(torch.eye(2, device=d)),
-                lambda d: torch.cholesky_inverse(torch.zeros(2, 2, device=d)),
-            ),
+        # Each good on the identity, bad on a matrix with a NaN (cholesky_inverse: on a zero factor).
+        bad_input = {"cholesky_inverse": [[0.0, 0.0], [0.0, 0.0]]}
+        ops = {
+            "svd": torch.linalg.svd,
+            "pinv": torch.linalg.pinv,
+            "matrix_rank": torch.linalg.matrix_rank,
+            "eig": torch.linalg.eig,
+            "cholesky_inverse": torch.cholesky_inverse,
         }
-        for name, (good, bad) in cases.items():
+        for name, f in ops.items():
             with self.subTest(name):
-                self._same_error_at_the_call(good, bad)
+                m = bad_input.get(name, sick)
+                self._same_error_at_the_call(
+                    lambda d: f(torch.eye(2, device=d)), lambda d: f(torch.tensor(m, device=d))
+                )
 
     def test_writing_into_an_expanded_tensor(self):
         cases = {
@@ -957,29 +947,22 @@ class TestValueTensorsFromAnotherDevice(TestCase):
     def test_a_0_dim_value_on_another_openreg_device(self):
         # fill_, masked_fill_, index_fill_ and index_put_ take a 0-dim value from any device (CUDA's
         # kernels read it with item() or move it); a CPU one worked, one on openreg:1 was refused.
-        v = torch.tensor(9.0, device="openreg:1")
-        idx = torch.tensor([1], device="openreg")
         calls = {
-            "fill_": lambda x: x.fill_(v),
-            "masked_fill_": lambda x: x.masked_fill_(x > 1, v),
-            "index_fill_": lambda x: x.index_fill_(0, idx, v),
-            "index_put_": lambda x: x.index_put_((idx,), v),
-            "setitem": lambda x: x.__setitem__(idx, v) or x,
+            "fill_": lambda x, v, i: x.fill_(v),
+            "masked_fill_": lambda x, v, i: x.masked_fill_(x > 1, v),
+            "index_fill_": lambda x, v, i: x.index_fill_(0, i, v),
+            "index_put_": lambda x, v, i: x.index_put_((i,), v),
+            "setitem": lambda x, v, i: x.__setitem__(i, v) or x,
         }
         for name, call in calls.items():
             with self.subTest(name):
-                x = torch.arange(4.0, device="openreg")
-                got = call(x)
+                got = call(
+                    torch.arange(4.0, device="openreg"),
+                    torch.tensor(9.0, device="openreg:1"),
+                    torch.tensor([1], device="openreg"),
+                )
                 self.assertEqual(got.device, torch.device("openreg:0"))
-                cpu = torch.arange(4.0)
-                calls_cpu = {
-                    "fill_": lambda t: t.fill_(9.0),
-                    "masked_fill_": lambda t: t.masked_fill_(t > 1, 9.0),
-                    "index_fill_": lambda t: t.index_fill_(0, torch.tensor([1]), 9.0),
-                    "index_put_": lambda t: t.index_put_((torch.tensor([1]),), torch.tensor(9.0)),
-                    "setitem": lambda t: t.__setitem__(torch.tensor([1]), 9.0) or t,
-                }
-                self.assertEqual(got.cpu(), calls_cpu[name](cpu))
+                self.assertEqual(got.cpu(), call(torch.arange(4.0), torch.tensor(9.0), torch.tensor([1])))
         with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device"):
             torch.arange(4.0, device="openreg").add_(torch.ones(4, device="openreg:1"))  # not 0-dim: refused
 

@@ -184,21 +184,9 @@ at::Tensor to_meta(const at::Tensor& t) {
 }
 
 // ---- 3. the kernel ----
-// Device code cannot warn (a GPU kernel has no way to): warnings the CPU
-// implementation raises while running as a kernel are dropped. Host-side
-// checks (meta kernels) still warn as usual.
-struct DropWarnings final : c10::WarningHandler {
-  void process(const c10::Warning&) override {}
-};
-
-struct DeviceWarningGuard {
-  DeviceWarningGuard() : guard_(&handler()) {}
-  static DropWarnings& handler() {
-    static DropWarnings h;
-    return h;
-  }
-  c10::WarningUtils::WarningHandlerGuard guard_;
-};
+// Device code cannot warn (a GPU kernel has no way to): the warnings the CPU implementation raises
+// while running as a kernel are dropped, as on every stream worker
+// (../runtime/OpenRegStream.cpp::apply_intra_op_threads). Host-side checks (meta kernels) still warn.
 
 // torch.use_deterministic_algorithms(True, warn_only=True): a CPU kernel warns about its
 // nondeterministic algorithm (at::Context::alertNotDeterministic) where CUDA's host code warns at
@@ -1041,7 +1029,6 @@ bool land_all(const Stack& returns, const Stack& targets) {
 // directly, unless their CPU kernel reallocated an output. A routed structured
 // op runs its out= overload, whose outputs are its last arguments.
 void run_kernel(const Launch& l) {
-  DeviceWarningGuard no_warnings;
   const c10::OperatorHandle& op = *l.op;
   Stack args = l.args.materialize();
   bool landed = true;

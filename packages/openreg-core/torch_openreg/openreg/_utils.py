@@ -10,6 +10,29 @@ from .. import _C
 _DeviceLike = Union[torch.device, str, int, None]
 
 
+def _parsed_index(device: _DeviceLike, allow_cpu: bool = False) -> Optional[int]:
+    """The index a device, string or int names, None for a device without one (or None), -1 for the
+    CPU with ``allow_cpu``; not checked against the device count."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if allow_cpu and device.type == "cpu":
+            return -1
+        if device.type != "openreg":
+            raise ValueError(f"Expected an openreg device, but got: {device}")
+        return device.index
+    if device is not None and not isinstance(device, int):
+        raise TypeError(f"Expected a device index as int, got {type(device).__name__}")
+    return device
+
+
+def _current_unless_required(device: _DeviceLike, optional: bool) -> int:
+    """The current device, for a device given without an index where ``optional`` allows it."""
+    if not optional:
+        raise ValueError(f"Expected an openreg device with a specified index, got: {device}")
+    return _package().current_device()
+
+
 def _device_index(device: _DeviceLike = None, optional: bool = True, negative_is_current: bool = False) -> int:
     """The index of an openreg device given as a device, string, int or None (current), checked
     against the device count. With ``negative_is_current``, a negative int means the current device,
@@ -20,20 +43,9 @@ def _device_index(device: _DeviceLike = None, optional: bool = True, negative_is
         # query): a plain index needs no conversion, only the checks below (~0.2 us, was ~1 us).
         index = device
     else:
-        if isinstance(device, str):
-            device = torch.device(device)
-        if isinstance(device, torch.device):
-            if device.type != "openreg":
-                raise ValueError(f"Expected an openreg device, but got: {device}")
-            index: Optional[int] = device.index
-        else:
-            index = device
+        index = _parsed_index(device)
         if index is None:
-            if not optional:
-                raise ValueError(f"Expected an openreg device with a specified index, got: {device}")
-            return _package().current_device()
-        if not isinstance(index, int):
-            raise TypeError(f"Expected a device index as int, got {type(index).__name__}")
+            return _current_unless_required(device, optional)
         if index < 0:
             if negative_is_current:
                 return _package().current_device()
@@ -51,22 +63,8 @@ def _get_device_index(device: _DeviceLike, optional: bool = False, allow_cpu: bo
     device, string, int or None (current, with ``optional``) without checking the index against the
     device count, so that torch.load of a tensor saved on a device this process lacks reaches
     torch's own error, which names map_location. openreg's functions use _device_index."""
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if allow_cpu and device.type == "cpu":
-            return -1
-        if device.type != "openreg":
-            raise ValueError(f"Expected an openreg device, but got: {device}")
-        if device.index is not None:
-            return device.index
-    elif device is not None:
-        raise TypeError(f"Expected an openreg device, string, int or None, got {type(device).__name__}")
-    if not optional:
-        raise ValueError(f"Expected an openreg device with a specified index, got: {device}")
-    return _package().current_device()
+    index = _parsed_index(device, allow_cpu)
+    return _current_unless_required(device, optional) if index is None else index
 
 
 def _package() -> Any:

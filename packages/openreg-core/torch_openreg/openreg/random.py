@@ -79,7 +79,7 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
 
 # The seeding functions do not start openreg (as torch.cuda's): before its initialisation they
 # queue their call (torch.openreg._lazy_call), and torch.manual_seed leaves a process free to fork.
-# The calls use the generators' bindings directly, which do not initialise. A seed is checked at the
+# The calls use the default generators (_default_generators), which do not initialise. A seed is checked at the
 # call, as the CPU generator checks it, and one for the current device is for the device current at
 # the call.
 
@@ -96,7 +96,7 @@ def manual_seed(seed: int) -> None:
     if _count() <= 0:
         return
     device = _C._get_device()
-    _package()._lazy_call(lambda: _C._get_default_generator(device).manual_seed(seed), seed=device)
+    _package()._lazy_call(lambda: _default_generators()[device].manual_seed(seed), seed=device)
 
 
 def manual_seed_all(seed: int) -> None:
@@ -104,8 +104,8 @@ def manual_seed_all(seed: int) -> None:
     seed = _checked_seed(seed)
 
     def seed_every_device() -> None:
-        for i in range(_count()):
-            _C._get_default_generator(i).manual_seed(seed)
+        for g in _default_generators():
+            g.manual_seed(seed)
 
     _package()._lazy_call(seed_every_device, seed="all")
 
@@ -115,16 +115,17 @@ def seed() -> None:
     if _count() <= 0:
         return
     device = _C._get_device()
-    _package()._lazy_call(lambda: _C._get_default_generator(device).seed(), seed=device)
+    _package()._lazy_call(lambda: _default_generators()[device].seed(), seed=device)
 
 
 def seed_all() -> None:
     """Seed every device's generator with one random number."""
 
     def seed_every_device() -> None:
-        s = _C._get_default_generator(0).seed()
-        for i in range(1, _count()):
-            _C._get_default_generator(i).manual_seed(s)
+        first, *others = _default_generators()
+        s = first.seed()
+        for g in others:
+            g.manual_seed(s)
 
     _package()._lazy_call(seed_every_device, seed="all")
 
