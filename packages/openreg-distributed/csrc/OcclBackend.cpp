@@ -539,7 +539,23 @@ void OcclBackend::shutdown() {
 // ---- the watchdog ----
 
 namespace {
-void complete_result(WorkOutcome& o);
+
+// Work.get_future_result(): NCCL's WorkResult, once the operation finished or failed.
+void complete_result(WorkOutcome& o) {
+  const auto result = !o.error.failed() ? c10d::WorkResult::SUCCESS
+                      : o.timed_out     ? c10d::WorkResult::TIMEOUT
+                                        : c10d::WorkResult::COMM_ERROR;
+  std::lock_guard<std::mutex> g(foreign_release_mu);  // its callbacks may be Python's
+  if (!foreign_releases_stopped) o.result->markCompleted(c10::IValue(static_cast<int64_t>(result)));
+}
+
+// Whether the operation ended (finished or failed); its result is completed then, once.
+bool complete_if_ended(WorkOutcome& o) {
+  const bool ended = o.finished.load(std::memory_order_acquire) || o.error.failed();
+  if (ended && !o.result->completed()) complete_result(o);
+  return ended;
+}
+
 }  // namespace
 
 void OcclBackend::stop_watchdog() {
@@ -567,17 +583,11 @@ void OcclBackend::stop_watchdog() {
       const auto now = std::chrono::steady_clock::now();
       for (auto it = left.begin(); it != left.end();) {
         WorkOutcome& o = *it->first;
-        const bool finished = o.finished.load(std::memory_order_acquire);
-        if (!finished && !o.error.failed() && now >= it->second) {
+        if (!o.finished.load(std::memory_order_acquire) && !o.error.failed() && now >= it->second) {
           o.timed_out = true;
           o.error.set("timed out after the process group was shut down");
         }
-        if (finished || o.error.failed()) {
-          if (!o.result->completed()) complete_result(o);
-          it = left.erase(it);
-        } else {
-          ++it;
-        }
+        it = complete_if_ended(o) ? left.erase(it) : std::next(it);
       }
       if (!left.empty()) std::this_thread::sleep_for(kWatchdogPoll);
     }
@@ -659,19 +669,6 @@ void OcclBackend::handle_failure(const std::string& message, bool from_peer) {
   }
 }
 
-namespace {
-
-// Work.get_future_result(): NCCL's WorkResult, once the operation finished or failed.
-void complete_result(WorkOutcome& o) {
-  const auto result = !o.error.failed() ? c10d::WorkResult::SUCCESS
-                      : o.timed_out     ? c10d::WorkResult::TIMEOUT
-                                        : c10d::WorkResult::COMM_ERROR;
-  std::lock_guard<std::mutex> g(foreign_release_mu);  // its callbacks may be Python's
-  if (!foreign_releases_stopped) o.result->markCompleted(c10::IValue(static_cast<int64_t>(result)));
-}
-
-}  // namespace
-
 void OcclBackend::watchdog_loop() {
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!watch_stop_) {
@@ -700,7 +697,7 @@ void OcclBackend::watchdog_loop() {
         o.error.set(msg);
         error_->set(msg);
       }
-      if (!o.result->completed() && (finished || o.error.failed())) complete_result(o);
+      complete_if_ended(o);
       if (!w.started_seen && o.started.load(std::memory_order_acquire)) {
         w.started_seen = true;
         if (pg_status_->lastStartedSeq < static_cast<int64_t>(w.seq)) {
