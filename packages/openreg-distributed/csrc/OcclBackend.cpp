@@ -524,6 +524,7 @@ c10d::ErrorType OcclBackend::getError() {
 void OcclBackend::abort() {
   terminating_ = true;  // the failures this causes are not handed to TORCH_OCCL_ASYNC_ERROR_HANDLING
   error_->set(c10::str("occl: process group (rank ", rank_, ") was aborted"), /*by_user=*/true);
+  close_self_mailbox();
   transport_->abort();
 }
 
@@ -533,6 +534,7 @@ void OcclBackend::shutdown() {
   shut_down_ = true;
   terminating_ = true;
   stop_watchdog();
+  close_self_mailbox();
   transport_->shutdown();
 }
 
@@ -757,7 +759,9 @@ orStream_t OcclBackend::comm_stream(c10::Device device, Route route, bool comple
   CommStreams& s = streams_[device.index()];
   // A send is started on the peer's stream and waited for on its send-completion stream; a receive
   // runs on the peer's stream, or, inside a batch (coalescing), on the batch's receive stream, so
-  // that the batch's sends, started after it, are not held back by it.
+  // that the batch's sends, started after it, are not held back by it. A receive from this rank
+  // always runs on that stream: it waits for a send of the same thread that may come after it.
+  if (route.lane == Lane::kRecv && route.peer == rank_) in_batch = true;
   orStream_t* slot = route.lane == Lane::kColl      ? &s.coll
                      : route.lane == Lane::kRecvAny ? &s.recv_any
                      : route.lane == Lane::kSend    ? (completion ? &s.send_done[route.peer] : &s.peer[route.peer])
@@ -784,12 +788,12 @@ void OcclBackend::check_rank(const char* op, const char* role, int64_t rank) con
                     " calling; valid ranks are 0 to ", size_ - 1, ")");
 }
 
-// NCCL sends to its own rank (a device copy); Gloo, occl's transport, has no connection to itself, so
-// the send failed in its kernel and took the group (and, by default, the process) down. Refused here.
-void OcclBackend::check_not_self(const char* op, int64_t peer) const {
-  TORCH_CHECK_VALUE(peer != rank_, "occl ", op, ": the peer is this rank (", rank_,
-                    "); occl does not send to or receive from its own rank (its transport, Gloo, has no "
-                    "connection to itself): copy the tensor instead");
+void OcclBackend::close_self_mailbox() {
+  {
+    std::lock_guard<std::mutex> g(self_mailbox_->mu);
+    self_mailbox_->closed = true;
+  }
+  self_mailbox_->cv.notify_all();
 }
 
 void OcclBackend::keep_until_done(c10::intrusive_ptr<OcclWork> work) {
@@ -1244,15 +1248,34 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
   auto& outs = outputs[0];
   TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size_, "occl ", op, ": expects world size (", size_,
                     ") output tensors, got ", outs.size());
+  bool even = true;
   for (const auto& o : outs) {
     check_tensor(op, o, device);
     check_same_dtype(op, inputs[0], o);
-    TORCH_CHECK_VALUE(o.numel() == inputs[0].numel(), "occl ", op, ": output tensors must have the input's ",
-                      inputs[0].numel(), " elements, got ", o.numel());
+    even = even && o.numel() == inputs[0].numel();
   }
+  // Output i holds rank i's input: this rank's own must be the input's size.
+  TORCH_CHECK_VALUE(outs[rank_].numel() == inputs[0].numel(), "occl ", op, ": output tensor ", rank_,
+                    " (this rank's) must have the input's ", inputs[0].numel(), " elements, got ", outs[rank_].numel());
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   const int n = size_;
+  if (!even) {
+    // Inputs of different sizes, as NCCL takes them: one broadcast from each rank into its output
+    // (the transport's all-gather takes one size). Each rank's output i must have rank i's size.
+    return enqueue(
+        c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
+        [t, in = args_of(inputs), out = args_of(outs), me = rank_, timeout] {
+          Started st;
+          for (size_t i = 0; i < out.size(); ++i) {
+            at::Tensor o = carried(out[i].materialize());
+            if (static_cast<int>(i) == me) o.copy_(carried(in[0].materialize()));
+            st.works.push_back(t->broadcast(o, static_cast<int>(i), timeout));
+          }
+          return st;
+        },
+        timeout);
+  }
   return enqueue(
       c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
       [t, in = args_of(inputs), out = args_of(outs), n, timeout] {
@@ -1525,13 +1548,81 @@ std::shared_ptr<OcclBackend::PeerStaging> OcclBackend::peer_staging(int peer) {
   return staging;
 }
 
+namespace {
+
+// A tensor's bytes, in memory order: what a send to this rank leaves and its receive takes (NCCL
+// moves bytes too: the two tensors need the same size in bytes, not the same dtype).
+at::Tensor bytes_of(const at::Tensor& t) { return t.view({-1}).view(at::kByte); }
+
+// What a failure in a transport's Work looks like to occl: a message without a C++ backtrace.
+template <typename... Args>
+void fail_unless(bool ok, const Args&... args) {
+  if (!ok) throw std::runtime_error(c10::str(args...));
+}
+
+// A receive from this rank: waits on the worker for the send of its tag, then copies it.
+class SelfReceive final : public c10d::Work {
+ public:
+  SelfReceive(std::shared_ptr<SelfMailbox> box, int tag, at::Tensor into, std::shared_ptr<GroupError> group, ms timeout)
+      : box_(std::move(box)), tag_(tag), into_(std::move(into)), group_(std::move(group)), timeout_(timeout) {}
+
+  bool wait(ms /*unused: the operation's own timeout applies*/) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    at::Tensor got;
+    {
+      std::unique_lock<std::mutex> l(box_->mu);
+      for (;;) {
+        auto it = box_->by_tag.find(tag_);
+        if (it != box_->by_tag.end() && !it->second.empty()) {
+          got = std::move(it->second.front());
+          it->second.pop_front();
+          if (it->second.empty()) box_->by_tag.erase(it);
+          break;
+        }
+        // The group's failure (the watchdog's timeout of this receive, a peer's error) or its end.
+        fail_unless(!group_->failed(), "the process group failed: ", group_->message());
+        fail_unless(!box_->closed, "the process group was aborted or shut down before a send from this rank (tag ",
+                    tag_, ") came");
+        fail_unless(std::chrono::steady_clock::now() < deadline, "no send from this rank with tag ", tag_, " within ",
+                    timeout_.count(), " ms");
+        box_->cv.wait_for(l, kWatchdogPoll);
+      }
+    }
+    fail_unless(got.numel() == into_.numel(), "the send from this rank (tag ", tag_, ") has ", got.numel(),
+                " bytes, the receiving tensor ", into_.numel());
+    into_.copy_(got);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<SelfMailbox> box_;
+  int tag_;
+  at::Tensor into_;
+  std::shared_ptr<GroupError> group_;
+  ms timeout_;
+};
+
+}  // namespace
+
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("send", tensors.size(), "");
   const auto device = check_tensors("send", tensors, /*p2p=*/true);
   check_rank("send", "destination", dstRank);
-  check_not_self("send", dstRank);
   auto t = transport_;
+  if (dstRank == rank_) {
+    // A device copy, as NCCL's: the copy is taken when the send starts, so its Work ends there.
+    return enqueue(c10d::OpType::SEND, "occl::send", Route(Lane::kSend, dstRank, /*staged=*/true), device, tensors, {},
+                   [box = self_mailbox_, a = kernel_arg(tensors[0]), tag] {
+                     at::Tensor copy = bytes_of(a.materialize()).clone();
+                     {
+                       std::lock_guard<std::mutex> g(box->mu);
+                       box->by_tag[tag].push_back(std::move(copy));
+                     }
+                     box->cv.notify_all();
+                     return Started{};
+                   });
+  }
   // A small send is staged: copied when it starts, so that its Work ends there, once the tensor may
   // be reused, instead of when the peer has received it (as small messages on NCCL and MPI). Its
   // completion is still waited for (a failure or timeout fails the group), off the peer's stream.
@@ -1568,8 +1659,15 @@ c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int
   check_single("recv", tensors.size(), "");
   const auto device = check_tensors("recv", tensors, /*p2p=*/true);
   check_rank("recv", "source", srcRank);
-  check_not_self("recv", srcRank);
   auto t = transport_;
+  if (srcRank == rank_) {
+    const ms timeout = effective(c10d::kUnsetTimeout);
+    return enqueue(c10d::OpType::RECV, "occl::recv", Route(Lane::kRecv, srcRank), device, {}, tensors,
+                   [box = self_mailbox_, group = error_, a = kernel_arg(tensors[0]), tag, timeout] {
+                     WorkPtr w = c10::make_intrusive<SelfReceive>(box, tag, bytes_of(a.materialize()), group, timeout);
+                     return Started{{w}, {}};
+                   });
+  }
   return enqueue(c10d::OpType::RECV, "occl::recv", Route(Lane::kRecv, srcRank), device, {}, tensors,
                  [t, a = kernel_arg(tensors[0]), srcRank, tag] {
                    at::Tensor v = carried(a.materialize());

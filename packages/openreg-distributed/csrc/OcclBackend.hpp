@@ -107,6 +107,16 @@ struct CommStreams {
   std::map<int, orStream_t> peer, send_done, batch_recv;  // by peer
 };
 
+// Sends to and receives from the own rank, which NCCL runs as a device copy (the transport has no
+// connection to its own rank): a send's kernel leaves a copy of its bytes here, and a receive's
+// kernel takes the oldest one of its tag (as the transport pairs by peer and tag, in order).
+struct SelfMailbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, std::deque<at::Tensor>> by_tag;
+  bool closed = false;  // abort() or shutdown(): a waiting receive fails
+};
+
 // Releasing tensors off the caller's threads (the watchdog does, once their operation ended).
 // Dropping a tensor Python owned takes the GIL; once the interpreter finalizes, a foreign thread that
 // takes it aborts the process, so Python's atexit stops such releases first (what remains is left
@@ -281,7 +291,6 @@ class OcclBackend : public c10d::Backend {
   void check_not_shut_down(const char* op) const;
   // A root or peer rank given to `op`: raises ValueError at the call when it is not in the group.
   void check_rank(const char* op, const char* role, int64_t rank) const;
-  void check_not_self(const char* op, int64_t peer) const;
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   void keep_until_done(c10::intrusive_ptr<OcclWork> work);
   // The watchdog's part: releases every in-flight Work whose end event completed, and its tensors.
@@ -334,7 +343,9 @@ class OcclBackend : public c10d::Backend {
   };
   std::shared_ptr<PeerStaging> peer_staging(int peer);
   std::map<int, std::shared_ptr<PeerStaging>> staging_;  // under streams_mu_
-  uint64_t collective_seq_ = 0, p2p_seq_ = 0;            // the flight recorder's counters
+  std::shared_ptr<SelfMailbox> self_mailbox_ = std::make_shared<SelfMailbox>();
+  void close_self_mailbox();
+  uint64_t collective_seq_ = 0, p2p_seq_ = 0;  // the flight recorder's counters
   bool blocking_wait_;
   ErrorHandling error_handling_;
   bool dump_on_failure_;      // TORCH_OCCL_DUMP_ON_TIMEOUT

@@ -174,6 +174,34 @@ class TestCollectives(OcclTestCase):
                 self.run_op(lambda ao: dist.all_gather(outs, mine, async_op=ao), async_op)
                 self.assertEqual(torch.cat([o.cpu() for o in outs]).float(), want)
 
+    def test_all_gather_of_uneven_inputs(self):
+        # Rank r gives 2 (r + 1) elements; each rank's output i has rank i's size. NCCL takes it (one
+        # broadcast per rank); the transport's all-gather takes one size, so occl does the same.
+        d = self.device
+        for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+            for async_op in (False, True):
+                mine = ramp(self.rank, torch.float32, 2 * (self.rank + 1)).to(dtype).to(d)
+                outs = [torch.full((2 * (r + 1),), -1.0, device=d).to(dtype) for r in range(2)]
+                self.run_op(lambda ao: dist.all_gather(outs, mine, async_op=ao), async_op)
+                for r in range(2):
+                    self.assertEqual(outs[r].cpu().float(), ramp(r, torch.float32, 2 * (r + 1)).to(dtype).float())
+        # all_gather_coalesced runs one all_gather per input: uneven ones too.
+        ins = [ramp(self.rank, torch.float32, self.rank + 1).to(d)]
+        outs = [[torch.empty(r + 1, device=d)] for r in range(2)]
+        dist.all_gather_coalesced(outs, ins)
+        for r in range(2):
+            self.assertEqual(outs[r][0].cpu(), ramp(r, torch.float32, r + 1))
+        # This rank's own output must be its input's size: refused at the call, the group usable.
+        wrong = [torch.empty(5, device=d), torch.empty(5, device=d)]
+        with self.assertRaisesRegex(
+            ValueError,
+            rf"occl all_gather: output tensor {self.rank} \(this rank's\) must have the input's 4 elements, got 5",
+        ):
+            dist.all_gather(wrong, torch.ones(4, device=d))
+        x = torch.ones(3, device=d)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), torch.full((3,), 2.0))
+
     def test_all_gather_into_tensor_coalesced(self):
         ins = [ramp(self.rank, torch.float32, n).to(self.device) for n in (2, 3)]
         outs = [torch.empty(2 * n, device=self.device) for n in (2, 3)]
@@ -673,22 +701,53 @@ class TestCollectives(OcclTestCase):
         self.assertEqual(x.cpu(), torch.full((4,), 2.0))
         torch.openreg.synchronize()  # no kernel failed
 
-    def test_own_rank_as_peer_is_refused_at_the_call(self):
-        # NCCL copies a send to its own rank; Gloo, occl's transport, has no connection to itself: the
-        # send failed in its kernel and the watchdog took the process down. Refused at the call.
-        d = self.device
-        x = torch.ones(4, device=d)
-        me = self.rank
-        own = rf"occl {{}}: the peer is this rank \({me}\); occl does not send to or receive from its own rank"
-        with self.assertRaisesRegex(ValueError, own.format("send")):
-            dist.isend(x, dst=me)
-        with self.assertRaisesRegex(ValueError, own.format("recv")):
-            dist.irecv(x, src=me)
-        with self.assertRaisesRegex(ValueError, own.format("send")):
-            dist.batch_isend_irecv([dist.P2POp(dist.isend, x, me), dist.P2POp(dist.irecv, x, me)])
-        dist.distributed_c10d._world.pg_coalesce_state.pop(self.pg)  # torch's own block (see below)
-        dist.all_reduce(x)
-        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+    def test_own_rank_as_peer_is_a_device_copy(self):
+        # As NCCL's: a send to the own rank is a device copy (Gloo, occl's transport, has no
+        # connection to its own rank: the send failed in its kernel and took the process down).
+        d, me, peer = self.device, self.rank, 1 - self.rank
+        x = ramp(me, torch.float32, 4).to(d)
+        y = torch.zeros(4, device=d)
+        # torch's blocking send and recv refuse the own rank (they would wait for themselves); its
+        # isend, irecv and batch_isend_irecv pass it to the backend.
+        with self.assertRaisesRegex(ValueError, "destination rank should not be the same as the rank"):
+            dist.send(x, dst=me)
+        dist.isend(x, dst=me).wait()
+        x.fill_(-1)  # the send's copy was taken when it started: its Work has ended
+        dist.irecv(y, src=me).wait()
+        self.assertEqual(y.cpu(), ramp(me, torch.float32, 4))
+        # A receive posted before its send by the same thread (outside a batch) does not block it.
+        y2 = torch.zeros(4, device=d)
+        r = dist.irecv(y2, src=me)
+        s = dist.isend(ramp(me, torch.float32, 4).to(d) * 10, dst=me)
+        r.wait()
+        s.wait()
+        self.assertEqual(y2.cpu(), ramp(me, torch.float32, 4) * 10)
+        # Paired by tag, in order within a tag, and by bytes, not dtypes (NCCL moves bytes).
+        a, b = torch.arange(3, device=d, dtype=torch.int32), torch.tensor([1.5, -2.0, 7.25], device=d)
+        works = [dist.isend(a, dst=me, tag=1), dist.isend(b, dst=me, tag=2), dist.isend(a + 1, dst=me, tag=1)]
+        got_b, got_a, got_a1 = torch.empty(3, device=d), torch.empty(3, device=d), torch.empty(3, device=d)
+        works += [dist.irecv(got_b, src=me, tag=2), dist.irecv(got_a, src=me, tag=1), dist.irecv(got_a1, src=me, tag=1)]
+        for w in works:
+            w.wait()
+        self.assertEqual(got_b.cpu(), b.cpu())
+        self.assertEqual(got_a.cpu().view(torch.int32), torch.arange(3, dtype=torch.int32))
+        self.assertEqual(got_a1.cpu().view(torch.int32), torch.arange(1, 4, dtype=torch.int32))
+        # In a batch with sends to and receives from the peer (a ring that includes the own rank).
+        mine = ramp(me, torch.bfloat16, 5).to(d)
+        from_me, from_peer = (
+            torch.empty(5, dtype=torch.bfloat16, device=d),
+            torch.empty(5, dtype=torch.bfloat16, device=d),
+        )
+        ops = [
+            dist.P2POp(dist.irecv, from_me, me),
+            dist.P2POp(dist.irecv, from_peer, peer),
+            dist.P2POp(dist.isend, mine, me),
+            dist.P2POp(dist.isend, mine, peer),
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        self.assertEqual(from_me.cpu(), ramp(me, torch.bfloat16, 5))
+        self.assertEqual(from_peer.cpu(), ramp(peer, torch.bfloat16, 5))
         torch.openreg.synchronize()  # no kernel failed
 
     def test_a_refused_operation_ends_its_coalescing_block(self):

@@ -138,6 +138,42 @@ class TestFaults(OcclTestCase):
         dist.barrier()
         dist.destroy_process_group(group)
 
+    def test_receive_from_the_own_rank_fails_cleanly(self):
+        # A device copy (NCCL's): no peer is involved, so each rank fails alone, and its group.
+        me = self.rank
+        group = fault_group("2")
+        dist.isend(torch.ones(4, device=self.device), dst=me, group=group)
+        short = torch.empty(3, device=self.device)
+        work = dist.irecv(short, src=me, group=group)
+        self.assertRegex(
+            wait_until_failed(work),
+            rf"occl RECV \(seq 2, rank {me} of 2\) failed: the send from this rank \(tag 0\) has 16 bytes, "
+            "the receiving tensor 12",
+        )
+        with self.assertRaisesRegex(RuntimeError, "the receiving tensor 12"):
+            torch.openreg.synchronize()
+        dist.destroy_process_group(group)
+        # A receive no send comes for times out (the watchdog's or its own deadline, both 3 s) ...
+        group = fault_group("2")
+        work = dist.irecv(torch.empty(2, device=self.device), src=me, group=group)
+        self.assertRegex(wait_until_failed(work), rf"occl RECV \(seq 1, rank {me} of 2\) failed: .*3000 ms")
+        with self.assertRaisesRegex(RuntimeError, "3000 ms"):
+            torch.openreg.synchronize()
+        dist.destroy_process_group(group)
+        # ... and one waiting when the group is aborted ends at once.
+        group = fault_group("2")
+        work = dist.irecv(torch.empty(2, device=self.device), src=me, group=group)
+        group._get_backend(self.device).abort()
+        self.assertRegex(
+            wait_until_failed(work), rf"occl RECV \(seq 1, rank {me} of 2\) .*: occl: process group .* was aborted"
+        )
+        with self.assertRaisesRegex(RuntimeError, "aborted"):
+            torch.openreg.synchronize()
+        torch.openreg.synchronize()
+        dist.barrier()
+        dist.destroy_process_group(group)
+        self.assert_default_group_usable()
+
     def test_abort_and_shutdown_return(self):
         group = fault_group("2")
         x = torch.ones(4, device=self.device)
