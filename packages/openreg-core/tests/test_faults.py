@@ -113,6 +113,112 @@ class TestFaultInjection(FaultTestCase):
         del bad, good, y1, a, b, x1
         self.assert_back_to_baseline()
 
+    def failed_mul_then_pending_event(self, also=""):
+        """A failed aten::mul on the current stream, and a block the caching allocator holds until an
+        event recorded after it: the allocator's own wait for that event takes the kernel's error.
+        `also`: more fault clauses, armed with the kernel's (nothing is allocated after arming);
+        `{side}` in it is the side stream."""
+        a = torch.randn(257, device="openreg:0")
+        out, side_out = torch.empty_like(a), torch.empty_like(a)
+        torch.mul(a, a, out=out)  # the signatures' first calls (synchronous)
+        torch.add(a, a, out=side_out)
+        used = torch.ones(4096, device="openreg:0")
+        torch.openreg.synchronize(0)
+        main = torch.openreg.current_stream(0)
+        side = torch.openreg.Stream(device=0)
+        also = also.format(side=handle(side))
+        torch.openreg._inject_faults(",".join(filter(None, (f"kernel@{handle(main)}:aten::mul", also))))
+        torch.mul(a, a, out=out)  # queued; fails on the device
+        side.wait_stream(main)  # the event below completes after the failure
+        with torch.openreg.stream(side):
+            torch.add(a, a, out=side_out)  # a kernel a slow fault on the side stream delays
+        used.record_stream(side)
+        del used  # held until the side stream's event completes
+        return a, out, side_out
+
+    def test_empty_cache_reports_a_failed_kernel_once_its_caches_are_empty(self):
+        # Its waits are synchronising calls: the failure is reported by empty_cache (as by a CUDA
+        # program's), and the caches are emptied all the same. It was dropped by the pinned cache's
+        # wait, and the device cache's left its cache half emptied.
+        kept = self.failed_mul_then_pending_event()
+        pinned = torch.ones(1024).pin_memory()
+        on_device = pinned.to("openreg:0", non_blocking=True)  # the pinned block's use is an event
+        del pinned
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'aten::mul' failed on openreg device 0"):
+            torch.openreg.empty_cache()
+        torch.openreg.synchronize(0)  # reported once
+        reserved = torch.openreg.memory_reserved(0)
+        counters = torch.openreg._runtime_counters()
+        torch.openreg.empty_cache()  # nothing was left for a second call: no event, no block
+        self.assertEqual(torch.openreg.memory_reserved(0), reserved)
+        after = torch.openreg._runtime_counters()
+        for key in ("events_destroyed", "device_frees"):
+            self.assertEqual(after[key], counters[key], key)
+        self.assertEqual(on_device.cpu(), torch.ones(1024))
+        del kept, on_device
+        self.assert_back_to_baseline()
+
+    def test_pinned_cache_reports_a_failed_kernel(self):
+        a = torch.randn(257, device="openreg:0")
+        a * a
+        torch.openreg.synchronize(0)
+        pinned = torch.ones(1024).pin_memory()
+        main = torch.openreg.current_stream(0)
+        torch.openreg._inject_faults(f"kernel@{handle(main)}:aten::mul")
+        a * a
+        on_device = pinned.to("openreg:0", non_blocking=True)  # recorded after the failure
+        del pinned
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'aten::mul' failed on openreg device 0"):
+            torch.openreg.empty_cache()  # the pinned cache's wait for the copy took the failure
+        torch.openreg.synchronize(0)  # reported once
+        del a, on_device
+        self.assert_back_to_baseline()
+
+    def test_allocation_retry_reports_a_failed_kernel(self):
+        # The retry after a failed device allocation waits for the cache's events: a synchronising
+        # call, which reports the failure at the allocation (as cudaMalloc returns a sticky error).
+        # The failure was dropped.
+        torch.openreg.empty_cache()  # the large request below needs a new segment
+        stats = torch.openreg.memory_stats(0)
+        # The side stream is slowed down, so that its event is still pending at the retry (an
+        # allocation first retires the events that completed, without waiting).
+        kept = self.failed_mul_then_pending_event(also="alloc@0:1,slow@{side}:300")
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'aten::mul' failed on openreg device 0"):
+            torch.empty(64 * MiB, dtype=torch.uint8, device="openreg:0")
+        after = torch.openreg.memory_stats(0)
+        self.assertEqual(after["num_alloc_retries"], stats["num_alloc_retries"] + 1)
+        self.assertEqual(after["num_ooms"], stats["num_ooms"])
+        torch.openreg.synchronize(0)  # reported once
+        x = torch.full((64 * MiB // 4,), 2.0, device="openreg:0")  # the device works
+        self.assertEqual(x[-2:].cpu(), torch.full((2,), 2.0))
+        del kept, x
+        self.assert_back_to_baseline()
+
+    def test_graph_reset_leaves_a_failed_kernel_to_the_next_synchronisation(self):
+        x = torch.zeros(64, device="openreg")
+        s = torch.openreg.Stream()
+        warm_up = torch.randn(8, device="openreg")
+        warm_up * warm_up
+        s.wait_stream(torch.openreg.current_stream())
+        with torch.openreg.stream(s):
+            x.add_(1)
+        s.synchronize()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            x.add_(1)
+            g.capture_end()
+        g.replay()
+        main = torch.openreg.current_stream(0)
+        torch.openreg._inject_faults(f"kernel@{handle(main)}:aten::mul")
+        warm_up * warm_up  # fails on the device
+        g.reset()  # waits for the replay: it took the failure and dropped it
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'aten::mul' failed on openreg device 0"):
+            torch.openreg.synchronize(0)
+        self.assertEqual(x.cpu(), torch.full((64,), 2.0))  # the warm-up's 1, then the replay's
+        del x, warm_up
+        self.assert_back_to_baseline()
+
     def test_copy_to_the_host_fails_at_the_call(self):
         x = torch.arange(1000.0, device="openreg:0")
         torch.openreg.synchronize(0)

@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <exception>
+
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegNativeOps.h"
 #include "aten/OpenRegNested.h"
@@ -372,8 +374,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_memory_snapshot", [] { return snapshot_list(); });
   m.def("_empty_cache", [] {
     py::gil_scoped_release no_gil;
-    allocator::emptyCache();
+    // Both caches are emptied, also when the first one's waits report a failed kernel.
+    std::exception_ptr failed;
+    try {
+      allocator::emptyCache();
+    } catch (...) {
+      failed = std::current_exception();
+    }
     host_allocator::empty_cache();
+    if (failed) std::rethrow_exception(failed);
   });
   m.def(
       "_reset_peak_memory_stats", [](int64_t d) { allocator::resetPeakStats(device_index(d)); },

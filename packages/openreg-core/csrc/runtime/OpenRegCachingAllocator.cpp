@@ -228,13 +228,17 @@ class DeviceCache {
     retained_.erase(it);
   }
 
-  void empty_cache() {
+  // A failed kernel reported by the waits is returned, for the caller to raise once every device's
+  // cache is empty.
+  FirstFailure empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
     settle();
-    for (auto& [event, block] : pending_) OPENREG_CHECK(orEventSynchronize(event));
+    FirstFailure failure;
+    for (auto& [event, block] : pending_) failure.note(orEventSynchronize(event));
     process_events();
     release_cached(small_pool_);
     release_cached(large_pool_);
+    return failure;
   }
 
   DeviceStats stats() {
@@ -300,10 +304,14 @@ class DeviceCache {
     if (st == orErrorMemoryAllocation) {
       // Give the cache back and try once more.
       stats_.num_alloc_retries++;
-      for (auto& [event, block] : pending_) orEventSynchronize(event);
+      FirstFailure failure;  // a kernel that failed meanwhile: reported here, as by any synchronising call
+      for (auto& [event, block] : pending_) failure.note(orEventSynchronize(event));
       process_events();
       release_cached(small_pool_);
       release_cached(large_pool_);
+      exchange_device(previous);
+      failure.raise();
+      exchange_device(device_);
       st = orMalloc(&ptr, bytes);
     }
     exchange_device(previous);
@@ -558,8 +566,10 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t) override {
+    FirstFailure failure;
     for (auto& c : caches_)
-      if (c) c->empty_cache();
+      if (c) failure.note(c->empty_cache());
+    failure.raise();
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {

@@ -39,6 +39,32 @@ inline std::string last_error_message() {
 
 namespace c10::openreg {
 
+// For the allocators' own waits (freeing cached memory): such a wait is a synchronising call, so it
+// returns a failed kernel's error, once. The first one is kept while the cleanup goes on, then
+// raised, so that neither the user's error nor the rest of the cleanup is lost.
+class FirstFailure {
+ public:
+  void note(orStatus st) {
+    if (st == orSuccess || status_ != orSuccess) return;
+    status_ = st;
+    message_ = last_error_message();
+  }
+  void note(const FirstFailure& other) {
+    if (status_ != orSuccess) return;
+    status_ = other.status_;
+    message_ = other.message_;
+  }
+  void raise() const {
+    if (status_ == orSuccess) return;
+    TORCH_CHECK_WITH(OutOfMemoryError, status_ != orErrorMemoryAllocation, message_);
+    TORCH_CHECK(false, message_);
+  }
+
+ private:
+  orStatus status_ = orSuccess;
+  std::string message_;
+};
+
 // The error CPU and CUDA give when an operator's tensors are on two devices; `op` names the operator.
 template <typename Op>
 void check_same_device(const c10::Device& a, const c10::Device& b, const Op& op) {

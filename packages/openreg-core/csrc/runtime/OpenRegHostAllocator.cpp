@@ -134,11 +134,12 @@ class HostCache final : public at::HostAllocator {
   }
 
   void empty() {
+    FirstFailure failure;  // raised once the cache is empty
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [size, list] : free_) {
       for (HostBlock* b : list) {
         for (auto& [stream, e] : b->uses) {
-          orEventSynchronize(e);
+          failure.note(orEventSynchronize(e));
           orEventDestroy(e);
         }
         orFreeHost(b->ptr);
@@ -149,6 +150,7 @@ class HostCache final : public at::HostAllocator {
       }
       list.clear();
     }
+    failure.raise();
   }
 
  private:

@@ -10,6 +10,7 @@
 // touches pageable host memory completes before the call returns (the host
 // buffer may be reused right after); one with pinned or device memory only
 // is asynchronous.
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 
@@ -55,7 +56,7 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
     if (it == dev->live_blocks.begin() || (--it, off >= it->first + it->second))
       return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " on openreg device " +
                                                    std::to_string(dev->index) + " is not inside a live allocation");
-    if (off + count > it->first + it->second)
+    if (count > it->second - (off - it->first))  // not off + count: a huge count wraps around
       return fail(orErrorInvalidValue, "range of " + std::to_string(count) + " bytes at " + hex(ptr) +
                                            " runs past the end of its allocation of " + std::to_string(it->second) +
                                            " bytes");
@@ -68,7 +69,7 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
   }
   ImportedRange imp;
   if (find_import(ptr, &imp)) {  // another process's memory, opened from an IPC handle
-    if (p + count > reinterpret_cast<uintptr_t>(imp.base) + imp.size)
+    if (count > imp.size - (p - reinterpret_cast<uintptr_t>(imp.base)))
       return fail(orErrorInvalidValue, "range of " + std::to_string(count) + " bytes at " + hex(ptr) +
                                            " runs past the end of its allocation of " + std::to_string(imp.size) +
                                            " bytes");
@@ -84,7 +85,7 @@ orStatus locate(const void* ptr, size_t count, Location* loc) {
   Runtime& rt = runtime();
   std::lock_guard<std::mutex> lock(rt.host_mu);
   auto it = rt.host_blocks.upper_bound(p);
-  if (it != rt.host_blocks.begin() && (--it, p < it->first + it->second) && p + count <= it->first + it->second) {
+  if (it != rt.host_blocks.begin() && (--it, p < it->first + it->second) && count <= it->first + it->second - p) {
     loc->type = orMemoryTypeHost;
     loc->base = it->first;
     loc->size = it->second;
@@ -276,7 +277,9 @@ orStatus orFree(void* ptr) {
     return fail(orErrorInvalidDevicePointer,
                 "pointer " + hex(ptr) + " was opened from an IPC handle: release it with orIpcCloseMemHandle");
   if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " is not openreg device memory");
-  wait_for_streams(*dev);  // as cudaFree: queued work may still use the memory
+  // As cudaFree: queued work may still use the memory, also on another device's streams (a
+  // device-to-device copy queued there reads or writes it).
+  wait_for_all_devices();
   std::lock_guard<std::mutex> lock(dev->mem_mu);
   size_t off = static_cast<char*>(ptr) - dev->arena.device_view;
   auto live = dev->live_blocks.find(off);
@@ -316,9 +319,10 @@ orStatus orMallocHost(void** ptr, size_t size) {
   *ptr = nullptr;
   if (orStatus st = check_runtime()) return st;
   if (size == 0) return orSuccess;
-  const size_t bytes = round_up(size, openreg::platform::page_size());
-  void* p = openreg::platform::host_alloc(bytes);
-  if (p == nullptr) return fail(orErrorMemoryAllocation, "cannot allocate " + mib(bytes) + " of pinned host memory");
+  const size_t page = openreg::platform::page_size();
+  const size_t bytes = size > SIZE_MAX - page ? 0 : round_up(size, page);  // 0: rounding would wrap
+  void* p = bytes == 0 ? nullptr : openreg::platform::host_alloc(bytes);
+  if (p == nullptr) return fail(orErrorMemoryAllocation, "cannot allocate " + mib(size) + " of pinned host memory");
   Runtime& rt = runtime();
   std::lock_guard<std::mutex> lock(rt.host_mu);
   rt.host_blocks[reinterpret_cast<uintptr_t>(p)] = bytes;

@@ -400,6 +400,14 @@ orStatus orStreamDestroy(orStream_t stream) {
   // slot can be recycled by another thread for another device, and work still
   // queued here would run as that device (and s->device would be rewritten).
   s->synchronize();
+  // A capture in progress ends with the stream, its graph discarded (as CUDA invalidates it): the
+  // slot is recycled for the next stream created, which must not start out capturing.
+  Graph* abandoned = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    std::swap(abandoned, s->capture);
+  }
+  if (abandoned != nullptr) release_graph(abandoned);
   {
     Device& dev = runtime().devices[s->device];
     std::lock_guard<std::mutex> lock(dev.streams_mu);
@@ -733,8 +741,9 @@ orStatus orGraphDestroy(orGraph_t graph) {
     std::lock_guard<std::mutex> registry(graphs_mu());
     live_graphs().erase(g);
   }
-  // Launches of the graph may still be queued: they read its arguments.
-  synchronize_device(runtime().devices[g->device]);
+  // Launches of the graph may still be queued: they read its arguments. A kernel's failure stays
+  // for the user's next synchronising call.
+  wait_for_streams(runtime().devices[g->device]);
   release_graph(g);
   return orSuccess;
 }

@@ -683,10 +683,52 @@ TEST(memory_memcpy_errors) {
   CHECK_MESSAGE_HAS("runs past the end");
   CHECK_STATUS(orErrorInvalidValue, orMemcpy(host.data(), static_cast<char*>(d) + 4000, 200, orMemcpyDeviceToHost));
   CHECK_STATUS(orErrorInvalidValue, orMemcpy(nullptr, host.data(), 16, orMemcpyDefault));
+  // A count so large that pointer + count wraps around is past the end too (the check passed it,
+  // and the copy ran over the arena).
+  const size_t huge = SIZE_MAX - 100;
+  CHECK_STATUS(orErrorInvalidValue, orMemsetAsync(static_cast<char*>(d) + 512, 0, huge, nullptr));
+  CHECK_MESSAGE_HAS("runs past the end");
+  CHECK_STATUS(orErrorInvalidValue, orMemcpy(host.data(), static_cast<char*>(d) + 512, huge, orMemcpyDeviceToHost));
+  CHECK_OK(orDeviceSynchronize());
   // Freed memory is no longer a valid source.
   CHECK_OK(orFree(d));
   CHECK_STATUS(orErrorInvalidDevicePointer, orMemcpy(host.data(), d, 16, orMemcpyDeviceToHost));
   CHECK_MESSAGE_HAS("not inside a live allocation");
+  // A pinned size that cannot be rounded to pages: refused, naming the size asked for.
+  void* h = nullptr;
+  CHECK_STATUS(orErrorMemoryAllocation, orMallocHost(&h, SIZE_MAX));
+  CHECK(h == nullptr);
+  CHECK(!contains(orGetLastErrorMessage(), " 0.00 MiB"));
+}
+
+// orFree waits for every device's queued work: a copy queued on device 1 that reads device 0's
+// block read the block's next owner's data when only device 0's streams were waited for.
+TEST(memory_free_waits_for_other_devices) {
+  const size_t n = 1 << 16;
+  void* src = nullptr;
+  CHECK_OK(orSetDevice(0));
+  CHECK_OK(orMalloc(&src, n));
+  CHECK_OK(orMemset(src, 0xAB, n));
+  CHECK_OK(orSetDevice(1));
+  void* dst = nullptr;
+  CHECK_OK(orMalloc(&dst, n));
+  orStream_t s1 = nullptr;
+  CHECK_OK(orStreamCreate(&s1));
+  CHECK_OK(orSetDevice(0));
+  sleep_kernel_ms(s1, 200);
+  CHECK_OK(orMemcpyAsync(dst, src, n, orMemcpyDeviceToDevice, s1));
+  CHECK_OK(orFree(src));
+  void* next = nullptr;
+  CHECK_OK(orMalloc(&next, n));
+  CHECK(next == src);  // the arena hands the same block out again
+  CHECK_OK(orMemset(next, 0x11, n));
+  CHECK_OK(orStreamSynchronize(s1));
+  std::vector<unsigned char> out(n);
+  CHECK_OK(orMemcpy(out.data(), dst, n, orMemcpyDeviceToHost));
+  CHECK(out == std::vector<unsigned char>(n, 0xAB));
+  CHECK_OK(orFree(next));
+  CHECK_OK(orFree(dst));
+  CHECK_OK(orStreamDestroy(s1));
 }
 
 TEST(memory_free_errors) {
@@ -1184,6 +1226,43 @@ TEST(graph_capture_refusals) {
   CHECK_OK(orStreamEndCapture(s, &g));
   CHECK_OK(orGraphDestroy(g));
   CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// A stream destroyed while it captures takes the capture with it: the next stream created, which
+// reuses its slot, started out capturing, and its kernels were recorded, never run.
+TEST(graph_capture_ends_with_its_stream) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(openreg::launch(s, "test::captured", [] {}));
+  CHECK_OK(orStreamDestroy(s));
+  orStream_t t = nullptr;
+  CHECK_OK(orStreamCreate(&t));
+  int capturing = 1;
+  CHECK_OK(orStreamIsCapturing(t, &capturing));
+  CHECK_EQ(capturing, 0);
+  std::atomic<int> ran{0};
+  CHECK_OK(openreg::launch(t, "test::runs", [&] { ran++; }));
+  CHECK_OK(orStreamSynchronize(t));
+  CHECK_EQ(ran.load(), 1);
+  CHECK_OK(orStreamDestroy(t));
+}
+
+// Destroying a graph waits for its replays without taking a failed kernel's error: the user's
+// next synchronising call still reports it.
+TEST(graph_destroy_leaves_kernel_errors_to_the_user) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(openreg::launch(s, "test::captured", [] {}));
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g));
+  CHECK_OK(orGraphLaunch(g, s));
+  CHECK_OK(orLaunchKernel(s, "test::fails", [](void*) { return orKernelFail("lost?"); }, nullptr, nullptr));
+  CHECK_OK(orGraphDestroy(g));
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceSynchronize());
+  CHECK_MESSAGE_HAS("test::fails");
   CHECK_OK(orStreamDestroy(s));
 }
 

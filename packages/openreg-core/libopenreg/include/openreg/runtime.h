@@ -149,7 +149,7 @@ OPENREG_API orStatus orDeviceSynchronize(void);
 
 /* ---- memory ---- */
 OPENREG_API orStatus orMalloc(void** ptr, size_t size);
-OPENREG_API orStatus orFree(void* ptr); /* waits for the device's queued work */
+OPENREG_API orStatus orFree(void* ptr); /* waits for the queued work of every device */
 OPENREG_API orStatus orMallocHost(void** ptr, size_t size);
 OPENREG_API orStatus orFreeHost(void* ptr);
 OPENREG_API orStatus orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
@@ -178,7 +178,7 @@ OPENREG_API orStatus orDeviceGetResidentBytes(size_t* bytes);
  * in the process that made it fails (use the pointer). Memory opened from a
  * handle can be exported again: the new handle is the one it was opened with,
  * so the original exporter must still live. orIpcCloseMemHandle waits for the
- * device's queued work, like orFree, then unmaps. */
+ * queued work of every device, like orFree, then unmaps. */
 OPENREG_API orStatus orIpcGetMemHandle(orIpcMemHandle_t* handle, void* dev_ptr);
 OPENREG_API orStatus orIpcOpenMemHandle(void** dev_ptr, orIpcMemHandle_t handle);
 OPENREG_API orStatus orIpcCloseMemHandle(void* dev_ptr);
@@ -187,7 +187,8 @@ OPENREG_API orStatus orIpcCloseMemHandle(void* dev_ptr);
 OPENREG_API orStatus orDeviceGetStreamPriorityRange(int* least, int* greatest);
 OPENREG_API orStatus orStreamCreate(orStream_t* stream);
 OPENREG_API orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int flags, int priority);
-OPENREG_API orStatus orStreamDestroy(orStream_t stream); /* after queued work is done */
+/* After queued work is done; a capture in progress is discarded with the stream. */
+OPENREG_API orStatus orStreamDestroy(orStream_t stream);
 OPENREG_API orStatus orStreamQuery(orStream_t stream);
 OPENREG_API orStatus orStreamSynchronize(orStream_t stream);
 OPENREG_API orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flags);
