@@ -60,9 +60,13 @@ std::atomic<size_t> next_pg_id{0};
 // ---- checks at the call: errors name the operation and surface where the user made the call ----
 // As NCCL's: ValueError for a tensor or size the operation cannot take, TypeError for mismatched dtypes.
 
-// `p2p`: a send or receive, which (as NCCL's) takes any dense layout, not only a contiguous one.
+// What layout a tensor may have: a collective's own tensors must be contiguous (in their suggested
+// memory format); a send or receive takes any dense layout (as NCCL's); a member of a list form's
+// per-rank list any layout at all (NCCL and Gloo copy members in and out of a flat buffer).
+enum class Layout { kContiguous, kDense, kAny };
+
 void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt,
-                  bool p2p = false) {
+                  Layout layout = Layout::kContiguous) {
   TORCH_CHECK_VALUE(t.defined(), "occl ", op, ": got an undefined tensor");
   TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "occl ", op, ": only dense (strided) tensors are supported, got ",
                     t.layout());
@@ -76,7 +80,8 @@ void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device
   // format, so channels_last tensors (a channels_last conv model's gradients) are taken; send and receive
   // take any layout, moved in memory order. occl refused anything but is_contiguous(), and takes dense
   // tensors only for p2p (NCCL reads numel() elements from data_ptr() whatever the gaps).
-  if (p2p) {
+  if (layout == Layout::kAny) return;
+  if (layout == Layout::kDense) {
     TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), "occl ", op,
                       ": tensors must be dense (no gaps or overlaps between elements), got sizes ", t.sizes(),
                       " and strides ", t.strides());
@@ -90,10 +95,10 @@ void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device
   }
 }
 
-c10::Device check_tensors(const char* op, const std::vector<at::Tensor>& ts, bool p2p = false) {
+c10::Device check_tensors(const char* op, const std::vector<at::Tensor>& ts, Layout layout = Layout::kContiguous) {
   TORCH_CHECK_VALUE(!ts.empty(), "occl ", op, ": expects at least one tensor");
   const c10::Device device = ts.front().defined() ? ts.front().device() : c10::Device(c10::DeviceType::CPU);
-  for (const auto& t : ts) check_tensor(op, t, device, p2p);
+  for (const auto& t : ts) check_tensor(op, t, device, layout);
   return device;
 }
 
@@ -122,7 +127,7 @@ std::vector<at::Tensor> root_list(const char* op, const char* role, const std::v
   TORCH_CHECK_VALUE(static_cast<int>(ts.size()) == world_size, "occl ", op, ": the root expects world size (",
                     world_size, ") ", role, " tensors, got ", ts.size());
   for (const auto& t : ts) {
-    check_tensor(op, t, device);
+    check_tensor(op, t, device, Layout::kAny);
     check_same_dtype(op, like, t);
     TORCH_CHECK_VALUE(t.numel() == like.numel(), "occl ", op, ": ", role, " tensors must have the ", like_role, "'s ",
                       like.numel(), " elements, got ", t.numel());
@@ -203,6 +208,39 @@ at::Tensor carried(const at::Tensor& t) {
   at::Tensor flat = t.view({-1});
   return transport_dtype(t.scalar_type()) ? flat : flat.view(at::kByte);
 }
+
+// ---- list forms: members of any layout, in logical order ----
+// NCCL and Gloo copy a per-rank list's members into a flat buffer and out of it (tensor.copy_), so a
+// member may have any layout (a column of a matrix); occl's kernel sees each as it is.
+
+Args member_args_of(const std::vector<at::Tensor>& ts) {
+  Args args;
+  args.reserve(ts.size());
+  for (const auto& t : ts) args.emplace_back(t);
+  return args;
+}
+
+// A member's elements in logical order, as one 1-D tensor the transport can carry (the member itself
+// when it is contiguous, else a copy).
+at::Tensor flat_member(const at::Tensor& t) { return carried(t.contiguous()); }
+
+// Writes a carried 1-D tensor into a member, element by element in logical order.
+void copy_into_member(const at::Tensor& member, const at::Tensor& flat) {
+  const at::Tensor typed = flat.scalar_type() == member.scalar_type() ? flat : flat.view(member.scalar_type());
+  member.copy_(typed.view(member.sizes()));
+}
+
+// Where the transport writes a member: the member itself when it is contiguous, else a buffer that
+// copy_back() then copies into it.
+struct MemberOutput {
+  at::Tensor member, buffer;
+  explicit MemberOutput(at::Tensor m)
+      : member(std::move(m)), buffer(member.is_contiguous() ? member : at::empty(member.sizes(), member.options())) {}
+  at::Tensor carried_buffer() const { return carried(buffer); }
+  void copy_back() const {
+    if (!buffer.is_same(member)) member.copy_(buffer);
+  }
+};
 
 // How a ReduceOp is carried out: the transport's op plus what occl adds before and after.
 struct Reduction {
@@ -1250,7 +1288,7 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
                     ") output tensors, got ", outs.size());
   bool even = true;
   for (const auto& o : outs) {
-    check_tensor(op, o, device);
+    check_tensor(op, o, device, Layout::kAny);
     check_same_dtype(op, inputs[0], o);
     even = even && o.numel() == inputs[0].numel();
   }
@@ -1265,20 +1303,25 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
     // (the transport's all-gather takes one size). Each rank's output i must have rank i's size.
     return enqueue(
         c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
-        [t, in = args_of(inputs), out = args_of(outs), me = rank_, timeout] {
+        [t, in = args_of(inputs), out = member_args_of(outs), me = rank_, timeout] {
           Started st;
+          std::vector<MemberOutput> os;
           for (size_t i = 0; i < out.size(); ++i) {
-            at::Tensor o = carried(out[i].materialize());
+            os.emplace_back(out[i].materialize());
+            at::Tensor o = os.back().carried_buffer();
             if (static_cast<int>(i) == me) o.copy_(carried(in[0].materialize()));
             st.works.push_back(t->broadcast(o, static_cast<int>(i), timeout));
           }
+          st.post = [os] {
+            for (const auto& o : os) o.copy_back();
+          };
           return st;
         },
         timeout);
   }
   return enqueue(
       c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
-      [t, in = args_of(inputs), out = args_of(outs), n, timeout] {
+      [t, in = args_of(inputs), out = member_args_of(outs), n, timeout] {
         // Gathered into one staging buffer on the device side, then copied out.
         at::Tensor x = in[0].materialize();
         at::Tensor staging = at::empty({n * x.numel()}, x.options());
@@ -1286,7 +1329,8 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
         WorkPtr w = t->allgather(s, cx, timeout);
         return Started{{w}, [staging, out, n] {
                          const int64_t k = staging.numel() / n;
-                         for (int i = 0; i < n; ++i) out[i].materialize().view({-1}).copy_(staging.narrow(0, i * k, k));
+                         for (int i = 0; i < n; ++i)
+                           copy_into_member(out[i].materialize(), staging.narrow(0, i * k, k));
                        }};
       },
       timeout);
@@ -1382,21 +1426,46 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
   auto& ins = inputs[0];
   TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == size_, "occl ", op, ": expects world size (", size_,
                     ") input tensors, got ", ins.size());
+  bool even = true;
   for (const auto& x : ins) {
-    check_tensor(op, x, device);
+    check_tensor(op, x, device, Layout::kAny);
     check_same_dtype(op, x, outputs[0]);
-    TORCH_CHECK_VALUE(x.numel() == outputs[0].numel(), "occl ", op, ": input tensors must have the output's ",
-                      outputs[0].numel(), " elements, got ", x.numel());
+    even = even && x.numel() == outputs[0].numel();
   }
+  // Input i is reduced into rank i's output: this rank's own must be the output's size.
+  TORCH_CHECK_VALUE(ins[rank_].numel() == outputs[0].numel(), "occl ", op, ": input tensor ", rank_,
+                    " (for this rank's output) must have the output's ", outputs[0].numel(), " elements, got ",
+                    ins[rank_].numel());
   std::vector<at::Tensor> stash = ins;
   Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, device, stash);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
+  if (!even) {
+    // Inputs of different sizes, as NCCL takes them: one reduce to each rank (the transport's
+    // reduce-scatter takes one size), each into a copy, the inputs being inputs only.
+    return enqueue(
+        c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
+        [t, in = member_args_of(ins), out = args_of(outputs), r, me = rank_, timeout] {
+          Started st;
+          std::vector<at::Tensor> copies;
+          for (size_t i = 0; i < in.size(); ++i) {
+            copies.push_back(r.scaled(reduced_view(in[i].materialize().contiguous()).clone(), /*in_place=*/true));
+            st.works.push_back(t->reduce(copies.back(), static_cast<int>(i), r.op, timeout));
+          }
+          st.post = [copies, out, r, me] {
+            at::Tensor o = reduced_view(out[0].materialize());
+            o.copy_(copies[me]);
+            r.finish(o);
+          };
+          return st;
+        },
+        timeout);
+  }
   return enqueue(
       c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
-      [t, in = args_of(ins), out = args_of(outputs), r, timeout] {
+      [t, in = member_args_of(ins), out = args_of(outputs), r, timeout] {
         std::vector<at::Tensor> parts;
-        for (const auto& x : views(in)) parts.push_back(reduced_view(x));
+        for (const auto& x : views(in)) parts.push_back(reduced_view(x.contiguous()));
         at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
         at::Tensor o = reduced_view(out[0].materialize());
         WorkPtr w = t->reduce_scatter(o, staging, r.op, timeout);
@@ -1457,12 +1526,12 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                const c10d::AllToAllOptions& opts) {
   const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const char* op = "all_to_all";
-  const auto device = check_tensors(op, inputs);
+  const auto device = check_tensors(op, inputs, Layout::kAny);
   TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, "occl ", op,
                     ": expects world size (", size_, ") input and output tensors, got ", inputs.size(), " and ",
                     outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    check_tensor(op, outputs[i], device);
+    check_tensor(op, outputs[i], device, Layout::kAny);
     check_same_dtype(op, inputs[0], outputs[i]);
     check_same_dtype(op, inputs[0], inputs[i]);
   }
@@ -1475,9 +1544,9 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::ALLTOALL, "occl::all_to_all", Lane::kColl, device, inputs, outputs,
-      [t, in = args_of(inputs), out = args_of(outputs), in_splits, out_splits, timeout] {
+      [t, in = member_args_of(inputs), out = member_args_of(outputs), in_splits, out_splits, timeout] {
         std::vector<at::Tensor> parts;
-        for (const auto& x : views(in)) parts.push_back(carried(x));
+        for (const auto& x : views(in)) parts.push_back(flat_member(x));
         at::Tensor send = at::cat(parts);
         int64_t total = 0;
         for (auto s : out_splits) total += s;
@@ -1486,7 +1555,7 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
         return Started{{w}, [recv, send, out, out_splits] {
                          int64_t at = 0;
                          for (size_t i = 0; i < out.size(); ++i) {
-                           carried(out[i].materialize()).copy_(recv.narrow(0, at, out_splits[i]));
+                           copy_into_member(out[i].materialize(), recv.narrow(0, at, out_splits[i]));
                            at += out_splits[i];
                          }
                        }};
@@ -1508,11 +1577,17 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::GATHER, "occl::gather", Lane::kColl, device, inputs, outs,
-      [t, in = args_of(inputs), out = args_of(outs), root, timeout] {
+      [t, in = args_of(inputs), out = member_args_of(outs), root, timeout] {
+        std::vector<MemberOutput> os;
         std::vector<at::Tensor> o;
-        for (const auto& v : views(out)) o.push_back(carried(v));
+        for (const auto& v : views(out)) {
+          os.emplace_back(v);
+          o.push_back(os.back().carried_buffer());
+        }
         at::Tensor x = carried(in[0].materialize());
-        return Started{{t->gather(o, x, root, timeout)}, {}};
+        return Started{{t->gather(o, x, root, timeout)}, [os] {
+                         for (const auto& m : os) m.copy_back();
+                       }};
       },
       timeout);
 }
@@ -1532,9 +1607,9 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::SCATTER, "occl::scatter", Lane::kColl, device, ins, outputs,
-      [t, in = args_of(ins), out = args_of(outputs), root, timeout] {
+      [t, in = member_args_of(ins), out = args_of(outputs), root, timeout] {
         std::vector<at::Tensor> x;
-        for (const auto& v : views(in)) x.push_back(carried(v));
+        for (const auto& v : views(in)) x.push_back(flat_member(v));
         at::Tensor o = carried(out[0].materialize());
         return Started{{t->scatter(o, x, root, timeout)}, {}};
       },
@@ -1607,7 +1682,7 @@ class SelfReceive final : public c10d::Work {
 c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("send", tensors.size(), "");
-  const auto device = check_tensors("send", tensors, /*p2p=*/true);
+  const auto device = check_tensors("send", tensors, Layout::kDense);
   check_rank("send", "destination", dstRank);
   auto t = transport_;
   if (dstRank == rank_) {
@@ -1657,7 +1732,7 @@ c10::intrusive_ptr<Work> OcclBackend::send(std::vector<at::Tensor>& tensors, int
 c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("recv", tensors.size(), "");
-  const auto device = check_tensors("recv", tensors, /*p2p=*/true);
+  const auto device = check_tensors("recv", tensors, Layout::kDense);
   check_rank("recv", "source", srcRank);
   auto t = transport_;
   if (srcRank == rank_) {
@@ -1678,7 +1753,7 @@ c10::intrusive_ptr<Work> OcclBackend::recv(std::vector<at::Tensor>& tensors, int
 c10::intrusive_ptr<Work> OcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   const RefusalEndsCoalescing refusal_ends_coalescing(this);
   check_single("recv", tensors.size(), "");
-  const auto device = check_tensors("recv", tensors, /*p2p=*/true);
+  const auto device = check_tensors("recv", tensors, Layout::kDense);
   auto t = transport_;
   return enqueue(c10d::OpType::RECVANYSOURCE, "occl::recv_anysource", Lane::kRecvAny, device, {}, tensors,
                  [t, a = kernel_arg(tensors[0]), tag] {

@@ -202,6 +202,77 @@ class TestCollectives(OcclTestCase):
         dist.all_reduce(x)
         self.assertEqual(x.cpu(), torch.full((3,), 2.0))
 
+    def test_reduce_scatter_of_uneven_inputs(self):
+        # Rank r's output has r + 1 elements; input i has rank i's size. NCCL takes it (one reduce per
+        # rank); the transport's reduce-scatter takes one size, so occl does the same.
+        d, me = self.device, self.rank
+        want_sum = (ramp(0, torch.float64, me + 1) + ramp(1, torch.float64, me + 1)).float()
+        cases = [(dtype, R.SUM, want_sum) for dtype in (torch.float32, torch.bfloat16, torch.int32)]
+        cases += [(torch.float32, R.AVG, want_sum / 2), (torch.float32, dist._make_nccl_premul_sum(0.5), want_sum / 2)]
+        for dtype, op, want in cases:
+            for async_op in (False, True):
+                ins = [ramp(me, dtype, i + 1).to(d) for i in range(2)]
+                out = torch.full((me + 1,), -1, dtype=dtype, device=d)
+                self.run_op(lambda ao: dist.reduce_scatter(out, ins, op=op, async_op=ao), async_op)
+                self.assertEqual(out.cpu().float(), want.to(dtype).float(), msg=f"{dtype} {op}")
+                for i in range(2):  # the inputs are inputs only
+                    self.assertEqual(ins[i].cpu(), ramp(me, dtype, i + 1))
+        # The input for this rank's own output must be the output's size: refused at the call.
+        with self.assertRaisesRegex(
+            ValueError,
+            rf"occl reduce_scatter: input tensor {me} \(for this rank's output\) must have the output's 2 elements, "
+            "got 3",
+        ):
+            dist.reduce_scatter(torch.empty(2, device=d), [torch.ones(3, device=d), torch.ones(3, device=d)])
+        x = torch.ones(3, device=d)
+        dist.all_reduce(x)
+        self.assertEqual(x.cpu(), torch.full((3,), 2.0))
+
+    def test_list_forms_take_members_of_any_layout(self):
+        """NCCL and Gloo copy a per-rank list's members into a flat buffer and out of it, so a member may
+        be a column of a matrix, or channels_last (copied in logical order); occl refused them ("tensors
+        must be contiguous"). Each result against Gloo on the same values as CPU tensors, and by hand."""
+        me = self.rank
+
+        def base(r):
+            return torch.arange(8, dtype=torch.float32).view(4, 2) + 10 * r
+
+        def cols(t):  # views with stride 2
+            return list(t.unbind(1))
+
+        def run(d):
+            got = {}
+            got["all_gather"] = torch.full((4, 2), -1.0, device=d)
+            dist.all_gather(cols(got["all_gather"]), base(me)[:, 0].contiguous().to(d))
+            got["reduce_scatter"] = torch.full((4,), -1.0, device=d)
+            dist.reduce_scatter(got["reduce_scatter"], cols(base(me).to(d)))
+            got["all_to_all"] = torch.full((4, 2), -1.0, device=d)
+            dist.all_to_all(cols(got["all_to_all"]), cols(base(me).to(d)))
+            got["gather"] = torch.full((4, 2), -1.0, device=d)
+            dist.gather(base(me)[:, 1].contiguous().to(d), gather_list=cols(got["gather"]) if me == 0 else None, dst=0)
+            got["scatter"] = torch.full((4,), -1.0, device=d)
+            dist.scatter(got["scatter"], scatter_list=cols(base(me).to(d)) if me == 1 else None, src=1)
+            cl = [
+                torch.full((1, 3, 2, 2), -1.0, device=d).contiguous(memory_format=torch.channels_last) for _ in range(2)
+            ]
+            dist.all_gather(cl, torch.arange(12.0).view(1, 3, 2, 2).add(100 * me).to(d))
+            got["all_gather_channels_last"] = torch.cat(cl)
+            return got
+
+        got, want = run(self.device), run(torch.device("cpu"))
+        # Gloo's CPU scatter reads a non-contiguous member from its data pointer on, in memory order
+        # (rank 0 gets [10, 11, 12, 13] for the column [10, 12, 14, 16]): checked by hand only.
+        for name in want.keys() - {"scatter"}:
+            self.assertEqual(got[name].cpu(), want[name], msg=name)
+        self.assertEqual(got["all_gather"].cpu(), torch.stack([base(0)[:, 0], base(1)[:, 0]], 1))
+        self.assertEqual(got["reduce_scatter"].cpu(), base(0)[:, me] + base(1)[:, me])
+        self.assertEqual(got["all_to_all"].cpu(), torch.stack([base(0)[:, me], base(1)[:, me]], 1))
+        self.assertEqual(got["scatter"].cpu(), base(1)[:, me])
+        self.assertEqual(
+            got["all_gather_channels_last"].cpu(),
+            torch.arange(12.0).view(1, 3, 2, 2) + torch.tensor([0.0, 100.0]).view(2, 1, 1, 1),
+        )
+
     def test_all_gather_into_tensor_coalesced(self):
         ins = [ramp(self.rank, torch.float32, n).to(self.device) for n in (2, 3)]
         outs = [torch.empty(2 * n, device=self.device) for n in (2, 3)]
