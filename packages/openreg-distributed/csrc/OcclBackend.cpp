@@ -430,6 +430,14 @@ OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, std::string what, 
 
 OcclWork::~OcclWork() { events().put(end_); }
 
+float OcclWork::getDuration() const {
+  TORCH_CHECK(outcome_->finished.load(std::memory_order_acquire), "occl: ", what_,
+              ": get_duration() is known once the operation finished (wait for it first)");
+  TORCH_CHECK(outcome_->started.load(std::memory_order_acquire), "occl: ", what_,
+              ": get_duration(): the operation never ran (it failed before it started)");
+  return std::chrono::duration<float, std::milli>(outcome_->finished_at - outcome_->started_at).count();
+}
+
 bool OcclWork::isCompleted() { return outcome_->error.failed() || ended(); }
 
 bool OcclWork::ended() const { return orEventQuery(end_) != orErrorNotReady; }
@@ -540,6 +548,7 @@ OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
 
 OcclBackend::~OcclBackend() {
   stop_watchdog();
+  stop_hooks();
   for (auto& [route, tail] : tails_) events().put(tail.event);
   // The in-flight works go with the backend (a Work the user still holds keeps its own tensors). The
   // streams are left to the runtime: destroying one waits for its queued work, which may be a
@@ -614,6 +623,11 @@ void OcclBackend::stop_watchdog() {
     std::lock_guard<std::mutex> g(watch_mu_);
     pending.swap(watched_);
   }
+  {
+    std::lock_guard<std::mutex> g(hook_mu_);  // nothing watches them any more: no hook for them
+    unretired_ = 0;
+  }
+  hook_cv_.notify_all();
   std::vector<std::pair<std::shared_ptr<WorkOutcome>, std::chrono::steady_clock::time_point>> left;
   for (auto& w : pending)
     if (!w.outcome->result->completed()) left.emplace_back(w.outcome, w.enqueued + w.timeout);
@@ -641,6 +655,10 @@ void OcclBackend::watch(Watched w) {
     if (watch_stop_) return;  // shut down: nothing watches any more (the op still runs)
     was_empty = watched_.empty();
     watched_.push_back(std::move(w));
+  }
+  {
+    std::lock_guard<std::mutex> g(hook_mu_);
+    ++unretired_;
   }
   if (was_empty) watch_cv_.notify_one();  // from sleeping until there is work to polling
 }
@@ -751,6 +769,16 @@ void OcclBackend::watchdog_loop() {
         pg_status_->lastCompletedSeq = std::max(pg_status_->lastCompletedSeq, static_cast<int64_t>(w.seq));
         pg_status_->lastCompletedWorkName = c10d::opTypeToString(w.type);
         trace::retire(w.trace);
+        {
+          std::lock_guard<std::mutex> g(hook_mu_);
+          --unretired_;
+          if (hooked_.load(std::memory_order_relaxed)) {
+            const auto began = o.started.load(std::memory_order_acquire) ? o.started_at : w.enqueued;
+            hook_queue_.push_back(std::make_shared<c10d::WorkInfo>(
+                w.type, w.seq, began, o.finished_at, std::chrono::duration<float>(o.finished_at - began)));
+          }
+        }
+        hook_cv_.notify_all();
       } else {
         keep.push_back(std::move(w));
       }
@@ -1001,6 +1029,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   auto running = std::make_shared<Started>();  // what the start began, for the wait
   auto begin = [start = std::move(start), outcome, running, group = error_, what] {
     if (outcome->points) outcome->points->start.mark();
+    outcome->started_at = std::chrono::steady_clock::now();
     outcome->started.store(true, std::memory_order_release);
     if (outcome->error.failed()) throw std::runtime_error(outcome->error.message());  // timed out while queued
     if (group->failed()) {
@@ -1026,6 +1055,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
       ~End() {
         if (!ends) return;
         if (o.points) o.points->end.mark();
+        o.finished_at = std::chrono::steady_clock::now();
         o.finished.store(true, std::memory_order_release);
       }
     } end{*outcome};
@@ -1148,6 +1178,56 @@ c10::intrusive_ptr<Work> OcclBackend::endCoalescing() {
   coalesced_outputs_.clear();
   return enqueue(c10d::OpType::COALESCED, "occl::coalesced", Lane::kColl, device, {}, std::move(outputs),
                  [] { return Started{}; });
+}
+
+// ---- completion hooks ----
+
+void OcclBackend::registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) {
+  std::lock_guard<std::mutex> g(hook_mu_);
+  TORCH_CHECK(!onCompletionHook_, "occl: an on-completion hook is already registered for this process group");
+  TORCH_CHECK(!hook_stop_, "occl: the process group was shut down");
+  onCompletionHook_ = std::move(hook);  // c10d's member: hasHooks() reads it
+  hooked_ = true;
+  hook_thread_ = std::thread([this] { hook_loop(); });
+}
+
+void OcclBackend::hook_loop() {
+  std::unique_lock<std::mutex> lock(hook_mu_);
+  for (;;) {
+    hook_cv_.wait(lock, [this] { return hook_stop_ || !hook_queue_.empty(); });
+    if (hook_stop_) return;  // what is left is dropped: the interpreter may be gone
+    std::shared_ptr<c10d::WorkInfo> info = std::move(hook_queue_.front());
+    hook_queue_.pop_front();
+    hook_busy_ = true;
+    lock.unlock();
+    try {
+      onCompletionHook_(info);
+    } catch (const std::exception& e) {  // as NCCL's: reported, and the next operations go on
+      std::fprintf(stderr, "[occl rank %d] the on-completion hook raised for %s (seq %llu): %s\n", rank_,
+                   c10d::opTypeToString(info->opType).c_str(), static_cast<unsigned long long>(info->seq), e.what());
+    }
+    info.reset();
+    lock.lock();
+    hook_busy_ = false;
+    hook_cv_.notify_all();
+  }
+}
+
+void OcclBackend::waitForPendingWorks() {
+  // The hook thread takes the GIL to run a Python hook: the caller may hold it.
+  without_gil([this] {
+    std::unique_lock<std::mutex> lock(hook_mu_);
+    hook_cv_.wait(lock, [this] { return unretired_ == 0 && hook_queue_.empty() && !hook_busy_; });
+  });
+}
+
+void OcclBackend::stop_hooks() {
+  {
+    std::lock_guard<std::mutex> g(hook_mu_);
+    hook_stop_ = true;
+  }
+  hook_cv_.notify_all();
+  if (hook_thread_.joinable()) without_gil([this] { hook_thread_.join(); });
 }
 
 // ---- the operations ----

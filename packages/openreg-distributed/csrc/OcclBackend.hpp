@@ -75,6 +75,8 @@ struct WorkOutcome {
   GroupError error;
   std::atomic<int> source_rank{-1};
   std::atomic<bool> started{false}, finished{false};
+  // When the kernel began and ended its operation (written before `started` / `finished`).
+  std::chrono::steady_clock::time_point started_at{}, finished_at{};
   std::atomic<bool> timed_out{false};  // the failure is a timeout (Work.get_future_result())
   // c10d::WorkResult once known, completed by the watchdog (an int future: no tensors).
   c10::intrusive_ptr<c10::ivalue::Future> result = c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get());
@@ -152,6 +154,10 @@ class OcclWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return outcome_->result; }
   uint64_t getSequencenumber() const override { return seq_; }
+  // Milliseconds from the operation's start on the device side to its end, once it finished. occl
+  // always times its operations (two clock reads each), so NCCL's TORCH_NCCL_ENABLE_TIMING has no
+  // counterpart.
+  float getDuration() const override;
   // Fails this operation and its group (NCCL's Work.abort() aborts the communicator).
   void abort() override;
 
@@ -251,6 +257,15 @@ class OcclBackend : public c10d::Backend {
   c10::intrusive_ptr<Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  // NCCL's completion hooks: `hook` gets a WorkInfo for every operation that finished (or failed),
+  // on a thread of its own, after the watchdog saw it end. One hook per group, as NCCL's.
+  void registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
+  // Returns once every operation enqueued so far ended and the hook ran for it (destroy_process_group
+  // calls it when a hook is registered, so that no hook runs after the interpreter is gone).
+  void waitForPendingWorks() override;
+  // Operations are always timed (see OcclWork::getDuration): nothing to switch on.
+  void enableCollectivesTiming() override {}
 
   // What runs on the worker: starts the transport operations (returns their works) and, once they
   // completed, `post` finishes the result (an emulated reduction's last step, copies out of a
@@ -366,6 +381,19 @@ class OcclBackend : public c10d::Backend {
   std::atomic<bool> shut_down_{false};    // shutdown(): new operations are refused
   bool failure_handled_ = false;          // watchdog thread only
   std::thread watchdog_;
+
+  // Completion hooks (registerOnCompletionHook): the watchdog queues a WorkInfo per finished
+  // operation; the hook thread calls the hook. `unretired_` counts the operations watched and not
+  // yet seen ended, for waitForPendingWorks.
+  std::mutex hook_mu_;
+  std::condition_variable hook_cv_;
+  std::deque<std::shared_ptr<c10d::WorkInfo>> hook_queue_;
+  int64_t unretired_ = 0;
+  bool hook_busy_ = false, hook_stop_ = false;
+  std::atomic<bool> hooked_{false};
+  std::thread hook_thread_;
+  void hook_loop();
+  void stop_hooks();
 
   std::mutex streams_mu_;
   std::map<c10::DeviceIndex, CommStreams> streams_;

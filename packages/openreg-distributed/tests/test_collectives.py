@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from conftest import OcclTestCase
+from torch._C._distributed_c10d import OpType
 from torch.testing._internal.common_utils import run_tests
 from torch_openreg.utils.testing import StreamHold
 
@@ -820,6 +821,62 @@ class TestCollectives(OcclTestCase):
         self.assertEqual(from_me.cpu(), ramp(me, torch.bfloat16, 5))
         self.assertEqual(from_peer.cpu(), ramp(peer, torch.bfloat16, 5))
         torch.openreg.synchronize()  # no kernel failed
+
+    def test_completion_hooks_and_durations(self):
+        # NCCL's: a hook called with a WorkInfo per finished operation, on a thread of its own;
+        # _wait_for_pending_works returns once the hook ran for everything enqueued; a Work's
+        # _get_duration in milliseconds. occl raised "Only ProcessGroupNCCL supports ..." for each.
+        d, peer = self.device, 1 - self.rank
+        group = dist.new_group(backend="occl")
+        infos = []
+        group._register_on_completion_hook(infos.append)
+        self.assertTrue(group._has_hooks())
+        with self.assertRaisesRegex(RuntimeError, "occl: an on-completion hook is already registered"):
+            group._register_on_completion_hook(infos.append)
+        group._enable_collectives_timing()  # always on: accepted, nothing to switch
+        x = torch.ones(1 << 12, device=d)
+        reduced = dist.all_reduce(x, group=group, async_op=True)
+        dist.broadcast(x, src=0, group=group)
+        got = torch.empty(4, device=d)
+        for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, x[:4], peer, group), dist.P2POp(dist.irecv, got, peer, group)]
+        ):
+            w.wait()
+        with StreamHold(d.index, timeout=60):
+            held = dist.all_reduce(x, group=group, async_op=True)  # cannot start before the hold ends
+            with self.assertRaisesRegex(RuntimeError, "get_duration.. is known once the operation finished"):
+                held._get_duration()
+        group._wait_for_pending_works()
+        kinds = [(i.op_type, i.seq) for i in infos]
+        self.assertEqual(kinds[:2], [(OpType.ALLREDUCE, 1), (OpType.BROADCAST, 2)])
+        self.assertEqual(len(infos), 6)  # and a send, a receive, the batch's end, the held all-reduce
+        self.assertEqual(sorted(i.seq for i in infos), list(range(1, 7)))
+        for i in infos:
+            self.assertLessEqual(i.time_started, i.time_finished)
+            span = (i.time_finished - i.time_started).total_seconds()
+            self.assertAlmostEqual(i.active_duration.total_seconds(), span, delta=2e-6)  # float seconds
+        duration_ms = reduced._get_duration()
+        self.assertGreater(duration_ms, 0)
+        self.assertAlmostEqual(duration_ms, infos[0].active_duration.total_seconds() * 1000, delta=0.01)
+        self.assertEqual(x.cpu(), torch.full((1 << 12,), 4.0))
+        dist.destroy_process_group(group)  # waits for the hooks (torch calls _wait_for_pending_works)
+
+    def test_a_raising_completion_hook_leaves_the_group_working(self):
+        group = dist.new_group(backend="occl")
+        calls = []
+
+        def hook(info):
+            calls.append(info.seq)
+            raise ValueError("a hook that fails")
+
+        group._register_on_completion_hook(hook)
+        for _ in range(3):
+            x = torch.ones(8, device=self.device)
+            dist.all_reduce(x, group=group)
+            self.assertEqual(x.cpu(), torch.full((8,), 2.0))
+        group._wait_for_pending_works()
+        self.assertEqual(calls, [1, 2, 3])
+        dist.destroy_process_group(group)
 
     def test_a_refused_operation_ends_its_coalescing_block(self):
         # torch's coalescing manager never ends a block whose body raised: occl stayed in it and kept
