@@ -36,6 +36,31 @@ def deprecation_message(device: str) -> str:
     )
 
 
+class DeviceDataset(torch.utils.data.Dataset):
+    """Items made on openreg in the worker (module level: spawned workers import it)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((2, 3), float(i), device="openreg")
+
+
+class TestWorkersReturningDeviceTensors(TestCase):
+    def test_each_batch_keeps_its_memory(self):
+        # A worker that returns openreg tensors sends them through openreg's IPC reducers and drops
+        # them: its allocator gave the next batch the memory of the one the main process was
+        # reading (batches [0, 1], [6, 7], [6, 7], [6, 7]). The sender now keeps what it sent until
+        # the receiver's copy is gone, as torch does for CUDA tensors. Forked workers cannot use a
+        # runtime the parent started, as CUDA's cannot.
+        loader = DataLoader(DeviceDataset(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
+        batches = list(loader)  # all held at once, read after the workers made every batch
+        self.assertEqual([b.device for b in batches], [torch.device("openreg:0")] * 4)
+        got = [b.cpu() for b in batches]
+        want = [torch.stack([torch.full((2, 3), float(i)) for i in (2 * k, 2 * k + 1)]) for k in range(4)]
+        self.assertEqual(got, want)
+
+
 class TestPinnedDataLoader(TestCase):
     def setUp(self):
         super().setUp()

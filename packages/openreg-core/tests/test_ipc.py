@@ -23,6 +23,16 @@ def _consumer(queue, results):
     results.put(("done",))
 
 
+def _holding_consumer(queue, results, released):
+    """Runs in a spawned process: holds every tensor it receives, reports their values, then drops
+    them and says so."""
+    held = [queue.get(timeout=60) for _ in range(4)]
+    results.put([t.cpu().tolist() for t in held])
+    released.wait(timeout=60)
+    del held
+    results.put("dropped")
+
+
 class TestIpcHandles(TestCase):
     def test_live_sharing_with_another_process(self):
         t = torch.arange(12.0, device="openreg:1").view(3, 4)[1:, ::2]  # offset and strides
@@ -91,7 +101,8 @@ class TestIpcHandles(TestCase):
         # torch.multiprocessing's reducer sends the same handle.
         from multiprocessing.reduction import ForkingPickler
 
-        _, (_, sent, _) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
+        _, (_, sent, _, slab, slot) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
+        slab[slot] = 0  # no receiver opens it: released by hand (see _SentStorages)
         self.assertEqual((sent.conj, sent.neg), (True, False))
 
     def test_handle_names_no_shared_memory_file(self):
@@ -156,6 +167,40 @@ class TestMultiprocessing(TestCase):
         self.assertEqual(proc.exitcode, 0)
         # The consumer's in-place write is visible here: shared, not copied.
         self.assertEqual(t.cpu().tolist(), [[0, -3], [-1, -4], [-2, -5]])
+
+    def test_the_sender_keeps_what_it_sent_until_the_receiver_drops_it(self):
+        # As torch keeps a CUDA storage it sent (CudaIPCSentData): the sender may drop its tensor
+        # right after the send; the memory is freed once the receiver's copy is gone (collected at
+        # the next send or torch.openreg.empty_cache()). Before, the sender's allocator gave it to
+        # the sender's next tensor, which overwrote what the receiver read.
+        from torch_openreg.openreg.ipc import _sent
+
+        ctx = mp.get_context("spawn")
+        queue, results, released = ctx.Queue(), ctx.Queue(), ctx.Event()
+        proc = ctx.Process(target=_holding_consumer, args=(queue, results, released))
+        proc.start()
+        try:
+            torch.openreg.empty_cache()  # collects what earlier tests' receivers released
+            base = torch.openreg.memory_allocated(0)
+            kept = len(_sent)
+            for i in range(4):
+                t = torch.full((1024,), float(i), device="openreg")
+                queue.put(t)
+                del t  # the next tensor would take its block
+                torch.full((1024,), -1.0, device="openreg")
+            got = results.get(timeout=120)
+            self.assertEqual(got, [[float(i)] * 1024 for i in range(4)])
+            self.assertEqual(len(_sent), kept + 4)
+            self.assertEqual(torch.openreg.memory_allocated(0) - base, 4 * 4096)  # kept for the receiver
+            released.set()
+            self.assertEqual(results.get(timeout=60), "dropped")
+            torch.openreg.empty_cache()  # collects the storages the receiver released
+            self.assertEqual(len(_sent), kept)
+            self.assertEqual(torch.openreg.memory_allocated(0), base)
+        finally:
+            released.set()
+            proc.join(timeout=60)
+        self.assertEqual(proc.exitcode, 0)
 
     def test_empty_tensors_and_storages_travel(self):
         # They have no memory to share: get_ipc_handle refuses them, and the reducer raised in the

@@ -498,6 +498,15 @@ class TestGenericPath(TestCase):
         self.assertEqual(host_scalar.item(), 1.0)
         with self.assertRaisesRegex(RuntimeError, "Expected a 'cpu' device type for generator but found 'openreg'"):
             torch.randn(3, generator=torch.Generator(device="openreg"))
+        # ... and the other way round, in torch's words too (openreg's own wording before).
+        for call in (
+            lambda: torch.rand(3, device="openreg", generator=torch.Generator()),
+            lambda: a.clone().normal_(generator=torch.Generator()),
+        ):
+            with self.assertRaisesRegex(
+                RuntimeError, "^Expected a 'openreg' device type for generator but found 'cpu'$"
+            ):
+                call()
 
     def test_host_index_tensors_are_moved_to_the_device(self):
         # Advanced indexing accepts index tensors on the CPU (ATen moves them, on CUDA too).

@@ -437,8 +437,9 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
         arguments[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() != c10::TypeKind::GeneratorType)
       continue;
     at::Generator gen = args[i].isNone() ? default_generator(device) : args[i].toGenerator();
-    TORCH_CHECK(gen.device().type() == c10::DeviceType::PrivateUse1,
-                "Expected an openreg generator, got one for device ", gen.device());
+    // torch's own check's words (at::check_generator), which the CPU's kernels raise.
+    TORCH_CHECK(gen.device().type() == c10::DeviceType::PrivateUse1, "Expected a '", c10::DeviceType::PrivateUse1,
+                "' device type for generator but found '", gen.device().type(), "'");
     if (values < 0) {
       values = 0;
       for (size_t j = 0; j < arguments.size(); ++j)

@@ -11,7 +11,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
 #include <exception>
+#include <memory>
+#include <optional>
 
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegNativeOps.h"
@@ -429,8 +432,11 @@ PYBIND11_MODULE(_C, m) {
                           attr.size);
   });
   // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
-  // its storage closes the mapping when it dies.
-  m.def("_ipc_open", [](const py::bytes& data, int64_t device, size_t offset, size_t nbytes) {
+  // its storage closes the mapping when it dies, then, given a `release` slot (an int64 element of
+  // memory shared with the sender, see ipc.py::_SentStorages), zeroes it: the sender may free its
+  // storage from then on.
+  m.def("_ipc_open", [](const py::bytes& data, int64_t device, size_t offset, size_t nbytes,
+                        std::optional<at::Tensor> release, int64_t slot) {
     const std::string raw = data;
     TORCH_CHECK(raw.size() == sizeof(orIpcMemHandle_t), "an openreg IPC handle has ", sizeof(orIpcMemHandle_t),
                 " bytes, got ", raw.size());
@@ -447,8 +453,28 @@ PYBIND11_MODULE(_C, m) {
                   " bytes on openreg:", attr.device, ", asked for ", nbytes, " bytes at offset ", offset,
                   " on openreg:", device);
     }
+    struct Opened {
+      void* base;
+      c10::Storage release;  // keeps the shared slot mapped until it is written
+      int64_t* slot;
+    };
+    auto* opened = new Opened{base, {}, nullptr};
+    if (release) {
+      TORCH_CHECK(release->device().is_cpu() && release->scalar_type() == at::kLong && release->dim() == 1 &&
+                      release->is_contiguous() && slot >= 0 && slot < release->numel(),
+                  "_ipc_open: the release slot must be an element of a 1-D int64 CPU tensor");
+      opened->release = release->storage();
+      opened->slot = release->data_ptr<int64_t>() + slot;
+    }
     return at::for_blob(static_cast<char*>(base) + offset, {static_cast<int64_t>(nbytes)})
-        .context(base, [](void* b) { orIpcCloseMemHandle(b); })
+        .context(opened,
+                 [](void* ctx) {
+                   std::unique_ptr<Opened> o(static_cast<Opened*>(ctx));
+                   orIpcCloseMemHandle(o->base);
+                   static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
+                   if (o->slot != nullptr)
+                     reinterpret_cast<std::atomic<int64_t>*>(o->slot)->store(0, std::memory_order_release);
+                 })
         .options(at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::DeviceType::PrivateUse1, device)))
         .make_tensor();
   });

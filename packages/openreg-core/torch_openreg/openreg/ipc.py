@@ -8,18 +8,21 @@ in either process is seen by the other. The handle names no shared-memory object
 the exporting process, so it is valid while that process lives, and only for
 processes of the same user (``libopenreg/src/platform_posix.cpp``).
 
-As with CUDA tensors shared through ``torch.multiprocessing``, the producer must
-keep the tensor alive while consumers use it. The handle is taken after the
-producer's queued work on the tensor's device has finished, so consumers see its
-final values.
+With these two functions the producer must keep the tensor alive while consumers
+use it. The handle is taken after the producer's queued work on the tensor's
+device has finished, so consumers see its final values.
 
-``torch.multiprocessing`` (``spawn``) queues and process arguments carry openreg
+``torch.multiprocessing`` queues, pipes and process arguments carry openreg
 tensors and storages this way: :func:`_install_reducers` registers reducers with
 its ``ForkingPickler`` (torch 2.13 special-cases CUDA only and would try to share
-an openreg storage as CPU memory).
+an openreg storage as CPU memory). As torch does for CUDA tensors, a storage sent
+that way is kept alive by the sender until the receiver's copy is gone
+(:class:`_SentStorages`), so a producer may drop what it sent: a DataLoader
+worker's next batch took the memory of the batch the main process was reading.
 """
 
-from typing import NamedTuple, Tuple
+import threading
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -67,18 +70,73 @@ def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
     )
 
 
-def _open_storage(h: IpcHandle) -> torch.UntypedStorage:
-    return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes).untyped_storage()
+def _open_storage(h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1) -> torch.UntypedStorage:
+    return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot).untyped_storage()
 
 
 def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
     """The tensor a handle from :func:`get_ipc_handle` describes, over the shared memory."""
+    return _open_tensor(h)
+
+
+def _open_tensor(h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1) -> torch.Tensor:
     out = torch.empty(0, dtype=h.dtype, device=torch.device("openreg", h.device))
-    out = out.set_(_open_storage(h), h.storage_offset, h.size, h.stride)
+    out = out.set_(_open_storage(h, release, slot), h.storage_offset, h.size, h.stride)
     return _with_bits(out, h.conj, h.neg)  # lazy views again: the bits, no copy
 
 
 # ---- torch.multiprocessing ----
+
+
+class _SentStorages:
+    """The storages this process sent through ``torch.multiprocessing``, each kept alive until the
+    receiver's copy is gone, as torch keeps a CUDA storage it sent (``CudaIPCSentData``).
+
+    A send takes a slot, an int64 set to 1 in a slab of memory shared with the receivers (a CPU
+    tensor in shared memory, which travels with the message); the receiver's storage zeroes it when
+    it dies (``_C._ipc_open``). Each send collects the storages whose slot is 0 again, and so does
+    ``torch.openreg.empty_cache()``. One writer at a time per slot: the sender before the message
+    leaves, its one receiver after."""
+
+    SLOTS = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # sends run in queues' feeder threads
+        self._slabs: List[torch.Tensor] = []
+        self._free: List[Tuple[int, int]] = []
+        self._kept: Dict[Tuple[int, int], torch.UntypedStorage] = {}
+
+    def keep(self, storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int]:
+        """Keeps ``storage`` until its receiver releases it; the slot the receiver zeroes then."""
+        with self._lock:
+            self._collect()
+            if not self._free:
+                self._slabs.append(torch.zeros(self.SLOTS, dtype=torch.int64).share_memory_())
+                slab = len(self._slabs) - 1
+                self._free.extend((slab, i) for i in reversed(range(self.SLOTS)))
+            key = self._free.pop()
+            slab = self._slabs[key[0]]
+            slab[key[1]] = 1
+            self._kept[key] = storage
+            return slab, key[1]
+
+    def collect(self) -> None:
+        with self._lock:
+            self._collect()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def _collect(self) -> None:
+        if not self._kept:
+            return
+        values = [slab.tolist() for slab in self._slabs]
+        for key in [k for k in self._kept if values[k[0]][k[1]] == 0]:
+            del self._kept[key]
+            self._free.append(key)
+
+
+_sent = _SentStorages()
 
 
 def _as_sent(cls, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
@@ -88,12 +146,14 @@ def _as_sent(cls, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return t.requires_grad_(requires_grad)
 
 
-def _rebuild_tensor(cls, h: IpcHandle, requires_grad: bool) -> torch.Tensor:
-    return _as_sent(cls, open_ipc_handle(h), requires_grad)
+def _rebuild_tensor(
+    cls, h: IpcHandle, requires_grad: bool, release: Optional[torch.Tensor] = None, slot: int = -1
+) -> torch.Tensor:
+    return _as_sent(cls, _open_tensor(h, release, slot), requires_grad)
 
 
-def _rebuild_storage(h: IpcHandle) -> torch.UntypedStorage:
-    return _open_storage(h)
+def _rebuild_storage(h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1) -> torch.UntypedStorage:
+    return _open_storage(h, release, slot)
 
 
 def _with_bits(t: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
@@ -144,14 +204,16 @@ def _install_reducers() -> None:
                 t.is_conj(),
                 t.is_neg(),
             )
-        return _rebuild_tensor, (type(t), get_ipc_handle(t.detach()), t.requires_grad)
+        handle = get_ipc_handle(t.detach())
+        return _rebuild_tensor, (type(t), handle, t.requires_grad, *_sent.keep(t.untyped_storage()))
 
     def reduce_storage(s):
         if s.device.type != "openreg":
             return reductions.reduce_storage(s)
         if s.nbytes() == 0:
             return _rebuild_empty_storage, (s.device.index,)
-        return _rebuild_storage, (get_ipc_handle(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)),)
+        handle = get_ipc_handle(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s))
+        return _rebuild_storage, (handle, *_sent.keep(s))
 
     for cls in (torch.Tensor, torch.nn.Parameter):
         ForkingPickler.register(cls, reduce_tensor)
