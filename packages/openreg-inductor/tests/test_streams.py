@@ -813,6 +813,25 @@ class TestKernelFailures(TestCase):
             torch.openreg.synchronize()
         self.assertEqual(f(a, torch.ones_like(a)).cpu(), torch.arange(10) + 1)  # the device recovers
 
+    def test_integer_truncation_division_by_zero(self):
+        # Inductor writes it as a plain `/` (CppOverrides.truncdiv, CppVecOverrides.truncdiv): a zero
+        # divisor ended the process (SIGFPE), as it does under CPU Inductor. openreg's kernels call
+        # a checked helper (launch._TRUNCDIV), for the vector loop (int64, 1024 elements) and the
+        # scalar one (int8, 3 elements) alike. INT_MIN / -1 wraps instead of trapping.
+        f = torch.compile(lambda a, b: torch.div(a, b, rounding_mode="trunc") + 1)
+        for dtype, n in ((torch.int64, 1024), (torch.int8, 3)):
+            a = torch.arange(n, device="openreg").to(dtype) - n // 2
+            b = (torch.arange(n, device="openreg") % 5 - 2).to(dtype)  # zeros among them
+            f(a, b)
+            with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg_fused_\w+' failed .*ZeroDivisionError"):
+                torch.openreg.synchronize()
+            ok = torch.where(b == 0, torch.ones_like(b), b)
+            want = torch.div(a.cpu(), ok.cpu(), rounding_mode="trunc") + 1
+            self.assertEqual(f(a, ok).cpu(), want, msg=str(dtype))  # the device recovers
+        lowest = torch.iinfo(torch.int64).min
+        got = f(torch.tensor([lowest, 7], device="openreg"), torch.tensor([-1, -2], device="openreg"))
+        self.assertEqual(got.cpu().tolist(), [lowest + 1, -2])
+
     def test_integer_division_on_two_streams_at_once(self):
         # One library's division-error flag, two streams running it: without one call at a time
         # (launch.one_division_flag_user_at_a_time) the process ended within a few rounds.

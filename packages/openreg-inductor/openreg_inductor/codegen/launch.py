@@ -166,8 +166,9 @@ _SLOT = "openreg_parallel_failure"
 _FLAG_LOCAL = "std::atomic<int> inductor_cpu_integer_div_error{0};"  # the body's first line
 _BODY_END = "inductor_cpu_throw_if_integer_div_error(inductor_cpu_integer_div_error);"
 _THROWS = ("TORCH_CHECK(", "AOTI_TORCH_CHECK(")
-# cpp_prefix.h's helpers that report a zero divisor through the flag (and throw if it is null).
-_DIVIDES = re.compile(r"\b(floor_divide_integral|remainder_integral|mod)\(")
+# cpp_prefix.h's helpers that report a zero divisor through the flag (and throw if it is null), and
+# openreg's for truncation division (see _TRUNCDIV).
+_DIVIDES = re.compile(r"\b(floor_divide_integral|remainder_integral|mod|openreg_truncdiv_integral)\(")
 
 
 def _can_throw(text: str) -> bool:
@@ -273,6 +274,62 @@ def one_division_flag_user_at_a_time(source: str) -> str:
             out.append(_indent(line) + _DIVISION_GUARD)
         out.append(line)
     return "\n".join(out)
+
+
+# Inductor's integer truncation division (torch.div(..., rounding_mode="trunc")) is a plain `/`
+# (CppOverrides.truncdiv, CppVecOverrides.truncdiv in torch/_inductor/codegen/cpp.py), which ends
+# the process on a zero divisor (SIGFPE), under CPU Inductor too, where eager raises
+# ZeroDivisionError. openreg's kernels divide through this helper instead (scheduling._Overrides),
+# which reports a zero divisor through the division flag, as floor division and remainder do, and
+# wraps INT_MIN / -1 instead of trapping.
+_TRUNCDIV = """
+#ifndef OPENREG_TRUNCDIV_INTEGRAL
+#define OPENREG_TRUNCDIV_INTEGRAL
+template <typename T, typename U>
+inline std::common_type_t<T, U> openreg_truncdiv_integral(T a, U b) {
+  using C = std::common_type_t<T, U>;
+  const C a_c = static_cast<C>(a), b_c = static_cast<C>(b);
+  if (C10_UNLIKELY(b_c == 0)) {
+    inductor_cpu_note_integer_div_by_zero();
+    return C(0);
+  }
+  if constexpr (std::is_signed_v<C>) {
+    if (b_c == C(-1)) return static_cast<C>(-static_cast<std::make_unsigned_t<C>>(a_c));
+  }
+  return a_c / b_c;
+}
+#if INDUCTOR_USE_VECTOR_TYPES()
+template <typename T>
+inline at::vec::Vectorized<T> openreg_truncdiv_integral(const at::vec::Vectorized<T>& a,
+                                                         const at::vec::Vectorized<T>& b) {
+  constexpr int kLen = at::vec::Vectorized<T>::size();
+  alignas(alignof(at::vec::Vectorized<T>)) T x[kLen];
+  alignas(alignof(at::vec::Vectorized<T>)) T y[kLen];
+  a.store(x);
+  b.store(y);
+  for (int i = 0; i < kLen; ++i) x[i] = openreg_truncdiv_integral(x[i], y[i]);
+  return at::vec::Vectorized<T>::loadu(x);
+}
+template <typename T, int N>
+inline at::vec::VectorizedN<T, N> openreg_truncdiv_integral(const at::vec::VectorizedN<T, N>& a,
+                                                            const at::vec::VectorizedN<T, N>& b) {
+  at::vec::VectorizedN<T, N> out;
+  for (int i = 0; i < N; ++i) out[i] = openreg_truncdiv_integral(a[i], b[i]);
+  return out;
+}
+#endif
+#endif
+"""
+
+
+def with_checked_truncdiv(source: str) -> str:
+    """``source`` with the definition of ``openreg_truncdiv_integral`` after its includes, if it
+    calls it (see _TRUNCDIV)."""
+    if "openreg_truncdiv_integral(" not in source:
+        return source
+    lines = source.split("\n")
+    last_include = max((i for i, line in enumerate(lines) if line.startswith("#include")), default=-1)
+    return "\n".join(lines[: last_include + 1] + [_TRUNCDIV] + lines[last_include + 1 :])
 
 
 def load_kernel(async_compile, argtypes: list[str], source: str):

@@ -12,7 +12,16 @@ docs/mechanisms/compiler.md).
 from __future__ import annotations
 
 from torch._inductor import config
-from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.cpp import (
+    CppKernel,
+    CppKernelProxy,
+    CppOverrides,
+    CppScheduling,
+    CppTile2DKernel,
+    CppTile2DOverrides,
+    CppVecKernel,
+    CppVecOverrides,
+)
 from torch._inductor.utils import Placeholder, get_fused_kernel_name
 from torch._inductor.virtualized import V
 
@@ -35,7 +44,69 @@ def _is_host_scalar(name: str) -> bool:
     return True
 
 
+# Integer truncation division through a helper that reports a zero divisor (launch._TRUNCDIV): the
+# CPU's kernels divide with a plain `/`, which ends the process. Through the kernel classes
+# CppKernelProxy lets a scheduling swap (kernel_cls, vec_kernel_cls, tile2d_kernel_cls).
+def _checked_truncdiv(truncdiv):
+    """`truncdiv` (an overrides' method) with its `a / b` turned into the helper's call."""
+
+    def checked(a, b):
+        expr = truncdiv(a, b)
+        left, sep, right = str(expr).partition(" / ")
+        if not sep or " " in left:  # not a plain division of two operands: as it is
+            return expr
+        return f"openreg_truncdiv_integral({left}, {right})"
+
+    return checked
+
+
+class _Overrides(CppOverrides):
+    truncdiv = staticmethod(_checked_truncdiv(CppOverrides.truncdiv))
+
+
+def _with_checked_truncdiv(base):
+    """A ``__new__`` for a subclass of ``base`` (a CppVecOverrides): CppVecOverrides.__new__ sets each
+    of its ops on the instance, wrapped (scalar arguments broadcast, or all-scalar calls sent to
+    CppOverrides), which hides a subclass's method; so the instance's own truncdiv is wrapped in
+    turn (the vector form divides by `set(1, b, n)`: lanes past the loop's end by 1)."""
+
+    def __new__(cls, *args, **kwargs):
+        self = base.__new__(cls, *args, **kwargs)
+        self.truncdiv = _checked_truncdiv(self.truncdiv)
+        return self
+
+    return __new__
+
+
+class _VecOverrides(CppVecOverrides):
+    __new__ = _with_checked_truncdiv(CppVecOverrides)
+
+
+class _Tile2DOverrides(CppTile2DOverrides):
+    __new__ = _with_checked_truncdiv(CppTile2DOverrides)
+
+
+class _Kernel(CppKernel):
+    overrides = _Overrides
+
+
+class _VecKernel(CppVecKernel):
+    overrides = _VecOverrides
+
+
+class _Tile2DKernel(CppTile2DKernel):
+    overrides = _Tile2DOverrides
+
+
+class _KernelProxy(CppKernelProxy):
+    kernel_cls = _Kernel
+    vec_kernel_cls = _VecKernel
+    tile2d_kernel_cls = _Tile2DKernel
+
+
 class OpenRegScheduling(CppScheduling):
+    kernel_proxy_cls = _KernelProxy
+
     # Loop nests are generated (and their parallel depth decided, CppKernelProxy.decide_parallel_depth)
     # when a node is code-generated: openreg's threshold for small kernels applies there, to
     # pointwise kernels only. A reduction split over threads sums in another order, so reductions
@@ -68,6 +139,7 @@ class OpenRegScheduling(CppScheduling):
         body = src_code.replace(str(Placeholder.KERNEL_NAME), names.get("body", launch.KERNEL_BODY))
         body = body.replace(str(Placeholder.DESCRIPTIVE_NAME), kernel_name).replace("#pragma CMT", "//")
         body = _torch213.fix_masked_index_asserts(body)
+        body = launch.with_checked_truncdiv(body)
         body = launch.catch_in_parallel_regions(launch.one_division_flag_user_at_a_time(body))
         source = body + launch.launcher_source(kernel_name, arg_defs, arg_types, host, **names)
         if V.graph.cpp_wrapper:
