@@ -581,7 +581,6 @@ void OcclBackend::shutdown() {
   shut_down_ = true;
   terminating_ = true;
   stop_watchdog();
-  close_self_mailbox();
   transport_->shutdown();
 }
 
@@ -655,9 +654,8 @@ void OcclBackend::watch(Watched w) {
     if (watch_stop_) return;  // shut down: nothing watches any more (the op still runs)
     was_empty = watched_.empty();
     watched_.push_back(std::move(w));
-  }
-  {
-    std::lock_guard<std::mutex> g(hook_mu_);
+    // Counted before the watchdog can see it (it takes hook_mu_ without watch_mu_: no cycle).
+    std::lock_guard<std::mutex> h(hook_mu_);
     ++unretired_;
   }
   if (was_empty) watch_cv_.notify_one();  // from sleeping until there is work to polling
@@ -928,6 +926,7 @@ struct UnrunKernel {
     outcome->error.set(what + (finishes ? " not waited for: the device failed its kernel before it completed"
                                         : " not run: the device failed its kernel before it started"));
     group->set(outcome->error.message());
+    outcome->finished_at = std::chrono::steady_clock::now();
     outcome->finished.store(true, std::memory_order_release);  // over: the watchdog retires it
   }
 };
@@ -1201,7 +1200,9 @@ void OcclBackend::hook_loop() {
     hook_busy_ = true;
     lock.unlock();
     try {
-      onCompletionHook_(info);
+      // A Python hook takes the GIL: not once the interpreter is exiting (see stop_foreign_releases).
+      std::lock_guard<std::mutex> g(foreign_release_mu);
+      if (!foreign_releases_stopped) onCompletionHook_(info);
     } catch (const std::exception& e) {  // as NCCL's: reported, and the next operations go on
       std::fprintf(stderr, "[occl rank %d] the on-completion hook raised for %s (seq %llu): %s\n", rank_,
                    c10d::opTypeToString(info->opType).c_str(), static_cast<unsigned long long>(info->seq), e.what());
@@ -1736,8 +1737,7 @@ class SelfReceive final : public c10d::Work {
         }
         // The group's failure (the watchdog's timeout of this receive, a peer's error) or its end.
         fail_unless(!group_->failed(), "the process group failed: ", group_->message());
-        fail_unless(!box_->closed, "the process group was aborted or shut down before a send from this rank (tag ",
-                    tag_, ") came");
+        fail_unless(!box_->closed, "the process group was aborted before a send from this rank (tag ", tag_, ") came");
         fail_unless(std::chrono::steady_clock::now() < deadline, "no send from this rank with tag ", tag_, " within ",
                     timeout_.count(), " ms");
         box_->cv.wait_for(l, kWatchdogPoll);

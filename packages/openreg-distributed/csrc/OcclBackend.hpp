@@ -116,7 +116,7 @@ struct SelfMailbox {
   std::mutex mu;
   std::condition_variable cv;
   std::map<int, std::deque<at::Tensor>> by_tag;
-  bool closed = false;  // abort() or shutdown(): a waiting receive fails
+  bool closed = false;  // abort(): a waiting receive fails (after shutdown() queued ones still run)
 };
 
 // Releasing tensors off the caller's threads (the watchdog does, once their operation ended).

@@ -847,14 +847,14 @@ class TestCollectives(OcclTestCase):
             with self.assertRaisesRegex(RuntimeError, "get_duration.. is known once the operation finished"):
                 held._get_duration()
         group._wait_for_pending_works()
-        kinds = [(i.op_type, i.seq) for i in infos]
-        self.assertEqual(kinds[:2], [(OpType.ALLREDUCE, 1), (OpType.BROADCAST, 2)])
+        kinds = sorted((i.seq, i.op_type) for i in infos)  # the watchdog may see two end at once
+        self.assertEqual(kinds[:2], [(1, OpType.ALLREDUCE), (2, OpType.BROADCAST)])
         self.assertEqual(len(infos), 6)  # and a send, a receive, the batch's end, the held all-reduce
-        self.assertEqual(sorted(i.seq for i in infos), list(range(1, 7)))
+        self.assertEqual([seq for seq, _ in kinds], list(range(1, 7)))
         for i in infos:
             self.assertLessEqual(i.time_started, i.time_finished)
             span = (i.time_finished - i.time_started).total_seconds()
-            self.assertAlmostEqual(i.active_duration.total_seconds(), span, delta=2e-6)  # float seconds
+            self.assertAlmostEqual(i.active_duration.total_seconds(), span, delta=5e-6)  # float s, whole us
         duration_ms = reduced._get_duration()
         self.assertGreater(duration_ms, 0)
         self.assertAlmostEqual(duration_ms, infos[0].active_duration.total_seconds() * 1000, delta=0.01)

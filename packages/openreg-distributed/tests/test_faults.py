@@ -234,6 +234,18 @@ class TestFaults(OcclTestCase):
         self.assertTrue(result.done(), "the result of an operation in flight at shutdown never completed")
         self.assertEqual(result.value(), int(WorkResult.SUCCESS))
         self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+        # A receive from this rank queued before the shutdown, and its send: both run (the
+        # shutdown failed the receive, "the process group was ... shut down before a send came").
+        dist.destroy_process_group(group)
+        me, group = self.rank, dist.new_group([0, 1])
+        got = torch.zeros(3, device=self.device)
+        with StreamHold(self.device.index, timeout=60):  # neither can start before the shutdown
+            received = dist.irecv(got, src=me, group=group)
+            dist.isend(torch.full((3,), 5.0, device=self.device), dst=me, group=group)
+            group._get_backend(self.device).shutdown()
+        received.wait()
+        self.assertEqual(got.cpu(), torch.full((3,), 5.0))
+        torch.openreg.synchronize()  # no kernel failed
         dist.destroy_process_group(group)
 
     def _read_dump(self, path):
@@ -406,6 +418,37 @@ class TestDeadPeer(TestCase):
                 self.assertNotIn("survived", out)
                 self.assertIn("ALLREDUCE (seq 2, rank 0 of 2) failed", err)
                 self.assertIn(f"occl is taking the entire process down (TORCH_OCCL_ASYNC_ERROR_HANDLING={mode})", err)
+
+
+HOOK_AT_EXIT = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("cpu:gloo,openreg:occl", rank=0, world_size=1)
+seen = []
+dist.group.WORLD._register_on_completion_hook(lambda info: seen.append(info.seq))
+x = torch.ones(1 << 16, device="openreg")
+works = [dist.all_reduce(x, async_op=True) for _ in range(5)]
+print("exiting", flush=True)  # without destroy_process_group: the hook thread may still run
+"""
+
+
+class TestHookAtExit(TestCase):
+    def test_exit_with_a_completion_hook_registered(self):
+        # The hook thread called the Python hook while the interpreter finalized: "Fatal Python
+        # error: PyThreadState_Get" (or a segfault) at every exit. It stops at exit, as occl's
+        # other threads' releases do (stop_foreign_releases).
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for _ in range(3):
+            r = subprocess.run(
+                [sys.executable, "-c", HOOK_AT_EXIT],
+                env=dict(os.environ, PORT=str(port)),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            self.assertEqual((r.returncode, r.stdout), (0, "exiting\n"), r.stderr)
 
 
 class TestDebugDetail(OcclTestCase):

@@ -831,6 +831,15 @@ class TestKernelFailures(TestCase):
         lowest = torch.iinfo(torch.int64).min
         got = f(torch.tensor([lowest, 7], device="openreg"), torch.tensor([-1, -2], device="openreg"))
         self.assertEqual(got.cpu().tolist(), [lowest + 1, -2])
+        # A transposed read: a tiled (2-D) kernel, whose operations are wrapped apart.
+        g = torch.compile(lambda a, b: torch.div(a.t(), b, rounding_mode="trunc") + 1)
+        a = torch.arange(64 * 64, device="openreg").view(64, 64) - 2048
+        b = torch.arange(64 * 64, device="openreg").view(64, 64) % 7 - 3
+        g(a, b)
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg_fused_\w+' failed .*ZeroDivisionError"):
+            torch.openreg.synchronize()
+        ok = torch.where(b == 0, torch.ones_like(b), b)
+        self.assertEqual(g(a, ok).cpu(), torch.div(a.cpu().t(), ok.cpu(), rounding_mode="trunc") + 1)
 
     def test_integer_division_on_two_streams_at_once(self):
         # One library's division-error flag, two streams running it: without one call at a time
