@@ -182,7 +182,7 @@ class TestFaultInjection(FaultTestCase):
         stats = torch.openreg.memory_stats(0)
         # The side stream is slowed down, so that its event is still pending at the retry (an
         # allocation first retires the events that completed, without waiting).
-        kept = self.failed_mul_then_pending_event(also="alloc@0:1,slow@{side}:300")
+        kept = self.failed_mul_then_pending_event(also="alloc@0:1,slow@{side}:1500")
         with self.assertRaisesRegex(RuntimeError, r"kernel 'aten::mul' failed on openreg device 0"):
             torch.empty(64 * MiB, dtype=torch.uint8, device="openreg:0")
         after = torch.openreg.memory_stats(0)

@@ -101,7 +101,7 @@ class TestIpcHandles(TestCase):
         # torch.multiprocessing's reducer sends the same handle.
         from multiprocessing.reduction import ForkingPickler
 
-        _, (_, sent, _, slab, slot) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
+        _, (_, sent, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
         slab[slot] = 0  # no receiver opens it: released by hand (see _SentStorages)
         self.assertEqual((sent.conj, sent.neg), (True, False))
 
@@ -201,6 +201,25 @@ class TestMultiprocessing(TestCase):
             released.set()
             proc.join(timeout=60)
         self.assertEqual(proc.exitcode, 0)
+
+    def test_a_message_read_back_in_its_own_process(self):
+        # The runtime does not open a process's own handle: the sender hands back the storage it
+        # kept for the send (as torch's CUDA path finds its own storage in its cache), and frees
+        # the slot. It raised, and the storage stayed kept for a receiver that never came.
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch_openreg.openreg.ipc import _sent
+
+        torch.openreg.empty_cache()
+        kept = len(_sent)
+        t = torch.arange(6.0, device="openreg:1").view(2, 3)[:, 1:]
+        back = pickle.loads(ForkingPickler.dumps(t))
+        self.assertEqual((back.device, back.shape, back.stride()), (t.device, t.shape, t.stride()))
+        self.assertEqual(back.untyped_storage().data_ptr(), t.untyped_storage().data_ptr())  # the same memory
+        self.assertEqual(len(_sent), kept)
+        s = pickle.loads(ForkingPickler.dumps(t.untyped_storage()))
+        self.assertEqual(s.data_ptr(), t.untyped_storage().data_ptr())
+        self.assertEqual(len(_sent), kept)
 
     def test_empty_tensors_and_storages_travel(self):
         # They have no memory to share: get_ipc_handle refuses them, and the reducer raised in the

@@ -5,6 +5,7 @@
 // _current_raw_stream).
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -12,9 +13,10 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
-#include <exception>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegNativeOps.h"
@@ -377,15 +379,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_memory_snapshot", [] { return snapshot_list(); });
   m.def("_empty_cache", [] {
     py::gil_scoped_release no_gil;
-    // Both caches are emptied, also when the first one's waits report a failed kernel.
-    std::exception_ptr failed;
-    try {
-      allocator::emptyCache();
-    } catch (...) {
-      failed = std::current_exception();
+    // Both caches are emptied, also when the first one's waits report a failed kernel; each failure
+    // was taken from its device once, so both are reported.
+    std::vector<std::string> failures;
+    for (auto* empty : {&allocator::emptyCache, &host_allocator::empty_cache}) {
+      try {
+        empty();
+      } catch (const c10::Error& e) {
+        failures.push_back(e.what_without_backtrace());
+      }
     }
-    host_allocator::empty_cache();
-    if (failed) std::rethrow_exception(failed);
+    TORCH_CHECK(failures.empty(), c10::Join("; and ", failures));
   });
   m.def(
       "_reset_peak_memory_stats", [](int64_t d) { allocator::resetPeakStats(device_index(d)); },

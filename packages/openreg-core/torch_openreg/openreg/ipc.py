@@ -21,6 +21,7 @@ that way is kept alive by the sender until the receiver's copy is gone
 worker's next batch took the memory of the batch the main process was reading.
 """
 
+import os
 import threading
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -70,7 +71,12 @@ def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
     )
 
 
-def _open_storage(h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1) -> torch.UntypedStorage:
+def _open_storage(
+    h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
+) -> torch.UntypedStorage:
+    own = _sent.take(sender, slot) if sender is not None else None
+    if own is not None:
+        return own
     return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot).untyped_storage()
 
 
@@ -79,9 +85,11 @@ def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
     return _open_tensor(h)
 
 
-def _open_tensor(h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1) -> torch.Tensor:
+def _open_tensor(
+    h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
+) -> torch.Tensor:
     out = torch.empty(0, dtype=h.dtype, device=torch.device("openreg", h.device))
-    out = out.set_(_open_storage(h, release, slot), h.storage_offset, h.size, h.stride)
+    out = out.set_(_open_storage(h, release, slot, sender), h.storage_offset, h.size, h.stride)
     return _with_bits(out, h.conj, h.neg)  # lazy views again: the bits, no copy
 
 
@@ -106,8 +114,9 @@ class _SentStorages:
         self._free: List[Tuple[int, int]] = []
         self._kept: Dict[Tuple[int, int], torch.UntypedStorage] = {}
 
-    def keep(self, storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int]:
-        """Keeps ``storage`` until its receiver releases it; the slot the receiver zeroes then."""
+    def keep(self, storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int]]:
+        """Keeps ``storage`` until its receiver releases it: the slab and slot the receiver zeroes
+        then, and who sent it (this process and the slab's index, for :meth:`take`)."""
         with self._lock:
             self._collect()
             if not self._free:
@@ -118,7 +127,21 @@ class _SentStorages:
             slab = self._slabs[key[0]]
             slab[key[1]] = 1
             self._kept[key] = storage
-            return slab, key[1]
+            return slab, key[1], (os.getpid(), key[0])
+
+    def take(self, sender: Tuple[int, int], slot: int) -> Optional[torch.UntypedStorage]:
+        """In the sending process itself (a message read back where it was written): the storage
+        kept for that send, its slot freed; the rebuilt tensor holds the storage from then on. The
+        runtime does not open a process's own handle (as CUDA's does not)."""
+        if sender[0] != os.getpid():
+            return None
+        with self._lock:
+            key = (sender[1], slot)
+            storage = self._kept.pop(key, None)
+            if storage is not None:
+                self._slabs[key[0]][slot] = 0
+                self._free.append(key)
+            return storage
 
     def collect(self) -> None:
         with self._lock:
@@ -147,13 +170,20 @@ def _as_sent(cls, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
 
 
 def _rebuild_tensor(
-    cls, h: IpcHandle, requires_grad: bool, release: Optional[torch.Tensor] = None, slot: int = -1
+    cls,
+    h: IpcHandle,
+    requires_grad: bool,
+    release: Optional[torch.Tensor] = None,
+    slot: int = -1,
+    sender: Optional[Tuple[int, int]] = None,
 ) -> torch.Tensor:
-    return _as_sent(cls, _open_tensor(h, release, slot), requires_grad)
+    return _as_sent(cls, _open_tensor(h, release, slot, sender), requires_grad)
 
 
-def _rebuild_storage(h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1) -> torch.UntypedStorage:
-    return _open_storage(h, release, slot)
+def _rebuild_storage(
+    h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
+) -> torch.UntypedStorage:
+    return _open_storage(h, release, slot, sender)
 
 
 def _with_bits(t: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
