@@ -50,6 +50,35 @@ class TestGraphs(TestCase):
         self.assertEqual(y.cpu(), torch.full((1000,), 8.0))  # the captured output is rewritten by each replay
         g.reset()
 
+    def test_a_refused_capture_leaves_the_capture_under_way_alone(self):
+        # A second capture_begin() on a stream that captures (another thread's recording, say) is
+        # refused; its cleanup erased the first capture's pool from the allocator, so what that
+        # capture freed afterwards went back to everyone, and its replays overwrote others' tensors.
+        x = torch.arange(1000.0, device="openreg")
+        s = torch.openreg.Stream()
+
+        def step():
+            t = x + 1  # freed inside the capture: its block belongs to the graph
+            return t * 3
+
+        warm_up(step, s)
+        g1, g2 = torch.accelerator.Graph(), torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g1.capture_begin()
+            with self.assertRaisesRegex(RuntimeError, "the stream is already capturing"):
+                g2.capture_begin()
+            y = step()
+            g1.capture_end()
+        s.synchronize()
+        others = [torch.full((1000,), 7.0, device="openreg") for _ in range(4)]  # may not take t's block
+        for _ in range(2):
+            g1.replay()
+        torch.openreg.synchronize()
+        for o in others:
+            self.assertEqual(o.cpu(), torch.full((1000,), 7.0))
+        self.assertEqual(y.cpu(), (torch.arange(1000.0) + 1) * 3)
+        g1.reset()
+
     def test_random_ops_draw_fresh_numbers_on_each_replay(self):
         """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the
         generator's current (seed, offset), so replays differ, and the sequence is reproducible."""

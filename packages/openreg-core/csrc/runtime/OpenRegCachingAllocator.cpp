@@ -193,6 +193,12 @@ class DeviceCache {
   // begins holds the pool, and its blocks are released when the last of them is reset.
   void begin_capture(orStream_t stream, uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
+    // Refused before anything changes: the capture under way on the stream (another thread's)
+    // keeps its pool. Overwritten, then erased by the refused capture's cleanup, it lost its
+    // blocks to other users while its graph still read and wrote them.
+    TORCH_CHECK(capturing_.count(stream) == 0,
+                "cannot begin a graph capture: the stream is already capturing (another capture_begin() on it "
+                "has not ended)");
     capturing_[stream] = id;
     ++pool_users_[id];
   }
