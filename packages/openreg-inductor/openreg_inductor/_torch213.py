@@ -545,6 +545,19 @@ class WrapperFixes:
         super().generate_fallback_kernel_with_runtime_lookup(*args, **kwargs)
 
 
+# 21. torch/utils/_config_module.py, ConfigModule.__setattr__(): an assignment to an Inductor option
+#     is a user override held in a ContextVar, so it holds in the assigning thread only (a new
+#     thread starts without it). The graph policy graphs.install() assigned at import then held in
+#     the importing thread only: mode="reduce-overhead" in any other thread ran without openreg
+#     graphs, and without a warning. The policy becomes the option's default, which every thread
+#     reads (each gets its own copy: torch deep-copies a default that is not immutable).
+#     Test: tests/test_reduce_overhead.py::TestReplay::test_graphs_in_another_thread.
+def set_inductor_default(name: str, value) -> None:
+    from torch._inductor import config
+
+    config._config[name].default = value
+
+
 _applied = False
 _applied_dynamo = False
 

@@ -60,6 +60,8 @@ from torch._inductor.output_code import (
 )
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
+from . import _torch213
+
 DEVICE = "openreg"
 WARNING_PREFIX = "openreg-inductor: mode='reduce-overhead' runs this graph without an openreg graph: "
 
@@ -396,7 +398,10 @@ class OpenRegGraphPolicy(CUDAGraphPolicy):
 
 
 def install() -> None:
-    """Makes ``OpenRegGraphPolicy`` Inductor's graph policy (keeping a policy already set as its base)."""
+    """Makes ``OpenRegGraphPolicy`` Inductor's graph policy (keeping a policy already set as its base),
+    in every thread (``_torch213.set_inductor_default``)."""
     current = config.cudagraph_policy
     if not isinstance(current, OpenRegGraphPolicy):
-        config.cudagraph_policy = OpenRegGraphPolicy(current)
+        policy = OpenRegGraphPolicy(current)
+        _torch213.set_inductor_default("cudagraph_policy", policy)
+        config.cudagraph_policy = policy  # this thread's own override, if it had one

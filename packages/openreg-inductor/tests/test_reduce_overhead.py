@@ -43,6 +43,24 @@ class GraphModeTest(TestCase):
 
 
 class TestReplay(GraphModeTest):
+    def test_graphs_in_another_thread(self):
+        # Inductor options set by assignment hold in the assigning thread only (torch 2.13): the
+        # policy the plugin installed at import did not reach other threads, where
+        # mode="reduce-overhead" ran without openreg graphs and without a warning
+        # (_torch213.set_inductor_default).
+        import threading
+
+        f = torch.compile(lambda x: (x.sin() * 2).sum(0), **RO)
+        x = torch.randn(8, 4, device="openreg")
+        got = []
+        worker = threading.Thread(target=lambda: got.extend(f(x).cpu() for _ in range(4)))
+        worker.start()
+        worker.join()
+        self.assertEqual(len(got), 4)
+        for g in got:
+            self.assertEqual(g, (x.cpu().sin() * 2).sum(0), atol=1e-5, rtol=1e-5)
+        self.assertEqual(self.graphs(), {"recorded": 1, "replayed": 3, "skipped": 0})
+
     def test_one_graph_launch_per_call(self):
         """After the warm-up and the recording, a call is: the non-static input copied into the graph's
         buffer, one graph launch, the outputs copied out; no kernel launched one by one, nothing copied
