@@ -770,7 +770,7 @@ void OcclBackend::watchdog_loop() {
         {
           std::lock_guard<std::mutex> g(hook_mu_);
           --unretired_;
-          if (hooked_.load(std::memory_order_relaxed)) {
+          if (onCompletionHook_) {
             const auto began = o.started.load(std::memory_order_acquire) ? o.started_at : w.enqueued;
             hook_queue_.push_back(std::make_shared<c10d::WorkInfo>(
                 w.type, w.seq, began, o.finished_at, std::chrono::duration<float>(o.finished_at - began)));
@@ -1061,7 +1061,9 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
     try {
       body();
     } catch (const std::exception& e) {
-      outcome->error.set(what + " failed: " + e.what());
+      // A c10::Error's what() ends in a C++ backtrace: the message is what users read.
+      const auto* error = dynamic_cast<const c10::Error*>(&e);
+      outcome->error.set(what + " failed: " + (error != nullptr ? error->what_without_backtrace() : e.what()));
       group->set(outcome->error.message());
       throw std::runtime_error(outcome->error.message());
     }
@@ -1185,8 +1187,7 @@ void OcclBackend::registerOnCompletionHook(std::function<void(std::shared_ptr<c1
   std::lock_guard<std::mutex> g(hook_mu_);
   TORCH_CHECK(!onCompletionHook_, "occl: an on-completion hook is already registered for this process group");
   TORCH_CHECK(!hook_stop_, "occl: the process group was shut down");
-  onCompletionHook_ = std::move(hook);  // c10d's member: hasHooks() reads it
-  hooked_ = true;
+  onCompletionHook_ = std::move(hook);  // c10d's member (hasHooks() reads it), set under hook_mu_
   hook_thread_ = std::thread([this] { hook_loop(); });
 }
 
@@ -1710,12 +1711,6 @@ namespace {
 // moves bytes too: the two tensors need the same size in bytes, not the same dtype).
 at::Tensor bytes_of(const at::Tensor& t) { return t.view({-1}).view(at::kByte); }
 
-// What a failure in a transport's Work looks like to occl: a message without a C++ backtrace.
-template <typename... Args>
-void fail_unless(bool ok, const Args&... args) {
-  if (!ok) throw std::runtime_error(c10::str(args...));
-}
-
 // A receive from this rank: waits on the worker for the send of its tag, then copies it.
 class SelfReceive final : public c10d::Work {
  public:
@@ -1736,14 +1731,14 @@ class SelfReceive final : public c10d::Work {
           break;
         }
         // The group's failure (the watchdog's timeout of this receive, a peer's error) or its end.
-        fail_unless(!group_->failed(), "the process group failed: ", group_->message());
-        fail_unless(!box_->closed, "the process group was aborted before a send from this rank (tag ", tag_, ") came");
-        fail_unless(std::chrono::steady_clock::now() < deadline, "no send from this rank with tag ", tag_, " within ",
+        TORCH_CHECK(!group_->failed(), "the process group failed: ", group_->message());
+        TORCH_CHECK(!box_->closed, "the process group was aborted before a send from this rank (tag ", tag_, ") came");
+        TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "no send from this rank with tag ", tag_, " within ",
                     timeout_.count(), " ms");
         box_->cv.wait_for(l, kWatchdogPoll);
       }
     }
-    fail_unless(got.numel() == into_.numel(), "the send from this rank (tag ", tag_, ") has ", got.numel(),
+    TORCH_CHECK(got.numel() == into_.numel(), "the send from this rank (tag ", tag_, ") has ", got.numel(),
                 " bytes, the receiving tensor ", into_.numel());
     into_.copy_(got);
     return true;

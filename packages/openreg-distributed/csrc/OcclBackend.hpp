@@ -390,7 +390,6 @@ class OcclBackend : public c10d::Backend {
   std::deque<std::shared_ptr<c10d::WorkInfo>> hook_queue_;
   int64_t unretired_ = 0;
   bool hook_busy_ = false, hook_stop_ = false;
-  std::atomic<bool> hooked_{false};
   std::thread hook_thread_;
   void hook_loop();
   void stop_hooks();
