@@ -102,7 +102,7 @@ class TestIpcHandles(TestCase):
         from multiprocessing.reduction import ForkingPickler
 
         _, (_, sent, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
-        slab[slot] = 0  # no receiver opens it: released by hand (see _SentStorages)
+        slab[slot] = 0  # no receiver opens it: released by hand (see ipc.py::_keep)
         self.assertEqual((sent.conj, sent.neg), (True, False))
 
     def test_handle_names_no_shared_memory_file(self):
@@ -171,9 +171,9 @@ class TestMultiprocessing(TestCase):
     def test_the_sender_keeps_what_it_sent_until_the_receiver_drops_it(self):
         # As torch keeps a CUDA storage it sent (CudaIPCSentData): the sender may drop its tensor
         # right after the send; the memory is freed once the receiver's copy is gone (collected at
-        # the next send or torch.openreg.empty_cache()). Before, the sender's allocator gave it to
-        # the sender's next tensor, which overwrote what the receiver read.
-        from torch_openreg.openreg.ipc import _sent
+        # the next send or an empty_cache()). Before, the sender's allocator gave it to the sender's
+        # next tensor, which overwrote what the receiver read.
+        from torch_openreg.openreg.ipc import _kept_count
 
         ctx = mp.get_context("spawn")
         queue, results, released = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -182,7 +182,7 @@ class TestMultiprocessing(TestCase):
         try:
             torch.openreg.empty_cache()  # collects what earlier tests' receivers released
             base = torch.openreg.memory_allocated(0)
-            kept = len(_sent)
+            kept = _kept_count()
             for i in range(4):
                 t = torch.full((1024,), float(i), device="openreg")
                 queue.put(t)
@@ -190,17 +190,67 @@ class TestMultiprocessing(TestCase):
                 torch.full((1024,), -1.0, device="openreg")
             got = results.get(timeout=120)
             self.assertEqual(got, [[float(i)] * 1024 for i in range(4)])
-            self.assertEqual(len(_sent), kept + 4)
+            self.assertEqual(_kept_count(), kept + 4)
             self.assertEqual(torch.openreg.memory_allocated(0) - base, 4 * 4096)  # kept for the receiver
             released.set()
             self.assertEqual(results.get(timeout=60), "dropped")
             torch.openreg.empty_cache()  # collects the storages the receiver released
-            self.assertEqual(len(_sent), kept)
+            self.assertEqual(_kept_count(), kept)
             self.assertEqual(torch.openreg.memory_allocated(0), base)
         finally:
             released.set()
             proc.join(timeout=60)
         self.assertEqual(proc.exitcode, 0)
+
+    def test_torch_accelerator_empty_cache_frees_what_receivers_released(self):
+        # The collection is the allocator's (a free-memory callback, as CUDA's IPC collect):
+        # torch.accelerator.empty_cache() goes to the allocator without torch.openreg's Python.
+        # Before, only torch.openreg.empty_cache() collected, and a storage a receiver had released
+        # stayed reserved after torch.accelerator.empty_cache() (test_accelerator's test_memory
+        # found 2 MiB reserved when an IPC test had run before it in the same process).
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch_openreg.openreg.ipc import _kept_count
+
+        torch.accelerator.empty_cache()
+        kept, base = _kept_count(), torch.accelerator.memory_allocated()
+        t = torch.ones(1000, device="openreg")
+        _, (_, _, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](t)
+        del t
+        torch.accelerator.empty_cache()
+        self.assertEqual((_kept_count(), torch.accelerator.memory_allocated()), (kept + 1, base + 4096))
+        slab[slot] = 0  # what the receiver's storage does when it dies
+        torch.accelerator.empty_cache()
+        self.assertEqual((_kept_count(), torch.accelerator.memory_allocated()), (kept, base))
+
+    def test_an_allocation_frees_what_receivers_released_before_it_reports_out_of_memory(self):
+        # As CUDA's allocator runs its free-memory callbacks (the IPC collect) before an
+        # out-of-memory error: a storage kept for a receiver that let go is given back first.
+        r = run_python(
+            """
+            import torch
+            from multiprocessing.reduction import ForkingPickler
+            from torch_openreg.openreg.ipc import _kept_count
+            t = torch.empty(32 << 20, dtype=torch.uint8, device="openreg")
+            _, (_, _, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](t)
+            del t
+            try:
+                torch.empty(32 << 20, dtype=torch.uint8, device="openreg")
+            except torch.OutOfMemoryError as e:
+                print("kept:", _kept_count(), str(e).split(".")[0])
+            ooms = torch.openreg.memory_stats()["num_ooms"]
+            slab[slot] = 0  # the receiver let go
+            u = torch.empty(32 << 20, dtype=torch.uint8, device="openreg")
+            print("released:", _kept_count(), torch.openreg.memory_stats()["num_ooms"] - ooms,
+                  torch.openreg.memory_allocated())
+            """,
+            env={"OPENREG_DEVICE_MEMORY": "48M"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.splitlines(),
+            ["kept: 1 openreg out of memory on device 0", f"released: 0 0 {32 << 20}"],
+        )
 
     def test_a_message_read_back_in_its_own_process(self):
         # The runtime does not open a process's own handle: the sender hands back the storage it
@@ -208,18 +258,18 @@ class TestMultiprocessing(TestCase):
         # the slot. It raised, and the storage stayed kept for a receiver that never came.
         from multiprocessing.reduction import ForkingPickler
 
-        from torch_openreg.openreg.ipc import _sent
+        from torch_openreg.openreg.ipc import _kept_count
 
         torch.openreg.empty_cache()
-        kept = len(_sent)
+        kept = _kept_count()
         t = torch.arange(6.0, device="openreg:1").view(2, 3)[:, 1:]
         back = pickle.loads(ForkingPickler.dumps(t))
         self.assertEqual((back.device, back.shape, back.stride()), (t.device, t.shape, t.stride()))
         self.assertEqual(back.untyped_storage().data_ptr(), t.untyped_storage().data_ptr())  # the same memory
-        self.assertEqual(len(_sent), kept)
+        self.assertEqual(_kept_count(), kept)
         s = pickle.loads(ForkingPickler.dumps(t.untyped_storage()))
         self.assertEqual(s.data_ptr(), t.untyped_storage().data_ptr())
-        self.assertEqual(len(_sent), kept)
+        self.assertEqual(_kept_count(), kept)
 
     def test_empty_tensors_and_storages_travel(self):
         # They have no memory to share: get_ipc_handle refuses them, and the reducer raised in the

@@ -3,6 +3,7 @@
 // <torch/extension.h>: a third of the unit's compile time); everything it exposes is used by
 // torch_openreg/openreg/*.py, and by code openreg-inductor generates (_empty_strided,
 // _current_raw_stream).
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/StringUtil.h>
@@ -13,7 +14,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -252,6 +255,110 @@ PyTypeObject* device_guard_type() {
   return &type;
 }
 
+// The storages this process sent through torch.multiprocessing, each kept until its receiver's copy
+// is gone, as torch keeps a CUDA storage it sent (CudaIPCSentData). A send takes a slot: an int64
+// set to 1 in a slab of CPU memory shared with the receivers (made by ipc.py; it travels with the
+// message); the receiver's storage zeroes it when it dies (_ipc_open). The storages whose slot is 0
+// again are dropped at each send, and by the allocator before it empties its cache or reports out
+// of memory (a free-memory callback, as CUDA's CudaIPCCollectCallback): torch.accelerator.empty_cache()
+// gives them back too. One writer at a time per slot: the sender before the message leaves, its one
+// receiver after. Storages are dropped after the lock is released: the last reference to one may
+// free device memory or release its Python object.
+class SentStorages {
+ public:
+  static constexpr int64_t kSlots = 1024;
+
+  // The (slab, slot) the receiver zeroes, or nothing when every slab is full (add_slab, then again).
+  std::optional<std::pair<int64_t, int64_t>> keep(c10::Storage storage) {
+    std::vector<c10::Storage> released;
+    std::lock_guard<std::mutex> lock(mu_);
+    released = take_released();
+    if (free_.empty()) return std::nullopt;
+    const auto key = free_.back();
+    free_.pop_back();
+    slot(key).store(1, std::memory_order_relaxed);  // read by the receiver after the message
+    kept_.emplace(key, std::move(storage));
+    count_.store(kept_.size(), std::memory_order_relaxed);
+    return key;
+  }
+
+  void add_slab(const at::Tensor& slab) {
+    TORCH_CHECK(slab.device().is_cpu() && slab.scalar_type() == at::kLong && slab.dim() == 1 && slab.is_contiguous() &&
+                    slab.numel() == kSlots,
+                "_ipc_add_slab: a slab is a contiguous 1-D int64 CPU tensor of ", kSlots, " elements");
+    std::lock_guard<std::mutex> lock(mu_);
+    slabs_.push_back(slab);
+    const auto index = static_cast<int64_t>(slabs_.size()) - 1;
+    for (int64_t i = kSlots - 1; i >= 0; --i) free_.emplace_back(index, i);
+  }
+
+  at::Tensor slab(int64_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(slabs_.size()), "no IPC slab ", index);
+    return slabs_[index];
+  }
+
+  // A message read back in the process that sent it: the storage kept for that send, its slot freed.
+  std::optional<c10::Storage> take(int64_t slab, int64_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.find({slab, index});
+    if (it == kept_.end()) return std::nullopt;
+    c10::Storage storage = std::move(it->second);
+    kept_.erase(it);
+    count_.store(kept_.size(), std::memory_order_relaxed);
+    slot({slab, index}).store(0, std::memory_order_relaxed);
+    free_.emplace_back(slab, index);
+    return storage;
+  }
+
+  // Whether anything was dropped.
+  bool collect() {
+    std::vector<c10::Storage> released;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released = take_released();
+    }
+    return !released.empty();
+  }
+
+  size_t size() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  using Key = std::pair<int64_t, int64_t>;
+
+  std::atomic<int64_t>& slot(Key key) {
+    static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
+    return *reinterpret_cast<std::atomic<int64_t>*>(slabs_[key.first].data_ptr<int64_t>() + key.second);
+  }
+
+  std::vector<c10::Storage> take_released() {
+    std::vector<c10::Storage> out;
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      if (slot(it->first).load(std::memory_order_acquire) == 0) {  // the receiver's deleter is done
+        out.push_back(std::move(it->second));
+        free_.push_back(it->first);
+        it = kept_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    count_.store(kept_.size(), std::memory_order_relaxed);
+    return out;
+  }
+
+  std::mutex mu_;
+  std::vector<at::Tensor> slabs_;
+  std::vector<Key> free_;
+  std::map<Key, c10::Storage> kept_;
+  std::atomic<size_t> count_{0};
+};
+
+// Never destroyed: storages may be dropped during interpreter shutdown.
+SentStorages& sent_storages() {
+  static auto* sent = new SentStorages();
+  return *sent;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -260,6 +367,8 @@ PYBIND11_MODULE(_C, m) {
   sparse::route_sparse_ops();
   nested::route_nested_ops();
   OPENREG_CHECK(orSetBlockingWaitHooks(&release_gil_while_waiting, &take_gil_back));
+  allocator::registerFreeMemoryCallback(
+      {+[] { return sent_storages().size() > 0; }, +[] { return sent_storages().collect(); }});
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
   // devices
@@ -435,9 +544,22 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(py::bytes(reinterpret_cast<const char*>(handle.reserved), sizeof(handle.reserved)), offset,
                           attr.size);
   });
+  // what this process sent (SentStorages); a storage travels as a uint8 tensor over it
+  m.attr("_IPC_SLOTS") = SentStorages::kSlots;
+  m.def("_ipc_keep", [](const at::Tensor& over) { return sent_storages().keep(over.storage()); });
+  m.def("_ipc_add_slab", [](const at::Tensor& slab) { sent_storages().add_slab(slab); });
+  m.def("_ipc_slab", [](int64_t index) { return sent_storages().slab(index); });
+  m.def("_ipc_take", [](int64_t slab, int64_t slot) -> std::optional<at::Tensor> {
+    auto storage = sent_storages().take(slab, slot);
+    if (!storage) return std::nullopt;
+    return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage->device()))
+        .set_(*storage, 0, {static_cast<int64_t>(storage->nbytes())}, {1});
+  });
+  m.def("_ipc_collect", [] { return sent_storages().collect(); });
+  m.def("_ipc_kept_count", [] { return sent_storages().size(); });
   // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
   // its storage closes the mapping when it dies, then, given a `release` slot (an int64 element of
-  // memory shared with the sender, see ipc.py::_SentStorages), zeroes it: the sender may free its
+  // memory shared with the sender, see SentStorages), zeroes it: the sender may free its
   // storage from then on.
   m.def("_ipc_open", [](const py::bytes& data, int64_t device, size_t offset, size_t nbytes,
                         std::optional<at::Tensor> release, int64_t slot) {

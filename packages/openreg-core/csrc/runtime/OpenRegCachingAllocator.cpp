@@ -13,8 +13,9 @@
 // after events recorded on those streams have completed.
 //
 // When the runtime is out of memory the cache is released and the
-// allocation retried once; then torch.OutOfMemoryError is raised with the
-// requested, allocated, reserved and capacity sizes.
+// allocation retried once (and once more after the free-memory callbacks
+// gave back memory held outside the cache); then torch.OutOfMemoryError is
+// raised with the requested, allocated, reserved and capacity sizes.
 #include "OpenRegCachingAllocator.h"
 
 #include <c10/util/Exception.h>
@@ -27,6 +28,7 @@
 #include <sstream>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "OpenRegException.h"
 #include "OpenRegFunctions.h"
@@ -80,6 +82,32 @@ size_t segment_size(size_t n) {
   if (n <= kSmallSize) return kSmallSegment;
   if (n < kMinLargeAlloc) return kLargeSegment;
   return (n + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+// The free-memory callbacks (registerFreeMemoryCallback). They free tensors, which takes a cache's
+// lock: they run with none held. An allocation that finds the device full while one of them holds
+// memory gives up with FreeMemoryFirst (not counted as an out-of-memory error) and is retried once
+// after they ran; t_after_callbacks marks that retry.
+std::mutex g_callbacks_mu;
+std::vector<FreeMemoryCallback> g_callbacks;
+thread_local bool t_after_callbacks = false;
+struct FreeMemoryFirst {};
+
+std::vector<FreeMemoryCallback> callbacks() {
+  std::lock_guard<std::mutex> lock(g_callbacks_mu);
+  return g_callbacks;
+}
+
+bool callbacks_hold_memory() {
+  for (const auto& cb : callbacks())
+    if (cb.holds_memory()) return true;
+  return false;
+}
+
+bool run_free_memory_callbacks() {
+  bool freed = false;
+  for (const auto& cb : callbacks()) freed = cb.free_memory() || freed;
+  return freed;
 }
 
 std::string format_size(size_t bytes) {
@@ -322,6 +350,7 @@ class DeviceCache {
     }
     exchange_device(previous);
     if (st == orErrorMemoryAllocation) {
+      if (!t_after_callbacks && callbacks_hold_memory()) throw FreeMemoryFirst{};
       stats_.num_ooms++;
       const std::string cause = orGetLastErrorMessage();  // the runtime's reason (e.g. an injected fault)
       size_t free_bytes = 0, total = 0;
@@ -554,7 +583,17 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     const c10::Device dev(c10::DeviceType::PrivateUse1, device);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &raw_delete, dev);
     DeviceCache::Usage usage;
-    Block* block = cache(device).malloc(n, current_stream_handle(device), &usage);
+    Block* block = nullptr;
+    try {
+      block = cache(device).malloc(n, current_stream_handle(device), &usage);
+    } catch (const FreeMemoryFirst&) {
+      run_free_memory_callbacks();
+      struct Retry {
+        Retry() { t_after_callbacks = true; }
+        ~Retry() { t_after_callbacks = false; }
+      } retry;
+      block = cache(device).malloc(n, current_stream_handle(device), &usage);
+    }
     // As CUDA's allocator: torch.profiler(profile_memory=True) records each allocation and free
     // (a no-op unless this thread is being profiled). Outside the cache's lock.
     c10::reportMemoryUsageToProfiler(block->ptr, static_cast<int64_t>(block->size), usage.allocated, usage.reserved,
@@ -572,6 +611,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t) override {
+    run_free_memory_callbacks();
     FirstFailure failure;
     for (auto& c : caches_)
       if (c) failure.note(c->empty_cache());
@@ -643,6 +683,10 @@ void OpenRegCachingAllocator::raw_delete(void* ptr) {
 c10::DeviceAllocator* get() { return &g_allocator; }
 void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream) { g_allocator.recordStream(data_ptr, stream); }
 void emptyCache() { g_allocator.emptyCache({0, 0}); }
+void registerFreeMemoryCallback(FreeMemoryCallback callback) {
+  std::lock_guard<std::mutex> lock(g_callbacks_mu);
+  g_callbacks.push_back(callback);
+}
 void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t graph) {
   g_allocator.cache(device).begin_capture(stream, graph);
 }

@@ -14,6 +14,15 @@ c10::DeviceAllocator* get();
 
 void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream);
 void emptyCache();
+// Device memory held outside the allocator that can be given back, as CUDA's
+// FreeCudaMemoryCallbacksRegistry (the storages this process sent to others whose receivers let go:
+// Module.cpp::SentStorages). emptyCache, and an allocation before it reports out of memory, call
+// `free_memory` with no allocator lock held; `holds_memory` is a cheap check for the latter.
+struct FreeMemoryCallback {
+  bool (*holds_memory)();
+  bool (*free_memory)();  // whether it freed anything
+};
+void registerFreeMemoryCallback(FreeMemoryCallback callback);
 // Graph capture (OpenRegGraph.cpp): blocks allocated on `stream` during the capture are kept for
 // the graph until releaseGraph.
 void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t graph);

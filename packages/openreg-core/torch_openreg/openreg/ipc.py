@@ -17,13 +17,12 @@ tensors and storages this way: :func:`_install_reducers` registers reducers with
 its ``ForkingPickler`` (torch 2.13 special-cases CUDA only and would try to share
 an openreg storage as CPU memory). As torch does for CUDA tensors, a storage sent
 that way is kept alive by the sender until the receiver's copy is gone
-(:class:`_SentStorages`), so a producer may drop what it sent: a DataLoader
+(:func:`_keep`), so a producer may drop what it sent: a DataLoader
 worker's next batch took the memory of the batch the main process was reading.
 """
 
 import os
-import threading
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -74,7 +73,7 @@ def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
 def _open_storage(
     h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
 ) -> torch.UntypedStorage:
-    own = _sent.take(sender, slot) if sender is not None else None
+    own = _take(sender, slot) if sender is not None else None
     if own is not None:
         return own
     return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot).untyped_storage()
@@ -96,70 +95,33 @@ def _open_tensor(
 # ---- torch.multiprocessing ----
 
 
-class _SentStorages:
-    """The storages this process sent through ``torch.multiprocessing``, each kept alive until the
-    receiver's copy is gone, as torch keeps a CUDA storage it sent (``CudaIPCSentData``).
-
-    A send takes a slot, an int64 set to 1 in a slab of memory shared with the receivers (a CPU
-    tensor in shared memory, which travels with the message); the receiver's storage zeroes it when
-    it dies (``_C._ipc_open``). Each send collects the storages whose slot is 0 again, and so does
-    ``torch.openreg.empty_cache()``. One writer at a time per slot: the sender before the message
-    leaves, its one receiver after."""
-
-    SLOTS = 1024
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # sends run in queues' feeder threads
-        self._slabs: List[torch.Tensor] = []
-        self._free: List[Tuple[int, int]] = []
-        self._kept: Dict[Tuple[int, int], torch.UntypedStorage] = {}
-
-    def keep(self, storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int]]:
-        """Keeps ``storage`` until its receiver releases it: the slab and slot the receiver zeroes
-        then, and who sent it (this process and the slab's index, for :meth:`take`)."""
-        with self._lock:
-            self._collect()
-            if not self._free:
-                self._slabs.append(torch.zeros(self.SLOTS, dtype=torch.int64).share_memory_())
-                slab = len(self._slabs) - 1
-                self._free.extend((slab, i) for i in reversed(range(self.SLOTS)))
-            key = self._free.pop()
-            slab = self._slabs[key[0]]
-            slab[key[1]] = 1
-            self._kept[key] = storage
-            return slab, key[1], (os.getpid(), key[0])
-
-    def take(self, sender: Tuple[int, int], slot: int) -> Optional[torch.UntypedStorage]:
-        """In the sending process itself (a message read back where it was written): the storage
-        kept for that send, its slot freed; the rebuilt tensor holds the storage from then on. The
-        runtime does not open a process's own handle (as CUDA's does not)."""
-        if sender[0] != os.getpid():
-            return None
-        with self._lock:
-            key = (sender[1], slot)
-            storage = self._kept.pop(key, None)
-            if storage is not None:
-                self._slabs[key[0]][slot] = 0
-                self._free.append(key)
-            return storage
-
-    def collect(self) -> None:
-        with self._lock:
-            self._collect()
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def _collect(self) -> None:
-        if not self._kept:
-            return
-        values = [slab.tolist() for slab in self._slabs]
-        for key in [k for k in self._kept if values[k[0]][k[1]] == 0]:
-            del self._kept[key]
-            self._free.append(key)
+def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int]]:
+    """Keeps ``storage`` until its receiver releases it (``Module.cpp::SentStorages``, as torch keeps
+    a CUDA storage it sent): the slab and slot the receiver zeroes then, and who sent it (this
+    process and the slab's index, for :func:`_take`). A slab is CPU memory shared with the
+    receivers; it travels with the message."""
+    over = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    key = _C._ipc_keep(over)
+    while key is None:  # every slot is taken
+        _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64).share_memory_())
+        key = _C._ipc_keep(over)
+    slab, slot = key
+    return _C._ipc_slab(slab), slot, (os.getpid(), slab)
 
 
-_sent = _SentStorages()
+def _take(sender: Tuple[int, int], slot: int) -> Optional[torch.UntypedStorage]:
+    """In the sending process itself (a message read back where it was written): the storage kept
+    for that send, its slot freed; the rebuilt tensor holds the storage from then on. The runtime
+    does not open a process's own handle (as CUDA's does not)."""
+    if sender[0] != os.getpid():
+        return None
+    over = _C._ipc_take(sender[1], slot)
+    return None if over is None else over.untyped_storage()
+
+
+def _kept_count() -> int:
+    """How many sent storages this process keeps for their receivers."""
+    return _C._ipc_kept_count()
 
 
 def _as_sent(cls, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
@@ -235,7 +197,7 @@ def _install_reducers() -> None:
                 t.is_neg(),
             )
         handle = get_ipc_handle(t.detach())
-        return _rebuild_tensor, (type(t), handle, t.requires_grad, *_sent.keep(t.untyped_storage()))
+        return _rebuild_tensor, (type(t), handle, t.requires_grad, *_keep(t.untyped_storage()))
 
     def reduce_storage(s):
         if s.device.type != "openreg":
@@ -243,7 +205,7 @@ def _install_reducers() -> None:
         if s.nbytes() == 0:
             return _rebuild_empty_storage, (s.device.index,)
         handle = get_ipc_handle(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s))
-        return _rebuild_storage, (handle, *_sent.keep(s))
+        return _rebuild_storage, (handle, *_keep(s))
 
     for cls in (torch.Tensor, torch.nn.Parameter):
         ForkingPickler.register(cls, reduce_tensor)

@@ -47,9 +47,6 @@ def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
 def empty_cache() -> None:
     """Give all cached, unused device and pinned-host memory back to the runtime (with the storages
     sent to other processes that their receivers released)."""
-    from .ipc import _sent
-
-    _sent.collect()
     _C._empty_cache()
 
 
