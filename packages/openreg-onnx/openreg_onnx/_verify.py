@@ -7,7 +7,9 @@
 - actual: the ONNX model in onnxruntime's CPU execution provider; where that provider has no
   kernel for a type (bfloat16 Gemm, float64 Erf, ...) or cannot take the inputs (bfloat16 arrays),
   the ONNX reference evaluator (``onnx.reference``) runs it instead, and the report says so;
-- the comparison runs on the CPU in float64, with a tolerance per dtype (``TOLERANCES``);
+- the comparison runs on the CPU in float64, with a tolerance per dtype (``TOLERANCES``); in a
+  graph that computes in bfloat16 or float16, float32 and float64 values carry only that precision
+  (a bf16 layer feeding a float32 head) and are compared at its tolerance (the report says so);
 - ``intermediates=True`` also compares every value the ONNX graph names after an FX node of the
   exported program (the exporter keeps those names; the model is then exported unoptimized, as
   the optimizer fuses nodes), so a wrong translation shows at the first node whose value drifts,
@@ -56,6 +58,7 @@ class VerificationResult:
     fallback_reason: str
     comparisons: List[Comparison]
     onnx_program: Any = None
+    tolerance_note: str = ""  # why float32/float64 values were compared at a 16-bit tolerance
 
     @property
     def ok(self) -> bool:
@@ -71,6 +74,8 @@ class VerificationResult:
         lines.append(f"- actual values from: **{self.backend}**")
         if self.fallback_reason:
             lines.append(f"- onnxruntime's CPU EP was not used: {self.fallback_reason}")
+        if self.tolerance_note:
+            lines.append(f"- {self.tolerance_note}")
         lines.append(f"- compared: {len(self.comparisons)} values, {len(self.mismatches)} mismatched")
         lines.append("")
 
@@ -388,6 +393,7 @@ def verify(
         values, used, reason = run_onnx(model, feeds, names)
     actual = dict(zip(names, values))
 
+    tolerances, note = _tolerances_for(model, tolerances)
     comparisons = []
     if len(expected) != len(outputs):
         raise ValueError(f"the ONNX model has {len(outputs)} outputs, openreg eager gave {len(expected)} tensors")
@@ -397,7 +403,33 @@ def verify(
             comparisons.append(compare(name, "intermediate", exp, _from_numpy(actual[name]), tolerances))
     for name, exp in zip(outputs, expected):
         comparisons.append(compare(name, "output", exp, _from_numpy(actual[name]), tolerances))
-    return VerificationResult(used, reason, comparisons, onnx_program)
+    return VerificationResult(used, reason, comparisons, onnx_program, note)
+
+
+_ONNX_16_BIT = {onnx.TensorProto.BFLOAT16: torch.bfloat16, onnx.TensorProto.FLOAT16: torch.float16}
+
+
+def _tolerances_for(model: onnx.ModelProto, given) -> Tuple[Dict[torch.dtype, Tuple[float, float]], str]:
+    """The tolerances to compare with, and a note when they were widened. A float32 value computed
+    from a bfloat16 one (``layer(x.bfloat16()).float()``) holds bfloat16's precision only: where the
+    graph computes in a 16-bit float type, float32 and float64 values get the loosest tolerance of
+    the 16-bit types it has. Tolerances the caller gave are used as they are."""
+    if given is not None:
+        return given, ""
+    graph = model.graph
+    elem_types = {t.data_type for t in graph.initializer}
+    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if v.type.HasField("tensor_type"):
+            elem_types.add(v.type.tensor_type.elem_type)
+    low = [_ONNX_16_BIT[t] for t in sorted(elem_types) if t in _ONNX_16_BIT]
+    if not low:
+        return TOLERANCES, ""
+    widest = max(low, key=lambda d: TOLERANCES[d])
+    tolerances = dict(TOLERANCES)
+    tolerances[torch.float32] = tolerances[torch.float64] = TOLERANCES[widest]
+    names = " and ".join(sorted({str(d).removeprefix("torch.") for d in low}))
+    widest_name = str(widest).removeprefix("torch.")
+    return tolerances, f"float32/float64 values compared at {widest_name}'s tolerance: the graph computes in {names}"
 
 
 def _expose(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

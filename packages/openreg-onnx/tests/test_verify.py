@@ -195,6 +195,42 @@ class TestStateLeftAlone(TestCase):
             self.assertEqual(model.acc.cpu().tolist(), [0.0] * 3)
 
 
+class BfloatBodyFloatHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 3).to(torch.bfloat16)
+        self.head = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x.to(torch.bfloat16)).float())
+
+
+class TestMixedPrecision(TestCase):
+    def test_float32_values_computed_from_bfloat16_ones_get_its_tolerance(self):
+        # The bf16 Linear rounds once differently in the ONNX run (1 bf16 ulp, within bf16's
+        # tolerance); the float32 values after the cast carry that difference. They were compared
+        # at float32's tolerance: a correct export reported as FAIL.
+        torch.manual_seed(0)
+        model = BfloatBodyFloatHead().to("openreg")
+        x = torch.randn(2, 4, device="openreg")
+        note = "float32/float64 values compared at bfloat16's tolerance: the graph computes in bfloat16"
+        for intermediates in (False, True):
+            result = openreg_onnx.verify(model, (x,), intermediates=intermediates)
+            self.assertTrue(result.ok, result.report())
+            self.assertEqual(result.tolerance_note, note)
+            self.assertIn(f"- {note}", result.report())
+            head = [c for c in result.comparisons if c.dtype == "torch.float32"]
+            self.assertTrue(head)
+            self.assertTrue(all((c.rtol, c.atol) == TOLERANCES[torch.bfloat16] for c in head))
+        # tolerances given by the caller are used as they are
+        strict = openreg_onnx.verify(model, (x,), tolerances={torch.float32: (0.0, 0.0)})
+        self.assertEqual(strict.tolerance_note, "")
+        self.assertTrue(all((c.rtol, c.atol) == (0.0, 0.0) for c in strict.comparisons))
+        # a float32-only model keeps float32's tolerance
+        plain = openreg_onnx.verify(torch.nn.Linear(4, 2).to("openreg"), (x,))
+        self.assertEqual((plain.tolerance_note, plain.comparisons[0].rtol), ("", TOLERANCES[torch.float32][0]))
+
+
 class TestCompare(TestCase):
     def test_tolerance_per_dtype(self):
         self.assertEqual(TOLERANCES[torch.float16], (1e-2, 2e-3))
