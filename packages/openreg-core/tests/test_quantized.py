@@ -191,6 +191,31 @@ class TestQuantizedErrors(TestCase):
         x = torch.ones(3, device="openreg")
         self.assertEqual((x + 1).cpu(), torch.full((3,), 2.0))  # the device keeps working
 
+    def test_operators_whose_composite_kernel_would_fail_inside_name_themselves(self):
+        # Their composite kernels ran first and failed with upstream messages about something
+        # else ("empty_strided not supported on quantized tensors", "mean(): could not infer
+        # output dtype", "promoteTypes with quantized numbers"). The CPU computes each.
+        cpu = torch.quantize_per_tensor(torch.randn(2, 3), 0.25, 9, torch.quint8)
+        d = cpu.to("openreg")
+        for call, op in (
+            (lambda t: t.sort(), "aten::sort"),
+            (lambda t: torch.sort(t, stable=True), "aten::sort.stable"),
+            (lambda t: t.mean(), "aten::mean"),
+            (lambda t: t.mean(1), "aten::mean.dim"),
+            (lambda t: t == 0.5, "aten::eq.Scalar"),
+            (lambda t: t != 0.5, "aten::ne.Scalar"),
+            (lambda t: t < 0.5, "aten::lt.Scalar"),
+            (lambda t: t <= 0.5, "aten::le.Scalar"),
+            (lambda t: t > 0.5, "aten::gt.Scalar"),
+            (lambda t: t >= 0.5, "aten::ge.Scalar"),
+        ):
+            call(cpu)
+            with self.assertRaisesRegex(
+                NotImplementedError,
+                f"^{op}: openreg has no kernel for this operator on quantized tensors \\(QUInt8\\)",
+            ):
+                call(d)
+
     def test_without_the_plugin(self):
         # Only core: quantizing takes the generic path, which never makes a quantized result; a
         # quantized tensor moved to openreg has no kernel to compute with.

@@ -265,6 +265,17 @@ TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("_to_copy", to_copy);
 }
 
+// Operators whose composite kernel would run on a quantized openreg tensor before the fallback sees
+// it, and fail inside with an upstream message that names something else ("empty_strided not
+// supported on quantized tensors", "could not infer output dtype", "promoteTypes with quantized
+// numbers"): the CPU has quantized kernels for them (QuantizedCPU), openreg names them as the
+// fallback does. Found by calling each operator QuantizedCPU implements on a quantized openreg tensor.
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  for (const char* name : {"sort", "sort.stable", "mean", "mean.dim", "eq.Scalar", "ne.Scalar", "lt.Scalar",
+                           "le.Scalar", "gt.Scalar", "ge.Scalar"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
+}
+
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
 }
