@@ -47,6 +47,19 @@ class TestIntMM(TestCase):
                 self.assertEqual(target.shape, t.shape)
                 self.assertEqual(target.cpu().count_nonzero().item(), 0)
 
+    def test_int_mm_uint8_activations_exact(self):
+        # The CPU takes uint8 activations (u8 x s8 -> int32; CUDA int8 only). Its products reach
+        # 255 * 128: K is summed in float32 blocks of 512, whose partial sums stay below 2^24.
+        g = torch.Generator().manual_seed(1)
+        for m, k, n in ((3, 4, 5), (4, 1500, 9), (2, 513, 3)):
+            a = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8)
+            b = torch.randint(-128, 128, (k, n), generator=g, dtype=torch.int8)
+            a[0], b[:, 0] = 255, -128  # every partial sum at its bound
+            a[1], b[:, 1] = 255, 127
+            got = torch._int_mm(a.to("openreg"), b.to("openreg"))
+            self.assertEqual(got.cpu(), torch._int_mm(a, b), atol=0, rtol=0, msg=f"{m}x{k}x{n}")
+            self.assertEqual(got.cpu(), a.long() @ b.long(), atol=0, rtol=0, exact_dtype=False)
+
     def test_int_mm_native_and_errors(self):
         a = torch.ones(8, 16, dtype=torch.int8, device="openreg")
         b = torch.ones(16, 8, dtype=torch.int8, device="openreg")
@@ -62,8 +75,13 @@ class TestIntMM(TestCase):
             torch.openreg.set_strict_mode(False)
         with self.assertRaisesRegex(RuntimeError, "self.size\\(1\\) needs to match mat2.size\\(0\\) but got 16 and 8"):
             torch._int_mm(a, a)
-        with self.assertRaisesRegex(RuntimeError, "Expected self dtype to be of type int8"):
-            torch._int_mm(a.float(), b)
+        for device in ("cpu", "openreg"):
+            with self.assertRaisesRegex(
+                RuntimeError, "Expected self dtype to be int8 or uint8 but got float", msg=device
+            ):
+                torch._int_mm(a.float().to(device), b.to(device))
+            with self.assertRaisesRegex(RuntimeError, "Expected mat2 dtype to be of type int8 but got unsigned char", msg=device):
+                torch._int_mm(a.to(device), b.to(device, torch.uint8))
 
     def test_weight_int8pack_mm(self):
         g = torch.Generator().manual_seed(0)

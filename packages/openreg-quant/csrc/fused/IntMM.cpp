@@ -1,6 +1,7 @@
 // Native openreg kernels for the int8 matmuls torchao's int8 configs call:
-// aten::_int_mm (int8 x int8 -> int32) and aten::_weight_int8pack_mm (float
-// activations x int8 weight, per-channel scales).
+// aten::_int_mm (int8 or uint8 x int8 -> int32, as the CPU's; CUDA's takes
+// int8 only) and aten::_weight_int8pack_mm (float activations x int8 weight,
+// per-channel scales).
 //
 // Without them both take core's generic path and run the CPU's kernels, which
 // are slow on this kind of CPU (AVX2): _int_mm 32x1024x1024 takes 65-80 ms
@@ -8,7 +9,8 @@
 // kernel views instead. For _int_mm that is exact: an int8 x int8 product is at
 // most 2^14, so with K split into blocks of 1024 every partial sum of a block is
 // an integer of magnitude <= 2^24, which float32 represents exactly whatever the
-// GEMM's summation order; blocks are summed in int32.
+// GEMM's summation order; blocks are summed in int32. A uint8 x int8 product is at
+// most 255 * 128 < 2^15: blocks of 512 keep the same bound.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -19,15 +21,17 @@
 namespace openreg_quant {
 namespace {
 
-constexpr int64_t kExactBlock = 1024;  // 1024 * 128 * 128 = 2^24
+constexpr int64_t kExactBlock = 1024;      // 1024 * 128 * 128 = 2^24
+constexpr int64_t kExactBlockUint8 = 512;  // 512 * 255 * 128 < 2^24
 
 void check_int_mm(const at::Tensor& self, const at::Tensor& mat2) {
   TORCH_CHECK(self.dim() == 2, "Expected self to be 2D, but got self.dim() == ", self.dim());
   TORCH_CHECK(mat2.dim() == 2, "Expected mat2 to be 2D, but got mat2.dim() == ", mat2.dim());
   TORCH_CHECK(self.size(1) == mat2.size(0), "self.size(1) needs to match mat2.size(0) but got ", self.size(1), " and ",
               mat2.size(0));
-  TORCH_CHECK(self.scalar_type() == at::kChar, "Expected self dtype to be of type int8 but got ", self.scalar_type());
-  TORCH_CHECK(mat2.scalar_type() == at::kChar, "Expected mat2 dtype to be of type int8 but got ", mat2.scalar_type());
+  TORCH_CHECK(self.scalar_type() == at::kChar || self.scalar_type() == at::kByte,
+              "Expected self dtype to be int8 or uint8 but got ", self.dtype());
+  TORCH_CHECK(mat2.scalar_type() == at::kChar, "Expected mat2 dtype to be of type int8 but got ", mat2.dtype());
   c10::openreg::check_same_device(self.device(), mat2.device(), "aten::_int_mm");
 }
 
@@ -43,9 +47,10 @@ void launch_int_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Ten
           y.zero_();
           return;
         }
+        const int64_t block = a.scalar_type() == at::kByte ? kExactBlockUint8 : kExactBlock;
         at::Tensor acc;
-        for (int64_t k0 = 0; k0 < k; k0 += kExactBlock) {
-          const int64_t k1 = std::min(k, k0 + kExactBlock);
+        for (int64_t k0 = 0; k0 < k; k0 += block) {
+          const int64_t k1 = std::min(k, k0 + block);
           at::Tensor part = at::mm(a.slice(1, k0, k1).to(at::kFloat), b.slice(0, k0, k1).to(at::kFloat)).to(at::kInt);
           acc = acc.defined() ? acc.add_(part) : part;
         }
