@@ -119,6 +119,34 @@ class TestGraphs(TestCase):
         self.assertEqual(torch.openreg.get_rng_state()[8:].view(torch.int64).item(), 512)
         g.reset()
 
+    def test_a_capture_takes_no_numbers_from_the_generator(self):
+        """As a CUDA capture (its ops take intragraph offsets): the captured ops' kernels do not run,
+        so the generator's offset stays where it was, and a draw made meanwhile on another stream is
+        not handed out again. Before, the capture advanced the offset, and openreg-inductor's
+        reduce-overhead recording put the generator back after it, repeating such draws."""
+        x = torch.empty(256, device="openreg")
+        s = torch.openreg.Stream()
+        warm_up(lambda: x.normal_(), s)
+        torch.openreg.manual_seed(5)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            x.normal_()
+            with torch.openreg.stream(torch.openreg.Stream()):  # not capturing: draws now
+                during = torch.rand(8, device="openreg")
+            g.capture_end()
+        self.assertEqual(torch.openreg.get_rng_state()[8:].view(torch.int64).item(), 8)  # the draw's own
+        after = torch.rand(8, device="openreg")
+        torch.openreg.manual_seed(5)
+        self.assertEqual(torch.rand(8, device="openreg"), during)
+        self.assertEqual(torch.rand(8, device="openreg"), after)  # the generator went on from the draw
+        g.replay()  # takes the numbers: 256 from offset 16 on
+        self.assertEqual(torch.openreg.get_rng_state()[8:].view(torch.int64).item(), 16 + 256)
+        torch.openreg.manual_seed(5)
+        torch.rand(16, device="openreg")
+        self.assertEqual(x.cpu(), torch.empty(256, device="openreg").normal_().cpu())
+        g.reset()
+
     def test_context_manager_form(self):
         x = torch.ones(8, device="openreg")
         s = torch.Stream(device="openreg")

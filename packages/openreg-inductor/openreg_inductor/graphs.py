@@ -113,23 +113,17 @@ class _Recording:
             else:
                 self.static_inputs.append(x.detach() if isinstance(x, torch.Tensor) else x)
         self.graph = torch.accelerator.Graph()
-        # Random ops launched during the capture take offsets from the device's generator, and the
-        # replay that follows re-seeds them from it and takes them again: put the generator back, so
-        # the recording call draws what a replay or an ordinary call draws (a refused capture too).
-        # set_rng_state writes into the state the generator points at, which is the one the captured
-        # ops re-seed from, even if it is shared (graphsafe_get_state).
-        rng_state = torch.openreg.get_rng_state(capture_stream.device_index)
-        try:
-            with torch.openreg.stream(capture_stream):
-                self.graph.capture_begin()
-                try:
-                    outputs = model(list(self.static_inputs))  # the compiled code clears the list it gets
-                except BaseException:
-                    self.graph.reset()  # an abandoned capture: the stream stops capturing, its memory goes back
-                    raise
-                self.graph.capture_end()
-        finally:
-            torch.openreg.set_rng_state(rng_state, capture_stream.device_index)
+        # Random ops captured take no numbers from the device's generator (core's capture leaves its
+        # offset alone, as CUDA's does); the replay that follows takes them, so the recording call
+        # draws what a replay or an ordinary call draws.
+        with torch.openreg.stream(capture_stream):
+            self.graph.capture_begin()
+            try:
+                outputs = model(list(self.static_inputs))  # the compiled code clears the list it gets
+            except BaseException:
+                self.graph.reset()  # an abandoned capture: the stream stops capturing, its memory goes back
+                raise
+            self.graph.capture_end()
         self.outputs = outputs
         self.signature = signature
         self.done: torch.Event | None = None  # recorded after the last replay's copy-out

@@ -24,6 +24,7 @@
 // generator (see OpenRegGenerator.h).
 #include "OpenRegFallback.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
@@ -447,17 +448,24 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
           if (t.defined()) values = std::max<int64_t>(values, t.numel());
         });
     }
-    at::Generator kernel;
-    c10::intrusive_ptr<OpenRegGeneratorState> state;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      auto* impl = gen.get<OpenRegGeneratorImpl>();
-      state = impl->state();
-      kernel = impl->kernel_generator(static_cast<uint64_t>(values));
+    void* stream = current_stream_handle(device);
+    if (random_capture_active(stream)) {
+      // Captured into a graph: the kernel runs only in replays, each of which seeds it and advances
+      // the offset first (reseed_for_replay). The capture takes no numbers, as a CUDA capture leaves
+      // the generator's offset alone (its ops take intragraph offsets): a draw of another thread
+      // meanwhile is not repeated.
+      at::Generator kernel = at::make_generator<at::CPUGeneratorImpl>(0);
+      c10::intrusive_ptr<OpenRegGeneratorState> state;
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        state = gen.get<OpenRegGeneratorImpl>()->state();
+      }
+      note_random_launch(stream, {gen, std::move(state), kernel, static_cast<uint64_t>(values)});
+      args[i] = kernel;
+      continue;
     }
-    note_random_launch(current_stream_handle(device),  // graphs
-                       {gen, std::move(state), kernel, static_cast<uint64_t>(values)});
-    args[i] = kernel;
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));
   }
 }
 

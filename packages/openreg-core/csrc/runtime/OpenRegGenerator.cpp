@@ -131,6 +131,12 @@ std::vector<CapturedRandomOp> end_random_capture(void* stream) {
   return ops;
 }
 
+bool random_capture_active(void* stream) {
+  if (g_capturing.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard<std::mutex> lock(captures_mu());
+  return captures().count(stream) != 0;
+}
+
 void note_random_launch(void* stream, const CapturedRandomOp& op) {
   if (g_capturing.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard<std::mutex> lock(captures_mu());

@@ -71,10 +71,11 @@ struct OpenRegGeneratorImpl : public c10::GeneratorImpl {
 
 // Graph-safe random numbers. A random op captured into a device graph keeps the kernel generator
 // it got at capture; replaying the graph would repeat its numbers. So while a stream captures, the
-// kernel generators handed out for it are recorded, and each replay first queues a kernel that
-// re-seeds them from their generators' current (seed, offset), advancing the offsets as a launch
-// would: every replay draws fresh numbers, reproducibly under manual_seed (CUDA graphs do the same
-// with a per-replay Philox offset).
+// kernel generators handed out for it are recorded (the capture itself leaves the generator's
+// offset alone: its kernels do not run), and each replay first queues a kernel that seeds them
+// from their generators' current (seed, offset), advancing the offsets as a launch would: every
+// replay draws fresh numbers, reproducibly under manual_seed (CUDA graphs do the same with a
+// per-replay Philox offset).
 struct CapturedRandomOp {
   at::Generator source;                             // the openreg generator the op drew from (for its mutex)
   c10::intrusive_ptr<OpenRegGeneratorState> state;  // the state it drew from: replays advance this one
@@ -83,7 +84,9 @@ struct CapturedRandomOp {
 };
 void begin_random_capture(void* stream);
 std::vector<CapturedRandomOp> end_random_capture(void* stream);
-// Records `op` if `stream` is capturing (seed_generators calls it for every random launch).
+// Whether `stream` captures now (one relaxed load when no stream does).
+bool random_capture_active(void* stream);
+// Records `op` if `stream` is capturing (seed_generators calls it for every random launch captured).
 void note_random_launch(void* stream, const CapturedRandomOp& op);
 // Re-seeds a graph's captured random ops, in stream order, before its replay on `stream`.
 void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops);
