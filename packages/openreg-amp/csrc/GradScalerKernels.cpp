@@ -35,7 +35,7 @@ void check_device_scalar(const at::Tensor& t, const char* name, at::ScalarType d
   TORCH_CHECK(t.is_privateuseone(), name, " must be an openreg tensor, got one on ", t.device(), ".");
   TORCH_CHECK(t.device() == device, name, " must be on ", device, " (where found_inf is), got ", t.device(), ".");
   TORCH_CHECK(t.numel() == 1, name, " must be a 1-element tensor, got ", t.numel(), " elements.");
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be a ", dtype_name, " tensor, got ", t.scalar_type(), ".");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype_name, " tensor, got ", t.scalar_type(), ".");
 }
 
 // Multiplies `n` contiguous values by inv_scale in place (in the type's math
@@ -60,8 +60,8 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
   TORCH_CHECK(found_inf.is_privateuseone(), "found_inf must be an openreg tensor, got one on ", found_inf.device(),
               ".");
   const at::Device device = found_inf.device();
-  check_device_scalar(found_inf, "found_inf", at::kFloat, "float", device);
-  check_device_scalar(inv_scale, "inv_scale", at::kFloat, "float", device);
+  check_device_scalar(found_inf, "found_inf", at::kFloat, "a float", device);
+  check_device_scalar(inv_scale, "inv_scale", at::kFloat, "a float", device);
   for (const auto& g : scaled_grads) {
     TORCH_CHECK(g.device() == device, "every scaled grad must be on ", device, " (where found_inf is), got one on ",
                 g.device(), ".");
@@ -96,9 +96,9 @@ at::Tensor& update_scale(at::Tensor& current_scale, at::Tensor& growth_tracker, 
   TORCH_CHECK(current_scale.is_privateuseone(), "current_scale must be an openreg tensor, got one on ",
               current_scale.device(), ".");
   const at::Device device = current_scale.device();
-  check_device_scalar(current_scale, "current_scale", at::kFloat, "float", device);
-  check_device_scalar(growth_tracker, "growth_tracker", at::kInt, "int", device);
-  check_device_scalar(found_inf, "found_inf", at::kFloat, "float", device);
+  check_device_scalar(current_scale, "current_scale", at::kFloat, "a float", device);
+  check_device_scalar(growth_tracker, "growth_tracker", at::kInt, "an int", device);
+  check_device_scalar(found_inf, "found_inf", at::kFloat, "a float", device);
   OPENREG_CHECK(
       ::openreg::launch(c10::openreg::current_stream_handle(device.index()), "_amp_update_scale_",
                         [scale_arg = KernelTensorArg(current_scale), tracker_arg = KernelTensorArg(growth_tracker),
