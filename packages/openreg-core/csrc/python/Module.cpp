@@ -11,6 +11,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
@@ -374,6 +375,11 @@ PYBIND11_MODULE(_C, m) {
   // devices
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
   m.def("_device_count_error", [] { return device_count_error(); });
+  // As CUDA's initialisation does: in a child forked after it, torch forgets that openreg was
+  // initialised, so the next factory calls torch.openreg._lazy_init() again, which refuses the bad
+  // fork in its own words (the runtime's guard would answer otherwise, naming 'spawn' too).
+  m.def("_register_fork_handler",
+        [] { torch::utils::register_fork_handler_for_device_init(c10::DeviceType::PrivateUse1); });
   m.def("_get_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int64_t d) { set_device(device_index(d)); });
   m.def("_exchange_device", [](int64_t d) {

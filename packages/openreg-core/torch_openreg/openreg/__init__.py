@@ -233,6 +233,7 @@ def _lazy_init() -> None:
                         f"openreg call failed lazily at initialization with error: {e}\n\n"
                         f"openreg call was originally invoked at:\n\n{''.join(stack)}"
                     ) from e
+            _C._register_fork_handler()
             _initialized = True
         finally:
             del _init_tls.is_initializing
