@@ -602,9 +602,12 @@ PYBIND11_MODULE(_C, m) {
         .context(opened,
                  [](void* ctx) {
                    std::unique_ptr<Opened> o(static_cast<Opened*>(ctx));
-                   orIpcCloseMemHandle(o->base);
+                   // A child forked from the receiver inherits the storage, and the runtime refuses
+                   // its calls: its copy dying must not release the sender's memory while the
+                   // receiver still reads it. The slot is zeroed only after a successful close.
+                   const orStatus closed = orIpcCloseMemHandle(o->base);
                    static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
-                   if (o->slot != nullptr)
+                   if (o->slot != nullptr && closed == orSuccess)
                      reinterpret_cast<std::atomic<int64_t>*>(o->slot)->store(0, std::memory_order_release);
                  })
         .options(at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::DeviceType::PrivateUse1, device)))

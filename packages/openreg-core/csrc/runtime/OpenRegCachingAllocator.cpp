@@ -12,9 +12,9 @@
 // used on other streams too (record_stream) is only returned to its pool
 // after events recorded on those streams have completed.
 //
-// When the runtime is out of memory the cache is released and the
-// allocation retried once (and once more after the free-memory callbacks
-// gave back memory held outside the cache); then torch.OutOfMemoryError is
+// When the runtime is out of memory, the free-memory callbacks give back
+// memory held outside the cache (if they hold any), then the cache is
+// released and the allocation retried once; then torch.OutOfMemoryError is
 // raised with the requested, allocated, reserved and capacity sizes.
 #include "OpenRegCachingAllocator.h"
 
@@ -86,8 +86,8 @@ size_t segment_size(size_t n) {
 
 // The free-memory callbacks (registerFreeMemoryCallback). They free tensors, which takes a cache's
 // lock: they run with none held. An allocation that finds the device full while one of them holds
-// memory gives up with FreeMemoryFirst (not counted as an out-of-memory error) and is retried once
-// after they ran; t_after_callbacks marks that retry.
+// memory gives up with FreeMemoryFirst before it releases the cache (nothing counted) and is asked
+// again once they ran; t_after_callbacks marks that second request.
 std::mutex g_callbacks_mu;
 std::vector<FreeMemoryCallback> g_callbacks;
 thread_local bool t_after_callbacks = false;
@@ -335,6 +335,12 @@ class DeviceCache {
     void* ptr = nullptr;
     const auto previous = exchange_device(device_);
     orStatus st = orMalloc(&ptr, bytes);
+    if (st == orErrorMemoryAllocation && !t_after_callbacks && callbacks_hold_memory()) {
+      // Memory held outside the cache goes back first, as CUDA's free-memory callbacks run before
+      // its cache is released: allocate() runs them and asks again (the cache is still here).
+      exchange_device(previous);
+      throw FreeMemoryFirst{};
+    }
     if (st == orErrorMemoryAllocation) {
       // Give the cache back and try once more.
       stats_.num_alloc_retries++;
@@ -350,7 +356,6 @@ class DeviceCache {
     }
     exchange_device(previous);
     if (st == orErrorMemoryAllocation) {
-      if (!t_after_callbacks && callbacks_hold_memory()) throw FreeMemoryFirst{};
       stats_.num_ooms++;
       const std::string cause = orGetLastErrorMessage();  // the runtime's reason (e.g. an injected fault)
       size_t free_bytes = 0, total = 0;
