@@ -26,8 +26,8 @@ post-compile (``wrap_output``) in a ``GraphedCallable``:
   hand the graph's memory out and track its liveness instead): outputs sharing a storage once, into
   one storage, so they still alias each other; an output in an input's memory is the same view of
   the caller's tensor, as the ordinary compiled code returns;
-- the capture's random draws are put back (the replay after it draws them again), so the recording
-  call draws what every other call draws;
+- the capture takes no random numbers (core's capture leaves the generator alone, as CUDA's does;
+  the replay after it draws them), so the recording call draws what every other call draws;
 - replays of one recording share its buffers, so they are ordered: each waits for an event the
   previous one recorded after its copy-out, on whichever stream it ran;
 - a new signature records a new graph (``config.triton.cudagraph_dynamic_shape_warn_limit``

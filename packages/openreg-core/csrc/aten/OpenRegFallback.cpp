@@ -460,9 +460,12 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
         std::lock_guard<std::mutex> lock(gen.mutex());
         state = gen.get<OpenRegGeneratorImpl>()->state();
       }
-      note_random_launch(stream, {gen, std::move(state), kernel, static_cast<uint64_t>(values)});
-      args[i] = kernel;
-      continue;
+      if (note_random_launch(stream, {gen, state, kernel, static_cast<uint64_t>(values)})) {
+        args[i] = kernel;
+        continue;
+      }
+      // The capture ended meanwhile (another thread): the op runs now, seeded as any other. A
+      // capture ended between here and the launch is the caller's race, as on CUDA.
     }
     std::lock_guard<std::mutex> lock(gen.mutex());
     args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));

@@ -137,11 +137,13 @@ bool random_capture_active(void* stream) {
   return captures().count(stream) != 0;
 }
 
-void note_random_launch(void* stream, const CapturedRandomOp& op) {
-  if (g_capturing.load(std::memory_order_relaxed) == 0) return;
+bool note_random_launch(void* stream, const CapturedRandomOp& op) {
+  if (g_capturing.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard<std::mutex> lock(captures_mu());
   auto it = captures().find(stream);
-  if (it != captures().end()) it->second.push_back(op);
+  if (it == captures().end()) return false;
+  it->second.push_back(op);
+  return true;
 }
 
 void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops) {

@@ -86,8 +86,9 @@ void begin_random_capture(void* stream);
 std::vector<CapturedRandomOp> end_random_capture(void* stream);
 // Whether `stream` captures now (one relaxed load when no stream does).
 bool random_capture_active(void* stream);
-// Records `op` if `stream` is capturing (seed_generators calls it for every random launch captured).
-void note_random_launch(void* stream, const CapturedRandomOp& op);
+// Records `op` if `stream` is capturing (seed_generators calls it for every random launch captured);
+// false if the capture ended meanwhile.
+bool note_random_launch(void* stream, const CapturedRandomOp& op);
 // Re-seeds a graph's captured random ops, in stream order, before its replay on `stream`.
 void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops);
 
