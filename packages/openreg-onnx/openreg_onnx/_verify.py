@@ -7,9 +7,9 @@
 - actual: the ONNX model in onnxruntime's CPU execution provider; where that provider has no
   kernel for a type (bfloat16 Gemm, float64 Erf, ...) or cannot take the inputs (bfloat16 arrays),
   the ONNX reference evaluator (``onnx.reference``) runs it instead, and the report says so;
-- the comparison runs on the CPU in float64, with a tolerance per dtype (``TOLERANCES``); in a
-  graph that computes in bfloat16 or float16, float32 and float64 values carry only that precision
-  (a bf16 layer feeding a float32 head) and are compared at its tolerance (the report says so);
+- the comparison runs on the CPU in float64, with a tolerance per dtype (``TOLERANCES``); a float32
+  or float64 value computed from a bfloat16 or float16 one carries only that precision (a bf16
+  layer feeding a float32 head) and is compared at its tolerance (the report says so);
 - ``intermediates=True`` also compares every value the ONNX graph names after an FX node of the
   exported program (the exporter keeps those names; the model is then exported unoptimized, as
   the optimizer fuses nodes), so a wrong translation shows at the first node whose value drifts,
@@ -58,7 +58,7 @@ class VerificationResult:
     fallback_reason: str
     comparisons: List[Comparison]
     onnx_program: Any = None
-    tolerance_note: str = ""  # why float32/float64 values were compared at a 16-bit tolerance
+    tolerance_note: str = ""  # which float32/float64 values were compared at a 16-bit tolerance
 
     @property
     def ok(self) -> bool:
@@ -393,43 +393,72 @@ def verify(
         values, used, reason = run_onnx(model, feeds, names)
     actual = dict(zip(names, values))
 
-    tolerances, note = _tolerances_for(model, tolerances)
+    low = _computed_from_16_bit(model) if tolerances is None else {}
     comparisons = []
     if len(expected) != len(outputs):
         raise ValueError(f"the ONNX model has {len(outputs)} outputs, openreg eager gave {len(expected)} tensors")
     if intermediates:  # graph order: the first drifting node is the suspect
         for name in [n for n in node_values if n in actual and n not in outputs]:
             exp = node_values[name]
-            comparisons.append(compare(name, "intermediate", exp, _from_numpy(actual[name]), tolerances))
+            tol = _tolerance_of(name, exp, low, tolerances)
+            comparisons.append(compare(name, "intermediate", exp, _from_numpy(actual[name]), tol))
     for name, exp in zip(outputs, expected):
-        comparisons.append(compare(name, "output", exp, _from_numpy(actual[name]), tolerances))
+        comparisons.append(
+            compare(name, "output", exp, _from_numpy(actual[name]), _tolerance_of(name, exp, low, tolerances))
+        )
+    widened = [c for c in comparisons if c.name in low and c.dtype in ("torch.float32", "torch.float64")]
+    note = ""
+    if widened:
+        kinds = sorted({str(low[c.name]).removeprefix("torch.") for c in widened})
+        note = (
+            f"{len(widened)} float32/float64 values computed from {' and '.join(kinds)} values: compared at "
+            "the tolerance of the 16-bit type they were computed from"
+        )
     return VerificationResult(used, reason, comparisons, onnx_program, note)
 
 
 _ONNX_16_BIT = {onnx.TensorProto.BFLOAT16: torch.bfloat16, onnx.TensorProto.FLOAT16: torch.float16}
 
 
-def _tolerances_for(model: onnx.ModelProto, given) -> Tuple[Dict[torch.dtype, Tuple[float, float]], str]:
-    """The tolerances to compare with, and a note when they were widened. A float32 value computed
-    from a bfloat16 one (``layer(x.bfloat16()).float()``) holds bfloat16's precision only: where the
-    graph computes in a 16-bit float type, float32 and float64 values get the loosest tolerance of
-    the 16-bit types it has. Tolerances the caller gave are used as they are."""
-    if given is not None:
-        return given, ""
+def _computed_from_16_bit(model: onnx.ModelProto) -> Dict[str, torch.dtype]:
+    """The values of the graph computed from a bfloat16 or float16 value, each with the loosest such
+    type it depends on. A float32 value computed from a bfloat16 one (``layer(x.bfloat16()).float()``)
+    holds bfloat16's precision only. 16-bit values are those typed so (inputs, initializers,
+    value_info, outputs) or made by a Cast to a 16-bit type; the rest follows the nodes' inputs."""
     graph = model.graph
-    elem_types = {t.data_type for t in graph.initializer}
-    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if v.type.HasField("tensor_type"):
-            elem_types.add(v.type.tensor_type.elem_type)
-    low = [_ONNX_16_BIT[t] for t in sorted(elem_types) if t in _ONNX_16_BIT]
-    if not low:
-        return TOLERANCES, ""
-    widest = max(low, key=lambda d: TOLERANCES[d])
-    tolerances = dict(TOLERANCES)
-    tolerances[torch.float32] = tolerances[torch.float64] = TOLERANCES[widest]
-    names = " and ".join(sorted({str(d).removeprefix("torch.") for d in low}))
-    widest_name = str(widest).removeprefix("torch.")
-    return tolerances, f"float32/float64 values compared at {widest_name}'s tolerance: the graph computes in {names}"
+    low: Dict[str, torch.dtype] = {}
+
+    def mark(name: str, dtype: torch.dtype) -> None:
+        if name not in low or TOLERANCES[dtype] > TOLERANCES[low[name]]:
+            low[name] = dtype
+
+    for t in graph.initializer:
+        if t.data_type in _ONNX_16_BIT:
+            mark(t.name, _ONNX_16_BIT[t.data_type])
+    for v in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _ONNX_16_BIT:
+            mark(v.name, _ONNX_16_BIT[v.type.tensor_type.elem_type])
+    for node in graph.node:  # in topological order, as ONNX requires
+        carried = [low[i] for i in node.input if i in low]
+        if node.op_type == "Cast":
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to in _ONNX_16_BIT:
+                carried.append(_ONNX_16_BIT[to])
+        if carried:
+            widest = max(carried, key=lambda d: TOLERANCES[d])
+            for out in node.output:
+                mark(out, widest)
+    return low
+
+
+def _tolerance_of(name: str, expected: torch.Tensor, low: Dict[str, torch.dtype], tolerances):
+    """The tolerances for one value: a float32/float64 value computed from a 16-bit one gets the
+    16-bit type's; tolerances the caller gave are used as they are."""
+    if tolerances is not None:
+        return tolerances
+    if name in low and expected.dtype in (torch.float32, torch.float64):
+        return {**TOLERANCES, expected.dtype: TOLERANCES[low[name]]}
+    return TOLERANCES
 
 
 def _expose(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

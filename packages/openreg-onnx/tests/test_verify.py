@@ -202,7 +202,7 @@ class BfloatBodyFloatHead(torch.nn.Module):
         self.head = torch.nn.Linear(3, 2)
 
     def forward(self, x):
-        return self.head(self.body(x.to(torch.bfloat16)).float())
+        return self.head(self.body(x.to(torch.bfloat16)).float()), x * 3  # the second: float32 only
 
 
 class TestMixedPrecision(TestCase):
@@ -213,22 +213,56 @@ class TestMixedPrecision(TestCase):
         torch.manual_seed(0)
         model = BfloatBodyFloatHead().to("openreg")
         x = torch.randn(2, 4, device="openreg")
-        note = "float32/float64 values compared at bfloat16's tolerance: the graph computes in bfloat16"
         for intermediates in (False, True):
             result = openreg_onnx.verify(model, (x,), intermediates=intermediates)
             self.assertTrue(result.ok, result.report())
+            float32 = {c.name: (c.rtol, c.atol) for c in result.comparisons if c.dtype == "torch.float32"}
+            head, alone = result.comparisons[-2], result.comparisons[-1]  # the outputs, in order
+            self.assertEqual((head.rtol, head.atol), TOLERANCES[torch.bfloat16])
+            self.assertEqual((alone.rtol, alone.atol), TOLERANCES[torch.float32])  # no 16-bit value in it
+            widened = [n for n, t in float32.items() if t == TOLERANCES[torch.bfloat16]]
+            note = (
+                f"{len(widened)} float32/float64 values computed from bfloat16 values: compared at the tolerance "
+                "of the 16-bit type they were computed from"
+            )
             self.assertEqual(result.tolerance_note, note)
             self.assertIn(f"- {note}", result.report())
-            head = [c for c in result.comparisons if c.dtype == "torch.float32"]
-            self.assertTrue(head)
-            self.assertTrue(all((c.rtol, c.atol) == TOLERANCES[torch.bfloat16] for c in head))
         # tolerances given by the caller are used as they are
         strict = openreg_onnx.verify(model, (x,), tolerances={torch.float32: (0.0, 0.0)})
         self.assertEqual(strict.tolerance_note, "")
         self.assertTrue(all((c.rtol, c.atol) == (0.0, 0.0) for c in strict.comparisons))
-        # a float32-only model keeps float32's tolerance
-        plain = openreg_onnx.verify(torch.nn.Linear(4, 2).to("openreg"), (x,))
-        self.assertEqual((plain.tolerance_note, plain.comparisons[0].rtol), ("", TOLERANCES[torch.float32][0]))
+
+    def test_which_values_are_computed_from_16_bit_ones(self):
+        from onnx import TensorProto, helper
+        from openreg_onnx._verify import _computed_from_16_bit
+
+        def info(name, elem):
+            return helper.make_tensor_value_info(name, elem, [4])
+
+        # a float32 product next to an unrelated bfloat16 input; a bf16 round trip made by Casts
+        # in a graph without value_info; a float16 value feeding a bfloat16 one
+        graph = helper.make_graph(
+            [
+                helper.make_node("Mul", ["x", "x"], ["a"]),
+                helper.make_node("Cast", ["y"], ["b"], to=TensorProto.FLOAT),
+                helper.make_node("Cast", ["x"], ["h"], to=TensorProto.BFLOAT16),
+                helper.make_node("Cast", ["h"], ["o"], to=TensorProto.FLOAT),
+                helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT16),
+                helper.make_node("Add", ["f", "f"], ["g"]),
+                helper.make_node("Cast", ["g"], ["gb"], to=TensorProto.BFLOAT16),
+            ],
+            "g",
+            [info("x", TensorProto.FLOAT), info("y", TensorProto.BFLOAT16)],
+            [info(n, TensorProto.FLOAT) for n in ("a", "b", "o")] + [info("gb", TensorProto.BFLOAT16)],
+        )
+        low = _computed_from_16_bit(helper.make_model(graph))
+        self.assertNotIn("a", low)
+        self.assertNotIn("x", low)
+        self.assertEqual(
+            {n: low[n] for n in ("y", "b", "h", "o", "f", "g", "gb")},
+            {"y": torch.bfloat16, "b": torch.bfloat16, "h": torch.bfloat16, "o": torch.bfloat16,
+             "f": torch.float16, "g": torch.float16, "gb": torch.bfloat16},
+        )  # fmt: skip
 
 
 class TestCompare(TestCase):

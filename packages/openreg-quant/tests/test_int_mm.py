@@ -80,7 +80,9 @@ class TestIntMM(TestCase):
                 RuntimeError, "Expected self dtype to be int8 or uint8 but got float", msg=device
             ):
                 torch._int_mm(a.float().to(device), b.to(device))
-            with self.assertRaisesRegex(RuntimeError, "Expected mat2 dtype to be of type int8 but got unsigned char", msg=device):
+            with self.assertRaisesRegex(
+                RuntimeError, "Expected mat2 dtype to be of type int8 but got unsigned char", msg=device
+            ):
                 torch._int_mm(a.to(device), b.to(device, torch.uint8))
 
     def test_weight_int8pack_mm(self):
