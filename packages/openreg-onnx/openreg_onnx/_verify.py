@@ -324,6 +324,8 @@ def verify(
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = kwargs or {}
+    if isinstance(model_or_program, torch.export.ExportedProgram) and not args and not kwargs:
+        args, kwargs = model_or_program.example_inputs or ((), {})  # as export(): the program's own inputs
     _export.check_devices(model_or_program, (args, kwargs))
     if isinstance(model_or_program, torch.export.ExportedProgram):
         run = _inference_module(model_or_program)  # before the export: it may refuse the program

@@ -105,6 +105,15 @@ class TestVerify(TestCase):
             for k, v in before.items():  # bit for bit, num_batches_tracked still 0
                 self.assertTrue(torch.equal(after[k].cpu(), v), k)
 
+    def test_a_program_is_verified_on_its_own_example_inputs(self):
+        # As export(program) without inputs: the program's example inputs. verify() raised "the
+        # ONNX model takes 1 inputs, the call gives 0 tensors".
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).to("openreg")
+        program = torch.export.export(model, (torch.randn(5, 4, device="openreg"),))
+        result = openreg_onnx.verify(program)
+        self.assertTrue(result.ok, result.report())
+        self.assertEqual([c.shape for c in result.comparisons], [(5, 3)])
+
     def test_program_captured_in_train_mode_is_verified_as_exported(self):
         # A program captured from a model in train() mode keeps training batch norm, which the
         # ONNX exporter translates as inference. The reference ran the program as captured (a
