@@ -132,9 +132,11 @@ class TestGraphs(TestCase):
         with torch.openreg.stream(s):
             g.capture_begin()
             x.normal_()
-            with torch.openreg.stream(torch.openreg.Stream()):  # not capturing: draws now
+            other = torch.openreg.Stream()
+            with torch.openreg.stream(other):  # not capturing: draws now
                 during = torch.rand(8, device="openreg")
             g.capture_end()
+        other.synchronize()  # `during` is read on the default stream below
         self.assertEqual(torch.openreg.get_rng_state()[8:].view(torch.int64).item(), 8)  # the draw's own
         after = torch.rand(8, device="openreg")
         torch.openreg.manual_seed(5)
