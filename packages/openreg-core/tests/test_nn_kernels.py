@@ -205,5 +205,63 @@ class TestAttention(TestCase):
         self.assertEqual(out.shape, q.shape)
 
 
+class TestArgumentErrorsAtTheCall(TestCase):
+    """What the CPU's convolution, attention and mm kernels refuse without looking at the data is
+    refused at the call with the CPU's error, as on the CPU and CUDA. The native kernels' meta
+    checks shapes only: these errors came from the kernel, at some later synchronising call, and
+    the call returned uninitialised memory."""
+
+    def check_like_cpu(self, call, *args, **kwargs):
+        with self.assertRaises(Exception) as cpu:
+            call(*args, **kwargs)
+        device_args, device_kwargs = torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to("openreg"), (args, kwargs)
+        )
+        for _ in range(2):  # a signature whose first call failed is verified again
+            with self.assertRaises(type(cpu.exception)) as got:
+                call(*device_args, **device_kwargs)
+            self.assertEqual(str(got.exception).splitlines()[0], str(cpu.exception).splitlines()[0])
+        torch.openreg.synchronize()  # nothing left to fail later
+        self.assertEqual((torch.ones(2, device="openreg") + 1).cpu().tolist(), [2.0, 2.0])
+
+    def test_convolution(self):
+        x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 2, 2)
+        self.check_like_cpu(F.conv2d, x, w.double())
+        self.check_like_cpu(F.conv2d, x, w.long())
+        self.check_like_cpu(F.conv2d, x.bool(), w.bool())
+        self.check_like_cpu(F.conv2d, x, w, dilation=0)
+        self.check_like_cpu(F.conv_transpose2d, x, torch.randn(2, 3, 2, 2), output_padding=2)
+        self.check_like_cpu(F.conv_transpose2d, x.int(), torch.randn(2, 3, 2, 2).int())
+        # the same arguments, valid: computed as on the CPU
+        self.assertEqual(F.conv2d(x.to("openreg"), w.to("openreg"), dilation=2).cpu(), F.conv2d(x, w, dilation=2))
+
+    def test_convolution_backward(self):
+        x = torch.randn(1, 2, 5, 5, dtype=torch.float64)
+        w = torch.randn(3, 2, 2, 2, dtype=torch.float64)
+        grad = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+
+        def backward(g, i, wt):
+            return torch.ops.aten.convolution_backward(g, i, wt, [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                       [True, True, True])  # fmt: skip
+
+        self.check_like_cpu(backward, grad.float(), x, w)
+
+    def test_attention(self):
+        q = torch.randn(1, 2, 4, 8)
+        self.check_like_cpu(F.scaled_dot_product_attention, q, q, q, attn_mask=torch.zeros(4, 3))
+        self.check_like_cpu(F.scaled_dot_product_attention, q, q, q, attn_mask=torch.zeros(5, 4, 4))
+        self.check_like_cpu(F.scaled_dot_product_attention, q.long(), q.long(), q.long())
+
+    def test_mm_into_an_expanded_out(self):
+        a, b = torch.randn(3, 4), torch.randn(4, 5)
+        message = "more than one element of the written-to tensor refers to a single memory location"
+        for device in ("cpu", "openreg"):  # (.to() would make the expanded out contiguous)
+            for op in (torch.mm, torch.matmul):
+                out = torch.zeros(1, 5, device=device).expand(3, 5)
+                with self.assertRaisesRegex(RuntimeError, message, msg=f"{device} {op.__name__}"):
+                    op(a.to(device), b.to(device), out=out)
+        torch.openreg.synchronize()  # nothing left to fail later
+
+
 if __name__ == "__main__":
     run_tests()

@@ -476,6 +476,36 @@ class TestGenericPath(TestCase):
             a + b
         self.assertEqual((a + a).cpu().tolist(), [2.0] * 3)
 
+    def test_indices_from_another_device_are_refused_in_atens_words(self):
+        # ATen's check_indices_on_cpu_or_selfdevice, as on CUDA: an IndexError naming the indexed
+        # tensor's device (the generic device-mismatch RuntimeError before). CPU indices are moved.
+        x = torch.arange(4.0, device="openreg:0")
+        index = torch.tensor([0, 2])
+        self.assertEqual(x[index].cpu().tolist(), [0.0, 2.0])
+        self.assertEqual(x[index.to("openreg:0")].cpu().tolist(), [0.0, 2.0])
+        for call, device in (
+            (lambda: x[index.to("openreg:1")], "openreg:0"),
+            (lambda: x.clone().index_put_((index.to("openreg:1"),), torch.tensor(5.0, device="openreg")), "openreg:0"),
+            (lambda: torch.arange(4.0)[index.to("openreg:0")], "cpu"),
+        ):
+            with self.assertRaisesRegex(
+                IndexError,
+                rf"^indices should be either on cpu or on the same device as the indexed tensor \({device}\)",
+            ):
+                call()
+
+    def test_pinned_device_factories_are_refused_as_on_cuda(self):
+        # pin_memory=True with an openreg device was ignored: no pinned memory, and no signal.
+        for call in (
+            lambda: torch.empty(3, device="openreg", pin_memory=True),
+            lambda: torch.empty_strided((3,), (1,), device="openreg", pin_memory=True),
+            lambda: torch.zeros(3, device="openreg", pin_memory=True),
+            lambda: torch.ones(2, device="openreg").new_empty(3, pin_memory=True),
+        ):
+            with self.assertRaisesRegex(RuntimeError, "^Only dense CPU tensors can be pinned"):
+                call()
+        self.assertTrue(torch.empty(3, pin_memory=True).is_pinned())  # host memory: pinned
+
     def test_host_tensors_are_rejected_as_on_cuda(self):
         # A CPU tensor among openreg ones used to be read by the device kernel from host memory.
         a = torch.ones(2, device="openreg")

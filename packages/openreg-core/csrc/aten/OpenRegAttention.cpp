@@ -121,6 +121,14 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
                   const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal, bool return_debug_mask,
                   std::optional<double> scale) {
   TORCH_CHECK(dropout_p == 0.0, "openreg's fused attention does not implement dropout (the MATH backend does)");
+  // The CPU's kernels refuse these at the call, in these words; the kernel would refuse them at a
+  // later synchronising call.
+  TORCH_CHECK(at::isFloatingType(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
+  if (attn_bias.has_value() && attn_bias->defined()) {
+    auto scores = query.sizes().vec();
+    scores.back() = key.size(-2);
+    at::infer_size(scores, attn_bias->sizes());  // the mask must broadcast to the scores (a: scores)
+  }
   c10::DeviceGuard guard(query.device());
   auto sizes = query.sizes().vec();
   sizes.back() = value.size(-1);

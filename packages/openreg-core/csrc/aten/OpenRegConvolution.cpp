@@ -10,6 +10,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <sstream>
+#include <string>
+
 #include "OpenRegLaunch.h"
 
 namespace c10::openreg {
@@ -34,6 +37,21 @@ at::MemoryFormat result_format(const at::Tensor& input, const at::Tensor& weight
   return at::native::_determine_backend_memory_format(input, weight, at::native::ConvBackend::Overrideable);
 }
 
+// What the CPU's convolution kernels refuse besides the data (the meta kernel checks shapes only):
+// the dtypes, the dimensions, the path (transposed, dilated, grouped) and the arguments' values.
+std::string conv_signature(const std::string& op, const std::vector<at::Tensor>& tensors, c10::IntArrayRef stride,
+                           c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                           c10::IntArrayRef output_padding, int64_t groups) {
+  std::ostringstream key;
+  key << op;
+  for (const auto& t : tensors) {
+    key << ' ';
+    if (t.defined()) key << t.scalar_type() << t.dim();
+  }
+  key << ' ' << stride << padding << dilation << transposed << output_padding << groups;
+  return key.str();
+}
+
 at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                         c10::IntArrayRef output_padding, int64_t groups) {
@@ -43,8 +61,10 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight, const
                                         transposed, output_padding, groups);
   geometry = geometry.contiguous(result_format(input, weight));
   at::Tensor out = alloc_like(geometry, input.device());
-  launch_cpu_function(
-      "aten::convolution_overrideable", {input, weight, b}, {out},
+  launch_cpu_function_verified(
+      "aten::convolution_overrideable",
+      conv_signature("forward", {input, weight, b}, stride, padding, dilation, transposed, output_padding, groups),
+      {input, weight, b}, {out},
       [st = stride.vec(), pa = padding.vec(), di = dilation.vec(), transposed, op = output_padding.vec(),
        groups](const std::vector<at::Tensor>& a) {
         return std::vector<at::Tensor>{at::convolution(a[0], a[1], a[2], st, pa, di, transposed, op, groups)};
@@ -67,8 +87,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(const at::Tensor& g
   if (gw.defined()) gw = gw.contiguous(format);
   at::Tensor grad_input = alloc_like(gi, input.device()), grad_weight = alloc_like(gw, input.device()),
              grad_bias = alloc_like(gb, input.device());
-  launch_cpu_function(
-      "aten::convolution_backward_overrideable", {grad_output, input, weight}, {grad_input, grad_weight, grad_bias},
+  launch_cpu_function_verified(
+      "aten::convolution_backward_overrideable",
+      conv_signature(std::string("backward ") + (output_mask[0] ? 'i' : '-') + (output_mask[1] ? 'w' : '-') +
+                         (output_mask[2] ? 'b' : '-'),
+                     {grad_output, input, weight}, stride, padding, dilation, transposed, output_padding, groups),
+      {grad_output, input, weight}, {grad_input, grad_weight, grad_bias},
       [bias_sizes, st = stride.vec(), pa = padding.vec(), di = dilation.vec(), transposed, op = output_padding.vec(),
        groups, output_mask](const std::vector<at::Tensor>& a) {
         auto [ci, cw, cb] =

@@ -1102,10 +1102,22 @@ orStatus Launch::run(void* p) {
   }  // anything else reaches the stream's worker, which reports it (or lets a thread exit unwind)
 }
 
-// Advanced indexing takes index tensors from any device and moves them to the
-// indexed tensor's (ATen's AdvancedIndex does, on CUDA too): `indices` arguments.
+// Advanced indexing takes index tensors from the CPU or the indexed tensor's device and moves them
+// there (ATen's AdvancedIndex does, on CUDA too): `indices` arguments. Any other device is refused as
+// ATen refuses it (check_indices_on_cpu_or_selfdevice): an IndexError that names the indexed tensor's.
 bool is_index_list(const c10::Argument& a) {
   return a.name() == "indices" && a.type()->kind() == c10::TypeKind::ListType;
+}
+
+// On the error path only (the hot path looks at no argument names).
+[[noreturn]] void refuse_index_device(const c10::Device& self) {
+  TORCH_CHECK_INDEX(false, "indices should be either on cpu or on the same device as the indexed tensor (", self, ")");
+}
+
+bool has_index_list(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments())
+    if (is_index_list(a)) return true;
+  return false;
 }
 
 // A nested tensor's sizes, strides and offsets are CPU tensors on every device, as arguments too.
@@ -1134,6 +1146,7 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
         return;
       }
       if (!device) device = t.device();
+      if (*device != t.device() && i > 0 && is_index_list(schema.arguments()[i])) refuse_index_device(*device);
       check_same_device(*device, t.device(), schema.operator_name());
     });
     if (v.isDevice() && v.toDevice().is_privateuseone() && !device) device = v.toDevice();
@@ -1141,7 +1154,12 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
   }
   TORCH_CHECK(device || !openreg_generator, "Expected a 'cpu' device type for generator but found 'openreg' (in ",
               schema.operator_name(), ")");
-  if (device && other) check_same_device(*device, *other, schema.operator_name());
+  if (device && other) {
+    // A host tensor indexed by openreg indices: ATen's refusal, naming the indexed tensor's device.
+    if (!args.empty() && args[0].isTensor() && args[0].toTensor().device() == *other && has_index_list(schema))
+      refuse_index_device(*other);
+    check_same_device(*device, *other, schema.operator_name());
+  }
   if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
   if (!device->has_index())
     device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());

@@ -3,7 +3,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "../runtime/OpenRegException.h"
@@ -50,6 +55,42 @@ void launch_cpu_function(const char* name, const std::vector<at::Tensor>& inputs
                                     for (size_t i = 0; i < out.size(); ++i)
                                       if (out[i] && results.at(i).defined()) out[i]->materialize().copy_(results[i]);
                                   }));
+}
+
+// launch_cpu_function whose first call of each `signature` (what the CPU kernel's refusals depend
+// on besides the data: dtypes, dimensions, argument values) runs synchronously and raises the
+// kernel's own error at the call, as the generic path's first calls do: a CPU kernel that refuses
+// a dtype or an argument its meta kernel does not check (a convolution's dilation of 0) fails the
+// user's call, as on the CPU and CUDA, not some later synchronising call. A signature whose first
+// call failed is verified again next time.
+template <typename F>
+void launch_cpu_function_verified(const char* name, const std::string& signature, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<at::Tensor>& outputs, F fn) {
+  static std::mutex mu;
+  static auto* verified = new std::unordered_set<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (verified->count(signature) != 0) return launch_cpu_function(name, inputs, outputs, std::move(fn));
+  }
+  const at::Tensor* first = nullptr;
+  for (const auto& t : outputs)
+    if (t.defined() && first == nullptr) first = &t;
+  if (first == nullptr) return;
+  const c10::DeviceIndex device = first->device().index();
+  auto error = std::make_shared<std::exception_ptr>();
+  launch_cpu_function(name, inputs, outputs,
+                      [fn = std::move(fn), error, n = outputs.size()](const std::vector<at::Tensor>& args) {
+                        try {
+                          return fn(args);
+                        } catch (...) {
+                          *error = std::current_exception();  // raised at the call below, not by the stream
+                          return std::vector<at::Tensor>(n);
+                        }
+                      });
+  getCurrentOpenRegStream(device).synchronize();
+  if (*error) std::rethrow_exception(*error);
+  std::lock_guard<std::mutex> lock(mu);
+  verified->insert(signature);
 }
 
 }  // namespace c10::openreg

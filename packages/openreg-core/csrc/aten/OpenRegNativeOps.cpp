@@ -68,6 +68,7 @@ void ensure_storage(const at::Tensor& self) {
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");  // CUDA's refusal
   c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
   return filled_if_deterministic(at::detail::empty_generic(size, allocator::get(),
                                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -77,6 +78,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
   c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);
   return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, allocator::get(),
                                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),

@@ -6,6 +6,7 @@
 // runs meta() on the host and launches its own implementation. openreg does
 // this for aten::mm and aten::mm.out: no meta tensors and no boxing, so
 // matmul skips the generic path.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
@@ -90,6 +91,7 @@ at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   StructuredMmOut op(out);
   op.meta(self, mat2);
+  at::assert_no_internal_overlap(out);  // the CPU's check, at the call (the kernel's came at a later sync)
   launch_mm(out, self, mat2);
   return out;
 }
