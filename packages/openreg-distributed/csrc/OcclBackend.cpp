@@ -211,7 +211,9 @@ at::Tensor carried(const at::Tensor& t) {
 
 // ---- list forms: members of any layout, in logical order ----
 // NCCL and Gloo copy a per-rank list's members into a flat buffer and out of it (tensor.copy_), so a
-// member may have any layout (a column of a matrix); occl's kernel sees each as it is.
+// member may have any layout (a column of a matrix); occl's kernel sees each as it is. The rank's own
+// tensor of a list form (gather's and all_gather's input, scatter's and reduce_scatter's output) moves
+// in logical order too: in memory order, a channels_last one met its peers' members scrambled.
 
 Args member_args_of(const std::vector<at::Tensor>& ts) {
   Args args;
@@ -273,17 +275,19 @@ struct Reduction {
 // (view_as_real), which SUM, AVG and PREMUL_SUM by a real factor reduce exactly.
 at::Tensor reduced_view(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t).view({-1}) : t.view({-1}); }
 
+// Refusals as NCCL's: a TypeError for what the dtype cannot take, a ValueError for an op no dtype takes.
 Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType dtype, int size, c10::Device device,
                     std::vector<at::Tensor>& stash) {
   if (c10::isComplexType(dtype)) {
     // What Gloo and torch.distributed allow on complex tensors: the ops that act on each part alone.
     const auto o = rop.op_;
-    TORCH_CHECK(o == c10d::ReduceOp::SUM || o == c10d::ReduceOp::AVG || o == c10d::ReduceOp::PREMUL_SUM, "occl ", op,
-                ": ReduceOp.", op_name(o), " is not supported on complex tensors (SUM, AVG and PREMUL_SUM are)");
+    TORCH_CHECK_VALUE(o == c10d::ReduceOp::SUM || o == c10d::ReduceOp::AVG || o == c10d::ReduceOp::PREMUL_SUM, "occl ",
+                      op, ": ReduceOp.", op_name(o),
+                      " is not supported on complex tensors (SUM, AVG and PREMUL_SUM are)");
     dtype = c10::toRealValueType(dtype);
   }
-  TORCH_CHECK(transport_dtype(dtype), "occl ", op, ": reductions of ", dtype,
-              " are not supported (data movement of it is)");
+  TORCH_CHECK_TYPE(transport_dtype(dtype), "occl ", op, ": reductions of ", dtype,
+                   " are not supported (data movement of it is)");
   const bool integral = c10::isIntegralType(dtype, /*includeBool=*/true);
   Reduction r;
   r.size = size;
@@ -298,26 +302,33 @@ Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType d
     case c10d::ReduceOp::BAND:
     case c10d::ReduceOp::BOR:
     case c10d::ReduceOp::BXOR:
-      TORCH_CHECK(integral, "occl ", op, ": ReduceOp.", op_name(rop.op_), " needs an integer or bool tensor, got ",
-                  dtype);
+      TORCH_CHECK_TYPE(integral, "occl ", op, ": ReduceOp.", op_name(rop.op_), " needs an integer or bool tensor, got ",
+                       dtype);
       r.op = rop.op_;
       break;
     case c10d::ReduceOp::AVG:
-      // Gloo refuses AVG on integers; a sum then a division on the worker is what it does on floats.
-      TORCH_CHECK(dtype != c10::kBool, "occl ", op, ": ReduceOp.AVG is not defined for bool tensors");
+      TORCH_CHECK_TYPE(dtype != c10::kBool, "occl ", op, ": ReduceOp.AVG is not defined for bool tensors");
       r.op = c10d::ReduceOp::SUM;
-      r.average = true;
+      if (integral) {
+        r.average = true;  // a sum, then NCCL's truncating division (Gloo refuses AVG on integers)
+      } else {
+        // As NCCL's ncclAvg on floating types: each contribution times 1/size, then the sum, so an
+        // average of values near the dtype's largest stays finite (a sum first overflowed: fp16
+        // 60000 on two ranks gave inf).
+        r.premul = true;
+        r.factor = 1.0 / size;
+      }
       break;
     case c10d::ReduceOp::PREMUL_SUM: {
-      TORCH_CHECK(c10::isFloatingType(dtype), "occl ", op, ": ReduceOp.PREMUL_SUM needs a floating point tensor, got ",
-                  dtype);
+      TORCH_CHECK_TYPE(c10::isFloatingType(dtype), "occl ", op,
+                       ": ReduceOp.PREMUL_SUM needs a floating point tensor, got ", dtype);
       auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
       TORCH_CHECK(sup != nullptr, "occl ", op, ": ReduceOp.PREMUL_SUM without its factor");
       r.op = c10d::ReduceOp::SUM;
       r.premul = true;
       if (sup->tensor_factor.defined()) {
         const at::Tensor& f = sup->tensor_factor;
-        TORCH_CHECK(!f.is_complex(), "occl ", op, ": ReduceOp.PREMUL_SUM with a complex factor is not supported");
+        TORCH_CHECK_TYPE(!f.is_complex(), "occl ", op, ": ReduceOp.PREMUL_SUM with a complex factor is not supported");
         if (f.is_privateuseone()) {
           // Read by the collective's kernel on the tensors' device, as NCCL reads a device factor.
           TORCH_CHECK(f.device() == device, "occl ", op, ": the ReduceOp.PREMUL_SUM factor is on ", f.device(),
@@ -334,7 +345,7 @@ Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType d
       break;
     }
     default:
-      TORCH_CHECK(false, "occl ", op, ": unsupported ReduceOp ", op_name(rop.op_));
+      TORCH_CHECK_VALUE(false, "occl ", op, ": unsupported ReduceOp ", op_name(rop.op_));
   }
   return r;
 }
@@ -1385,13 +1396,13 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
     // (the transport's all-gather takes one size). Each rank's output i must have rank i's size.
     return enqueue(
         c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
-        [t, in = args_of(inputs), out = member_args_of(outs), me = rank_, timeout] {
+        [t, in = member_args_of(inputs), out = member_args_of(outs), me = rank_, timeout] {
           Started st;
           std::vector<MemberOutput> os;
           for (size_t i = 0; i < out.size(); ++i) {
             os.emplace_back(out[i].materialize());
             at::Tensor o = os.back().carried_buffer();
-            if (static_cast<int>(i) == me) o.copy_(carried(in[0].materialize()));
+            if (static_cast<int>(i) == me) o.copy_(flat_member(in[0].materialize()));
             st.works.push_back(t->broadcast(o, static_cast<int>(i), timeout));
           }
           st.post = [os] {
@@ -1403,11 +1414,11 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
   }
   return enqueue(
       c10d::OpType::ALLGATHER, "occl::all_gather", Lane::kColl, device, inputs, outs,
-      [t, in = args_of(inputs), out = member_args_of(outs), n, timeout] {
+      [t, in = member_args_of(inputs), out = member_args_of(outs), n, timeout] {
         // Gathered into one staging buffer on the device side, then copied out.
         at::Tensor x = in[0].materialize();
         at::Tensor staging = at::empty({n * x.numel()}, x.options());
-        at::Tensor s = carried(staging), cx = carried(x);
+        at::Tensor s = carried(staging), cx = flat_member(x);
         WorkPtr w = t->allgather(s, cx, timeout);
         return Started{{w}, [staging, out, n] {
                          const int64_t k = staging.numel() / n;
@@ -1527,7 +1538,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
     // reduce-scatter takes one size), each into a copy, the inputs being inputs only.
     return enqueue(
         c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
-        [t, in = member_args_of(ins), out = args_of(outputs), r, me = rank_, timeout] {
+        [t, in = member_args_of(ins), out = member_args_of(outputs), r, me = rank_, timeout] {
           Started st;
           std::vector<at::Tensor> copies;
           for (size_t i = 0; i < in.size(); ++i) {
@@ -1535,9 +1546,11 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
             st.works.push_back(t->reduce(copies.back(), static_cast<int>(i), r.op, timeout));
           }
           st.post = [copies, out, r, me] {
-            at::Tensor o = reduced_view(out[0].materialize());
+            const MemberOutput mine(out[0].materialize());
+            at::Tensor o = reduced_view(mine.buffer);
             o.copy_(copies[me]);
             r.finish(o);
+            mine.copy_back();
           };
           return st;
         },
@@ -1545,13 +1558,17 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
   }
   return enqueue(
       c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
-      [t, in = member_args_of(ins), out = args_of(outputs), r, timeout] {
+      [t, in = member_args_of(ins), out = member_args_of(outputs), r, timeout] {
         std::vector<at::Tensor> parts;
         for (const auto& x : views(in)) parts.push_back(reduced_view(x.contiguous()));
         at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
-        at::Tensor o = reduced_view(out[0].materialize());
+        const MemberOutput mine(out[0].materialize());  // in logical order, as the inputs' parts
+        at::Tensor o = reduced_view(mine.buffer);
         WorkPtr w = t->reduce_scatter(o, staging, r.op, timeout);
-        return Started{{w}, [o, r, staging] { r.finish(o); }};
+        return Started{{w}, [o, r, staging, mine] {
+                         r.finish(o);
+                         mine.copy_back();
+                       }};
       },
       timeout);
 }
@@ -1659,14 +1676,14 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::GATHER, "occl::gather", Lane::kColl, device, inputs, outs,
-      [t, in = args_of(inputs), out = member_args_of(outs), root, timeout] {
+      [t, in = member_args_of(inputs), out = member_args_of(outs), root, timeout] {
         std::vector<MemberOutput> os;
         std::vector<at::Tensor> o;
         for (const auto& v : views(out)) {
           os.emplace_back(v);
           o.push_back(os.back().carried_buffer());
         }
-        at::Tensor x = carried(in[0].materialize());
+        at::Tensor x = flat_member(in[0].materialize());  // in logical order, as the root's members
         return Started{{t->gather(o, x, root, timeout)}, [os] {
                          for (const auto& m : os) m.copy_back();
                        }};
@@ -1689,11 +1706,12 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
   const ms timeout = effective(opts.timeout);
   return enqueue(
       c10d::OpType::SCATTER, "occl::scatter", Lane::kColl, device, ins, outputs,
-      [t, in = member_args_of(ins), out = args_of(outputs), root, timeout] {
+      [t, in = member_args_of(ins), out = member_args_of(outputs), root, timeout] {
         std::vector<at::Tensor> x;
         for (const auto& v : views(in)) x.push_back(flat_member(v));
-        at::Tensor o = carried(out[0].materialize());
-        return Started{{t->scatter(o, x, root, timeout)}, {}};
+        const MemberOutput mine(out[0].materialize());  // in logical order, as the root's members
+        at::Tensor o = mine.carried_buffer();
+        return Started{{t->scatter(o, x, root, timeout)}, [mine] { mine.copy_back(); }};
       },
       timeout);
 }

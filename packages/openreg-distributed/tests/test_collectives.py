@@ -147,11 +147,11 @@ class TestCollectives(OcclTestCase):
         for op in (R.MIN, R.MAX, R.PRODUCT):
             name = str(op).split(".")[-1]
             msg = rf"ReduceOp.{name} is not supported on complex tensors \(SUM, AVG and PREMUL_SUM are\)"
-            with self.assertRaisesRegex(RuntimeError, "occl reduce: " + msg):
+            with self.assertRaisesRegex(ValueError, "occl reduce: " + msg):  # as NCCL's: ValueError
                 dist.reduce(x, dst=0, op=op)
-            with self.assertRaisesRegex(RuntimeError, "occl reduce_scatter_tensor: " + msg):
+            with self.assertRaisesRegex(ValueError, "occl reduce_scatter_tensor: " + msg):
                 dist.reduce_scatter_single(out, x, op=op)
-            with self.assertRaisesRegex(RuntimeError, "occl reduce_scatter: " + msg):
+            with self.assertRaisesRegex(ValueError, "occl reduce_scatter: " + msg):
                 dist.reduce_scatter(out, list(x.chunk(2)), op=op)
         self.assertEqual(x.cpu(), mine())  # nothing ran
 
@@ -202,6 +202,25 @@ class TestCollectives(OcclTestCase):
         x = torch.ones(3, device=d)
         dist.all_reduce(x)
         self.assertEqual(x.cpu(), torch.full((3,), 2.0))
+
+    def test_floating_average_near_the_largest_value_stays_finite(self):
+        # As NCCL's ncclAvg on floating types: each contribution times 1/world, then the sum. The sum
+        # first overflowed (fp16 60000 on two ranks gave inf), making GradScaler skip steps.
+        d = self.device
+        for dtype, big in ((torch.float16, 60000.0), (torch.bfloat16, 3.0e38), (torch.float32, 3.0e38)):
+            x = torch.full((4,), big, dtype=dtype, device=d)
+            dist.all_reduce(x, op=R.AVG)
+            want = torch.full((4,), big, dtype=dtype)
+            self.assertEqual(x.cpu(), want, msg=f"all_reduce {dtype}")
+            out = torch.empty(2, dtype=dtype, device=d)
+            dist.reduce_scatter_single(out, torch.full((4,), big, dtype=dtype, device=d), op=R.AVG)
+            self.assertEqual(out.cpu(), want[:2], msg=f"reduce_scatter {dtype}")
+            y = torch.full((4,), big, dtype=dtype, device=d)
+            dist.reduce(y, dst=0, op=R.AVG)
+            self.assertEqual(y.cpu(), want if self.rank == 0 else torch.full((4,), big, dtype=dtype))
+        ints = torch.tensor([7, -7], dtype=torch.int32, device=d)  # integers: the sum, truncated as NCCL
+        dist.all_reduce(ints, op=R.AVG)
+        self.assertEqual(ints.cpu().tolist(), [7, -7])
 
     def test_reduce_scatter_of_uneven_inputs(self):
         # Rank r's output has r + 1 elements; input i has rank i's size. NCCL takes it (one reduce per
@@ -609,9 +628,32 @@ class TestCollectives(OcclTestCase):
             dist.reduce_scatter_single(part, mine(self.rank).to(d))
             return [out, part]
 
+        def list_forms(d):
+            # The rank's own tensor of a list form moves in logical order, as its peers' members do:
+            # in memory order, channels_last ones came out scrambled (Gloo's results are logical).
+            def like():
+                return torch.empty(1, 3, 4, 5, device=d).contiguous(memory_format=cl)
+
+            mine_one = mine(self.rank)[:1].contiguous(memory_format=cl).to(d)
+            gathered = [like() for _ in range(2)] if self.rank == 0 else None
+            dist.gather(mine_one, gathered, dst=0)
+            scattered = like()
+            dist.scatter(scattered, [mine(1)[i : i + 1].to(d) for i in range(2)] if self.rank == 1 else None, src=1)
+            everyone = [like() for _ in range(2)]
+            dist.all_gather(everyone, mine_one)
+            reduced = like()
+            dist.reduce_scatter(reduced, [mine(self.rank)[i : i + 1].to(d) for i in range(2)])
+            return (gathered or []) + [scattered] + everyone + [reduced]
+
         both(all_reduce)
         both(broadcast)
         both(gather_and_scatter)
+        both(list_forms)
+        # uneven all_gather (one broadcast per rank; Gloo refuses uneven sizes): by hand
+        uneven = [torch.empty(n, 3, 4, 5, device=self.device).contiguous(memory_format=cl) for n in (1, 2)]
+        dist.all_gather(uneven, mine(self.rank)[: self.rank + 1].to(self.device))
+        for r, got in enumerate(uneven):
+            self.assertEqual(got.cpu(), mine(r)[: r + 1])
         # A hand-written data-parallel step on a channels_last conv model: the gradients are channels_last.
         torch.manual_seed(0)
         conv = torch.nn.Conv2d(3, 4, 3).to(self.device).to(memory_format=cl)
@@ -941,10 +983,16 @@ class TestCollectives(OcclTestCase):
         other = torch.device("openreg", 1 - self.rank)
         with self.assertRaisesRegex(ValueError, "occl all_reduce: tensors must be contiguous"):
             dist.all_reduce(torch.ones(4, 4, device=d).t())
-        with self.assertRaisesRegex(RuntimeError, "ReduceOp.BAND needs an integer or bool tensor, got Float"):
+        # what the dtype cannot take: a TypeError, as NCCL's (a RuntimeError before, which code
+        # written for NCCL does not catch)
+        with self.assertRaisesRegex(TypeError, "ReduceOp.BAND needs an integer or bool tensor, got Float"):
             dist.all_reduce(torch.ones(4, device=d), op=R.BAND)
-        with self.assertRaisesRegex(RuntimeError, "reductions of Float8_e4m3fn are not supported"):
+        with self.assertRaisesRegex(TypeError, "reductions of Float8_e4m3fn are not supported"):
             dist.all_reduce(torch.ones(4, device=d).to(torch.float8_e4m3fn))
+        with self.assertRaisesRegex(TypeError, "ReduceOp.AVG is not defined for bool tensors"):
+            dist.all_reduce(torch.ones(4, dtype=torch.bool, device=d), op=R.AVG)
+        with self.assertRaisesRegex(TypeError, "ReduceOp.PREMUL_SUM needs a floating point tensor, got Int"):
+            dist.all_reduce(torch.ones(4, dtype=torch.int32, device=d), op=dist._make_nccl_premul_sum(2.0))
         with self.assertRaisesRegex(ValueError, r"output has 6 elements, expected input's 4 x world size 2 = 8"):
             dist.all_gather_single(torch.empty(6, device=d), torch.ones(4, device=d))
         with self.assertRaisesRegex(TypeError, "input and output dtypes differ"):
