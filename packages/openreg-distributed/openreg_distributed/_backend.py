@@ -98,6 +98,7 @@ def register() -> None:
     atexit.register(_C._stop_foreign_releases)
     dist.Backend.register_backend(BACKEND_NAME, create_occl_backend, extended_api=True, devices=["openreg"])
     _name_mixed_groups()
+    _set_pg_timeout_reaches_occl()
 
 
 def _name_mixed_groups() -> None:
@@ -111,3 +112,35 @@ def _name_mixed_groups() -> None:
     plugins.clear()
     plugins[BACKEND_NAME] = dict(entries)[BACKEND_NAME.upper()]
     plugins.update(entries)
+
+
+def _set_pg_timeout_reaches_occl() -> None:
+    """torch 2.13's ``_set_pg_timeout`` (torchtitan lowers the timeout with it after the first step;
+    ``dist.breakpoint`` raises it) sets the timeouts of a group's Gloo (cpu) and NCCL (cuda)
+    backends only (``distributed_c10d._set_pg_timeout``, ``torch.device("cuda") in devices``): in
+    a ``cpu:gloo,openreg:occl`` group occl kept its timeout silently, in an occl-only group torch
+    warned "Set timeout is now only supported for either nccl or gloo" and did nothing. Wrapped
+    so that the group's occl backend gets the timeout too (``OcclBackend.set_timeout``)."""
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    from . import _C
+
+    original = c10d._set_pg_timeout
+    if getattr(original, "_reaches_occl", False):
+        return
+
+    @functools.wraps(original)
+    def set_pg_timeout(timeout, group=None):
+        pg = group if group is not None else c10d._get_default_group()
+        occl = None
+        if not c10d._rank_not_in_group(pg) and torch.device("openreg") in pg._device_types:
+            backend = pg._get_backend(torch.device("openreg"))
+            occl = backend if isinstance(backend, _C.OcclBackend) else None
+        if occl is None or torch.device("cpu") in pg._device_types:
+            original(timeout, group)  # its own backends (and its warning when it has none)
+        if occl is not None:
+            occl.set_timeout(timeout)
+
+    set_pg_timeout._reaches_occl = True
+    c10d._set_pg_timeout = set_pg_timeout

@@ -5,6 +5,7 @@ import copy
 import os
 import shutil
 import tempfile
+import warnings
 from datetime import timedelta
 
 import torch
@@ -109,6 +110,30 @@ class TestMesh(FSDPTraining, OcclTestCase):
         dist.all_reduce(x, group=alone)
         torch.openreg.synchronize()
         self.assertEqual(flight_recorder.dump_json()["pg_config"][alone.group_name]["ranks"], f"[{self.rank}]")
+
+    def test_set_pg_timeout_reaches_occl(self):
+        # torch 2.13 sets the Gloo (cpu) and NCCL (cuda) parts only: occl kept its timeout in a
+        # cpu:gloo,openreg:occl group, and an occl-only group got a warning and nothing else.
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        openreg, cpu = torch.device("openreg"), torch.device("cpu")
+        mixed = dist.new_group([0, 1], backend="cpu:gloo,openreg:occl")
+        only = dist.new_group([0, 1], backend="occl")
+        try:
+            _set_pg_timeout(timedelta(seconds=7), mixed)
+            self.assertEqual(mixed._get_backend(openreg).timeout, timedelta(seconds=7))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no "only supported for either nccl or gloo"
+                _set_pg_timeout(timedelta(seconds=9), only)
+            self.assertEqual(only._get_backend(openreg).timeout, timedelta(seconds=9))
+            self.assertEqual(dist.group.WORLD._get_backend(openreg).timeout, self.timeout)  # other groups kept
+            x = torch.ones(2, device=self.device)
+            dist.all_reduce(x, group=mixed)
+            self.assertEqual(x.cpu(), torch.full((2,), 2.0))
+            self.assertTrue(cpu in mixed._device_types)
+        finally:
+            dist.destroy_process_group(mixed)
+            dist.destroy_process_group(only)
 
     def test_group_options_choose_the_transport(self):
         # pg_options, an OcclOptions, say where the group's private Gloo transport connects; the
