@@ -1,6 +1,7 @@
 """Sharing openreg tensors between processes: runtime IPC handles (torch_openreg/openreg/ipc.py,
 libopenreg/src/ipc.cpp) and torch.multiprocessing queues with the spawn start method."""
 
+import contextlib
 import gc
 import os
 import pickle
@@ -49,6 +50,21 @@ def _forking_consumer(queue, results, go):
     results.put("child exited")
     go.wait(timeout=60)
     results.put(t[:2].cpu().tolist())
+
+
+@contextlib.contextmanager
+def spawned(target):
+    """A spawned process running target(queue, results, event), for the with block; then the event
+    is set (whatever happened) and the process joined. Yields (queue, results, event, process)."""
+    ctx = mp.get_context("spawn")
+    queue, results, event = ctx.Queue(), ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=target, args=(queue, results, event))
+    proc.start()
+    try:
+        yield queue, results, event, proc
+    finally:
+        event.set()
+        proc.join(timeout=60)
 
 
 class TestIpcHandles(TestCase):
@@ -193,11 +209,7 @@ class TestMultiprocessing(TestCase):
         # next tensor, which overwrote what the receiver read.
         from torch_openreg.openreg.ipc import _kept_count
 
-        ctx = mp.get_context("spawn")
-        queue, results, released = ctx.Queue(), ctx.Queue(), ctx.Event()
-        proc = ctx.Process(target=_holding_consumer, args=(queue, results, released))
-        proc.start()
-        try:
+        with spawned(_holding_consumer) as (queue, results, released, proc):
             torch.openreg.empty_cache()  # collects what earlier tests' receivers released
             base = torch.openreg.memory_allocated(0)
             kept = _kept_count()
@@ -215,9 +227,6 @@ class TestMultiprocessing(TestCase):
             torch.openreg.empty_cache()  # collects the storages the receiver released
             self.assertEqual(_kept_count(), kept)
             self.assertEqual(torch.openreg.memory_allocated(0), base)
-        finally:
-            released.set()
-            proc.join(timeout=60)
         self.assertEqual(proc.exitcode, 0)
 
     def test_torch_accelerator_empty_cache_frees_what_receivers_released(self):
@@ -280,11 +289,7 @@ class TestMultiprocessing(TestCase):
         # The child inherits the received storage; its copy dying in the child zeroed the sender's
         # slot, so the sender freed the memory and its next tensor overwrote what the receiver read.
         # The runtime refuses a forked child's calls: the slot is zeroed only after a successful close.
-        ctx = mp.get_context("spawn")
-        queue, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-        proc = ctx.Process(target=_forking_consumer, args=(queue, results, go))
-        proc.start()
-        try:
+        with spawned(_forking_consumer) as (queue, results, go, proc):
             t = torch.full((1024,), 7.0, device="openreg")
             queue.put(t)
             del t
@@ -295,9 +300,6 @@ class TestMultiprocessing(TestCase):
             go.set()
             self.assertEqual(results.get(timeout=60), [7.0, 7.0])
             del others
-        finally:
-            go.set()
-            proc.join(timeout=60)
         self.assertEqual(proc.exitcode, 0)
 
     def test_a_message_read_back_in_its_own_process(self):
