@@ -422,6 +422,7 @@ class TestStreams(TestCase):
         )
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.splitlines(), ["OPENREG_SMALL_KERNEL_BYTES must be a byte count, got '64k'"] * 2)
+        self.assertNotIn("Warning", r.stderr)  # nothing said again at exit ("could not settle ...")
 
 
 def _large() -> torch.Tensor:

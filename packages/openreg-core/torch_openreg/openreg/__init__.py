@@ -218,6 +218,9 @@ def _lazy_init() -> None:
         if _C._device_count() <= 0:
             reason = _C._device_count_error() or "check OPENREG_DEVICE_COUNT"
             raise RuntimeError(f"No openreg device is available: {reason}")
+        # A malformed OPENREG_SMALL_KERNEL_BYTES fails the initialisation, not only each use after
+        # it: an initialised process that never ran a kernel warned about it again at exit.
+        _C._small_kernel_bytes()
         # Each queued call runs once: one that fails is reported and dropped, and the next use
         # initialises without it (kept, it would fail every use of the process).
         calls = [*_queued_calls, *_queued_seeds.values()]
