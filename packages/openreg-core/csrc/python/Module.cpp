@@ -561,7 +561,6 @@ PYBIND11_MODULE(_C, m) {
     return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage->device()))
         .set_(*storage, 0, {static_cast<int64_t>(storage->nbytes())}, {1});
   });
-  m.def("_ipc_collect", [] { return sent_storages().collect(); });
   m.def("_ipc_kept_count", [] { return sent_storages().size(); });
   // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
   // its storage closes the mapping when it dies, then, given a `release` slot (an int64 element of
