@@ -88,14 +88,22 @@ size_t segment_size(size_t n) {
 // lock: they run with none held. An allocation that finds the device full while one of them holds
 // memory gives up with FreeMemoryFirst before it releases the cache (nothing counted) and is asked
 // again once they ran; t_after_callbacks marks that second request.
-std::mutex g_callbacks_mu;
-std::vector<FreeMemoryCallback> g_callbacks;
+// Never destroyed, as the allocator is not: an allocation during static destruction may still ask.
+struct FreeMemoryCallbacks {
+  std::mutex mu;
+  std::vector<FreeMemoryCallback> list;
+};
+FreeMemoryCallbacks& free_memory_callbacks() {
+  static auto* registry = new FreeMemoryCallbacks();
+  return *registry;
+}
 thread_local bool t_after_callbacks = false;
 struct FreeMemoryFirst {};
 
 std::vector<FreeMemoryCallback> callbacks() {
-  std::lock_guard<std::mutex> lock(g_callbacks_mu);
-  return g_callbacks;
+  auto& registry = free_memory_callbacks();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  return registry.list;
 }
 
 bool callbacks_hold_memory() {
@@ -689,8 +697,9 @@ c10::DeviceAllocator* get() { return &g_allocator; }
 void recordStream(const c10::DataPtr& data_ptr, OpenRegStream stream) { g_allocator.recordStream(data_ptr, stream); }
 void emptyCache() { g_allocator.emptyCache({0, 0}); }
 void registerFreeMemoryCallback(FreeMemoryCallback callback) {
-  std::lock_guard<std::mutex> lock(g_callbacks_mu);
-  g_callbacks.push_back(callback);
+  auto& registry = free_memory_callbacks();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  registry.list.push_back(callback);
 }
 void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t graph) {
   g_allocator.cache(device).begin_capture(stream, graph);
