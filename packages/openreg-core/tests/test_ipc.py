@@ -52,6 +52,42 @@ def _forking_consumer(queue, results, go):
     results.put(t[:2].cpu().tolist())
 
 
+def _twice_reading_consumer(queue, results, go):
+    """Runs in a spawned process: gets a message's bytes (pickled under the file_system strategy,
+    which lets them be read more than once), reads them twice, drops the first tensor, reads the
+    second once the sender has emptied its cache and allocated again, then drops it and reads the
+    message a third time."""
+    from multiprocessing.reduction import ForkingPickler
+
+    buf = queue.get(timeout=60)
+    a, b = ForkingPickler.loads(buf), ForkingPickler.loads(buf)
+    same = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    del a
+    gc.collect()
+    results.put(("read twice", same))
+    go.wait(timeout=60)
+    results.put(b[:2].cpu().tolist())
+    del b
+    gc.collect()
+    try:
+        ForkingPickler.loads(buf)
+        results.put("read again")
+    except RuntimeError as e:
+        results.put(str(e).split(":")[0])
+
+
+@contextlib.contextmanager
+def file_system_sharing():
+    """torch.multiprocessing's file_system strategy for the with block: a CPU slab travels by name,
+    so one message's bytes can be read more than once (a file descriptor is passed once)."""
+    previous = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        yield
+    finally:
+        mp.set_sharing_strategy(previous)
+
+
 @contextlib.contextmanager
 def spawned(target):
     """A spawned process running target(queue, results, event), for the with block; then the event
@@ -135,7 +171,7 @@ class TestIpcHandles(TestCase):
         # torch.multiprocessing's reducer sends the same handle.
         from multiprocessing.reduction import ForkingPickler
 
-        _, (_, sent, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
+        _, (_, sent, _, slab, slot, _, _) = ForkingPickler._extra_reducers[torch.Tensor](views["conj"])
         slab[slot] = 0  # no receiver opens it: released by hand (see ipc.py::_keep)
         self.assertEqual((sent.conj, sent.neg), (True, False))
 
@@ -242,7 +278,7 @@ class TestMultiprocessing(TestCase):
         torch.accelerator.empty_cache()
         kept, base = _kept_count(), torch.accelerator.memory_allocated()
         t = torch.ones(1000, device="openreg")
-        _, (_, _, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](t)
+        _, (_, _, _, slab, slot, _, _) = ForkingPickler._extra_reducers[torch.Tensor](t)
         del t
         torch.accelerator.empty_cache()
         self.assertEqual((_kept_count(), torch.accelerator.memory_allocated()), (kept + 1, base + 4096))
@@ -259,7 +295,7 @@ class TestMultiprocessing(TestCase):
             from multiprocessing.reduction import ForkingPickler
             from torch_openreg.openreg.ipc import _kept_count
             t = torch.empty(32 << 20, dtype=torch.uint8, device="openreg")
-            _, (_, _, _, slab, slot, _) = ForkingPickler._extra_reducers[torch.Tensor](t)
+            _, (_, _, _, slab, slot, _, _) = ForkingPickler._extra_reducers[torch.Tensor](t)
             del t
             def counts():
                 stats = torch.openreg.memory_stats()
@@ -320,6 +356,48 @@ class TestMultiprocessing(TestCase):
         s = pickle.loads(ForkingPickler.dumps(t.untyped_storage()))
         self.assertEqual(s.data_ptr(), t.untyped_storage().data_ptr())
         self.assertEqual(_kept_count(), kept)
+
+    def test_a_message_read_twice_gives_one_storage_and_none_after_its_release(self):
+        # As torch's shared_cache does for the storages it shares: a message read again while a
+        # tensor read from it lives gives that tensor's storage. Before, each reading opened the
+        # memory again, and the first one dying released the sender's memory while the second still
+        # read it: the sender's next tensor overwrote it. A slot holds its send's generation: a
+        # message read after its release is refused (it read whatever the sender put there since).
+        from multiprocessing.reduction import ForkingPickler
+
+        with file_system_sharing(), spawned(_twice_reading_consumer) as (queue, results, go, proc):
+            t = torch.full((1024,), 7.0, device="openreg")
+            queue.put(bytes(ForkingPickler.dumps(t)))
+            del t
+            self.assertEqual(results.get(timeout=120), ("read twice", True))
+            torch.accelerator.empty_cache()
+            others = [torch.full((1024,), -1.0, device="openreg") for _ in range(4)]
+            torch.openreg.synchronize()
+            go.set()
+            self.assertEqual(results.get(timeout=60), [7.0, 7.0])
+            self.assertEqual(results.get(timeout=60), "this openreg tensor was received before and released since")
+            del others
+        self.assertEqual(proc.exitcode, 0)
+
+    def test_a_message_read_back_twice_in_its_own_process(self):
+        # The sender read its own message twice: the second reading found the slot that a later
+        # send had taken over, and returned that send's storage (zeros here instead of 0..9).
+        from multiprocessing.reduction import ForkingPickler
+
+        with file_system_sharing():
+            t = torch.arange(10.0, device="openreg")
+            buf = ForkingPickler.dumps(t)
+            del t
+            first = pickle.loads(buf)
+            later = ForkingPickler.dumps(torch.zeros(10, device="openreg"))
+            second = pickle.loads(buf)
+        self.assertEqual(second.untyped_storage().data_ptr(), first.untyped_storage().data_ptr())
+        self.assertEqual(second.cpu().tolist(), list(range(10)))
+        del first, second
+        gc.collect()
+        with self.assertRaisesRegex(RuntimeError, "sent by this process and released since"):
+            pickle.loads(buf)
+        self.assertEqual(pickle.loads(later).cpu().tolist(), [0.0] * 10)
 
     def test_empty_tensors_and_storages_travel(self):
         # They have no memory to share: get_ipc_handle refuses them, and the reducer raised in the

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "aten/OpenRegFallback.h"
@@ -269,18 +270,21 @@ class SentStorages {
  public:
   static constexpr int64_t kSlots = 1024;
 
-  // The (slab, slot) the receiver zeroes, or nothing when every slab is full (add_slab, then again).
-  std::optional<std::pair<int64_t, int64_t>> keep(c10::Storage storage) {
+  // The (slab, slot) the receiver zeroes and the send's generation, or nothing when every slab is
+  // full (add_slab, then again). The slot holds the generation while the storage is kept: a message
+  // read after its slot went to a later send finds another number there (_ipc_open, take).
+  std::optional<std::tuple<int64_t, int64_t, int64_t>> keep(c10::Storage storage) {
     std::vector<c10::Storage> released;
     std::lock_guard<std::mutex> lock(mu_);
     released = take_released();
     if (free_.empty()) return std::nullopt;
     const auto key = free_.back();
     free_.pop_back();
-    slot(key).store(1, std::memory_order_relaxed);  // read by the receiver after the message
-    kept_.emplace(key, std::move(storage));
+    const int64_t generation = ++generation_;
+    slot(key).store(generation, std::memory_order_relaxed);  // read by the receiver after the message
+    kept_.emplace(key, Kept{std::move(storage), generation});
     count_.store(kept_.size(), std::memory_order_relaxed);
-    return key;
+    return std::make_tuple(key.first, key.second, generation);
   }
 
   void add_slab(const at::Tensor& slab) {
@@ -300,11 +304,12 @@ class SentStorages {
   }
 
   // A message read back in the process that sent it: the storage kept for that send, its slot freed.
-  std::optional<c10::Storage> take(int64_t slab, int64_t index) {
+  // Nothing when the slot was released since, or went to a later send.
+  std::optional<c10::Storage> take(int64_t slab, int64_t index, int64_t generation) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kept_.find({slab, index});
-    if (it == kept_.end()) return std::nullopt;
-    c10::Storage storage = std::move(it->second);
+    if (it == kept_.end() || it->second.generation != generation) return std::nullopt;
+    c10::Storage storage = std::move(it->second.storage);
     kept_.erase(it);
     count_.store(kept_.size(), std::memory_order_relaxed);
     slot({slab, index}).store(0, std::memory_order_relaxed);
@@ -326,6 +331,10 @@ class SentStorages {
 
  private:
   using Key = std::pair<int64_t, int64_t>;
+  struct Kept {
+    c10::Storage storage;
+    int64_t generation;
+  };
 
   std::atomic<int64_t>& slot(Key key) {
     static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
@@ -336,7 +345,7 @@ class SentStorages {
     std::vector<c10::Storage> out;
     for (auto it = kept_.begin(); it != kept_.end();) {
       if (slot(it->first).load(std::memory_order_acquire) == 0) {  // the receiver's deleter is done
-        out.push_back(std::move(it->second));
+        out.push_back(std::move(it->second.storage));
         free_.push_back(it->first);
         it = kept_.erase(it);
       } else {
@@ -350,7 +359,8 @@ class SentStorages {
   std::mutex mu_;
   std::vector<at::Tensor> slabs_;
   std::vector<Key> free_;
-  std::map<Key, c10::Storage> kept_;
+  std::map<Key, Kept> kept_;
+  int64_t generation_ = 0;
   std::atomic<size_t> count_{0};
 };
 
@@ -555,8 +565,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_keep", [](const at::Tensor& over) { return sent_storages().keep(over.storage()); });
   m.def("_ipc_add_slab", [](const at::Tensor& slab) { sent_storages().add_slab(slab); });
   m.def("_ipc_slab", [](int64_t index) { return sent_storages().slab(index); });
-  m.def("_ipc_take", [](int64_t slab, int64_t slot) -> std::optional<at::Tensor> {
-    auto storage = sent_storages().take(slab, slot);
+  m.def("_ipc_take", [](int64_t slab, int64_t slot, int64_t generation) -> std::optional<at::Tensor> {
+    auto storage = sent_storages().take(slab, slot, generation);
     if (!storage) return std::nullopt;
     return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage->device()))
         .set_(*storage, 0, {static_cast<int64_t>(storage->nbytes())}, {1});
@@ -564,14 +574,29 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_kept_count", [] { return sent_storages().size(); });
   // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
   // its storage closes the mapping when it dies, then, given a `release` slot (an int64 element of
-  // memory shared with the sender, see SentStorages), zeroes it: the sender may free its
-  // storage from then on.
+  // memory shared with the sender, see SentStorages) that holds the send's `generation`, zeroes it:
+  // the sender may free its storage from then on. A slot that no longer holds the generation was
+  // released already: the sender may have freed or reused the memory, which is refused.
   m.def("_ipc_open", [](const py::bytes& data, int64_t device, size_t offset, size_t nbytes,
-                        std::optional<at::Tensor> release, int64_t slot) {
+                        std::optional<at::Tensor> release, int64_t slot, int64_t generation) {
     const std::string raw = data;
     TORCH_CHECK(raw.size() == sizeof(orIpcMemHandle_t), "an openreg IPC handle has ", sizeof(orIpcMemHandle_t),
                 " bytes, got ", raw.size());
     check_device_index(device);
+    static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
+    std::atomic<int64_t>* release_slot = nullptr;
+    c10::Storage release_storage;
+    if (release) {
+      TORCH_CHECK(release->device().is_cpu() && release->scalar_type() == at::kLong && release->dim() == 1 &&
+                      release->is_contiguous() && slot >= 0 && slot < release->numel(),
+                  "_ipc_open: the release slot must be an element of a 1-D int64 CPU tensor");
+      release_storage = release->storage();
+      release_slot = reinterpret_cast<std::atomic<int64_t>*>(release->data_ptr<int64_t>() + slot);
+      TORCH_CHECK(generation > 0 && release_slot->load(std::memory_order_acquire) == generation,
+                  "this openreg tensor was received before and released since: its sender may have freed its "
+                  "memory (a torch.multiprocessing message is read once, or again while a tensor read from it "
+                  "lives)");
+    }
     orIpcMemHandle_t handle;
     std::memcpy(handle.reserved, raw.data(), raw.size());
     void* base = nullptr;
@@ -587,16 +612,10 @@ PYBIND11_MODULE(_C, m) {
     struct Opened {
       void* base;
       c10::Storage release;  // keeps the shared slot mapped until it is written
-      int64_t* slot;
+      std::atomic<int64_t>* slot;
+      int64_t generation;
     };
-    auto* opened = new Opened{base, {}, nullptr};
-    if (release) {
-      TORCH_CHECK(release->device().is_cpu() && release->scalar_type() == at::kLong && release->dim() == 1 &&
-                      release->is_contiguous() && slot >= 0 && slot < release->numel(),
-                  "_ipc_open: the release slot must be an element of a 1-D int64 CPU tensor");
-      opened->release = release->storage();
-      opened->slot = release->data_ptr<int64_t>() + slot;
-    }
+    auto* opened = new Opened{base, std::move(release_storage), release_slot, generation};
     return at::for_blob(static_cast<char*>(base) + offset, {static_cast<int64_t>(nbytes)})
         .context(opened,
                  [](void* ctx) {
@@ -604,10 +623,13 @@ PYBIND11_MODULE(_C, m) {
                    // A child forked from the receiver inherits the storage, and the runtime refuses
                    // its calls: its copy dying must not release the sender's memory while the
                    // receiver still reads it. The slot is zeroed only after a successful close.
+                   // Only this send's generation is zeroed: a slot already released and reused by a later
+                   // send keeps that send's storage alive.
                    const orStatus closed = orIpcCloseMemHandle(o->base);
-                   static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
+                   int64_t expected = o->generation;
                    if (o->slot != nullptr && closed == orSuccess)
-                     reinterpret_cast<std::atomic<int64_t>*>(o->slot)->store(0, std::memory_order_release);
+                     o->slot->compare_exchange_strong(expected, 0, std::memory_order_release,
+                                                      std::memory_order_relaxed);
                  })
         .options(at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::DeviceType::PrivateUse1, device)))
         .make_tensor();

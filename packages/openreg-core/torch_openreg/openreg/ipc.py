@@ -25,6 +25,7 @@ import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
+from torch.multiprocessing import reductions
 
 from .. import _C
 
@@ -71,12 +72,26 @@ def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
 
 
 def _open_storage(
-    h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
+    h: IpcHandle,
+    release: Optional[torch.Tensor] = None,
+    slot: int = -1,
+    sender: Optional[Tuple[int, int]] = None,
+    generation: int = 0,
 ) -> torch.UntypedStorage:
-    own = _take(sender, slot) if sender is not None else None
-    if own is not None:
-        return own
-    return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot).untyped_storage()
+    if sender is None:  # open_ipc_handle: the caller keeps the producer's tensor alive
+        return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+    # One storage per message and process, as torch does for the storages it shares
+    # (reductions.shared_cache): a message read again while a tensor read from it lives gives that
+    # tensor's storage. A second opening would release the sender's memory when the first dies.
+    key = ("openreg", *sender, slot, generation)
+    cached = reductions.storage_from_cache(torch.UntypedStorage, key)
+    if cached is not None:
+        return cached
+    storage = _take(sender, slot, generation)
+    if storage is None:
+        storage = _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+    reductions.shared_cache[key] = reductions.StorageWeakRef(storage)
+    return storage
 
 
 def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
@@ -85,38 +100,48 @@ def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
 
 
 def _open_tensor(
-    h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
+    h: IpcHandle,
+    release: Optional[torch.Tensor] = None,
+    slot: int = -1,
+    sender: Optional[Tuple[int, int]] = None,
+    generation: int = 0,
 ) -> torch.Tensor:
     out = torch.empty(0, dtype=h.dtype, device=torch.device("openreg", h.device))
-    out = out.set_(_open_storage(h, release, slot, sender), h.storage_offset, h.size, h.stride)
+    out = out.set_(_open_storage(h, release, slot, sender, generation), h.storage_offset, h.size, h.stride)
     return _with_bits(out, h.conj, h.neg)  # lazy views again: the bits, no copy
 
 
 # ---- torch.multiprocessing ----
 
 
-def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int]]:
+def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int], int]:
     """Keeps ``storage`` until its receiver releases it (``Module.cpp::SentStorages``, as torch keeps
-    a CUDA storage it sent): the slab and slot the receiver zeroes then, and who sent it (this
-    process and the slab's index, for :func:`_take`). A slab is CPU memory shared with the
-    receivers; it travels with the message."""
+    a CUDA storage it sent): the slab and slot the receiver zeroes then, who sent it (this process
+    and the slab's index, for :func:`_take`) and the send's generation, which the slot holds until
+    the release (a message read after that is refused, not given a later send's memory). A slab is
+    CPU memory shared with the receivers; it travels with the message."""
     over = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     key = _C._ipc_keep(over)
     while key is None:  # every slot is taken
         _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64).share_memory_())
         key = _C._ipc_keep(over)
-    slab, slot = key
-    return _C._ipc_slab(slab), slot, (os.getpid(), slab)
+    slab, slot, generation = key
+    return _C._ipc_slab(slab), slot, (os.getpid(), slab), generation
 
 
-def _take(sender: Tuple[int, int], slot: int) -> Optional[torch.UntypedStorage]:
+def _take(sender: Tuple[int, int], slot: int, generation: int) -> Optional[torch.UntypedStorage]:
     """In the sending process itself (a message read back where it was written): the storage kept
     for that send, its slot freed; the rebuilt tensor holds the storage from then on. The runtime
     does not open a process's own handle (as CUDA's does not)."""
     if sender[0] != os.getpid():
         return None
-    over = _C._ipc_take(sender[1], slot)
-    return None if over is None else over.untyped_storage()
+    over = _C._ipc_take(sender[1], slot, generation)
+    if over is None:
+        raise RuntimeError(
+            "this openreg tensor was sent by this process and released since: its memory may have been freed "
+            "(a torch.multiprocessing message is read once, or again while a tensor read from it lives)"
+        )
+    return over.untyped_storage()
 
 
 def _kept_count() -> int:
@@ -138,14 +163,19 @@ def _rebuild_tensor(
     release: Optional[torch.Tensor] = None,
     slot: int = -1,
     sender: Optional[Tuple[int, int]] = None,
+    generation: int = 0,
 ) -> torch.Tensor:
-    return _as_sent(cls, _open_tensor(h, release, slot, sender), requires_grad)
+    return _as_sent(cls, _open_tensor(h, release, slot, sender, generation), requires_grad)
 
 
 def _rebuild_storage(
-    h: IpcHandle, release: Optional[torch.Tensor] = None, slot: int = -1, sender: Optional[Tuple[int, int]] = None
+    h: IpcHandle,
+    release: Optional[torch.Tensor] = None,
+    slot: int = -1,
+    sender: Optional[Tuple[int, int]] = None,
+    generation: int = 0,
 ) -> torch.UntypedStorage:
-    return _open_storage(h, release, slot, sender)
+    return _open_storage(h, release, slot, sender, generation)
 
 
 def _with_bits(t: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
@@ -170,8 +200,6 @@ def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
 
 def _install_reducers() -> None:
     from multiprocessing.reduction import ForkingPickler
-
-    from torch.multiprocessing import reductions
 
     if getattr(ForkingPickler, "_openreg_reducers", False):
         return
