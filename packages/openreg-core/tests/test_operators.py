@@ -906,6 +906,40 @@ class TestErrorsAtTheCall(TestCase):
                 lambda d: torch.ones(2, 3, device=d).multinomial(2),
                 lambda d: torch.ones(2, 3, device=d).multinomial(0),
             ),
+            # The probe of a 0-dim input was an empty 1-D tensor: refused by its size, with another
+            # message than the CPU's.
+            "multinomial 0-dim": (
+                lambda d: torch.ones(3, device=d).multinomial(1),
+                lambda d: torch.tensor(1.0, device=d).multinomial(1),
+            ),
+            # n against the dtype (ATen's check_supported_max_int_with_precision, on the host).
+            "randperm half": (
+                lambda d: torch.randperm(100, dtype=torch.half, device=d),
+                lambda d: torch.randperm(3000, dtype=torch.half, device=d),
+            ),
+            "randperm uint8": (
+                lambda d: torch.randperm(100, dtype=torch.uint8, device=d),
+                lambda d: torch.randperm(300, dtype=torch.uint8, device=d),
+            ),
+            "randperm out=": (
+                lambda d: torch.randperm(100, out=torch.empty(0, dtype=torch.uint8, device=d)),
+                lambda d: torch.randperm(300, out=torch.empty(0, dtype=torch.uint8, device=d)),
+            ),
+            # A tensor std's values, checked on the host with a synchronisation as CUDA does.
+            "normal tensor std": (
+                lambda d: torch.normal(torch.zeros(3, device=d), torch.ones(3, device=d)),
+                lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),
+            ),
+            "normal float mean": (
+                lambda d: torch.normal(0.0, torch.ones(3, device=d)),
+                lambda d: torch.normal(0.0, -torch.ones(3, device=d)),
+            ),
+            "normal out=": (
+                lambda d: torch.normal(torch.zeros(3, device=d), torch.ones(3, device=d), out=torch.empty(3, device=d)),
+                lambda d: torch.normal(
+                    torch.zeros(3, device=d), torch.ones(3, device=d).neg(), out=torch.empty(3, device=d)
+                ),
+            ),
         }
         for name, (good, bad) in cases.items():
             with self.subTest(name):

@@ -31,6 +31,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
@@ -88,6 +89,8 @@ struct OpFacts {
   const c10::OperatorHandle* out_op = nullptr;  // a routed structured op: the out= overload its kernel runs
   int fill_value = -1;                          // fill, masked_fill, index_fill: their Scalar `value` argument
   bool value_probe = false;                     // random_, bernoulli_(p), multinomial: see probe_value_checks
+  bool randperm = false;                        // randperm: see check_randperm
+  int std_tensor = -1;                          // normal with a tensor std: see check_normal_std
   int value_tensor = -1;                        // fill_, masked_fill_, index_fill_, index_put_: see move_value
 };
 
@@ -132,6 +135,11 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   f.value_probe =
       name == "aten::random_" || name == "aten::multinomial" ||
       ((name == "aten::bernoulli_" && overload == "float") || (name == "aten::bernoulli" && overload == "p"));
+  f.randperm = name == "aten::randperm";
+  if (name == "aten::normal")
+    for (size_t i = 0; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == "std" && schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType)
+        f.std_tensor = static_cast<int>(i);
   return mine.emplace(&schema, f).first->second;
 }
 
@@ -1303,12 +1311,17 @@ void check_fill_value(const c10::IValue& value, const c10::IValue& self) {
 // CPU tensor of the same dtype (and last dim, which multinomial reads) makes the same checks at the
 // call, for a few microseconds, and touches no generator.
 void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  // multinomial refuses a 0-dim input by its rank, before it draws: the probe keeps that rank (an
+  // empty 1-D probe was refused by its size, with another message). random_ and bernoulli_ would
+  // fill a 0-dim probe, drawing from the CPU generator.
+  const bool rank_checked = op.schema().name() == "aten::multinomial";
   Stack probe;
   probe.reserve(args.size());
   for (const c10::IValue& a : args) {
     if (a.isTensor() && a.toTensor().defined()) {
       const at::Tensor& t = a.toTensor();
-      c10::SmallVector<int64_t, 2> shape{0};
+      c10::SmallVector<int64_t, 2> shape;
+      if (t.dim() >= 1 || !rank_checked) shape.push_back(0);
       if (t.dim() >= 1) shape.push_back(t.size(-1));
       probe.emplace_back(at::empty(shape, t.options().device(c10::kCPU)));
     } else if (a.isGenerator()) {
@@ -1318,6 +1331,34 @@ void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
     }
   }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &probe);
+}
+
+// randperm's n against the result's dtype (a uint8 result holds 0..255, a half one counts exactly to
+// 2049): ATen's check, made by the CPU kernel and by CUDA's host code at the call, on an empty CPU
+// tensor of the dtype. The signature cache does not key on n: after one good call the kernel failed
+// on the device, at a later synchronising call.
+void check_randperm(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  if (args.empty() || !args[0].isInt()) return;
+  c10::ScalarType dtype = c10::kLong;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& name = schema.arguments()[i].name();
+    if (name == "out" && args[i].isTensor())
+      dtype = args[i].toTensor().scalar_type();
+    else if (name == "dtype" && args[i].isInt())
+      dtype = static_cast<c10::ScalarType>(args[i].toInt());
+  }
+  at::native::check_supported_max_int_with_precision(args[0].toInt(), at::empty({0}, at::TensorOptions().dtype(dtype)));
+}
+
+// normal with a tensor std: its values must be >= 0. CUDA's host code checks them at the call
+// (ATen's CHECK_NORMAL_TENSOR_STD: a reduction on the device and a synchronisation), and so does
+// this; the CPU kernel's check ran on the device, and its error surfaced at a later call.
+void check_normal_std(const c10::IValue& std) {
+  if (!std.isTensor() || !std.toTensor().defined()) return;
+  const at::Tensor& t = std.toTensor();
+  if (t.is_complex() || t.numel() == 0 || !t.is_privateuseone())
+    return;  // the kernel's own refusal, or nothing to check
+  TORCH_CHECK(t.min().ge(0).item<bool>(), "normal expects all elements of std >= 0.0");
 }
 
 void check_not_strict(const c10::FunctionSchema& schema) {
@@ -1364,6 +1405,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   }
   if (facts.fill_value >= 0) check_fill_value(args[facts.fill_value], args[0]);
   if (facts.value_probe) probe_value_checks(op, args);
+  if (facts.randperm) check_randperm(schema, args);
+  if (facts.std_tensor >= 0) check_normal_std(args[facts.std_tensor]);
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);
