@@ -38,26 +38,45 @@ for cpu_part in (lambda c, d: c // d, lambda c, d: c * d):
 class TestCppWrapper(TestCase):
     def test_matches_cpu_cpp_wrapper(self):
         """Fused kernels, extern matmul and convolution, fallback operators (C shims generated for
-        openreg) in one graph (C++ wrapper compiles are slow: one per device)."""
+        openreg) in one graph (C++ wrapper compiles are slow: one per device).
 
-        def f(x, w, b, img, k):
+        Three of them are written by torch 2.13 paths of their own, past the shim hook, and their
+        shims were not defined (the C++ failed to build): the scatter fallback (scatter_reduce amax
+        without self), the in-place bernoulli fallback (fallback_random) and a dtype view of a
+        computed buffer. The last two are method-only operators, whose shims called a nonexistent
+        at:: function."""
+
+        def f(x, w, b, img, k, index):
             y = torch.relu(x @ w + b)
             values, indices = torch.cummax(y, dim=1)
             conv = torch.nn.functional.conv2d(img, k, padding=1).relu()
-            return torch.softmax(y, dim=-1), values * 2, indices, torch.kthvalue(y, 3, dim=1).values + 1, conv
+            scattered = torch.zeros(3, 24, device=y.device).scatter_reduce(0, index, y[:5], "amax", include_self=False)
+            coin = torch.empty_like(y).bernoulli_(1.0)  # p = 1: the same on both devices
+            bits = (y * 2).view(torch.uint8)[..., :3]  # a reinterpreting view of a buffer
+            out = torch.softmax(y, dim=-1), values * 2, indices, torch.kthvalue(y, 3, dim=1).values + 1, conv
+            return out + (scattered, coin, bits)
 
         args = (torch.randn(16, 32), torch.randn(32, 24), torch.randn(24))
-        args += (torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3))
+        args += (torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randint(0, 3, (5, 24)))
+        options = dict(options={"cpp_wrapper": True, "fallback_random": True})
         torch._dynamo.reset()
-        expected = torch.compile(f, **CPP)(*args)
+        expected = torch.compile(f, **options)(*args)
         torch._dynamo.reset()
-        out, codes = run_and_get_code(torch.compile(f, **CPP), *(a.to("openreg") for a in args))
+        out, codes = run_and_get_code(torch.compile(f, **options), *(a.to("openreg") for a in args))
         self.assertEqual([t.cpu() for t in out], list(expected), atol=1e-5, rtol=1e-5)
         code = "\n".join(codes)
         self.assertIn("openreg_inductor::current_stream(0)", code)  # kernels go to the current stream
         self.assertIn("openreg_inductor::DeviceGuard device_guard(0);", code)
         self.assertIn("cached_torch_device_type_privateuse1", code)  # buffers on the device
-        for op in ("addmm_out", "cummax", "kthvalue", "convolution"):  # generated shims, defined in the source
+        for op in (
+            "addmm_out",
+            "cummax",
+            "kthvalue",
+            "convolution",
+            "scatter_reduce_two_out",
+            "bernoulli__float",
+            "view_dtype",
+        ):
             self.assertRegex(code, rf"static AOTITorchError aoti_torch_openreg_{op}\(")
 
     def test_call_is_asynchronous_on_the_current_stream_without_copies(self):

@@ -25,6 +25,8 @@ Buffers are allocated with ``aoti_torch_empty_strided`` on device type PrivateUs
 
 from __future__ import annotations
 
+import re
+
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.virtualized import V
 
@@ -32,6 +34,7 @@ from .. import _torch213
 from . import launch, shims
 
 DEVICE = "openreg"
+_SHIM_CALL = re.compile(rf"\baoti_torch_{DEVICE}_\w+")
 
 PRELUDE = r"""
 #include <torch_openreg/runtime/OpenRegCApi.h>
@@ -126,18 +129,33 @@ class OpenRegCppWrapper(_torch213.WrapperFixes, CppWrapperCpu):
             args.append(f"({arg_type})({arg}.data_ptr())" if is_pointer else str(arg))
         self.writeline(self.wrap_kernel_call(kernel_name, args))
 
+    def _define_shim(self, name: str) -> None:
+        """Writes the definition of the C shim `name` into the wrapper's source, once."""
+        if name in self._shims_defined:
+            return
+        shim = shims.shim_for(name)
+        if shim is None:
+            raise NotImplementedError(f"openreg-inductor has no C shim {name}")
+        self.add_device_include(DEVICE)
+        self.header.splice(shim.include)
+        self.header.splice(shim.definition)
+        self._shims_defined.add(name)
+
     def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs) -> None:
         if device == DEVICE:
-            name = self.get_c_shim_func_name(kernel, device)
-            if name not in self._shims_defined:
-                shim = shims.shim_for(name)
-                if shim is None:
-                    raise NotImplementedError(f"openreg-inductor has no C shim for {kernel} ({name})")
-                self.add_device_include(DEVICE)
-                self.header.splice(shim.include)
-                self.header.splice(shim.definition)
-                self._shims_defined.add(name)
+            self._define_shim(self.get_c_shim_func_name(kernel, device))
         super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
+
+    def generate_return(self, output_refs) -> None:
+        super().generate_return(output_refs)
+        # The graph's code is complete, its header not yet assembled. Some torch 2.13 paths write a
+        # shim's call themselves, past generate_c_shim_extern_kernel_call: the scatter fallback
+        # (CppWrapperCpu._generate_scatter_fallback), the in-place bernoulli fallback
+        # (ir.InplaceBernoulliFallback.codegen) and dtype views (CppWrapperCpu.create_dtypeview_call).
+        # Their shims were not defined, and the C++ failed to build. Every shim the code calls is.
+        for buf in (self.prefix, self.wrapper_call, self.subgraph_definitions):
+            for name in sorted(set(_SHIM_CALL.findall(buf.getvalue()))):
+                self._define_shim(name)
 
     def _generate_end_jit(self, result) -> None:
         # Build the wrapper library as CPU code (CPU flags, -O3; Inductor builds other device types at -O1).

@@ -40,6 +40,7 @@ def all_shims() -> dict[str, Shim]:
         gen_static_dispatch_backend_call,
         get_fallback_op_name,
     )
+    from torchgen.model import Variant
 
     native = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native")
     parsed = parse_native_yaml(os.path.join(native, "native_functions.yaml"), os.path.join(native, "tags.yaml"))
@@ -50,6 +51,14 @@ def all_shims() -> dict[str, Shim]:
             continue
         with native_function_manager(func):
             backend_call = gen_static_dispatch_backend_call(func, None)  # at::<op>: the dispatcher
+            if Variant.function not in func.variants and not backend_call.startswith("at::symint::"):
+                # A method-only operator (view.dtype, bernoulli_, set_) has no at:: function: its
+                # method, on `self`, the first argument (the method's const: in-place methods are).
+                method = backend_call.removeprefix("at::")
+                backend_call = (
+                    "[](const at::Tensor& self, auto&&... args) -> decltype(auto) "
+                    f"{{ return self.{method}(std::forward<decltype(args)>(args)...); }}"
+                )
             try:
                 declarations, definition = gen_declaration_and_definition(
                     func.func, DEVICE, backend_call, inductor_fallback_ops[op]
