@@ -22,6 +22,7 @@ worker's next batch took the memory of the batch the main process was reading.
 """
 
 import os
+import threading
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -84,14 +85,24 @@ def _open_storage(
     # (reductions.shared_cache): a message read again while a tensor read from it lives gives that
     # tensor's storage. A second opening would release the sender's memory when the first dies.
     key = ("openreg", *sender, slot, generation)
-    cached = reductions.storage_from_cache(torch.UntypedStorage, key)
-    if cached is not None:
-        return cached
-    storage = _take(sender, slot, generation)
-    if storage is None:
-        storage = _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
-    reductions.shared_cache[key] = reductions.StorageWeakRef(storage)
-    return storage
+    with _opening:  # two threads reading one message open it once
+        cached = reductions.storage_from_cache(torch.UntypedStorage, key)
+        if cached is not None:
+            return cached
+        storage = _take(sender, slot, generation)
+        if storage is None:
+            storage = _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+        reductions.shared_cache[key] = reductions.StorageWeakRef(storage)
+        return storage
+
+
+def _new_opening_lock() -> None:
+    global _opening
+    _opening = threading.Lock()  # a child forked while another thread held it would wait forever
+
+
+_new_opening_lock()
+os.register_at_fork(after_in_child=_new_opening_lock)
 
 
 def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
