@@ -246,7 +246,14 @@ def eval_mode(model):
     compared with, are of inference. Anything but an ``nn.Module`` is left alone."""
     modes = {m: m.training for m in model.modules()} if isinstance(model, torch.nn.Module) else {}
     if any(modes.values()):
-        model.eval()
+        try:
+            model.eval()
+        except NotImplementedError:
+            # A module from torch.export (ExportedProgram.module(), PT2E's prepare/convert_pt2e)
+            # refuses eval(): its graph holds the mode it was captured in, which no flag changes
+            # (torchao's move_exported_model_to_eval rewrites the graph). It is exported as
+            # captured, as torch.onnx.export does; eval() made every such export fail.
+            pass
     try:
         yield model
     finally:
@@ -280,6 +287,26 @@ def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
     return {SAVE_OPTIONS[k]: v for k, v in given.items()}
 
 
+def _refuse_fused_quantized_ops(model, table) -> None:
+    """A model lowered by ``openreg_quant.lower_pt2e`` calls openreg's fused int8 kernels on packed
+    weights (torchbind objects), which have no ONNX form: torch's exporter failed on them with an
+    internal error ("unhashable type: 'CustomObjArgument'", "create an issue in PyTorch"). Named
+    here, with what to export instead, unless the caller's table translates them."""
+    graph = getattr(model, "graph", None) or getattr(getattr(model, "graph_module", None), "graph", None)
+    if graph is None:
+        return
+    for node in graph.nodes:
+        target = node.target
+        if node.op == "call_function" and getattr(target, "namespace", None) == "openreg_quant" and target not in table:
+            name = f"openreg_quant::{target._opname}.{target._overloadname}"
+            raise UnsupportedOperatorError(
+                f"{name} has no ONNX translation: it is a fused int8 kernel of openreg-quant on a packed weight "
+                "(a model lowered by openreg_quant.lower_pt2e). Export the model before lower_pt2e (the convert_pt2e "
+                "model, whose quantize/dequantize nodes become ONNX QuantizeLinear/DequantizeLinear), or pass "
+                f"custom_translation_table={{torch.ops.openreg_quant.{target._opname}.{target._overloadname}: ...}}."
+            )
+
+
 def _torch_export(model, args, mode, custom_translation_table, **kwargs):
     """torch.onnx.export with the mode's table under the caller's; "No ONNX function found"
     becomes an ``UnsupportedOperatorError`` that names the operator and the table."""
@@ -291,6 +318,7 @@ def _torch_export(model, args, mode, custom_translation_table, **kwargs):
         )
     table = dict(_table.translation_table(mode))
     table.update(custom_translation_table or {})
+    _refuse_fused_quantized_ops(model, table)
     try:
         return torch.onnx.export(model, args, dynamo=True, custom_translation_table=table, **kwargs)
     except torch.onnx.OnnxExporterError as e:

@@ -171,6 +171,28 @@ class TestProvenanceAndShapes:
             expected = model.eval()(x).cpu()
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
 
+    def test_a_module_from_torch_export_is_exported_as_captured(self):
+        # ExportedProgram.module() (and every PT2E model: prepare/convert_pt2e) refuses eval(),
+        # which export and verify called on any module in training mode: both failed with torch's
+        # NotImplementedError, where torch.onnx.export takes the module. Its graph holds the mode
+        # it was captured in (here eval: no dropout).
+        net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5), torch.nn.ReLU()).to("openreg").eval()
+        x = torch.randn(5, 8, device="openreg")
+        captured = torch.export.export(net, (x,)).module()
+        assert captured.training  # as torch.export leaves it
+        with pytest.raises(NotImplementedError):
+            captured.eval()
+        program = openreg_onnx.export(captured, (x,))
+        (got,), _, _ = run_onnx(
+            program.model_proto, {next(iter(program.model_proto.graph.input)).name: x.cpu().numpy()}
+        )
+        with torch.no_grad():
+            expected = net(x).cpu()
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
+        result = openreg_onnx.verify(captured, (x,))
+        assert result.ok, result.report()
+        assert captured.training
+
     def test_verify_leaves_buffers_the_forward_updates_as_they_were(self):
         # verify's reference is the model's real forward: a running sum updated in place (and a
         # counter rebound) changed the model, and the ONNX run read the changed initializer.
