@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -65,7 +66,9 @@ def _tensors_by_place(model, inputs) -> Dict[str, str]:
                     places[f"{kind} {name}"] = str(t.device)
     leaves = torch.utils._pytree.tree_leaves(inputs)
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, torch.Tensor):
+        # A 0-dim CPU tensor is a scalar that eager code (CUDA's too) combines with any device's
+        # tensors, and torch.onnx.export takes it as an input: not a mismatch.
+        if isinstance(leaf, torch.Tensor) and not (leaf.dim() == 0 and leaf.device.type == "cpu"):
             places[f"input {i}"] = str(leaf.device)
     return places
 
@@ -274,7 +277,8 @@ def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
     """Takes the save-only options out of ``export_kwargs`` (they must not reach
     ``torch.onnx.export`` without ``f``, where they have no effect); returns them as
     ``ONNXProgram.save`` keywords. Raises ``TypeError`` when one is given without ``f``.
-    There ``external_data=True`` writes the weights to ``<f>.data`` next to the model; ``False``
+    There ``external_data=True`` writes the weights to ``<f>.data`` next to the model (a file
+    object, such as ``io.BytesIO``, gets them inline, as from ``torch.onnx.export``); ``False``
     (and the default, None) inlines them unless they exceed protobuf's 2 GB, as ``ONNXProgram.save``
     does (torch.onnx.export's own default is True)."""
     given = {k: export_kwargs.pop(k) for k in list(SAVE_OPTIONS) if k in export_kwargs}
@@ -284,6 +288,10 @@ def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
             "was given: pass f, or save the returned program with program.save(path, external_data=..., "
             "include_initializers=..., keep_initializers_as_inputs=...)"
         )
+    if f is not None and not isinstance(f, (str, os.PathLike)):
+        # A file object (io.BytesIO) takes the model in one piece, weights inline, as
+        # torch.onnx.export writes it there; ONNXProgram.save refused external_data for it.
+        given.pop("external_data", None)
     return {SAVE_OPTIONS[k]: v for k, v in given.items()}
 
 

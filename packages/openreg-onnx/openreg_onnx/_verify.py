@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -101,8 +102,14 @@ class VerificationResult:
 # --- running the ONNX model -------------------------------------------------------------------
 
 
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as the exporter represents it, a real one with a last dimension of 2
+    (real, imaginary), as torch's own verification converts it (``view_as_real``)."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
+    t = _as_real(t.detach().cpu())
     if t.dtype == torch.bfloat16:
         import ml_dtypes
 
@@ -315,10 +322,11 @@ def verify(
     backend: str = "auto",
 ) -> VerificationResult:
     """Exports ``model_or_program`` (an ``nn.Module`` or ``ExportedProgram`` on openreg) unless
-    ``onnx_program`` (an ``ONNXProgram`` or ``ModelProto`` from it) is given, runs it on ``args``
-    and compares with openreg eager. ``backend``: "auto" (onnxruntime, else the reference
-    evaluator), "onnxruntime" or "reference". Returns a ``VerificationResult`` (``.ok``,
-    ``.mismatches``, ``.report()``)."""
+    ``onnx_program`` (an ``ONNXProgram``, a ``ModelProto`` or the path of a saved model) is given,
+    runs it on ``args`` and compares with openreg eager. ``tolerances``: ``{dtype: (rtol, atol)}``
+    for the dtypes it names, the defaults (``TOLERANCES``) for the others. ``backend``: "auto"
+    (onnxruntime, else the reference evaluator), "onnxruntime" or "reference". Returns a
+    ``VerificationResult`` (``.ok``, ``.mismatches``, ``.report()``)."""
     from . import _export
 
     if not isinstance(args, tuple):
@@ -343,6 +351,8 @@ def verify(
             # comparison needs the graph as translated.
             optimize=not intermediates,
         )
+    if isinstance(onnx_program, (str, os.PathLike)):  # a saved file, as the command line takes it
+        onnx_program = onnx.load(os.fspath(onnx_program))
     model = onnx_program if isinstance(onnx_program, onnx.ModelProto) else onnx_program.model_proto
     inputs = _flat_tensors((args, kwargs))
     # A file saved with keep_initializers_as_inputs lists its weights among the inputs too; they
@@ -395,20 +405,23 @@ def verify(
         values, used, reason = run_onnx(model, feeds, names)
     actual = dict(zip(names, values))
 
-    low = _computed_from_16_bit(model) if tolerances is None else {}
+    low = _computed_from_16_bit(model)
     comparisons = []
     if len(expected) != len(outputs):
         raise ValueError(f"the ONNX model has {len(outputs)} outputs, openreg eager gave {len(expected)} tensors")
     if intermediates:  # graph order: the first drifting node is the suspect
         for name in [n for n in node_values if n in actual and n not in outputs]:
-            exp = node_values[name]
+            exp = _as_real(node_values[name])
             tol = _tolerance_of(name, exp, low, tolerances)
             comparisons.append(compare(name, "intermediate", exp, _from_numpy(actual[name]), tol))
+    # A complex output is a real one with a last dimension of 2 in the ONNX model (_as_real).
+    expected = [_as_real(t) for t in expected]
     for name, exp in zip(outputs, expected):
         comparisons.append(
             compare(name, "output", exp, _from_numpy(actual[name]), _tolerance_of(name, exp, low, tolerances))
         )
-    widened = [c for c in comparisons if c.name in low and c.dtype in ("torch.float32", "torch.float64")]
+    kept = {"torch.float32", "torch.float64"} - {str(d) for d in tolerances or {}}  # not the caller's
+    widened = [c for c in comparisons if c.name in low and c.dtype in kept]
     note = ""
     if widened:
         kinds = sorted({str(low[c.name]).removeprefix("torch.") for c in widened})
@@ -454,13 +467,14 @@ def _computed_from_16_bit(model: onnx.ModelProto) -> Dict[str, torch.dtype]:
 
 
 def _tolerance_of(name: str, expected: torch.Tensor, low: Dict[str, torch.dtype], tolerances):
-    """The tolerances for one value: a float32/float64 value computed from a 16-bit one gets the
-    16-bit type's; tolerances the caller gave are used as they are."""
-    if tolerances is not None:
-        return tolerances
-    if name in low and expected.dtype in (torch.float32, torch.float64):
-        return {**TOLERANCES, expected.dtype: TOLERANCES[low[name]]}
-    return TOLERANCES
+    """The tolerances for one value: the caller's for the dtypes it names, the defaults for the
+    others (a dict naming float32 only compared float16 values exactly); a float32/float64 value
+    computed from a 16-bit one gets the 16-bit type's, unless the caller named its dtype."""
+    given = tolerances or {}
+    merged = {**TOLERANCES, **given}
+    if name in low and expected.dtype in (torch.float32, torch.float64) and expected.dtype not in given:
+        merged[expected.dtype] = merged[low[name]]
+    return merged
 
 
 def _expose(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

@@ -1,5 +1,6 @@
 """openreg_onnx.export: provenance, dynamic dimensions checked, loud errors for bad inputs, CLI."""
 
+import io
 import textwrap
 
 import onnx
@@ -192,6 +193,39 @@ class TestProvenanceAndShapes:
         result = openreg_onnx.verify(captured, (x,))
         assert result.ok, result.report()
         assert captured.training
+
+    def test_a_file_object_takes_the_weights_inline(self):
+        # As torch.onnx.export writes to an io.BytesIO; ONNXProgram.save refused external_data=True
+        # for it (TypeError), and torch.onnx.export's own default is external_data=True.
+        model = torch.nn.Linear(4, 3).to("openreg").eval()
+        x = torch.randn(2, 4, device="openreg")
+        buf = io.BytesIO()
+        openreg_onnx.export(model, (x,), buf, external_data=True)
+        proto = onnx.load_from_string(buf.getvalue())
+        assert sorted(len(i.raw_data) for i in proto.graph.initializer) == [12, 48]  # inline
+        (got,), _, _ = run_onnx(proto, {proto.graph.input[0].name: x.cpu().numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(got), model(x).cpu(), rtol=1e-5, atol=1e-6)
+
+    def test_a_cpu_scalar_input_is_not_a_device_mismatch(self):
+        # A 0-dim CPU tensor combines with openreg tensors in eager code, as with CUDA tensors,
+        # and torch.onnx.export takes it; a CPU tensor with dimensions is still refused.
+        class Scale(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 4)
+
+            def forward(self, x, s):
+                return self.fc(x) * s
+
+        model = Scale().to("openreg").eval()
+        x, s = torch.randn(2, 4, device="openreg"), torch.tensor(2.5)
+        program = openreg_onnx.export(model, (x, s))
+        assert [i.name for i in program.model_proto.graph.input] == ["x", "s"]
+        result = openreg_onnx.verify(model, (x, s))
+        assert result.ok, result.report()
+        with pytest.raises(DeviceMismatchError, match="input 1"):
+            openreg_onnx.export(model, (x, torch.full((1,), 2.5)))
 
     def test_verify_leaves_buffers_the_forward_updates_as_they_were(self):
         # verify's reference is the model's real forward: a running sum updated in place (and a

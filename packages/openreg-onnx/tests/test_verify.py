@@ -338,3 +338,56 @@ class TestZeroDimOutputs(TestCase):
         got = run_onnx(result.onnx_program.model_proto, {"x": x.numpy()})[0]
         for g, w in zip(got, want):
             self.assertEqual(_from_numpy(g), w, atol=1e-5, rtol=1e-5)
+
+
+class ComplexIn(torch.nn.Module):
+    def forward(self, z):
+        return (z * z).abs()
+
+
+class ComplexOut(torch.nn.Module):
+    def __init__(self, factor: float = 2.0):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return torch.view_as_complex(x) * self.factor
+
+
+class TestInputsAndOptions(TestCase):
+    def test_complex_values_are_compared_as_the_exporter_represents_them(self):
+        # The exporter represents a complex tensor as a real one with a last dimension of 2 (as
+        # torch's own verification converts it): the complex inputs went to onnxruntime as they
+        # were (refused, then a wrong shape from the reference evaluator), and a complex output
+        # was compared with its real form: correct exports reported as FAIL.
+        for model, x in ((ComplexIn(), torch.randn(3, 4, dtype=torch.complex64)), (ComplexOut(), torch.randn(3, 4, 2))):
+            result = openreg_onnx.verify(model.to("openreg"), (x.to("openreg"),))
+            self.assertTrue(result.ok, result.report())
+            self.assertEqual(result.backend, "onnxruntime")
+        # a wrong complex result is still one
+        x = torch.randn(3, 4, 2, device="openreg")
+        wrong = openreg_onnx.export(ComplexOut(3.0), (x,))
+        result = openreg_onnx.verify(ComplexOut(), (x,), onnx_program=wrong)
+        self.assertFalse(result.ok)
+        self.assertEqual(result.mismatches[0].shape, (3, 4, 2))
+
+    def test_tolerances_for_some_dtypes_leave_the_others_at_their_defaults(self):
+        # A dict naming float32 compared every float16 value exactly: a correct float16 export failed.
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+        model = model.to("openreg").half().eval()
+        x = torch.randn(4, 16, device="openreg", dtype=torch.float16)
+        result = openreg_onnx.verify(model, (x,), tolerances={torch.float32: (1e-3, 1e-4)})
+        self.assertTrue(result.ok, result.report())
+        [out] = result.comparisons
+        self.assertEqual((out.dtype, out.rtol, out.atol), ("torch.float16", *TOLERANCES[torch.float16]))
+
+    def test_a_saved_model_by_its_path(self):
+        model = AbsThenScale().to("openreg").eval()
+        x = torch.randn(4, 6, device="openreg")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.onnx")
+            openreg_onnx.export(model, (x,), path)
+            result = openreg_onnx.verify(model, (x,), onnx_program=path)
+        self.assertTrue(result.ok, result.report())
+        self.assertIsInstance(result.onnx_program, onnx.ModelProto)
