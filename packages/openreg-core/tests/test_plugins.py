@@ -82,6 +82,16 @@ class TestPlugins(TestCase):
         self.assertEqual(
             r.stdout.strip().splitlines(), ["[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', False)]", "[]", "None"]
         )
+        # A name no installed plugin has (a typo, another case) says so; it turned every plugin off
+        # without a word.
+        r = run_python(REPORT, env={**self.env, "OPENREG_PLUGINS": "zzgood,ZZbroken"})
+        lines = r.stdout.strip().splitlines()
+        self.assertEqual(lines[0], "[('zzbroken', '1.2.3', False), ('zzgood', '1.2.3', True)]")
+        self.assertRegex(
+            lines[1],
+            r"OPENREG_PLUGINS names 'ZZbroken', which is not an installed openreg plugin \(installed: .*zzbroken, "
+            r"zzgood; names are case-sensitive\)",
+        )
 
     def test_plugin_imported_before_torch(self):
         # `import plugin` imports core (here through `import torch`), which loads the plugins while

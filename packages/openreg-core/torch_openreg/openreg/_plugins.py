@@ -40,6 +40,14 @@ def _selected(names: List[str]) -> List[str]:
     if spec.lower() in ("none", ""):
         return []
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in names]
+    if unknown:  # a typo or another case turned every plugin off without a word
+        warnings.warn(
+            f"OPENREG_PLUGINS names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} "
+            f"not an installed openreg plugin (installed: {', '.join(names) or 'none'}; names are case-sensitive)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return [n for n in names if n in wanted]
 
 
