@@ -44,6 +44,30 @@ class TestPluginLoading(TestCase):
             self.assertEqual(r.stdout.strip(), "0.1.0 True False torch.int8", autoload)
             self.assertNotIn("openreg plugin", r.stderr)
 
+    def test_core_refusals_name_the_plugin_once_it_is_imported(self):
+        # Left out by OPENREG_PLUGINS, then imported: core's refusal of a quantized operator said the
+        # plugin was not loaded for the rest of the process (it cached its first answer).
+        r = run_python(
+            """
+            import torch
+            x = torch.randn(4, device="openreg")
+            def refusal(call):
+                try:
+                    call()
+                except NotImplementedError as e:
+                    return str(e).splitlines()[0].split(". ", 1)[1]
+            print(refusal(lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)))
+            import openreg_quant
+            q = torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+            print(q.dtype, refusal(lambda: torch.flip(q, [0])))
+            """,
+            env={"OPENREG_PLUGINS": "none"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        before, after = r.stdout.strip().splitlines()
+        self.assertTrue(before.startswith("Quantized kernels come from the openreg-quant plugin, which is not loaded"))
+        self.assertTrue(after.startswith("torch.qint8 openreg-quant provides the quantized-tensor operators"), after)
+
     def test_python_namespace_first_then_plugin(self):
         # The schemas defined by Python before the C++ kernels register: the kernels still win.
         r = run_python(

@@ -54,10 +54,10 @@ namespace c10::openreg {
 
 void reject_quantized(const c10::OperatorName& op, c10::ScalarType dtype) {
   // openreg-quant registers aten::quantize_per_tensor for PrivateUse1: that tells whether it is loaded.
-  static const bool plugin = [] {
-    auto handle = c10::Dispatcher::singleton().findOp({"aten::quantize_per_tensor", ""});
-    return handle.has_value() && handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1);
-  }();
+  // Asked at each refusal, not once: the plugin may be imported after a first refusal
+  // (OPENREG_PLUGINS left it out, then `import openreg_quant`).
+  auto handle = c10::Dispatcher::singleton().findOp({"aten::quantize_per_tensor", ""});
+  const bool plugin = handle.has_value() && handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1);
   std::string name = op.name + (op.overload_name.empty() ? "" : "." + op.overload_name);
   C10_THROW_ERROR(NotImplementedError,
                   c10::str(name, ": openreg has no kernel for this operator on quantized tensors (", dtype, "). ",
