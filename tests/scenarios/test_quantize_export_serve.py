@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from openreg_onnx._export import UnsupportedOperatorError  # noqa: E402
 from openreg_quant import OpenRegQuantizer, lower_pt2e  # noqa: E402
 from report import report  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 from torch.testing._internal.common_utils import TestCase, run_tests  # noqa: E402
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
 from workloads import SmallCNN, cnn_images  # noqa: E402
@@ -84,6 +85,15 @@ class TestQuantizeExportServe(TestCase):
             # as extern calls: the same values
             compiled = torch.compile(lowered, fullgraph=True)(x).cpu()
         self.assertEqual(compiled, int8, atol=0, rtol=0)
+        # and replayed as an openreg graph (mode="reduce-overhead"), the packed weights part of the
+        # recording's key by identity: they turned graphs off
+        counters.clear()
+        graphed = torch.compile(lowered, mode="reduce-overhead")
+        with torch.no_grad():
+            for seed in (5, 6, 7):
+                images = cnn_images(seed).to("openreg")
+                self.assertEqual(graphed(images).cpu(), lowered(images).cpu(), atol=0, rtol=0)
+        self.assertEqual(dict(counters["openreg_graphs"]), {"recorded": 1, "replayed": 2})
 
         # Served int8 against openreg's fused int8 kernels: onnxruntime's int8 arithmetic may round an
         # output to the neighbouring step of its grid (measured: 0.2 of a step); both near the float model.

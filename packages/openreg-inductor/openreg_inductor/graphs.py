@@ -162,10 +162,14 @@ class GraphedCallable:
                 key.append((tuple(x.size()), tuple(x.stride()), x.dtype))
             elif isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool):
                 key.append(int(x))
-            elif x is None or isinstance(x, bool):
+            elif x is None or isinstance(x, (bool, float)):
                 key.append(x)
             else:
-                return None
+                # An opaque object (openreg-quant's packed weight, a torchbind object): the graph
+                # captures what it holds, so the object is part of the key, by identity; the
+                # recording keeps it (static_inputs), so its id names it while the recording lives.
+                # It turned graphs off for the whole function.
+                key.append(("object", id(x)))
         return tuple(key)
 
     def _in_place(self, inputs: Sequence[Any]) -> list[int]:
@@ -199,7 +203,7 @@ class GraphedCallable:
             return self.model(inputs)
         signature = self._signature(inputs)
         if signature is None:
-            self.disabled = "an input is neither an openreg tensor of the graph's device nor an int"
+            self.disabled = "a tensor input is not on the graph's device"
             _skip(self.disabled)
             return self.model(inputs)
         with self._lock:
