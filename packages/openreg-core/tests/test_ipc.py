@@ -52,6 +52,17 @@ def _forking_consumer(queue, results, go):
     results.put(t[:2].cpu().tolist())
 
 
+def _holding_reader(queue, results, go):
+    """Runs in a spawned process: reads a message's bytes, reports the values, and reads them again
+    once the sender has read the message too, dropped its tensor and allocated again."""
+    from multiprocessing.reduction import ForkingPickler
+
+    t = ForkingPickler.loads(queue.get(timeout=60))
+    results.put(t[:2].cpu().tolist())
+    go.wait(timeout=60)
+    results.put(t[:2].cpu().tolist())
+
+
 def _twice_reading_consumer(queue, results, go):
     """Runs in a spawned process: gets a message's bytes (pickled under the file_system strategy,
     which lets them be read more than once), reads them twice, drops the first tensor, and reads
@@ -378,11 +389,53 @@ class TestMultiprocessing(TestCase):
         t = torch.ones(4, device="openreg")
         h = torch.openreg.get_ipc_handle(t)
         slab = torch.zeros(8, dtype=torch.int64)
-        for value in (0, 6):  # released, or taken by a later send
+        for value in (0, 6 << 21):  # released, or taken by a later send (generation 6)
             slab[3] = value
             with self.assertRaisesRegex(RuntimeError, "^this openreg tensor was received before and released since"):
                 torch.openreg.ipc._C._ipc_open(h.handle, h.device, h.offset, h.nbytes, slab, 3, 5)
             self.assertEqual(slab[3].item(), value)
+
+    def test_a_message_read_by_its_sender_while_a_receiver_holds_it(self):
+        # The sender's reading took the kept storage back and freed the slot: once the sender
+        # dropped its tensor, its next one overwrote what the receiver still read. A receiver now
+        # counts itself in the slot when it opens the message, and the sender's reading shares
+        # the kept storage with it instead.
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch_openreg.openreg.ipc import _kept_count
+
+        with file_system_sharing(), spawned(_holding_reader) as (queue, results, go, proc):
+            torch.openreg.empty_cache()
+            kept = _kept_count()
+            t = torch.full((1024,), 7.0, device="openreg")
+            buf = bytes(ForkingPickler.dumps(t))
+            del t
+            queue.put(buf)
+            self.assertEqual(results.get(timeout=120), [7.0, 7.0])
+            mine = ForkingPickler.loads(buf)
+            self.assertEqual((mine[:2].cpu().tolist(), _kept_count()), ([7.0, 7.0], kept + 1))  # still kept
+            del mine
+            gc.collect()
+            torch.accelerator.empty_cache()
+            others = [torch.full((1024,), -1.0, device="openreg") for _ in range(4)]
+            torch.openreg.synchronize()
+            go.set()
+            self.assertEqual(results.get(timeout=60), [7.0, 7.0])
+            del others
+        self.assertEqual(proc.exitcode, 0)
+
+    def test_a_failed_opening_gives_its_hold_back(self):
+        # The receiver counts itself in the slot before it opens the memory; an opening that fails
+        # (here: the runtime does not open a process's own handle) takes that count back, or the
+        # sender would keep the storage forever. The last holder gone, the slot is released.
+        h = torch.openreg.get_ipc_handle(torch.ones(4, device="openreg"))
+        slab = torch.zeros(8, dtype=torch.int64)
+        kept, opened = 5 << 21, 1 << 20  # generation 5 (Module.cpp::ipc_slot)
+        for before, after in ((kept, 0), (kept | opened | 1, kept | opened | 1)):  # alone; another receiver holds it
+            slab[3] = before
+            with self.assertRaisesRegex(RuntimeError, "made by this process"):
+                torch.openreg.ipc._C._ipc_open(h.handle, h.device, h.offset, h.nbytes, slab, 3, 5)
+            self.assertEqual(slab[3].item(), after)
 
     def test_a_message_read_back_twice_in_its_own_process(self):
         # The sender read its own message twice: the second reading found the slot that a later

@@ -934,6 +934,16 @@ class TestErrorsAtTheCall(TestCase):
                 lambda d: torch.normal(0.0, torch.ones(3, device=d)),
                 lambda d: torch.normal(0.0, -torch.ones(3, device=d)),
             ),
+            # multinomial without replacement, or of one sample: the probabilities' values, on the
+            # host with a synchronisation (ATen's multinomial does it for every device).
+            "multinomial negative": (
+                lambda d: torch.ones(3, device=d).multinomial(1),
+                lambda d: torch.tensor([1.0, -1.0, 1.0], device=d).multinomial(1),
+            ),
+            "multinomial zero sum": (
+                lambda d: torch.ones(2, 3, device=d).multinomial(2),
+                lambda d: torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], device=d).multinomial(2),
+            ),
             "normal out=": (
                 lambda d: torch.normal(torch.zeros(3, device=d), torch.ones(3, device=d), out=torch.empty(3, device=d)),
                 lambda d: torch.normal(

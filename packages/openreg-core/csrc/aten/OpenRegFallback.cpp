@@ -91,6 +91,7 @@ struct OpFacts {
   bool value_probe = false;                     // random_, bernoulli_(p), multinomial: see probe_value_checks
   bool randperm = false;                        // randperm: see check_randperm
   int std_tensor = -1;                          // normal with a tensor std: see check_normal_std
+  bool multinomial = false;                     // multinomial: see check_multinomial_values
   int value_tensor = -1;                        // fill_, masked_fill_, index_fill_, index_put_: see move_value
 };
 
@@ -136,6 +137,7 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
       name == "aten::random_" || name == "aten::multinomial" ||
       ((name == "aten::bernoulli_" && overload == "float") || (name == "aten::bernoulli" && overload == "p"));
   f.randperm = name == "aten::randperm";
+  f.multinomial = name == "aten::multinomial";
   if (name == "aten::normal")
     for (size_t i = 0; i < schema.arguments().size(); ++i)
       if (schema.arguments()[i].name() == "std" && schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType)
@@ -1361,6 +1363,22 @@ void check_normal_std(const c10::IValue& std) {
   TORCH_CHECK(t.min().ge(0).item<bool>(), "normal expects all elements of std >= 0.0");
 }
 
+// multinomial without replacement, or of one sample, checks the probabilities' values on the host at
+// the call, on the CPU and on CUDA (ATen's multinomial: a reduction and a synchronisation); with
+// replacement and more samples the kernel checks them (a device-side assertion on CUDA). The first
+// case, as ATen does it; its errors surfaced at a later synchronising call.
+void check_multinomial_values(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[0].isTensor() || !args[1].isInt() || !args[2].isBool()) return;
+  const at::Tensor& self = args[0].toTensor();
+  if (!self.defined() || !self.is_privateuseone() || self.numel() == 0 || (self.dim() != 1 && self.dim() != 2) ||
+      !self.is_floating_point() || (args[2].toBool() && args[1].toInt() != 1))
+    return;  // the CPU kernel's own checks, at the call (the probe), or the kernel's
+  TORCH_CHECK(((self.max() < INFINITY) & (self.min() >= 0)).item<bool>(),
+              "probability tensor contains either `inf`, `nan` or element < 0");
+  const bool zero = self.dim() == 1 ? (self.sum() == 0).item<bool>() : (self.sum(1) == 0).sum().item<int64_t>() > 0;
+  TORCH_CHECK(!zero, "invalid multinomial distribution (sum of probabilities <= 0)");
+}
+
 void check_not_strict(const c10::FunctionSchema& schema) {
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), "openreg strict mode: '", schema.operator_name(),
               "' has no native openreg kernel (torch.openreg.set_strict_mode(False) allows the generic path)");
@@ -1407,6 +1425,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   if (facts.value_probe) probe_value_checks(op, args);
   if (facts.randperm) check_randperm(schema, args);
   if (facts.std_tensor >= 0) check_normal_std(args[facts.std_tensor]);
+  if (facts.multinomial) check_multinomial_values(args);
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);

@@ -257,15 +257,37 @@ PyTypeObject* device_guard_type() {
   return &type;
 }
 
-// The storages this process sent through torch.multiprocessing, each kept until its receiver's copy
-// is gone, as torch keeps a CUDA storage it sent (CudaIPCSentData). A send takes a slot: an int64
-// set to 1 in a slab of CPU memory shared with the receivers (made by ipc.py; it travels with the
-// message); the receiver's storage zeroes it when it dies (_ipc_open). The storages whose slot is 0
-// again are dropped at each send, and by the allocator before it empties its cache or reports out
-// of memory (a free-memory callback, as CUDA's CudaIPCCollectCallback): torch.accelerator.empty_cache()
-// gives them back too. One writer at a time per slot: the sender before the message leaves, its one
-// receiver after. Storages are dropped after the lock is released: the last reference to one may
-// free device memory or release its Python object.
+// The storages this process sent through torch.multiprocessing, each kept until its receivers' copies
+// are gone, as torch keeps a CUDA storage it sent (CudaIPCSentData). A send takes a slot: an int64 in
+// a slab of CPU memory shared with the receivers (made by ipc.py; it travels with the message), which
+// holds the send's generation and how many receivers hold the storage (ipc_slot below); the last
+// receiver's storage to die zeroes it (_ipc_open). The storages whose slot is 0 again are dropped at
+// each send, and by the allocator before it empties its cache or reports out of memory (a free-memory
+// callback, as CUDA's CudaIPCCollectCallback): torch.accelerator.empty_cache() gives them back too.
+// Slots change by compare-and-swap: the sender (take) and receivers may meet on one. Storages are
+// dropped after the lock is released: the last reference to one may free device memory or release
+// its Python object.
+namespace ipc_slot {
+// A kept slot: the generation above bit 21, bit 20 once a receiver opened it, the receivers that
+// hold it in the bits below. 0: released (or free).
+constexpr int kGenerationShift = 21;
+constexpr int64_t kOpened = int64_t{1} << 20;
+constexpr int64_t kHolders = kOpened - 1;
+inline int64_t kept(int64_t generation) { return generation << kGenerationShift; }
+inline bool of(int64_t value, int64_t generation) { return value != 0 && (value >> kGenerationShift) == generation; }
+
+// A receiver lets go of the storage: the last one releases the slot (0), and the sender may free it.
+// A slot already released, or taken by a later send, is left alone.
+inline void release_hold(std::atomic<int64_t>* slot, int64_t generation) {
+  int64_t value = slot->load(std::memory_order_relaxed);
+  int64_t next = 0;
+  do {
+    if (!of(value, generation) || (value & kHolders) == 0) return;
+    next = (value & kHolders) == 1 ? 0 : value - 1;
+  } while (!slot->compare_exchange_weak(value, next, std::memory_order_acq_rel, std::memory_order_relaxed));
+}
+}  // namespace ipc_slot
+
 class SentStorages {
  public:
   static constexpr int64_t kSlots = 1024;
@@ -281,7 +303,7 @@ class SentStorages {
     const auto key = free_.back();
     free_.pop_back();
     const int64_t generation = ++generation_;
-    slot(key).store(generation, std::memory_order_relaxed);  // read by the receiver after the message
+    slot(key).store(ipc_slot::kept(generation), std::memory_order_relaxed);  // read by receivers after the message
     kept_.emplace(key, Kept{std::move(storage), generation});
     count_.store(kept_.size(), std::memory_order_relaxed);
     return std::make_tuple(key.first, key.second, generation);
@@ -303,16 +325,23 @@ class SentStorages {
     return slabs_[index];
   }
 
-  // A message read back in the process that sent it: the storage kept for that send, its slot freed.
+  // A message read back in the process that sent it: the storage kept for that send. Its slot is
+  // freed unless a receiver holds the storage too: then it stays kept for that receiver (the
+  // reading's storage shares it), and the sender's tensor dying frees nothing under the receiver.
   // Nothing when the slot was released since, or went to a later send.
   std::optional<c10::Storage> take(int64_t slab, int64_t index, int64_t generation) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kept_.find({slab, index});
     if (it == kept_.end() || it->second.generation != generation) return std::nullopt;
+    auto& value = slot({slab, index});
+    int64_t expected = ipc_slot::kept(generation);  // no receiver has opened it
+    if (!value.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+      if (!ipc_slot::of(expected, generation)) return std::nullopt;  // released meanwhile
+      return it->second.storage;                                     // a receiver holds it: still kept for it
+    }
     c10::Storage storage = std::move(it->second.storage);
     kept_.erase(it);
     count_.store(kept_.size(), std::memory_order_relaxed);
-    slot({slab, index}).store(0, std::memory_order_relaxed);
     free_.emplace_back(slab, index);
     return storage;
   }
@@ -574,9 +603,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_kept_count", [] { return sent_storages().size(); });
   // A uint8 tensor over `nbytes` at `offset` in the allocation the handle names;
   // its storage closes the mapping when it dies, then, given a `release` slot (an int64 element of
-  // memory shared with the sender, see SentStorages) that holds the send's `generation`, zeroes it:
-  // the sender may free its storage from then on. A slot that no longer holds the generation was
-  // released already: the sender may have freed or reused the memory, which is refused.
+  // memory shared with the sender, see SentStorages) that holds the send's `generation`, counts this
+  // receiver among its holders until then: the last one zeroes it, and the sender may free its
+  // storage from then on. A slot that no longer holds the generation was released already: the
+  // sender may have freed or reused the memory, which is refused.
   m.def("_ipc_open", [](const py::bytes& data, int64_t device, size_t offset, size_t nbytes,
                         std::optional<at::Tensor> release, int64_t slot, int64_t generation) {
     const std::string raw = data;
@@ -592,22 +622,32 @@ PYBIND11_MODULE(_C, m) {
                   "_ipc_open: the release slot must be an element of a 1-D int64 CPU tensor");
       release_storage = release->storage();
       release_slot = reinterpret_cast<std::atomic<int64_t>*>(release->data_ptr<int64_t>() + slot);
-      TORCH_CHECK(generation > 0 && release_slot->load(std::memory_order_acquire) == generation,
-                  "this openreg tensor was received before and released since: its sender may have freed its "
-                  "memory (a torch.multiprocessing message is read once, or again while a tensor read from it "
-                  "lives)");
+      // This receiver holds the storage from now on (released below if the open fails).
+      int64_t value = release_slot->load(std::memory_order_acquire);
+      do {
+        TORCH_CHECK(
+            generation > 0 && ipc_slot::of(value, generation) && (value & ipc_slot::kHolders) < ipc_slot::kHolders,
+            "this openreg tensor was received before and released since: its sender may have freed its "
+            "memory (a torch.multiprocessing message is read once, or again while a tensor read from it "
+            "lives)");
+      } while (!release_slot->compare_exchange_weak(value, (value + 1) | ipc_slot::kOpened, std::memory_order_acq_rel));
     }
     orIpcMemHandle_t handle;
     std::memcpy(handle.reserved, raw.data(), raw.size());
     void* base = nullptr;
-    OPENREG_CHECK(orIpcOpenMemHandle(&base, handle));
-    orPointerAttributes attr;
-    OPENREG_CHECK(orPointerGetAttributes(&attr, base));
-    if (attr.device != device || offset > attr.size || nbytes > attr.size - offset) {  // no wrap-around
-      orIpcCloseMemHandle(base);
-      TORCH_CHECK(false, "IPC handle does not match the tensor: allocation of ", attr.size,
-                  " bytes on openreg:", attr.device, ", asked for ", nbytes, " bytes at offset ", offset,
-                  " on openreg:", device);
+    try {
+      OPENREG_CHECK(orIpcOpenMemHandle(&base, handle));
+      orPointerAttributes attr;
+      OPENREG_CHECK(orPointerGetAttributes(&attr, base));
+      if (attr.device != device || offset > attr.size || nbytes > attr.size - offset) {  // no wrap-around
+        orIpcCloseMemHandle(base);
+        TORCH_CHECK(false, "IPC handle does not match the tensor: allocation of ", attr.size,
+                    " bytes on openreg:", attr.device, ", asked for ", nbytes, " bytes at offset ", offset,
+                    " on openreg:", device);
+      }
+    } catch (...) {
+      if (release_slot != nullptr) ipc_slot::release_hold(release_slot, generation);
+      throw;
     }
     struct Opened {
       void* base;
@@ -622,14 +662,11 @@ PYBIND11_MODULE(_C, m) {
                    std::unique_ptr<Opened> o(static_cast<Opened*>(ctx));
                    // A child forked from the receiver inherits the storage, and the runtime refuses
                    // its calls: its copy dying must not release the sender's memory while the
-                   // receiver still reads it. The slot is zeroed only after a successful close.
-                   // Only this send's generation is zeroed: a slot already released and reused by a later
-                   // send keeps that send's storage alive.
+                   // receiver still reads it. The hold is released only after a successful close,
+                   // and only on this send's slot (one released and taken by a later send keeps
+                   // that send's storage).
                    const orStatus closed = orIpcCloseMemHandle(o->base);
-                   int64_t expected = o->generation;
-                   if (o->slot != nullptr && closed == orSuccess)
-                     o->slot->compare_exchange_strong(expected, 0, std::memory_order_release,
-                                                      std::memory_order_relaxed);
+                   if (o->slot != nullptr && closed == orSuccess) ipc_slot::release_hold(o->slot, o->generation);
                  })
         .options(at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::DeviceType::PrivateUse1, device)))
         .make_tensor();
