@@ -252,11 +252,14 @@ def eval_mode(model):
         try:
             model.eval()
         except NotImplementedError:
-            # A module from torch.export (ExportedProgram.module(), PT2E's prepare/convert_pt2e)
-            # refuses eval(): its graph holds the mode it was captured in, which no flag changes
-            # (torchao's move_exported_model_to_eval rewrites the graph). It is exported as
-            # captured, as torch.onnx.export does; eval() made every such export fail.
-            pass
+            # A module from torch.export (ExportedProgram.module(), PT2E's prepare/convert_pt2e),
+            # or one that holds one, refuses eval() there: such a graph holds the mode it was
+            # captured in, which no flag changes (torchao's move_exported_model_to_eval rewrites
+            # it), and is exported as captured, as torch.onnx.export does; eval() made every such
+            # export fail. The flags of every module are still set, as eval() would have: it
+            # stopped at the captured one, and a dropout after it kept training.
+            for module in modes:
+                module.training = False
     try:
         yield model
     finally:
@@ -300,10 +303,13 @@ def _refuse_fused_quantized_ops(model, table) -> None:
     weights (torchbind objects), which have no ONNX form: torch's exporter failed on them with an
     internal error ("unhashable type: 'CustomObjArgument'", "create an issue in PyTorch"). Named
     here, with what to export instead, unless the caller's table translates them."""
-    graph = getattr(model, "graph", None) or getattr(getattr(model, "graph_module", None), "graph", None)
-    if graph is None:
+    if isinstance(model, torch.export.ExportedProgram):
+        graphs = [model.graph_module.graph]
+    elif isinstance(model, torch.nn.Module):  # a lowered model, or a module that holds one
+        graphs = [m.graph for m in model.modules() if isinstance(m, torch.fx.GraphModule)]
+    else:
         return
-    for node in graph.nodes:
+    for node in (n for graph in graphs for n in graph.nodes):
         target = node.target
         if node.op == "call_function" and getattr(target, "namespace", None) == "openreg_quant" and target not in table:
             name = f"openreg_quant::{target._opname}.{target._overloadname}"

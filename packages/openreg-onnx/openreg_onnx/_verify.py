@@ -231,20 +231,30 @@ _DROPOUT = (
 )
 
 
+def _refuse_random_dropout(gm: torch.fx.GraphModule, what: str) -> None:
+    """A captured graph with dropout in training mode (captured from a model in train() mode) drops
+    at random, and so does its ONNX export: nothing to compare."""
+    dropping = [
+        n.name
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in _DROPOUT and len(n.args) > 2 and n.args[2] is True and n.args[1]
+    ]
+    if dropping:
+        raise ValueError(
+            f"the {what} drops at random ({', '.join(dropping)}: dropout in training mode, captured from a "
+            "model in train() mode) and so does its ONNX export; capture it from model.eval(), or pass the "
+            "model itself (a model is exported and compared in eval mode)"
+        )
+
+
 def _inference_module(program: torch.export.ExportedProgram) -> torch.nn.Module:
     """``program.module()`` computing what its ONNX export computes. A program captured in
     train() mode runs as a copy with batch norm's training flag off, so the caller's statistics,
     which the program shares, are not updated either; one that drops at random is refused (its
     ONNX model drops at random too: nothing to compare)."""
     gm = program.module()
+    _refuse_random_dropout(gm, "program")
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    dropping = [n.name for n in calls if n.target in _DROPOUT and len(n.args) > 2 and n.args[2] is True and n.args[1]]
-    if dropping:
-        raise ValueError(
-            f"the program drops at random ({', '.join(dropping)}: dropout in training mode, captured from a "
-            "model in train() mode) and so does its ONNX export; capture it from model.eval(), or pass the "
-            "model itself (a model is exported and compared in eval mode)"
-        )
 
     def trains(n):
         index = _BATCH_NORM_TRAINING_ARG.get(n.target) if n.op == "call_function" else None
@@ -339,6 +349,9 @@ def verify(
         run = _inference_module(model_or_program)  # before the export: it may refuse the program
     else:
         run = model_or_program
+        for module in run.modules() if isinstance(run, torch.nn.Module) else ():
+            if isinstance(module, torch.fx.GraphModule):  # ExportedProgram.module(), or a part of one
+                _refuse_random_dropout(module, "captured module")
     if onnx_program is None:
         onnx_program = _export.export(
             model_or_program,

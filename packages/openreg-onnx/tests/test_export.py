@@ -194,6 +194,38 @@ class TestProvenanceAndShapes:
         assert result.ok, result.report()
         assert captured.training
 
+    def test_a_module_holding_a_captured_one_is_exported_in_eval_mode(self):
+        # eval() stops at the captured child, which refuses it: a dropout after it kept training,
+        # and the export dropped at random. Every module's flag is set, as eval() would have.
+        x = torch.randn(5, 8, device="openreg")
+        captured = torch.export.export(torch.nn.Linear(8, 8).to("openreg").eval(), (x,)).module()
+
+        class Holder(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.captured = captured
+                self.drop = torch.nn.Dropout(0.5)
+
+            def forward(self, x):
+                return self.drop(self.captured(x))
+
+        model = Holder()
+        program = openreg_onnx.export(model, (x,))
+        assert "Dropout" not in {n.op_type for n in program.model_proto.graph.node}
+        assert all(m.training for m in model.modules())  # given back as it was
+        result = openreg_onnx.verify(model, (x,))
+        assert result.ok, result.report()
+
+    def test_a_captured_module_that_drops_at_random_is_not_verified(self):
+        # Captured from a model in train() mode, its dropout drops at random, and so does its ONNX
+        # model: verify(program) refused it, verify(program.module()) compared random outputs.
+        net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).to("openreg").train()
+        x = torch.randn(5, 8, device="openreg")
+        with pytest.raises(
+            ValueError, match=r"^the captured module drops at random \(.*capture it from model.eval\(\)"
+        ):
+            openreg_onnx.verify(torch.export.export(net, (x,)).module(), (x,))
+
     def test_a_file_object_takes_the_weights_inline(self):
         # As torch.onnx.export writes to an io.BytesIO; ONNXProgram.save refused external_data=True
         # for it (TypeError), and torch.onnx.export's own default is external_data=True.
