@@ -843,12 +843,14 @@ class TestGenericPath(TestCase):
     def test_kernel_failure_message_has_no_cpp_backtrace(self):
         # The kernel's c10::Error carries a C++ backtrace in what(); Python shows PyTorch's own errors
         # without one (unless TORCH_SHOW_CPP_STACKTRACES=1), and so must the device's report.
+        # Several samples with replacement: the kernel checks the probabilities (the host checks
+        # them only without replacement or for one sample, as ATen does).
         with self.assertRaises(RuntimeError) as cpu:
-            torch.multinomial(torch.tensor([0.0, 1.0, -1.0]), 1)
+            torch.multinomial(torch.tensor([0.0, 1.0, -1.0]), 2, replacement=True)
         cpu_message = str(cpu.exception).splitlines()[0]
-        torch.multinomial(torch.tensor([0.0, 1.0, 1.0], device="openreg"), 1)  # later calls: asynchronous
+        torch.multinomial(torch.tensor([0.0, 1.0, 1.0], device="openreg"), 2, True)  # later calls: asynchronous
         with self.assertRaises(RuntimeError) as dev:
-            torch.multinomial(torch.tensor([0.0, 1.0, -1.0], device="openreg"), 1)
+            torch.multinomial(torch.tensor([0.0, 1.0, -1.0], device="openreg"), 2, replacement=True)
             torch.openreg.synchronize()
         message = str(dev.exception)
         self.assertIn("kernel 'aten::multinomial' failed on openreg device 0: ", message)

@@ -84,7 +84,7 @@ def _open_storage(
     # One storage per message and process, as torch does for the storages it shares
     # (reductions.shared_cache): a message read again while a tensor read from it lives gives that
     # tensor's storage. A second opening would release the sender's memory when the first dies.
-    key = ("openreg", *sender, slot, generation)
+    key = ("openreg", *sender, slot, generation, h.handle)  # the handle names the exporter's start time too
     with _opening:  # two threads reading one message open it once
         cached = reductions.storage_from_cache(torch.UntypedStorage, key)
         if cached is not None:
