@@ -79,6 +79,15 @@ def _twice_reading_consumer(queue, results, go):
     results.put(b[:2].cpu().tolist())
 
 
+def reuse_freed_memory() -> list:
+    """Empties the sender's cache and fills new tensors with -1: where a storage a receiver still
+    reads was wrongly freed, they overwrite it. Keep them until the receiver has read."""
+    torch.accelerator.empty_cache()
+    others = [torch.full((1024,), -1.0, device="openreg") for _ in range(4)]
+    torch.openreg.synchronize()
+    return others
+
+
 @contextlib.contextmanager
 def file_system_sharing():
     """torch.multiprocessing's file_system strategy for the with block: a CPU slab travels by name,
@@ -333,9 +342,7 @@ class TestMultiprocessing(TestCase):
             queue.put(t)
             del t
             self.assertEqual(results.get(timeout=120), "child exited")
-            torch.accelerator.empty_cache()
-            others = [torch.full((1024,), -1.0, device="openreg") for _ in range(4)]
-            torch.openreg.synchronize()
+            others = reuse_freed_memory()
             go.set()
             self.assertEqual(results.get(timeout=60), [7.0, 7.0])
             del others
@@ -372,9 +379,7 @@ class TestMultiprocessing(TestCase):
             queue.put(bytes(ForkingPickler.dumps(t)))
             del t
             self.assertEqual(results.get(timeout=120), ("read twice", True))
-            torch.accelerator.empty_cache()
-            others = [torch.full((1024,), -1.0, device="openreg") for _ in range(4)]
-            torch.openreg.synchronize()
+            others = reuse_freed_memory()
             go.set()
             self.assertEqual(results.get(timeout=60), [7.0, 7.0])
             del others
@@ -416,9 +421,7 @@ class TestMultiprocessing(TestCase):
             self.assertEqual((mine[:2].cpu().tolist(), _kept_count()), ([7.0, 7.0], kept + 1))  # still kept
             del mine
             gc.collect()
-            torch.accelerator.empty_cache()
-            others = [torch.full((1024,), -1.0, device="openreg") for _ in range(4)]
-            torch.openreg.synchronize()
+            others = reuse_freed_memory()
             go.set()
             self.assertEqual(results.get(timeout=60), [7.0, 7.0])
             del others
