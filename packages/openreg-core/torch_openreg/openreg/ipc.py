@@ -126,11 +126,12 @@ def _open_tensor(
 
 
 def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int], int]:
-    """Keeps ``storage`` until its receiver releases it (``Module.cpp::SentStorages``, as torch keeps
-    a CUDA storage it sent): the slab and slot the receiver zeroes then, who sent it (this process
-    and the slab's index, for :func:`_take`) and the send's generation, which the slot holds until
-    the release (a message read after that is refused, not given a later send's memory). A slab is
-    CPU memory shared with the receivers; it travels with the message."""
+    """Keeps ``storage`` until its receivers release it (``Module.cpp::SentStorages``, as torch keeps
+    a CUDA storage it sent): the slab and slot in which receivers count themselves, the last one
+    zeroing it; who sent it (this process and the slab's index, for :func:`_take`); and the send's
+    generation, which the slot holds until the release (a message read after that is refused, not
+    given a later send's memory). A slab is CPU memory shared with the receivers; it travels with
+    the message."""
     over = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     key = _C._ipc_keep(over)
     while key is None:  # every slot is taken
@@ -142,8 +143,9 @@ def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, 
 
 def _take(sender: Tuple[int, int], slot: int, generation: int) -> Optional[torch.UntypedStorage]:
     """In the sending process itself (a message read back where it was written): the storage kept
-    for that send, its slot freed; the rebuilt tensor holds the storage from then on. The runtime
-    does not open a process's own handle (as CUDA's does not)."""
+    for that send, its slot freed unless a receiver holds it (then it stays kept for the receiver);
+    the rebuilt tensor holds the storage from then on. The runtime does not open a process's own
+    handle (as CUDA's does not)."""
     if sender[0] != os.getpid():
         return None
     over = _C._ipc_take(sender[1], slot, generation)
