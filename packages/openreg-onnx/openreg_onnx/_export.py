@@ -298,18 +298,22 @@ def pop_save_options(export_kwargs: Dict[str, Any], f) -> Dict[str, Any]:
     return {SAVE_OPTIONS[k]: v for k, v in given.items()}
 
 
+def captured_graphs(model) -> List[torch.fx.Graph]:
+    """The FX graphs ``model`` runs as captured: an ``ExportedProgram``'s, or those of every
+    ``GraphModule`` in a module (``ExportedProgram.module()``, PT2E models, a module holding one)."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return [model.graph_module.graph]
+    if isinstance(model, torch.nn.Module):
+        return [m.graph for m in model.modules() if isinstance(m, torch.fx.GraphModule)]
+    return []
+
+
 def _refuse_fused_quantized_ops(model, table) -> None:
     """A model lowered by ``openreg_quant.lower_pt2e`` calls openreg's fused int8 kernels on packed
     weights (torchbind objects), which have no ONNX form: torch's exporter failed on them with an
     internal error ("unhashable type: 'CustomObjArgument'", "create an issue in PyTorch"). Named
     here, with what to export instead, unless the caller's table translates them."""
-    if isinstance(model, torch.export.ExportedProgram):
-        graphs = [model.graph_module.graph]
-    elif isinstance(model, torch.nn.Module):  # a lowered model, or a module that holds one
-        graphs = [m.graph for m in model.modules() if isinstance(m, torch.fx.GraphModule)]
-    else:
-        return
-    for node in (n for graph in graphs for n in graph.nodes):
+    for node in (n for graph in captured_graphs(model) for n in graph.nodes):
         target = node.target
         if node.op == "call_function" and getattr(target, "namespace", None) == "openreg_quant" and target not in table:
             name = f"openreg_quant::{target._opname}.{target._overloadname}"

@@ -231,12 +231,12 @@ _DROPOUT = (
 )
 
 
-def _refuse_random_dropout(gm: torch.fx.GraphModule, what: str) -> None:
+def _refuse_random_dropout(graph: torch.fx.Graph, what: str) -> None:
     """A captured graph with dropout in training mode (captured from a model in train() mode) drops
     at random, and so does its ONNX export: nothing to compare."""
     dropping = [
         n.name
-        for n in gm.graph.nodes
+        for n in graph.nodes
         if n.op == "call_function" and n.target in _DROPOUT and len(n.args) > 2 and n.args[2] is True and n.args[1]
     ]
     if dropping:
@@ -253,7 +253,7 @@ def _inference_module(program: torch.export.ExportedProgram) -> torch.nn.Module:
     which the program shares, are not updated either; one that drops at random is refused (its
     ONNX model drops at random too: nothing to compare)."""
     gm = program.module()
-    _refuse_random_dropout(gm, "program")
+    _refuse_random_dropout(gm.graph, "program")
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
 
     def trains(n):
@@ -349,9 +349,8 @@ def verify(
         run = _inference_module(model_or_program)  # before the export: it may refuse the program
     else:
         run = model_or_program
-        for module in run.modules() if isinstance(run, torch.nn.Module) else ():
-            if isinstance(module, torch.fx.GraphModule):  # ExportedProgram.module(), or a part of one
-                _refuse_random_dropout(module, "captured module")
+        for graph in _export.captured_graphs(run):  # ExportedProgram.module(), or a part of one
+            _refuse_random_dropout(graph, "captured module")
     if onnx_program is None:
         onnx_program = _export.export(
             model_or_program,
