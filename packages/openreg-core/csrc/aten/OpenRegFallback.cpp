@@ -1312,11 +1312,10 @@ void check_fill_value(const c10::IValue& value, const c10::IValue& self) {
 // device, and its error surfaced at some later synchronising call. The CPU op run on an empty
 // CPU tensor of the same dtype (and last dim, which multinomial reads) makes the same checks at the
 // call, for a few microseconds, and touches no generator.
-void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  // multinomial refuses a 0-dim input by its rank, before it draws: the probe keeps that rank (an
-  // empty 1-D probe was refused by its size, with another message). random_ and bernoulli_ would
-  // fill a 0-dim probe, drawing from the CPU generator.
-  const bool rank_checked = op.schema().name() == "aten::multinomial";
+// multinomial (`rank_checked`) refuses a 0-dim input by its rank, before it draws: the probe keeps
+// that rank (an empty 1-D probe was refused by its size, with another message). random_ and
+// bernoulli_ would fill a 0-dim probe, drawing from the CPU generator.
+void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool rank_checked) {
   Stack probe;
   probe.reserve(args.size());
   for (const c10::IValue& a : args) {
@@ -1422,7 +1421,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     return;
   }
   if (facts.fill_value >= 0) check_fill_value(args[facts.fill_value], args[0]);
-  if (facts.value_probe) probe_value_checks(op, args);
+  if (facts.value_probe) probe_value_checks(op, args, facts.multinomial);
   if (facts.randperm) check_randperm(schema, args);
   if (facts.std_tensor >= 0) check_normal_std(args[facts.std_tensor]);
   if (facts.multinomial) check_multinomial_values(args);

@@ -79,8 +79,11 @@ def _open_storage(
     sender: Optional[Tuple[int, int]] = None,
     generation: int = 0,
 ) -> torch.UntypedStorage:
-    if sender is None:  # open_ipc_handle: the caller keeps the producer's tensor alive
+    def opened() -> torch.UntypedStorage:  # the runtime maps the exporter's memory
         return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+
+    if sender is None:  # open_ipc_handle: the caller keeps the producer's tensor alive
+        return opened()
     # One storage per message and process, as torch does for the storages it shares
     # (reductions.shared_cache): a message read again while a tensor read from it lives gives that
     # tensor's storage. A second opening would release the sender's memory when the first dies.
@@ -91,7 +94,7 @@ def _open_storage(
             return cached
         storage = _take(sender, slot, generation)
         if storage is None:
-            storage = _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+            storage = opened()
         reductions.shared_cache[key] = reductions.StorageWeakRef(storage)
         return storage
 
