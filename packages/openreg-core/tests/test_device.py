@@ -441,6 +441,28 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.stdout.strip(), "0", r.stderr)
 
+    def test_inherited_tensor_meets_the_runtime_guard(self):
+        # a tensor made in the parent never passes torch's lazy initialisation in the child: the
+        # runtime itself refuses the child's kernel (and its read-back) with orErrorForkedProcess
+        r = run_python(
+            """
+            import os, torch
+            x = torch.ones(2, device="openreg")
+            x.cpu()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    (x + 1).cpu()
+                    os._exit(3)
+                except RuntimeError as e:
+                    ok = "orErrorForkedProcess" in str(e) and "'spawn'" in str(e)
+                    os._exit(0 if ok else 4)
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status), x.cpu().tolist())
+            """
+        )
+        self.assertEqual(r.stdout.strip(), "0 [1.0, 1.0]", r.stderr)
+
     def test_fork_after_only_counting_devices_is_usable(self):
         # torch.openreg.device_count() reads the count from the runtime, which then existed in the
         # parent and refused every call of the child; nothing of a device had been set up, so the
@@ -509,14 +531,18 @@ class TestFork(TestCase):
             def broken():
                 raise ValueError("from the queued call")
             torch.openreg._lazy_call(broken)
+            ran = []
+            torch.openreg._lazy_call(lambda: ran.append("after"))
+            torch.openreg.manual_seed(1234)
             try:
                 torch.ones(1, device="openreg")
             except RuntimeError as e:
                 print(str(e).splitlines()[0])
                 print('originally invoked at:' in str(e) and '"<string>", line 5' in str(e))  # the _lazy_call
-            print(torch.openreg.is_initialized())
-            # reported once and dropped: the next use initialises
-            print((torch.ones(1, device="openreg") + 1).item(), torch.openreg.is_initialized())
+            print(torch.openreg.is_initialized(), ran)
+            # reported once and dropped: the next use initialises, and runs the calls queued after it
+            print((torch.ones(1, device="openreg") + 1).item(), torch.openreg.is_initialized(), ran)
+            print(torch.openreg.initial_seed())
             """
         )
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -525,8 +551,9 @@ class TestFork(TestCase):
             [
                 "openreg call failed lazily at initialization with error: from the queued call",
                 "True",
-                "False",
-                "2.0 True",
+                "False []",
+                "2.0 True ['after']",
+                "1234",
             ],
         )
 

@@ -221,17 +221,22 @@ def _lazy_init() -> None:
         # A malformed OPENREG_SMALL_KERNEL_BYTES fails the initialisation, not only each use after
         # it: an initialised process that never ran a kernel warned about it again at exit.
         _C._small_kernel_bytes()
-        # Each queued call runs once: one that fails is reported and dropped, and the next use
-        # initialises without it (kept, it would fail every use of the process).
-        calls = [*_queued_calls, *_queued_seeds.values()]
+        # Each queued call runs once: one that fails is reported and dropped (kept, it would fail
+        # every use of the process); the calls after it stay queued for the next use, seeds included.
+        calls = [*((None, entry) for entry in _queued_calls), *_queued_seeds.items()]
         _queued_calls.clear()
         _queued_seeds.clear()
         _init_tls.is_initializing = True
         try:
-            for call, stack in calls:
+            for position, (_, (call, stack)) in enumerate(calls):
                 try:
                     call()
                 except Exception as e:
+                    for seed, entry in calls[position + 1 :]:
+                        if seed is None:
+                            _queued_calls.append(entry)
+                        else:
+                            _queued_seeds[seed] = entry
                     raise RuntimeError(
                         f"openreg call failed lazily at initialization with error: {e}\n\n"
                         f"openreg call was originally invoked at:\n\n{''.join(stack)}"
