@@ -20,6 +20,10 @@ docs/index.md:
   headers in angle brackets (`<c10/core/impl/DeviceGuardImplInterface.h>`) or as Python modules
   (`torch.utils.backend_registration`), which this test leaves alone, as it does URLs.
 
+The READMEs (the repository's, and each package's, which is also its PyPI description) are held to
+the same rules, except that a README below the root may also write paths from its own folder
+(`csrc/Module.cpp` in `packages/openreg-distributed/README.md`), as a reader of that package does.
+
 No torch needed: `pytest tests/docs` (also run by `nox -s docs`, after the Sphinx build).
 """
 
@@ -66,14 +70,16 @@ class Ref:
         return f"{self.path}::{self.symbol}" if self.symbol else self.path
 
 
-def references(text: str) -> tuple[list[Ref], list[str]]:
-    """The repository references in `text`, and the problems that need no file system to find."""
+def references(text: str, base: str = "") -> tuple[list[Ref], list[str]]:
+    """The repository references in `text`, and the problems that need no file system to find.
+    `base`: the folder (from the root) that a README's own paths start at; "" for the root."""
     refs: list[Ref] = []
     problems: list[str] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = PAGE_LINK.sub("]()", HEADER.sub(" ", URL.sub(" ", raw)))
         for m in TOKEN.finditer(line):
             path = m.group("path").rstrip(".")
+            path = path[2:] if path.startswith("./") else path  # `pip install ./packages/x`
             symbol = (m.group("symbol") or "").rstrip(".:") or None
             if not path or path in (".", ".."):
                 continue
@@ -83,7 +89,9 @@ def references(text: str) -> tuple[list[Ref], list[str]]:
             first = parts[0]
             rooted = ("/" in path and first in ROOT_DIRS) or path in ROOT_FILES
             looks_like_file = path.endswith(SOURCE_SUFFIXES) and not path.startswith(".")
-            if rooted:
+            if base and "/" in path and (ROOT / base / first).exists():
+                refs.append(Ref(lineno, f"{base}/{path}", symbol))  # the README's folder first
+            elif rooted:
                 refs.append(Ref(lineno, path, symbol))
             elif "/" in path and looks_like_file:
                 problems.append(f"line {lineno}: `{path}` is not a path from the repository root: write it whole")
@@ -163,9 +171,15 @@ def pages() -> list[Path]:
     return sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts)
 
 
-def problems_in(text: str) -> list[str]:
-    refs, problems = references(text)
+def problems_in(text: str, base: str = "") -> list[str]:
+    refs, problems = references(text, base)
     return problems + [p for p in map(check, refs) if p]
+
+
+def readmes() -> list[Path]:
+    found = [ROOT / "README.md", *sorted((ROOT / "packages").glob("*/README.md"))]
+    found += sorted((ROOT / "packages").glob("*/*/README.md"))  # e.g. the runtime's, libopenreg/
+    return found
 
 
 def test_docs_exist():
@@ -177,6 +191,13 @@ def test_docs_exist():
 def test_references_exist(page: Path):
     problems = problems_in(page.read_text(encoding="utf-8"))
     assert not problems, f"{page.relative_to(ROOT)}: stale pointers into the repository:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("readme", readmes(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_readme_references_exist(readme: Path):
+    base = readme.parent.relative_to(ROOT).as_posix()
+    problems = problems_in(readme.read_text(encoding="utf-8"), "" if base == "." else base)
+    assert not problems, f"{readme.relative_to(ROOT)}: stale pointers into the repository:\n  " + "\n  ".join(problems)
 
 
 def _is_test_file(path: str) -> bool:
@@ -222,3 +243,8 @@ def test_checker_rejects_made_up_references():
     for text, expected in bad.items():
         found = problems_in(text)
         assert len(found) == 1 and expected in found[0], (text, found)
+    # A README's own folder: `docs/conf.py` read from tests/ (the README of tests/docs would write
+    # `docs/test_doc_links.py`); a made-up file there is still reported.
+    assert problems_in("`docs/test_doc_links.py::Ref`", base="tests") == []
+    found = problems_in("`docs/no_such_file.py`", base="tests")
+    assert len(found) == 1 and "does not exist" in found[0], found

@@ -43,6 +43,23 @@ print(all(torch.allclose(torch.from_numpy(g), w.cpu(), atol=1e-6) for g, w in zi
 
 
 class TestLoading(TestCase):
+    def test_direct_import_loads_core_first(self):
+        # `import openreg_onnx` before torch imports core, whose plugin discovery loads this module
+        # while it is still importing (with autoload too, where `import torch` would load it).
+        for autoload in ("0", "1"):
+            r = run_python(
+                """
+                import openreg_onnx, torch
+                model = torch.nn.Linear(4, 2).to("openreg").eval()
+                result = openreg_onnx.verify(model, (torch.randn(3, 4, device="openreg"),))
+                print(result.ok, openreg_onnx.__version__, torch.openreg.plugins()["onnx"]["loaded"])
+                """,
+                env={"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload},
+            )
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), "True 0.1.0 True", autoload)
+            self.assertNotIn("openreg plugin", r.stderr)
+
     def test_loading_imports_no_onnx_package(self):
         r = run_python(LAZY)
         self.assertEqual(r.returncode, 0, r.stderr)
