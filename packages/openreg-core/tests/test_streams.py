@@ -224,6 +224,9 @@ class TestStreams(TestCase):
         self.assertEqual((least, greatest), (0, -1))
         self.assertEqual(torch.openreg.Stream(priority=3).priority, least)
         self.assertEqual(torch.openreg.Stream(priority=-5).priority, greatest)
+        # beyond 32 bits too (torch.Stream narrowed them first: 2**31 became a high priority)
+        self.assertEqual(torch.openreg.Stream(priority=2**31).priority, least)
+        self.assertEqual(torch.openreg.Stream(priority=-(2**40)).priority, greatest)
 
     def test_set_num_threads_reaches_kernels_on_every_stream(self):
         # Kernels run on the streams' workers, each with an OpenMP team of its own, sized when the

@@ -4,6 +4,7 @@ Both are thin subclasses of the generic ``torch.Stream``/``torch.Event``: the
 work is done by the C++ device guard (``csrc/runtime/OpenRegGuard.cpp``).
 """
 
+import operator
 from typing import Any, Optional
 
 import torch
@@ -23,6 +24,10 @@ class Stream(torch.Stream):
         if kwargs.get("stream_id") is not None:  # re-wrapping an existing stream
             return super().__new__(cls, **kwargs)
         index = _device_index(device)
+        # Clamped here: torch.Stream narrows the value to 32 bits first, so 2**31 wrapped around to
+        # a high priority and -2**40 to a low one.
+        least, greatest = _C._stream_priority_range()
+        priority = max(min(operator.index(priority), least), greatest)
         return super().__new__(cls, device=torch.device("openreg", index), priority=priority)
 
     def wait_event(self, event: "Event") -> None:
