@@ -345,12 +345,17 @@ _warned_autocast_without_amp = False
 def get_amp_supported_dtype() -> List[torch.dtype]:
     """Data types autocast may use on openreg.
 
-    ``torch.autocast("openreg")`` calls this when it is made: without the openreg-amp plugin loaded,
-    core's fallthrough lets every operator run in its input dtype, so say so once rather than let a
-    user believe a float32 model runs in float16 (CUDA's autocast has its policies built in).
+    ``torch.autocast("openreg")`` calls this when it is made: without autocast policies registered
+    (the openreg-amp plugin), core's fallthrough lets every operator run in its input dtype, so say
+    so once rather than let a user believe a float32 model runs in float16 (CUDA's autocast has its
+    policies built in). Asked of the dispatcher, not of plugin discovery: ``import openreg_amp``
+    registers them even when ``OPENREG_PLUGINS`` left the plugin out. torch calls this for
+    ``enabled=False`` too, where the warning is moot.
     """
     global _warned_autocast_without_amp
-    if not _warned_autocast_without_amp and not plugins().get("amp", {}).get("loaded"):
+    if not _warned_autocast_without_amp and not torch._C._dispatch_has_kernel_for_dispatch_key(
+        "aten::mm", "AutocastPrivateUse1"
+    ):
         _warned_autocast_without_amp = True
         warnings.warn(
             "openreg: torch.autocast has no effect without the openreg-amp plugin: operators run in "
