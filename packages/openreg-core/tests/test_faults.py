@@ -279,6 +279,42 @@ class TestFaultInjection(FaultTestCase):
         del late, soon, on1, x, x1
         self.assert_back_to_baseline()
 
+    def test_a_slow_stream_holds_back_only_the_blocks_it_used(self):
+        # The allocator kept one queue of record_stream events for all streams and stopped at the
+        # first pending one: a block used by a slow stream kept every block freed after it from
+        # reuse, and each step took new memory (100 MiB for 50 steps of 2 MiB). One queue per
+        # stream now, as CUDA's allocator keeps: the steps reuse one block.
+        n = 2 * MiB // 4
+        slow, fast = torch.openreg.Stream(), torch.openreg.Stream()
+        x = torch.ones(n, device="openreg")
+        for s in (slow, fast):
+            s.wait_stream(torch.openreg.current_stream())
+            with torch.openreg.stream(s):
+                x * 2  # first calls of the signature run synchronously
+        torch.openreg.synchronize()
+        torch.openreg._inject_faults(f"slow@{handle(slow)}:60000")
+        with torch.openreg.stream(slow):
+            late = x * 2
+        x.record_stream(slow)
+        del x
+        addresses = set()
+        for _ in range(50):
+            t = torch.ones(n, device="openreg")
+            addresses.add(t.data_ptr())
+            fast.wait_stream(torch.openreg.current_stream())
+            with torch.openreg.stream(fast):
+                t * 2
+            t.record_stream(fast)
+            del t
+            fast.synchronize()  # the fast stream is done with the block before the next step
+        self.assertFalse(slow.query())
+        torch.openreg._inject_faults("")  # ends the wait
+        slow.synchronize()
+        self.assertLessEqual(len(addresses), 2)
+        self.assertEqual(late.cpu(), torch.full((n,), 2.0))
+        del late
+        self.assert_back_to_baseline()
+
 
 class TestFaultsFromEnvironment(TestCase):
     def test_armed_at_start_up(self):

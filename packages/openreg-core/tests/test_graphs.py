@@ -180,6 +180,31 @@ class TestGraphs(TestCase):
         g.reset()
         self.assertEqual((x + 1).cpu(), torch.full((4,), 2.0))  # the device works on
 
+    def test_a_capturing_stream_waiting_for_outside_work_is_refused(self):
+        # Captured, the wait held the event's generation at capture time: every replay passed it
+        # at once and read inputs the producer had not written yet. CUDA refuses such a wait too.
+        producer, s = torch.openreg.Stream(), torch.openreg.Stream()
+        x = torch.ones(4, device="openreg")
+        warm_up(lambda: x * 2, s)
+        ready = producer.record_event()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            for wait in (lambda: s.wait_event(ready), lambda: s.wait_stream(producer)):
+                with self.assertRaisesRegex(RuntimeError, "cannot wait for an event recorded outside the capture"):
+                    wait()
+            y = x * 2
+            g.capture_end()
+        # the wait is made outside, before the replay, as on CUDA
+        with torch.openreg.stream(producer):
+            x.fill_(5)
+        s.wait_stream(producer)
+        with torch.openreg.stream(s):
+            g.replay()
+        s.synchronize()
+        self.assertEqual(y.cpu(), torch.full((4,), 10.0))
+        g.reset()
+
     def test_captured_memory_is_kept_until_reset(self):
         s = torch.openreg.Stream()
         x = torch.ones(256 * 1024, device="openreg")
@@ -310,6 +335,66 @@ class TestGraphs(TestCase):
         torch.openreg.synchronize()
         z = torch.empty(1000, device="openreg")  # the freed block is reusable after its events
         self.assertEqual(z.data_ptr(), ptr)
+
+    def test_source_of_a_copy_to_a_capturing_device_freed_during_the_capture(self):
+        # A copy from device 0 queued on a stream of device 1 records its source there; the source
+        # died while that stream captured, device 0's free recorded an event on the capturing stream
+        # inside the tensor's deleter, and the process aborted. Its event now waits for the capture's end.
+        s1 = torch.openreg.Stream(device=1)
+        y = torch.ones(1024, device="openreg:1")
+        torch.openreg.empty_cache()
+        base = torch.openreg.memory_reserved(0)
+        src = torch.randn(4 << 20, device="openreg:0")  # a segment of its own
+        expected = src.cpu()
+        with torch.openreg.stream(s1):
+            dst = src.to("openreg:1")
+            y.mul_(2)
+        s1.synchronize()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s1):
+            g.capture_begin()
+            y.mul_(2)
+            del src
+            g.capture_end()
+        with torch.openreg.stream(s1):
+            g.replay()
+        s1.synchronize()
+        self.assertEqual(y.cpu(), torch.full((1024,), 4.0))  # eager, then one replay
+        self.assertEqual(dst.cpu(), expected)
+        torch.openreg.empty_cache()  # the source's block came back once its event could be recorded
+        self.assertEqual(torch.openreg.memory_reserved(0), base)
+        g.reset()
+
+    def test_pinned_copies_are_captured(self):
+        # The refusal of a pageable copy says to use pinned memory and a non-blocking copy; that
+        # was refused too (the pinned block's event cannot be recorded on a capturing stream). A
+        # pinned block a captured copy used is never handed out again: every replay uses it.
+        s = torch.openreg.Stream()
+        host = {"in": torch.empty(4, pin_memory=True), "out": torch.empty(4, pin_memory=True)}
+        dev = torch.zeros(4, device="openreg")
+
+        def step():
+            dev.copy_(host["in"], non_blocking=True)
+            host["out"].copy_(dev * 2, non_blocking=True)
+
+        host["in"].fill_(1)
+        warm_up(step, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            step()
+            g.capture_end()
+        for value in (3.0, 5.0):
+            host["in"].fill_(value)
+            with torch.openreg.stream(s):
+                g.replay()
+            s.synchronize()
+            self.assertEqual(host["out"], torch.full((4,), 2 * value))
+        kept = {t.data_ptr() for t in host.values()}
+        host.clear()
+        again = [torch.empty(4, pin_memory=True) for _ in range(4)]
+        self.assertFalse(kept & {t.data_ptr() for t in again})
+        g.reset()
 
     def test_graphs_sharing_a_pool_keep_it_until_the_last_is_reset(self):
         # Resetting one graph released every block of the shared pool, so the other graph's

@@ -183,15 +183,7 @@ class DeviceCache {
       return size;
     }
     if (!block->stream_uses.empty()) {
-      // Not reusable until the other streams' work queued so far is done. While a graph is being
-      // captured an event cannot be recorded on the capturing stream (nor, as on CUDA, should one
-      // be): the events wait until no capture is under way.
-      if (capturing_.empty()) {
-        insert_events(block);
-      } else {
-        needs_events_.push_back(block);
-        block->pending_events++;  // holds the block (no reuse, no coalescing) until its events exist
-      }
+      insert_events(block);  // not reusable until the other streams' work queued so far is done
       return size;
     }
     deactivate(block);
@@ -200,16 +192,49 @@ class DeviceCache {
     return size;
   }
 
-  // Device side of a free: events on every stream that used the block (record_stream).
+  // Device side of a free: events on every stream that used the block (record_stream). A stream
+  // being captured into a graph cannot record one (its work is recorded, not run), on this device
+  // or another (a copy from this device queued on a stream of another records its source there):
+  // the block waits in needs_events_, holding no reuse and no coalescing, until that capture
+  // ends (retried by process_events and end_capture). Recording there threw inside the tensor's
+  // deleter, which aborted the process.
   void insert_events(Block* block) {
+    std::vector<c10::Stream> capturing;
     for (const c10::Stream& s : block->stream_uses) {
+      const orStream_t stream = OpenRegStream(s).handle();
+      int is_capturing = 0;
+      OPENREG_CHECK(orStreamIsCapturing(stream, &is_capturing));
       orEvent_t event = nullptr;
-      OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
-      OPENREG_CHECK(orEventRecord(event, OpenRegStream(s).handle()));
-      pending_.emplace_back(event, block);
+      if (is_capturing == 0) {
+        OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
+        const orStatus st = orEventRecord(event, stream);
+        if (st != orSuccess) {
+          orEventDestroy(event);
+          if (st != orErrorStreamCaptureUnsupported) OPENREG_CHECK(st);
+          event = nullptr;  // a capture began meanwhile, on another thread
+        }
+      }
+      if (event == nullptr) {
+        capturing.push_back(s);
+        continue;
+      }
+      pending_[stream].emplace_back(event, block);
       block->pending_events++;
     }
-    block->stream_uses.clear();
+    block->stream_uses = std::move(capturing);
+    if (!block->stream_uses.empty()) {
+      needs_events_.push_back(block);
+      block->pending_events++;
+    }
+  }
+
+  void retry_needs_events() {
+    std::vector<Block*> blocks;
+    blocks.swap(needs_events_);
+    for (Block* block : blocks) {
+      block->pending_events--;
+      insert_events(block);  // back in needs_events_ if a stream of it still captures
+    }
   }
 
   void record_stream(void* ptr, const c10::Stream& stream) {
@@ -242,13 +267,7 @@ class DeviceCache {
   void end_capture(orStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     capturing_.erase(stream);
-    if (capturing_.empty()) {
-      for (Block* block : needs_events_) {
-        block->pending_events--;
-        insert_events(block);
-      }
-      needs_events_.clear();
-    }
+    if (!needs_events_.empty()) retry_needs_events();
   }
 
   void release_graph(uint64_t id) {
@@ -276,7 +295,7 @@ class DeviceCache {
     std::lock_guard<std::mutex> lock(mu_);
     settle();
     FirstFailure failure;
-    for (auto& [event, block] : pending_) failure.note(orEventSynchronize(event));
+    synchronize_pending(failure);
     process_events();
     release_cached(small_pool_);
     release_cached(large_pool_);
@@ -353,7 +372,7 @@ class DeviceCache {
       // Give the cache back and try once more.
       stats_.num_alloc_retries++;
       FirstFailure failure;  // a kernel that failed meanwhile: reported here, as by any synchronising call
-      for (auto& [event, block] : pending_) failure.note(orEventSynchronize(event));
+      synchronize_pending(failure);
       process_events();
       release_cached(small_pool_);
       release_cached(large_pool_);
@@ -373,10 +392,19 @@ class DeviceCache {
       const auto& agg = [](const StatArray& a) { return a[static_cast<size_t>(StatType::AGGREGATE)].current; };
       c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(bytes), agg(stats_.allocated_bytes),
                                        agg(stats_.reserved_bytes), c10::Device(c10::DeviceType::PrivateUse1, device_));
+      // Freed blocks a graph may replay into are neither allocated nor releasable: only resetting
+      // the graph gives them back, which the usual advice does not say.
+      size_t kept_for_graphs = 0;
+      for (const auto& [graph, blocks] : retained_)
+        for (const Block* b : blocks) kept_for_graphs += b->size;
+      const std::string graphs =
+          kept_for_graphs == 0 ? std::string()
+                               : format_size(kept_for_graphs) +
+                                     " freed but kept for captured graphs (reset() the graphs you no longer replay), ";
       TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
                        ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(size),
                        "). Device capacity ", format_size(total), ", ", format_size(free_bytes), " free; ",
-                       format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ",
+                       format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ", graphs,
                        format_size(agg(stats_.reserved_bytes)),
                        " reserved by PyTorch. Free tensors, call torch.openreg.empty_cache(), or raise "
                        "OPENREG_DEVICE_MEMORY. (The runtime said: ",
@@ -461,18 +489,32 @@ class DeviceCache {
     put(pool, block);
   }
 
+  // One queue per stream, as CUDA's allocator keeps: a stream runs in order, so its events
+  // complete in order and a query stops at its first pending one; a single queue stopped there
+  // for every stream, and one slow stream kept all blocks freed after it from reuse.
   void process_events() {
-    while (!pending_.empty()) {
-      auto [event, block] = pending_.front();
-      orStatus st = orEventQuery(event);
-      if (st == orErrorNotReady) break;
-      orEventDestroy(event);
-      pending_.pop_front();
-      if (--block->pending_events == 0) {
-        deactivate(block);
-        release_to_pool(block);
+    if (!needs_events_.empty()) retry_needs_events();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      auto& queue = it->second;
+      while (!queue.empty()) {
+        auto [event, block] = queue.front();
+        if (orEventQuery(event) == orErrorNotReady) break;
+        orEventDestroy(event);
+        queue.pop_front();
+        if (--block->pending_events == 0) {
+          deactivate(block);
+          release_to_pool(block);
+        }
       }
+      it = queue.empty() ? pending_.erase(it) : std::next(it);
     }
+  }
+
+  // Waits for every event, those of blocks whose capture has ended since their free included.
+  void synchronize_pending(FirstFailure& failure) {
+    if (!needs_events_.empty()) retry_needs_events();
+    for (auto& [stream, queue] : pending_)
+      for (auto& [event, block] : queue) failure.note(orEventSynchronize(event));
   }
 
   void release_cached(Pool& pool) {
@@ -580,12 +622,13 @@ class DeviceCache {
   std::vector<Pool::node_type> nodes_;  // recycled pool nodes
   Block* recent_ = nullptr;             // freed last, not yet in its pool (see settle)
   std::set<Block*> segments_;           // first block of every segment
-  std::deque<std::pair<orEvent_t, Block*>> pending_;
+  // record_stream events, one queue per stream (see process_events)
+  std::unordered_map<orStream_t, std::deque<std::pair<orEvent_t, Block*>>> pending_;
   ska::flat_hash_map<void*, Block*> live_;  // allocated blocks by address
   std::unordered_map<orStream_t, uint64_t> capturing_;
   std::unordered_map<uint64_t, std::vector<Block*>> retained_;  // freed blocks a graph may still use
   std::unordered_map<uint64_t, int> pool_users_;                // graph pool -> captures begun on it and not yet reset
-  std::vector<Block*> needs_events_;                            // freed during a capture, used by other streams
+  std::vector<Block*> needs_events_;  // freed while a stream that used them captures (see insert_events)
   DeviceStats stats_;
 };
 

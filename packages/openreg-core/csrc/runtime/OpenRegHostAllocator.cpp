@@ -7,6 +7,9 @@
 // stream takes the event of a use that is over: a staging buffer reused for a
 // million copies holds one event, not a million (the runtime's event table then
 // ran out, and every event creation in the process failed).
+// A copy captured into a graph records no event (the capturing stream runs nothing, and every
+// replay reads or writes the buffer again): such a block is never handed out again, as torch's
+// own CachingHostAllocator leaks pinned blocks used in a capture on purpose.
 #include "OpenRegHostAllocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
@@ -29,6 +32,7 @@ struct HostBlock {
   void* ptr;
   size_t size;
   std::vector<std::pair<orStream_t, orEvent_t>> uses;  // per stream: an event behind its latest async copy
+  bool captured = false;                               // used by a copy captured into a graph
 };
 
 size_t round_pow2(size_t n) {
@@ -75,7 +79,10 @@ class HostCache final : public at::HostAllocator {
     TORCH_INTERNAL_ASSERT(it != used_.end(), "openreg host allocator: unknown pointer");
     stats_.active_requests.decrease(1);
     stats_.active_bytes.decrease(it->second->size);
-    free_[it->second->size].push_back(it->second);
+    if (it->second->captured)
+      captured_.push_back(it->second);  // a replay may still use it: never reused, never freed
+    else
+      free_[it->second->size].push_back(it->second);
     used_.erase(it);
   }
 
@@ -109,6 +116,12 @@ class HostCache final : public at::HostAllocator {
     auto it = used_.find(ptr);
     if (it == used_.end()) return;
     const orStream_t handle = stream.handle();
+    int capturing = 0;
+    OPENREG_CHECK(orStreamIsCapturing(handle, &capturing));
+    if (capturing != 0) {
+      it->second->captured = true;
+      return;
+    }
     auto& uses = it->second->uses;
     auto found = std::find_if(uses.begin(), uses.end(), [&](const auto& use) { return use.first == handle; });
     if (found == uses.end()) {
@@ -173,6 +186,7 @@ class HostCache final : public at::HostAllocator {
   std::mutex mu_;
   std::map<size_t, std::vector<HostBlock*>> free_;
   std::unordered_map<void*, HostBlock*> used_;
+  std::vector<HostBlock*> captured_;  // freed, used by a captured copy: kept for the process's life
   at::HostStats stats_;
 };
 

@@ -473,6 +473,14 @@ orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flag
   if (orStatus st = resolve_stream(stream, &s)) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
+  // No event is recorded inside a capture (see orEventRecord), so a captured wait would hold
+  // today's generation and every replay would pass it at once: refused, as CUDA refuses a wait
+  // on an event from outside the capture (cudaErrorStreamCaptureIsolation).
+  if (s->capturing())
+    return fail(orErrorStreamCaptureUnsupported,
+                "a stream being captured into a graph cannot wait for an event recorded outside the capture "
+                "(its replays would not wait for the event's later records); make the stream wait before "
+                "the capture begins");
   Forward forward;
   const uint64_t generation = last_record(*e, &forward);     // that generation's record is queued
   if (e->completed.value() >= generation) return orSuccess;  // nothing to wait for

@@ -1219,13 +1219,25 @@ TEST(graph_capture_refusals) {
   CHECK_MESSAGE_HAS("default stream");
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreate(&e));
+  CHECK_OK(orEventRecord(e, nullptr));
   CHECK_OK(orStreamBeginCapture(s));
   CHECK_STATUS(orErrorStreamCaptureUnsupported, orDeviceSynchronize());
   CHECK_MESSAGE_HAS("cannot synchronize a device");
+  // A captured wait would hold the event's present generation: replays would never wait (an
+  // event already complete, and one still pending, alike).
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamWaitEvent(s, e, 0));
+  CHECK_MESSAGE_HAS("cannot wait for an event recorded outside the capture");
   orGraph_t g = nullptr;
   CHECK_OK(orStreamEndCapture(s, &g));
+  size_t nodes = 1;
+  CHECK_OK(orGraphGetNodeCount(g, &nodes));
+  CHECK(nodes == 0);
   CHECK_OK(orGraphDestroy(g));
+  CHECK_OK(orStreamWaitEvent(s, e, 0));  // outside the capture, as before
   CHECK_OK(orDeviceSynchronize());
+  CHECK_OK(orEventDestroy(e));
   CHECK_OK(orStreamDestroy(s));
 }
 

@@ -232,7 +232,8 @@ OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t en
  * again, in order, on any stream of the same device; kernels see the same
  * arguments each time. While a stream captures, calls that would wait for it
  * (synchronize, blocking copies, event records) fail with
- * orErrorStreamCaptureUnsupported. */
+ * orErrorStreamCaptureUnsupported, and so does a wait of the capturing stream
+ * for an event (recorded outside the capture, its replays would not wait). */
 OPENREG_API orStatus orStreamBeginCapture(orStream_t stream);
 OPENREG_API orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph);
 OPENREG_API orStatus orStreamIsCapturing(orStream_t stream, int* capturing);
