@@ -272,6 +272,43 @@ class TestGraphs(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "[3.0, 3.0, 3.0, 3.0]")
 
+    def test_out_of_memory_names_the_memory_kept_for_graphs(self):
+        # Freed blocks a graph keeps are neither allocated nor releasable by empty_cache(): the
+        # message pointed only at tensors and the cache, which cannot help; reset() does.
+        from conftest import run_python
+
+        r = run_python(
+            """
+            import torch
+            s = torch.openreg.Stream()
+            graphs = []
+            for _ in range(4):
+                g = torch.accelerator.Graph()
+                with torch.openreg.stream(s):
+                    g.capture_begin()
+                    t = torch.empty(12 << 20, dtype=torch.uint8, device="openreg")
+                    del t  # kept for the graph: a replay would write it
+                    g.capture_end()
+                graphs.append(g)
+            try:
+                torch.empty(30 << 20, dtype=torch.uint8, device="openreg")
+            except torch.OutOfMemoryError as e:
+                print(e)
+            for g in graphs:
+                g.reset()
+            print(torch.empty(30 << 20, dtype=torch.uint8, device="openreg").numel())
+            """,
+            env={"OPENREG_DEVICE_MEMORY": "64M"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        message, after = r.stdout.strip().splitlines()
+        self.assertIn(
+            "0.00 KiB allocated by PyTorch, 48.00 MiB freed but kept for captured graphs "
+            "(reset() the graphs you no longer replay), 48.00 MiB reserved by PyTorch",
+            message,
+        )
+        self.assertEqual(after, str(30 << 20))
+
     def test_capture_on_the_default_stream_is_refused(self):
         # Every thread's current stream is the default one unless set: capturing there swallowed
         # other threads' work into the graph, which then never ran.
