@@ -142,6 +142,25 @@ class TestTransformerFastPath(TestCase):
         self.assertEqual(counts.get("aten::_nested_tensor_from_mask"), 1)  # the fast path ran
         self.assertEqual(counts.get("aten::_transformer_encoder_layer_fwd"), 2)
 
+    def test_encoder_layer_inference_on_dense_input_runs_on_the_host(self):
+        """Without a padding mask the fused layer gets dense tensors: ATen's device-generic composite
+        runs on the host over openreg's operators (as on CPU and CUDA), so an autocast region reaches
+        them (docs/mechanisms/amp.md); it was one generic-path kernel for the whole layer."""
+        torch.manual_seed(0)
+        for norm_first in (False, True):
+            cpu_layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=norm_first).eval()
+            layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=norm_first).to("openreg").eval()
+            layer.load_state_dict(cpu_layer.state_dict())
+            src = torch.randn(3, 5, 8)
+            torch.openreg.reset_fallback_op_counts()
+            with torch.no_grad():
+                want = cpu_layer(src)
+                got = layer(src.to("openreg"))
+            self.assertEqual(got.cpu(), want, atol=1e-5, rtol=1e-5)
+            counts = torch.openreg.fallback_op_counts()
+            self.assertNotIn("aten::_transformer_encoder_layer_fwd", counts)
+            self.assertEqual(counts.get("aten::_native_multi_head_attention"), 1)  # the fast path ran
+
 
 if __name__ == "__main__":
     run_tests()

@@ -25,6 +25,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/_transformer_encoder_layer_fwd_native.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
@@ -204,6 +205,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_sdp_choice", sdp_choice);
   m.impl("_scaled_dot_product_fused_attention_overrideable", attention_forward);
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", attention_backward);
+  // nn.TransformerEncoderLayer's inference fast path: ATen's device-generic composite (CPU and CUDA
+  // register the same function), run on the host over openreg's operators. On the generic path the
+  // whole layer was one kernel on a stream worker, where the caller's autocast region does not
+  // reach: it ran in float32 inside torch.autocast("openreg").
+  m.impl("_transformer_encoder_layer_fwd", at::native::transformer_encoder_layer_forward);
 }
 
 }  // namespace c10::openreg
