@@ -38,6 +38,10 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   // lower_precision_fp: run in the autocast dtype (matmul, linear, conv, bmm, addmm, baddbmm, SDPA, ...).
 #define OPENREG_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
   AT_FORALL_LOWER_PRECISION_FP(OPENREG_LOWER_PRECISION_FP)
+  // Not in CUDA's list, because CUDA never reaches it under autocast: nn.MultiheadAttention's
+  // inference fast path asks torch.is_autocast_enabled(), which is CUDA's state only, so on
+  // openreg (as on the CPU, whose list has it) the fused op runs inside an autocast region.
+  KERNEL_PRIVATEUSEONE(_native_multi_head_attention, lower_precision_fp)
 
   // fp32: numerically sensitive ops run in float32 (exp/log/pow, softmax-like, norms, losses, ...).
 #define OPENREG_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)

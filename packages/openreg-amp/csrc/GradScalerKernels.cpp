@@ -30,10 +30,11 @@ namespace {
 
 using c10::openreg::KernelTensorArg;
 
+// `reference`: the argument whose device the others must share.
 void check_device_scalar(const at::Tensor& t, const char* name, at::ScalarType dtype, const char* dtype_name,
-                         const at::Device& device) {
+                         const at::Device& device, const char* reference) {
   TORCH_CHECK(t.is_privateuseone(), name, " must be an openreg tensor, got one on ", t.device(), ".");
-  TORCH_CHECK(t.device() == device, name, " must be on ", device, " (where found_inf is), got ", t.device(), ".");
+  TORCH_CHECK(t.device() == device, name, " must be on ", device, " (where ", reference, " is), got ", t.device(), ".");
   TORCH_CHECK(t.numel() == 1, name, " must be a 1-element tensor, got ", t.numel(), " elements.");
   TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype_name, " tensor, got ", t.scalar_type(), ".");
 }
@@ -60,13 +61,19 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
   TORCH_CHECK(found_inf.is_privateuseone(), "found_inf must be an openreg tensor, got one on ", found_inf.device(),
               ".");
   const at::Device device = found_inf.device();
-  check_device_scalar(found_inf, "found_inf", at::kFloat, "a float", device);
-  check_device_scalar(inv_scale, "inv_scale", at::kFloat, "a float", device);
+  check_device_scalar(found_inf, "found_inf", at::kFloat, "a float", device, "found_inf");
+  check_device_scalar(inv_scale, "inv_scale", at::kFloat, "a float", device, "found_inf");
   for (const auto& g : scaled_grads) {
     TORCH_CHECK(g.device() == device, "every scaled grad must be on ", device, " (where found_inf is), got one on ",
                 g.device(), ".");
     TORCH_CHECK(g.layout() == at::kStrided, "scaled grads must be strided tensors, got ", g.layout(), ".");
     TORCH_CHECK(at::isFloatingType(g.scalar_type()), "scaled grads must be floating point, got ", g.scalar_type(), ".");
+    // The kernel's types, checked here as the CPU's dispatch checks them at the call: a float8
+    // grad failed in the kernel and surfaced at a later, unrelated synchronisation.
+    const at::ScalarType type = g.scalar_type();
+    TORCH_CHECK_NOT_IMPLEMENTED(type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16,
+                                "\"_amp_foreach_non_finite_check_and_unscale_\" not implemented for '",
+                                c10::toString(type), "'");
     // The kernel writes each grad: an overlapping one (expanded) is refused at the call, with the
     // CPU's error, not by the kernel after earlier grads were unscaled.
     at::assert_no_internal_overlap(g);
@@ -96,25 +103,27 @@ at::Tensor& update_scale(at::Tensor& current_scale, at::Tensor& growth_tracker, 
   TORCH_CHECK(current_scale.is_privateuseone(), "current_scale must be an openreg tensor, got one on ",
               current_scale.device(), ".");
   const at::Device device = current_scale.device();
-  check_device_scalar(current_scale, "current_scale", at::kFloat, "a float", device);
-  check_device_scalar(growth_tracker, "growth_tracker", at::kInt, "an int", device);
-  check_device_scalar(found_inf, "found_inf", at::kFloat, "a float", device);
+  check_device_scalar(current_scale, "current_scale", at::kFloat, "a float", device, "current_scale");
+  check_device_scalar(growth_tracker, "growth_tracker", at::kInt, "an int", device, "current_scale");
+  check_device_scalar(found_inf, "found_inf", at::kFloat, "a float", device, "current_scale");
   OPENREG_CHECK(
       ::openreg::launch(c10::openreg::current_stream_handle(device.index()), "_amp_update_scale_",
                         [scale_arg = KernelTensorArg(current_scale), tracker_arg = KernelTensorArg(growth_tracker),
-                         found_arg = KernelTensorArg(found_inf), growth = static_cast<float>(growth_factor),
-                         backoff = static_cast<float>(backoff_factor), interval = growth_interval] {
+                         found_arg = KernelTensorArg(found_inf), growth = growth_factor, backoff = backoff_factor,
+                         interval = growth_interval] {
+                          // The float scale times the double factor, rounded once, as the CPU's and
+                          // CUDA's kernels compute it (float factors drifted with e.g. 1.1 or 0.3).
                           float* scale = scale_arg.materialize().data_ptr<float>();
                           int32_t* tracker = tracker_arg.materialize().data_ptr<int32_t>();
                           const float found = *found_arg.materialize().data_ptr<float>();
                           if (found != 0.f) {  // an inf/nan step: back off and restart the growth count
-                            *scale *= backoff;
+                            *scale = static_cast<float>(*scale * backoff);
                             *tracker = 0;
                             return;
                           }
                           const int32_t successful = *tracker + 1;
                           if (successful == interval) {
-                            const float grown = *scale * growth;
+                            const float grown = static_cast<float>(*scale * growth);
                             if (std::isfinite(grown)) *scale = grown;  // never grow the scale to inf
                             *tracker = 0;
                           } else {

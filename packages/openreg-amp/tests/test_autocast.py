@@ -139,6 +139,43 @@ class TestAutocastBehaviour(TestCase):
                     with self.assertRaisesRegex(RuntimeError, "Unexpected floating ScalarType"):
                         combine([x, -x])
 
+    def test_attention_inference_fast_path_runs_in_the_region_dtype(self):
+        # nn.MultiheadAttention's eval/no_grad fast path asks torch.is_autocast_enabled(), CUDA's
+        # state only: on openreg (as on the CPU) the fused op runs inside the region, and without a
+        # policy for it the block ran in float32. Its result matches the slow path's in the same region.
+        torch.manual_seed(0)
+        mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).to("openreg").eval()
+        x = torch.randn(2, 5, 8, device="openreg")
+        for region in (torch.float16, torch.bfloat16):
+            torch.openreg.reset_fallback_op_counts()
+            with torch.no_grad(), torch.autocast("openreg", dtype=region):
+                fast = mha(x, x, x)[0]
+                slow = mha(x, x, x, need_weights=True)[0]  # the decomposed path autocast reaches op by op
+            self.assertIn("aten::_native_multi_head_attention", torch.openreg.fallback_op_counts())
+            self.assertEqual((fast.dtype, slow.dtype), (region, region))
+            tol = 2e-2 if region == torch.float16 else 5e-2
+            torch.testing.assert_close(fast.cpu().float(), slow.cpu().float(), atol=tol, rtol=tol)
+
+    def test_encoder_layer_inference_fast_path_follows_the_region(self):
+        # The fused layer now runs on the host over openreg's operators (core), so the region
+        # reaches its attention, linears and norms, each by CUDA's policy, as in the module's
+        # op-by-op path; as one generic-path kernel on a stream worker it ran wholly in float32,
+        # bit for bit the result outside the region.
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).to("openreg").eval()
+        x = torch.randn(2, 5, 8, device="openreg")
+        with torch.no_grad():
+            outside = layer(x)
+        for region in (torch.float16, torch.bfloat16):
+            with torch.autocast("openreg", dtype=region):
+                with torch.no_grad():
+                    fast = layer(x)
+                slow = layer(x).detach()  # grad mode: the module's op-by-op path
+            self.assertEqual(fast.dtype, slow.dtype)
+            self.assertGreater((fast.float() - outside).abs().max().item(), 0)  # the region had an effect
+            tol = 2e-2 if region == torch.float16 else 5e-2
+            torch.testing.assert_close(fast.cpu().float(), slow.cpu().float(), atol=tol, rtol=tol)
+
     def test_supported_dtypes(self):
         self.assertEqual(torch.openreg.get_amp_supported_dtype(), [torch.float16, torch.bfloat16])
 

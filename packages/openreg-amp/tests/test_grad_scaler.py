@@ -63,6 +63,23 @@ class TestNativeKernels(TestCase):
         self.assertEqual(results["openreg"][2], (2.0**17, 0))
         self.assertEqual(results["openreg"][3], (2.0**16, 0))
 
+    def test_update_scale_with_inexact_factors_matches_cpu(self):
+        # Factors that are no power of two: the float scale times the double factor, rounded once,
+        # as the CPU and CUDA compute it (the factors were rounded to float first, and 38 of 40
+        # steps drifted from the CPU's schedule).
+        rng = torch.Generator().manual_seed(0)
+        steps = (torch.rand(40, generator=rng) < 0.3).tolist()
+        results = {}
+        for device in ("cpu", "openreg"):
+            scale = torch.full((1,), 65536.0, device=device)
+            tracker = torch.zeros(1, dtype=torch.int32, device=device)
+            seen = []
+            for inf in steps:
+                UPDATE(scale, tracker, torch.full((1,), float(inf), device=device), 1.1, 0.3, 1)
+                seen.append(scale.item())
+            results[device] = seen
+        self.assertEqual(results["openreg"], results["cpu"], atol=0, rtol=0)
+
     def test_update_scale_never_grows_to_inf(self):
         scale = torch.full((1,), torch.finfo(torch.float32).max, device="openreg")
         tracker = torch.zeros(1, dtype=torch.int32, device="openreg")
@@ -128,10 +145,31 @@ class TestNativeKernels(TestCase):
                 ),
                 "current_scale must be a 1-element",
             ),
+            (
+                # the device the others must share is current_scale's (it said "where found_inf is")
+                lambda: UPDATE(
+                    one.clone(),
+                    torch.zeros(1, dtype=torch.int32, device=dev),
+                    torch.zeros(1, device="openreg:1"),
+                    2.0,
+                    0.5,
+                    1,
+                ),
+                r"found_inf must be on openreg:0 \(where current_scale is\), got openreg:1",
+            ),
         ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):
                 call()
+        # a type the kernel does not handle is refused at the call, with the CPU's error; it failed
+        # in the kernel and surfaced at a later, unrelated synchronisation
+        for device in ("cpu", dev):
+            with self.assertRaisesRegex(NotImplementedError, "not implemented for 'Float8_e4m3fn'"):
+                UNSCALE(
+                    [torch.ones(2, device=device).to(torch.float8_e4m3fn)],
+                    torch.zeros(1, device=device),
+                    torch.ones(1, device=device),
+                )
         found = torch.zeros(1, device=dev)
         UNSCALE(g, found, torch.full((1,), 0.5, device=dev))  # still usable
         self.assertEqual(g[0].cpu().tolist(), [0.5, 0.5])
