@@ -131,6 +131,15 @@ def _linear_output(x, x_scale, x_zero_point, w: FakePackedWeight, output_dtype):
 
 def _conv2d_output(x, x_scale, x_zero_point, w: FakePackedWeight, output_dtype):
     name = "openreg_quant::qconv2d"
+    # In the device kernel's order (QLinearConv.cpp::qconv2d): the activations' parameters, then
+    # the shape (conv_shape); a call wrong in both failed with another message under export.
+    torch._check(
+        x_scale == w.x_scale and x_zero_point == w.x_zero_point,
+        lambda: (
+            f"{name}: the weight was packed for activations of scale {w.x_scale} and zero point "
+            f"{w.x_zero_point}, got {x_scale} and {x_zero_point}."
+        ),
+    )
     torch._check(x.dim() == 4, lambda: f"{name}: x must be 4-D (NCHW), got {x.dim()}-D.")
     out_channels, in_per_group, kh, kw = w.weight.shape
     torch._check(
@@ -138,13 +147,6 @@ def _conv2d_output(x, x_scale, x_zero_point, w: FakePackedWeight, output_dtype):
         lambda: (
             f"{name}: x has {x.shape[1]} channels; weight {list(w.weight.shape)} with groups={w.groups} "
             f"expects {in_per_group * w.groups}."
-        ),
-    )
-    torch._check(
-        x_scale == w.x_scale and x_zero_point == w.x_zero_point,
-        lambda: (
-            f"{name}: the weight was packed for activations of scale {w.x_scale} and zero point "
-            f"{w.x_zero_point}, got {x_scale} and {x_zero_point}."
         ),
     )
     shape: List[Any] = [x.shape[0], out_channels]

@@ -281,6 +281,19 @@ def _flatten_channels_last(
     return flat
 
 
+def _recorded_val(node: Any) -> Any:
+    """The value the graph recorded for ``node`` (its meta "val"). The quantize/dequantize pairs
+    ``convert_pt2e`` inserts record none; they keep their input's layout, so their input's is used
+    (an output that was a dequantize of a lowered conv's ``cat`` was left channels-last)."""
+    while isinstance(node, torch.fx.Node):
+        if "val" in node.meta:
+            return node.meta["val"]
+        if node.op != "call_function" or node.target not in (*_DQ_TENSOR, *_Q_TENSOR) or not node.args:
+            return None
+        node = node.args[0]
+    return None
+
+
 def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx.Node]) -> None:
     """qconv2d's output is channels-last (as oneDNN's quantized conv gives it) where the conv2d it
     replaces gave a contiguous one for a contiguous input; layout-preserving ops (dequantize, relu,
@@ -309,7 +322,7 @@ def _contiguous_where_needed(graph: torch.fx.Graph, lowered_convs: List[torch.fx
     seen.update(lowered_convs)
     for output in [n for n in graph.nodes if n.op == "output"]:
         for leaf in dict.fromkeys(torch.utils._pytree.tree_leaves(output.args)):
-            val = leaf.meta.get("val") if isinstance(leaf, torch.fx.Node) else None
+            val = _recorded_val(leaf)
             if leaf not in seen or not isinstance(val, torch.Tensor) or val.dim() != 4 or not val.is_contiguous():
                 continue
             with graph.inserting_before(output):

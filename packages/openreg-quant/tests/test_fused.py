@@ -55,7 +55,7 @@ def exact_int8(acc, xs, ws, bias, os, oz, out_dtype, post, x_dtype):
     if out_dtype is not None:
         return y.to(out_dtype)
     lo, hi = (0, 255) if x_dtype == torch.uint8 else (-128, 127)
-    return (torch.round(y * (1.0 / os)) + oz).clamp(lo, hi).to(x_dtype)
+    return torch.round(y * (1.0 / os) + oz).clamp(lo, hi).to(x_dtype)
 
 
 def onednn_is_exact_for(x):
@@ -152,6 +152,33 @@ class TestQLinear(TestCase):
                                     rtol=0.01,
                                     msg=msg,
                                 )
+
+    def test_ties_round_the_same_on_both_paths(self):
+        # y / output_scale on a half with an odd output zero point: oneDNN adds the zero point before
+        # rounding half to even; the exact path rounded first, so a row's result depended on whether
+        # another row of the batch had an activation above 127 (which sends the whole call to the
+        # exact path where oneDNN's products saturate), and int8 activations disagreed with oneDNN.
+        w = torch.tensor([[1, 0], [0, 1]], dtype=torch.int8)
+        ws, wz = torch.ones(2), torch.zeros(2, dtype=torch.long)
+        packed = oq.qlinear_prepack(*dev(w, ws, wz))
+        cpu_packed = torch.ops.onednn.qlinear_prepack(w, None)
+        row = torch.tensor([[1, 3]], dtype=torch.uint8)  # y = [1, 3], / 2: 0.5 and 1.5, ties
+        for oz in (101, 3, 0):
+            want = torch.ops.onednn.qlinear_pointwise(
+                row, 1.0, 0, cpu_packed, ws, wz, None, 2.0, oz, None, "none", [], ""
+            )
+            alone = oq.qlinear(row.to("openreg"), 1.0, 0, packed, None, 2.0, oz, None, "none")
+            batch = torch.cat([row, torch.tensor([[200, 0]], dtype=torch.uint8)]).to("openreg")
+            beside = oq.qlinear(batch, 1.0, 0, packed, None, 2.0, oz, None, "none")[:1]
+            signed = oq.qlinear(row.to(torch.int8).to("openreg"), 1.0, 0, packed, None, 2.0, oz, None, "none")
+            self.assertEqual(want.tolist(), [[oz + 0, oz + 2]] if oz % 2 == 0 else [[oz + 1, oz + 1]])
+            for got in (alone, beside, signed.to(torch.uint8)):
+                self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=f"oz={oz}")
+        # the same for a 1x1 convolution, pixel by pixel
+        conv = oq.qconv2d_prepack(*dev(w.view(2, 2, 1, 1), ws, wz), 1.0, 0, [1, 1], [0, 0], [1, 1], 1)
+        x = torch.tensor([1, 1, 3, 200], dtype=torch.uint8).view(1, 2, 1, 2)  # pixel 0 = the row above
+        out = oq.qconv2d(x.to("openreg"), 1.0, 0, conv, None, 2.0, 101, None, "none")
+        self.assertEqual(out.cpu()[0, :, 0, 0].tolist(), [102, 102])
 
     def test_non_contiguous_input(self):
         packed = oq.qlinear_prepack(*dev(*weights(16, 32)))
@@ -363,6 +390,13 @@ class TestFakeKernels(TestCase):
                 with self.assertRaises(RuntimeError, msg=f"{op} {case} on meta") as meta:
                     call("meta", self._packed("meta"))
                 self.assertEqual(str(meta.exception).splitlines()[0], message)
+        # wrong twice (3-D and another x_scale): the device kernel's first check answers on meta too
+        for device in ("openreg", "meta"):
+            x = torch.zeros(4, 5, 5, dtype=torch.uint8, device=device)
+            with self.assertRaisesRegex(
+                RuntimeError, r"^openreg_quant::qconv2d: the weight was packed for activations of scale 0\.1"
+            ):
+                oq.qconv2d(x, 0.2, 0, self._packed(device)[0], None, 0.1, 0, None, "none")
 
     def test_export_refuses_what_the_op_refuses(self):
         conv, linear = self._packed("openreg")
@@ -594,8 +628,13 @@ class TestPackedWeight(TestCase):
             (
                 # no input channel (the CPU's qconv_prepack: "could not create a primitive descriptor")
                 lambda: oq.qconv2d_prepack(cw[:, :0], cs, cz, 0.1, 0, *geo),
-                conv + r"weight must have at least one input channel per group and a non-empty kernel, got weight "
-                r"of shape \[8, 0, 3, 3\]\.",
+                conv + r"weight must have at least one output channel, one input channel per group and a non-empty "
+                r"kernel, got weight of shape \[8, 0, 3, 3\]\.",
+            ),
+            (
+                # no output channel: the pack failed in oneDNN, reported by the next synchronising call
+                lambda: oq.qconv2d_prepack(cw[:0], cs[:0], cz[:0], 0.1, 0, *geo),
+                r"at least one output channel(.|\n)*, got weight of shape \[0, 4, 3, 3\]\.",
             ),
             (
                 lambda: oq.qconv2d_prepack(cw[:, :, :0], cs, cz, 0.1, 0, *geo),

@@ -427,6 +427,36 @@ class TestPTQ(TestCase):
             self.assertLessEqual((g - unlowered_cpu).abs().max().item(), quantum)  # the CPU's converted model
             self.assertLess(rel_err(g, float_ref), 0.05)
 
+    def test_output_through_a_quantized_cat_of_lowered_convs_is_contiguous(self):
+        # The model's output is a dequantize convert_pt2e inserted after a cat of two convs (the
+        # annotations quantize the cat): it records no value, so its layout was not looked at and
+        # the lowered model returned qconv2d's channels-last tensor; the caller's view failed.
+        class ConvCat(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1, self.c2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 6, 1)
+
+            def forward(self, x):
+                return torch.cat([self.c1(x), self.c2(x)], 1)
+
+        torch.manual_seed(0)
+        model = ConvCat().eval().to("openreg")
+        data = [torch.randn(2, 4, 8, 8, device="openreg") for _ in range(3)]
+        prepared = prepare_pt2e(torch.export.export(model, (data[0],)).module(), OpenRegQuantizer())
+        for x in data:
+            prepared(x)
+        converted = convert_pt2e(prepared)
+        quantum = last_quantum(converted)
+        with torch.no_grad():
+            want = converted(data[0])
+            lowered = lower_pt2e(converted)
+            got = lowered(data[0])
+        self.assertEqual(calls(lowered, "openreg_quant.qconv2d"), 2)
+        self.assertTrue(want.is_contiguous())
+        self.assertEqual((got.shape, got.stride()), (want.shape, want.stride()))
+        self.assertEqual(got.view(2, -1).shape, (2, 640))
+        self.assertLessEqual((got - want).abs().max().item(), quantum)
+
 
 class MLP(nn.Module):
     """linear -> relu -> linear -> linear: an output quantize after a relu and after none."""

@@ -149,6 +149,19 @@ class TestQuantizedLinear(TestCase):
                 ),
                 "per-tensor quantized torch.quint8 tensor",
             ),
+            (
+                # an empty reduction: it failed in the kernel, naming empty_strided (the CPU's kernel
+                # returns uninitialised memory)
+                lambda: ops.linear(
+                    torch.quantize_per_tensor(torch.zeros(4, 0, device="openreg"), 0.05, 10, torch.quint8),
+                    ops.linear_prepack(
+                        torch.quantize_per_tensor(torch.zeros(8, 0, device="openreg"), 0.01, 0, torch.qint8), None
+                    ),
+                    0.1,
+                    3,
+                ),
+                r"quantized::linear: in_features must be at least 1, got a weight of shape \[8, 0\]",
+            ),
         ]
         for call, message in cases:
             with self.assertRaisesRegex(RuntimeError, message):

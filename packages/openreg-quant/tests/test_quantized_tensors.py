@@ -171,6 +171,15 @@ class TestQuantize(QTestCase):
                 torch.quantize_per_channel, x, torch.ones(3), torch.zeros(3, dtype=torch.long), 1, torch.qint8
             ),
             "axis": both(torch.quantize_per_channel, x, s4, z4, 2, torch.qint8),
+            # a negative axis of a channels-last input: openreg's layout check named the layout
+            "negative axis, channels-last": both(
+                torch.quantize_per_channel,
+                values(2, 3, 4, 4).contiguous(memory_format=torch.channels_last),
+                s4,
+                z4,
+                -1,
+                torch.quint8,
+            ),
             "2-D scales": both(torch.quantize_per_channel, x, s4.view(2, 2), z4, 1, torch.qint8),
             "integer scales": both(torch.quantize_per_channel, x, z4, z4, 1, torch.qint8),
             # a per-channel tensor along axis 2 in channels-last memory: refused by dequantize (on
@@ -191,6 +200,12 @@ class TestQuantize(QTestCase):
         # openreg's own: per-channel parameters on the input's device
         with self.assertRaisesRegex(RuntimeError, "aten::quantize_per_channel: scales must be on openreg:0"):
             torch.quantize_per_channel(d, s4, z4.to("openreg"), 1, torch.qint8)
+        # qint32 with floating-point zero points: the CPU's kernel dies of an illegal instruction
+        # (in the CPU's process too); refused at the call instead of killing a stream worker
+        with self.assertRaisesRegex(RuntimeError, "floating-point zero points supports torch.quint8 and torch.qint8"):
+            torch.quantize_per_channel(
+                d, torch.ones(2, device="openreg"), torch.zeros(2, device="openreg"), 0, torch.qint32
+            )
         # sub-byte dtypes are not supported on openreg
         with self.assertRaisesRegex(NotImplementedError, "sub-byte dtype QUInt4x2 are not supported on openreg"):
             torch.quantize_per_tensor(d, 0.1, 0, torch.quint4x2)

@@ -141,11 +141,13 @@ void check_weight(const at::Tensor& weight, const at::Tensor& w_scales, const at
       py_dtype(w_zero_points.scalar_type()), " of shape ", str(w_zero_points.sizes()), ".");
   // oneDNN has no empty reduction and cannot build an empty convolution: on the CPU the same calls
   // die with SIGFPE or fail to build the primitive.
+  // A convolution without output channels too (the pack failed in oneDNN, reported by whatever
+  // synchronised next); a linear without out_features packs and gives [M, 0].
   bool empty = weight.size(1) == 0;
-  if (rank == 4) empty = empty || weight.size(2) == 0 || weight.size(3) == 0;
+  if (rank == 4) empty = empty || weight.size(0) == 0 || weight.size(2) == 0 || weight.size(3) == 0;
   TORCH_CHECK(!empty, name,
               rank == 2 ? ": in_features must be at least 1"
-                        : ": weight must have at least one input channel per "
+                        : ": weight must have at least one output channel, one input channel per "
                           "group and a non-empty kernel",
               ", got weight of shape ", str(weight.sizes()), ".");
 }
@@ -320,8 +322,10 @@ bool needs_exact_path(const at::Tensor& x) {
 }
 
 // The exact path: the integer products summed in float64 (exact: |sum| < 2^53), then what oneDNN
-// does with its int32 sums: scaled by x_scale * w_scale in float32, bias, post-op, and the output
-// rounded half to even and clamped to its range (quantized) or cast (float).
+// does with its int32 sums: scaled by x_scale * w_scale in float32, bias, post-op, then divided by
+// the output scale, the zero point added, and only then rounded half to even (rounding before the
+// zero point, an odd one moved ties by a quantum: a row's result depended on whether another row of
+// the batch took this path) and clamped to its range (quantized), or cast (float).
 at::Tensor exact_int8(const at::Tensor& acc, double x_scale, const at::Tensor& w_scales,
                       const std::optional<at::Tensor>& bias, double output_scale, int64_t output_zero_point,
                       std::optional<at::ScalarType> output_dtype, const std::string& post_op, at::ScalarType x_dtype,
@@ -332,7 +336,7 @@ at::Tensor exact_int8(const at::Tensor& acc, double x_scale, const at::Tensor& w
   if (bias) y = y + bias->to(at::kFloat).view(per_channel);
   if (post_op == "relu") y = y.relu();
   if (output_dtype) return y.to(*output_dtype);
-  return (at::round(y * static_cast<float>(1.0 / output_scale)) + output_zero_point)
+  return at::round(y * static_cast<float>(1.0 / output_scale) + static_cast<float>(output_zero_point))
       .clamp(range.lo, range.hi)
       .to(x_dtype);
 }

@@ -114,6 +114,10 @@ struct OpenRegLinearPackedParams : LinearPackedParamsBase {
     TORCH_CHECK(input.dim() >= 2, name, ": the input must have at least 2 dimensions, got ", input.dim(), ".");
     TORCH_CHECK(input.size(-1) == weight_.size(1), name, ": the input's last dimension (", input.size(-1),
                 ") must equal the weight's in_features (", weight_.size(1), ").");
+    // An empty reduction, as the fused qlinear refuses it: the kernel failed on the empty quantized
+    // input (the CPU's returns uninitialised memory).
+    TORCH_CHECK(weight_.size(1) > 0, name, ": in_features must be at least 1, got a weight of shape ",
+                weight_.sizes(), ".");
     std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
     shape.back() = weight_.size(0);
     c10::DeviceGuard guard(input.device());

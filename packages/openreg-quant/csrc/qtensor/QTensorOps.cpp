@@ -123,8 +123,16 @@ at::Tensor quantize_per_channel_op(const at::Tensor& self, const at::Tensor& sca
   const at::QuantizerPtr quantizer = at::make_per_channel_affine_quantizer(scales, zero_points, axis, dtype);
   const auto* p = static_cast<const at::PerChannelAffineQuantizer*>(quantizer.get());
   const at::Tensor s = p->scales(), z = p->zero_points();
+  // ATen's own check, made before openreg's layout check below (the CPU names a negative axis so).
+  TORCH_CHECK(0 <= axis && axis < self.dim(), "Channel axis out of range in per channel affine quantization. Got: ",
+              axis, "Expected: [0, ", self.dim(), ")");
   if (quantizer->qscheme() == c10::kPerChannelAffineFloatQParams) {
     TORCH_CHECK(self.scalar_type() == at::kFloat, "Quantize only works on Float Tensor, got ", self.scalar_type());
+    // The CPU's kernel has no qint32 case for float zero points and dies of an illegal
+    // instruction (the CPU's process too): refused at the call instead of killing a stream worker.
+    TORCH_CHECK(dtype != at::kQInt32,
+                "quantize_per_channel with floating-point zero points supports torch.quint8 and torch.qint8, "
+                "got torch.qint32.");
     at::Tensor q = at::_empty_per_channel_affine_quantized(self.sizes(), s, z, axis, result_options(self, dtype),
                                                            at::MemoryFormat::Contiguous);
     at::native::quantize_tensor_per_channel_float_qparams(*self.expect_contiguous(), q, s, z, axis);
