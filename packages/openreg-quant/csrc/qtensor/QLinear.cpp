@@ -116,8 +116,8 @@ struct OpenRegLinearPackedParams : LinearPackedParamsBase {
                 ") must equal the weight's in_features (", weight_.size(1), ").");
     // An empty reduction, as the fused qlinear refuses it: the kernel failed on the empty quantized
     // input (the CPU's returns uninitialised memory).
-    TORCH_CHECK(weight_.size(1) > 0, name, ": in_features must be at least 1, got a weight of shape ",
-                weight_.sizes(), ".");
+    TORCH_CHECK(weight_.size(1) > 0, name, ": in_features must be at least 1, got a weight of shape ", weight_.sizes(),
+                ".");
     std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
     shape.back() = weight_.size(0);
     c10::DeviceGuard guard(input.device());

@@ -124,8 +124,9 @@ at::Tensor quantize_per_channel_op(const at::Tensor& self, const at::Tensor& sca
   const auto* p = static_cast<const at::PerChannelAffineQuantizer*>(quantizer.get());
   const at::Tensor s = p->scales(), z = p->zero_points();
   // ATen's own check, made before openreg's layout check below (the CPU names a negative axis so).
-  TORCH_CHECK(0 <= axis && axis < self.dim(), "Channel axis out of range in per channel affine quantization. Got: ",
-              axis, "Expected: [0, ", self.dim(), ")");
+  TORCH_CHECK(0 <= axis && axis < self.dim(),
+              "Channel axis out of range in per channel affine quantization. Got: ", axis, "Expected: [0, ", self.dim(),
+              ")");
   if (quantizer->qscheme() == c10::kPerChannelAffineFloatQParams) {
     TORCH_CHECK(self.scalar_type() == at::kFloat, "Quantize only works on Float Tensor, got ", self.scalar_type());
     // The CPU's kernel has no qint32 case for float zero points and dies of an illegal
