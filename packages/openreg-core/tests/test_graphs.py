@@ -171,12 +171,18 @@ class TestGraphs(TestCase):
         s = torch.openreg.Stream()
         warm_up(lambda: x + 1, s)
         g = torch.accelerator.Graph()
+        allocated = torch.openreg.memory_allocated()
         with torch.openreg.stream(s):
             g.capture_begin()
             y = x + 1
             with self.assertRaisesRegex(RuntimeError, "captured into a graph"):
                 y.cpu()
-            g.capture_end()
+            # A refused call invalidates the capture, as on CUDA: the graph held the work captured
+            # around it and replayed it as if nothing had been refused.
+            with self.assertRaisesRegex(RuntimeError, "the capture was invalidated by a call it refused"):
+                g.capture_end()
+        del y
+        self.assertEqual(torch.openreg.memory_allocated(), allocated)  # the capture's memory went back
         g.reset()
         self.assertEqual((x + 1).cpu(), torch.full((4,), 2.0))  # the device works on
 
@@ -189,10 +195,13 @@ class TestGraphs(TestCase):
         ready = producer.record_event()
         g = torch.accelerator.Graph()
         with torch.openreg.stream(s):
-            g.capture_begin()
             for wait in (lambda: s.wait_event(ready), lambda: s.wait_stream(producer)):
+                g.capture_begin()
                 with self.assertRaisesRegex(RuntimeError, "cannot wait for an event recorded outside the capture"):
                     wait()
+                with self.assertRaisesRegex(RuntimeError, "the capture was invalidated"):
+                    g.capture_end()
+            g.capture_begin()
             y = x * 2
             g.capture_end()
         # the wait is made outside, before the replay, as on CUDA
@@ -203,6 +212,27 @@ class TestGraphs(TestCase):
             g.replay()
         s.synchronize()
         self.assertEqual(y.cpu(), torch.full((4,), 10.0))
+        g.reset()
+
+    def test_an_operator_not_warmed_up_is_refused_before_it_launches(self):
+        # Its first call runs synchronously: the kernel was captured, then the wait for it refused
+        # with a message about synchronising a stream that named no operator.
+        x = torch.ones(4, device="openreg")
+        z = torch.ones(3, 7, dtype=torch.float64, device="openreg")  # a signature no other test calls
+        s = torch.openreg.Stream()
+        warm_up(lambda: x + 1, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x + 1
+            with self.assertRaisesRegex(
+                RuntimeError, r"aten::special_i1e: this call runs synchronously .* before capture_begin"
+            ):
+                torch.special.i1e(z)
+            g.capture_end()  # nothing was launched: the capture holds its one kernel and stays valid
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.full((4,), 2.0))
         g.reset()
 
     def test_captured_memory_is_kept_until_reset(self):
@@ -345,6 +375,13 @@ class TestGraphs(TestCase):
             y = x * 2
             with self.assertRaisesRegex(RuntimeError, "cannot synchronize a device while one of its streams is being"):
                 torch.openreg.synchronize()
+            # the refusal invalidated the capture, as on CUDA: it ends without a graph
+            with self.assertRaisesRegex(RuntimeError, "the capture was invalidated by a call it refused"):
+                g.capture_end()
+            with self.assertRaisesRegex(RuntimeError, "replay\\(\\) needs a captured graph"):
+                g.replay()
+            g.capture_begin()
+            y = x * 2
             g.capture_end()
         g.replay()
         torch.openreg.synchronize()

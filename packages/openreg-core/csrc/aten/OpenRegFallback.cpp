@@ -802,6 +802,16 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
                                                     c10::Device device, const MetaResult* meta = nullptr,
                                                     bool results_on_host = false, bool* alerted = nullptr) {
   const auto& schema = op.schema();
+  {
+    // Refused before anything is launched or seeded: the kernel was captured, then the wait for it
+    // was refused with a message about synchronising a stream that named no operator.
+    int capturing = 0;
+    OPENREG_CHECK(orStreamIsCapturing(getCurrentOpenRegStream(device.index()).handle(), &capturing));
+    TORCH_CHECK(capturing == 0, schema.name(),
+                ": this call runs synchronously (the first call of an operator signature checks its result "
+                "against the meta kernel; some operators always need the host) and cannot be captured into a "
+                "graph: run the captured code once before capture_begin(), as on CUDA");
+  }
   struct State {
     Stack results;
     std::vector<bool> moved;  // per return: a mutated argument the CPU kernel reallocated

@@ -280,10 +280,13 @@ orStatus orDeviceSynchronize(void) {
   Device* dev = nullptr;
   if (orStatus st = current_device(&dev)) return st;
   // As cudaDeviceSynchronize: waiting for a stream that records into a graph cannot be done.
-  for (Stream* s : streams_of(*dev))
-    if (s->capturing())
-      return fail(orErrorStreamCaptureUnsupported,
-                  "cannot synchronize a device while one of its streams is being captured into a graph");
+  orStatus refused = orSuccess;
+  for (Stream* s : streams_of(*dev)) {  // every capture of the device is invalidated
+    const orStatus st = refuse_while_capturing(
+        *s, "cannot synchronize a device while one of its streams is being captured into a graph");
+    if (refused == orSuccess) refused = st;
+  }
+  if (refused != orSuccess) return refused;
   return synchronize_device(*dev);
 }
 

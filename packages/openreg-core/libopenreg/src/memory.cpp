@@ -154,10 +154,12 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   if (orStatus st = resolve_stream(stream, &str)) return st;
   const bool pageable = (!dd && d.type == orMemoryTypeUnregistered) || (!sd && s.type == orMemoryTypeUnregistered);
   const bool blocking = sync || pageable;  // the call returns once the copy is done
-  if (blocking && str->capturing())
-    return fail(orErrorStreamCaptureUnsupported,
-                "a copy that must finish before the call returns (synchronous, or to/from pageable host memory) "
-                "cannot be captured into a graph; use pinned memory and an asynchronous copy");
+  if (blocking)
+    if (orStatus st = refuse_while_capturing(
+            *str,
+            "a copy that must finish before the call returns (synchronous, or to/from pageable host memory) "
+            "cannot be captured into a graph; use pinned memory and an asynchronous copy"))
+      return st;
   Counters& c = runtime().counters;
   switch (actual) {
     case orMemcpyHostToDevice:
@@ -213,8 +215,8 @@ orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool syn
   if (d.type != orMemoryTypeDevice) return fail(orErrorInvalidDevicePointer, "memset needs device memory");
   Stream* str = nullptr;
   if (orStatus st = resolve_stream(stream, &str)) return st;
-  if (sync && str->capturing())
-    return fail(orErrorStreamCaptureUnsupported, "a synchronous memset cannot be captured into a graph");
+  if (sync)
+    if (orStatus st = refuse_while_capturing(*str, "a synchronous memset cannot be captured into a graph")) return st;
   WorkItem item;
   item.fn = set_kernel;
   item.args = new SetArgs{kernel_address(d, dev_ptr), value, count};

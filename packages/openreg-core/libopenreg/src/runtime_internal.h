@@ -184,6 +184,9 @@ struct Graph {
   // (the child keeps owning its arguments), so each child stays until this graph goes.
   std::vector<Graph*> children;
   std::atomic<int> refs{1};  // the handle's, plus one per graph that captured a replay of this one
+  // What a call refused during the capture said (under the capturing stream's mu): the capture is
+  // invalidated, as CUDA invalidates one, and orStreamEndCapture discards it.
+  std::string invalidated_by;
 };
 
 // Drops a reference; the last one runs the items' deleters (the device must be idle for them).
@@ -337,6 +340,9 @@ int& current_device_index();
 
 // Resolves a stream handle (NULL: the current device's default stream).
 orStatus resolve_stream(orStream_t handle, Stream** out);
+// While `s` captures: invalidates its capture (see Graph::invalidated_by) and returns the refusal,
+// orErrorStreamCaptureUnsupported with `message`; otherwise orSuccess.
+orStatus refuse_while_capturing(Stream& s, const std::string& message);
 orStatus resolve_event(orEvent_t handle, Event** out);
 
 // Records a kernel failure on its device.

@@ -306,9 +306,13 @@ void release_graph(Graph* g) {
   delete g;
 }
 
-orStatus capture_error(const char* what) {
-  return fail(orErrorStreamCaptureUnsupported,
-              std::string("cannot ") + what + " while the stream is being captured into a graph");
+orStatus refuse_while_capturing(Stream& s, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.capture == nullptr) return orSuccess;
+    if (s.capture->invalidated_by.empty()) s.capture->invalidated_by = message;
+  }
+  return fail(orErrorStreamCaptureUnsupported, message);
 }
 
 namespace {
@@ -434,7 +438,9 @@ orStatus orStreamSynchronize(orStream_t stream) {
   if (orStatus st = check_runtime()) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
-  if (s->capturing()) return capture_error("synchronize a stream");
+  if (orStatus st =
+          refuse_while_capturing(*s, "cannot synchronize a stream while the stream is being captured into a graph"))
+    return st;
   s->synchronize();
   return take_device_error(runtime().devices[s->device]);
 }
@@ -476,11 +482,12 @@ orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flag
   // No event is recorded inside a capture (see orEventRecord), so a captured wait would hold
   // today's generation and every replay would pass it at once: refused, as CUDA refuses a wait
   // on an event from outside the capture (cudaErrorStreamCaptureIsolation).
-  if (s->capturing())
-    return fail(orErrorStreamCaptureUnsupported,
-                "a stream being captured into a graph cannot wait for an event recorded outside the capture "
-                "(its replays would not wait for the event's later records); make the stream wait before "
-                "the capture begins");
+  if (orStatus st = refuse_while_capturing(
+          *s,
+          "a stream being captured into a graph cannot wait for an event recorded outside the capture "
+          "(its replays would not wait for the event's later records); make the stream wait before "
+          "the capture begins"))
+    return st;
   Forward forward;
   const uint64_t generation = last_record(*e, &forward);     // that generation's record is queued
   if (e->completed.value() >= generation) return orSuccess;  // nothing to wait for
@@ -536,7 +543,9 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   if (orStatus st = resolve_event(event, &e)) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
-  if (s->capturing()) return capture_error("record an event");
+  if (orStatus st =
+          refuse_while_capturing(*s, "cannot record an event while the stream is being captured into a graph"))
+    return st;
   e->device.store(s->device);
   WorkItem item;
   item.fn = record_kernel;
@@ -679,6 +688,13 @@ orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph) {
   if (s->capture == nullptr) return fail(orErrorInvalidValue, "the stream is not capturing");
   Graph* g = s->capture;
   s->capture = nullptr;
+  if (!g->invalidated_by.empty()) {
+    const std::string why = "the capture was invalidated by a call it refused (" + g->invalidated_by +
+                            "); its graph is discarded: capture again without that call";
+    release_graph(g);
+    *graph = nullptr;
+    return fail(orErrorStreamCaptureUnsupported, why);
+  }
   {
     std::lock_guard<std::mutex> registry(graphs_mu());
     live_graphs().insert(g);

@@ -1152,17 +1152,28 @@ TEST(graph_capture_and_replay) {
     ++*openreg::kernel_pointer(d);
     ++runs;
   }));
-  // Nothing may wait for a capturing stream.
-  CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamSynchronize(s));
-  CHECK_MESSAGE_HAS("captured into a graph");
-  int host = 0;
-  CHECK_STATUS(orErrorStreamCaptureUnsupported, orMemcpyAsync(&host, d, sizeof(int), orMemcpyDeviceToHost, s));
-  orEvent_t e = nullptr;
-  CHECK_OK(orEventCreate(&e));
-  CHECK_STATUS(orErrorStreamCaptureUnsupported, orEventRecord(e, s));
   orGraph_t g = nullptr;
   CHECK_OK(orStreamEndCapture(s, &g));
   CHECK_EQ(runs.load(), 0);  // recorded, not run
+  // Nothing may wait for a capturing stream; each refusal invalidates the capture (no graph).
+  int host = 0;
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreate(&e));
+  const std::vector<std::function<orStatus()>> refused = {
+      [&] { return orStreamSynchronize(s); },
+      [&] { return orMemcpyAsync(&host, d, sizeof(int), orMemcpyDeviceToHost, s); },  // pageable
+      [&] { return orEventRecord(e, s); },
+  };
+  for (const auto& call : refused) {
+    CHECK_OK(orStreamBeginCapture(s));
+    CHECK_STATUS(orErrorStreamCaptureUnsupported, call());
+    CHECK_MESSAGE_HAS("captured into a graph");
+    orGraph_t invalid = nullptr;
+    CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamEndCapture(s, &invalid));
+    CHECK_MESSAGE_HAS("the capture was invalidated");
+    CHECK(invalid == nullptr);
+  }
+  CHECK_EQ(runs.load(), 0);
   size_t nodes = 0;
   CHECK_OK(orGraphGetNodeCount(g, &nodes));
   CHECK_EQ(nodes, size_t{1});
@@ -1229,7 +1240,16 @@ TEST(graph_capture_refusals) {
   // event already complete, and one still pending, alike).
   CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamWaitEvent(s, e, 0));
   CHECK_MESSAGE_HAS("cannot wait for an event recorded outside the capture");
+  // A refused call invalidates the capture, as on CUDA: its end fails and there is no graph (it
+  // was launchable, with the work captured around the refused call).
   orGraph_t g = nullptr;
+  CHECK_STATUS(orErrorStreamCaptureUnsupported, orStreamEndCapture(s, &g));
+  CHECK_MESSAGE_HAS("the capture was invalidated by a call it refused (cannot synchronize a device");
+  CHECK(g == nullptr);
+  int capturing = 1;
+  CHECK_OK(orStreamIsCapturing(s, &capturing));
+  CHECK(capturing == 0);
+  CHECK_OK(orStreamBeginCapture(s));  // a capture without refusals ends with a graph
   CHECK_OK(orStreamEndCapture(s, &g));
   size_t nodes = 1;
   CHECK_OK(orGraphGetNodeCount(g, &nodes));
