@@ -30,3 +30,7 @@ def _load() -> None:
 import torch_openreg  # noqa: E402, F401  (the device, and the libraries the extension links against)
 
 from . import _C  # noqa: E402, F401  (static registrations run when the library loads)
+
+# Last: `import openreg_amp` loads the plugin also when OPENREG_PLUGINS left it out (core's
+# discovery ran _load already otherwise, and plugins() reports it loaded either way).
+torch_openreg.openreg._plugins.imported("amp", _load)

@@ -93,6 +93,41 @@ class TestPlugins(TestCase):
             r"zzgood; names are case-sensitive\)",
         )
 
+    def test_a_direct_import_loads_the_plugin_once(self):
+        # A plugin ends its import with imported(name, hook): `import plugin` loads it even when
+        # OPENREG_PLUGINS left it out (a plugin whose entry point registers stayed unregistered,
+        # and plugins() said "not loaded" for every one), and discovery does not load it twice.
+        body = """
+        CALLS = 0
+        def load():
+            global CALLS
+            CALLS += 1
+        import torch
+        torch.openreg._plugins.imported("zzself", load)
+        """
+        install_plugin(self.dir.name, "zzself", body)
+        probe = """
+        import torch
+        before = torch.openreg.plugins()["zzself"]["loaded"]
+        import openreg_test_zzself
+        print(before, openreg_test_zzself.CALLS, torch.openreg.plugins()["zzself"]["loaded"])
+        """
+        for spec, want in ((None, "True 1 True"), ("none", "False 1 True"), ("zzgood", "False 1 True")):
+            env = dict(self.env) if spec is None else {**self.env, "OPENREG_PLUGINS": spec}
+            r = run_python(probe, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), want, spec)
+        # imported first: core's discovery meets the module half-imported and calls the hook; the
+        # module's own call then finds it loaded
+        r = run_python(
+            "import openreg_test_zzself, torch\n"
+            "print(openreg_test_zzself.CALLS, torch.openreg.plugins()['zzself']['loaded'])\n",
+            env=self.env,
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "1 True")
+        self.assertNotIn("openreg plugin 'zzself'", r.stderr)
+
     def test_plugin_imported_before_torch(self):
         # `import plugin` imports core (here through `import torch`), which loads the plugins while
         # the plugin's own module is still importing: an entry point defined before that import is

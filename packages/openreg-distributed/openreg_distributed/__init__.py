@@ -38,3 +38,7 @@ import torch_openreg  # noqa: E402, F401  (the device, and the libraries the ext
 
 from . import comm_hooks, flight_recorder  # noqa: E402
 from ._backend import BACKEND_NAME, OcclOptions, create_occl_backend, register  # noqa: E402
+
+# Last: `import openreg_distributed` loads the plugin also when OPENREG_PLUGINS left it out (core's
+# discovery ran _load already otherwise, and plugins() reports it loaded either way).
+torch_openreg.openreg._plugins.imported("distributed", _load)

@@ -105,3 +105,7 @@ def _load() -> None:
 # Imported after _load is defined: `import openreg_inductor` first imports core, whose plugin
 # discovery then calls _load on this (still importing) module.
 import torch_openreg  # noqa: E402, F401  (the device)
+
+# Last: `import openreg_inductor` loads the plugin also when OPENREG_PLUGINS left it out (core's
+# discovery ran _load already otherwise, and plugins() reports it loaded either way).
+torch_openreg.openreg._plugins.imported("inductor", _load)

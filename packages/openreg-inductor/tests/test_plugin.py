@@ -53,6 +53,13 @@ class TestPluginLoading(TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip().split(" ", 2)[:2], ["False", "True"])
         self.assertIn("InductorError", r.stdout)
+        # then imported by hand: loaded (its entry point registers; the import alone did not)
+        r = run_python(
+            "import torch, openreg_inductor\n" + PROBE,
+            env={"OPENREG_PLUGINS": "none"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "True True [2.0, 2.0, 2.0, 2.0]")
 
     def test_registrations(self):
         import openreg_inductor

@@ -100,3 +100,7 @@ def verify(model_or_program, args=(), **kwargs):
 
 
 _hooks.install()  # `import openreg_onnx` alone attaches the hooks too
+
+# Last: `import openreg_onnx` loads the plugin also when OPENREG_PLUGINS left it out (core's
+# discovery ran _load already otherwise, and plugins() reports it loaded either way).
+torch_openreg.openreg._plugins.imported("onnx", _load)

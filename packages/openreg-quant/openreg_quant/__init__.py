@@ -67,3 +67,8 @@ def __getattr__(name: str):
 
         return getattr(torchao_configs, name)
     raise AttributeError(f"module 'openreg_quant' has no attribute '{name}'")
+
+
+# Last: `import openreg_quant` loads the plugin also when OPENREG_PLUGINS left it out (core's
+# discovery ran _load already otherwise, and plugins() reports it loaded either way).
+torch_openreg.openreg._plugins.imported("quant", _load)

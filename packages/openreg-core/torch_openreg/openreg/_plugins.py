@@ -13,6 +13,10 @@ from ``dependencies`` in its pyproject.toml). pip checks that at install time, b
 C++ plugin built against another core may crash when imported. So core checks it again before
 importing a plugin: a plugin whose range excludes this core is skipped with a warning naming both
 versions, and ``import torch`` goes on.
+
+A plugin imported directly (``import openreg_inductor``) is loaded too, whatever
+``OPENREG_PLUGINS`` says: its package ends its import with ``imported(name, hook)``, which runs the
+hook unless discovery did, once, and ``plugins()`` reports it loaded.
 """
 
 import os
@@ -20,7 +24,7 @@ import re
 import sys
 import warnings
 from importlib import metadata
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 # torch's vendored copy of `packaging`'s Version (a fresh venv need not have `packaging` itself).
 from torch._vendor.packaging.version import InvalidVersion, Version
@@ -158,8 +162,8 @@ def load_plugins() -> None:
             warnings.warn(f"openreg plugin '{name}' not loaded: {reason}", RuntimeWarning, stacklevel=2)
             continue
         try:
-            hook = ep.load()
-            if callable(hook):
+            hook = ep.load()  # imports the package, whose imported() may have loaded it already
+            if callable(hook) and not entry["loaded"]:
                 hook()
             entry["loaded"] = True
         except Exception as e:  # a broken plugin must not break `import torch`
@@ -170,6 +174,20 @@ def load_plugins() -> None:
                     "before the package imports torch_openreg)"
                 )
             warnings.warn(f"openreg plugin '{name}' failed to load: {entry['error']}", RuntimeWarning, stacklevel=2)
+
+
+def imported(name: str, hook: Callable[[], None]) -> None:
+    """Called by a plugin's package at the end of its import: loads the plugin (runs ``hook``, its
+    entry point) unless discovery already did, so that ``import openreg_<name>`` loads it also
+    when ``OPENREG_PLUGINS`` left it out; ``plugins()`` then reports it loaded. Before, a direct
+    import loaded the plugins whose import registers (amp, quant) but not those whose entry point
+    does (inductor, distributed, onnx), and ``plugins()`` said none was loaded."""
+    entry = _status.get(name)
+    if entry is not None and entry["loaded"]:
+        return
+    hook()
+    if entry is not None:
+        entry["loaded"], entry["error"] = True, None
 
 
 def plugins() -> Dict[str, Dict[str, Optional[str]]]:
