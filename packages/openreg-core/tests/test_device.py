@@ -557,6 +557,28 @@ class TestFork(TestCase):
             ],
         )
 
+    def test_an_interrupted_queued_call_stays_queued(self):
+        r = run_python(
+            """
+            import torch
+            state = {"runs": 0}
+            def interrupted_once():
+                state["runs"] += 1
+                if state["runs"] == 1:
+                    raise KeyboardInterrupt
+            torch.openreg._lazy_call(interrupted_once)
+            torch.openreg.manual_seed(99)
+            try:
+                torch.openreg.init()
+            except KeyboardInterrupt:
+                print("interrupted", torch.openreg.is_initialized())
+            torch.openreg.init()
+            print(state["runs"], torch.openreg.initial_seed())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines(), ["interrupted False", "2 99"])
+
     def test_queued_seeds_keep_their_device_and_may_seed_again(self):
         r = run_python(
             """

@@ -229,11 +229,50 @@ class TestGraphs(TestCase):
                 RuntimeError, r"aten::special_i1e: this call runs synchronously .* before capture_begin"
             ):
                 torch.special.i1e(z)
-            g.capture_end()  # nothing was launched: the capture holds its one kernel and stays valid
+            # refused, it invalidates the capture as any refused call does: a caller that caught
+            # the error does not get a graph without the operator
+            with self.assertRaisesRegex(RuntimeError, "the capture was invalidated .*cannot synchronize a stream"):
+                g.capture_end()
+        self.assertEqual(torch.special.i1e(z).cpu(), torch.special.i1e(z.cpu()))  # warmed up
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x + 1
+            w = torch.special.i1e(z)
+            g.capture_end()
         g.replay()
         torch.openreg.synchronize()
         self.assertEqual(y.cpu(), torch.full((4,), 2.0))
+        self.assertEqual(w.cpu(), torch.special.i1e(z.cpu()))
         g.reset()
+
+    def test_an_invalidated_capture_gives_memory_back_after_the_streams_that_used_it(self):
+        # It ends without a graph, so without the wait a graph's destruction makes: a block of its
+        # pool that another stream used (record_stream) went straight back, and the next tensor
+        # got it while that stream's queued fill still wrote it.
+        n = 1 << 20
+        s, t = torch.openreg.Stream(), torch.openreg.Stream()
+        for stream in (s, t):
+            warm_up(lambda: (torch.empty(n, device="openreg").fill_(7.0), torch.zeros(n, device="openreg")), stream)
+        torch.openreg.synchronize()
+        torch.openreg._inject_faults(f"slow@{hex(t.openreg_stream)}:300")  # t's next items start late
+        self.addCleanup(torch.openreg._inject_faults, "")
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            buf = torch.empty(n, device="openreg")  # a block of the capture's pool
+            with torch.openreg.stream(t):  # t does not capture: this runs
+                buf.fill_(7.0)
+            buf.record_stream(t)
+            del buf  # kept for the graph
+            with self.assertRaisesRegex(RuntimeError, "cannot synchronize a stream"):
+                s.synchronize()
+            with self.assertRaisesRegex(RuntimeError, "the capture was invalidated"):
+                g.capture_end()
+            fresh = torch.zeros(n, device="openreg")
+        t.synchronize()  # its fill of the old block ran
+        torch.openreg._inject_faults("")
+        s.synchronize()
+        self.assertEqual(fresh.cpu(), torch.zeros(n))
 
     def test_captured_memory_is_kept_until_reset(self):
         s = torch.openreg.Stream()

@@ -804,9 +804,13 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   const auto& schema = op.schema();
   {
     // Refused before anything is launched or seeded: the kernel was captured, then the wait for it
-    // was refused with a message about synchronising a stream that named no operator.
+    // was refused with a message about synchronising a stream that named no operator. The wait is
+    // still asked of the runtime first, which refuses it and so invalidates the capture, as any
+    // refused call does (a caller that caught this error got a graph without the operator).
+    const orStream_t stream = getCurrentOpenRegStream(device.index()).handle();
     int capturing = 0;
-    OPENREG_CHECK(orStreamIsCapturing(getCurrentOpenRegStream(device.index()).handle(), &capturing));
+    OPENREG_CHECK(orStreamIsCapturing(stream, &capturing));
+    if (capturing != 0) (void)orStreamSynchronize(stream);
     TORCH_CHECK(capturing == 0, schema.name(),
                 ": this call runs synchronously (the first call of an operator signature checks its result "
                 "against the meta kernel; some operators always need the host) and cannot be captured into a "

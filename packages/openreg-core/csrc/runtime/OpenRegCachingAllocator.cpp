@@ -231,9 +231,15 @@ class DeviceCache {
   void retry_needs_events() {
     std::vector<Block*> blocks;
     blocks.swap(needs_events_);
-    for (Block* block : blocks) {
-      block->pending_events--;
-      insert_events(block);  // back in needs_events_ if a stream of it still captures
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      blocks[i]->pending_events--;
+      try {
+        insert_events(blocks[i]);  // back in needs_events_ if a stream of it still captures
+      } catch (...) {              // e.g. no event left: this block and the rest wait for the next look
+        blocks[i]->pending_events++;
+        needs_events_.insert(needs_events_.end(), blocks.begin() + static_cast<std::ptrdiff_t>(i), blocks.end());
+        throw;
+      }
     }
   }
 
@@ -280,9 +286,13 @@ class DeviceCache {
     if (it == retained_.end()) return;
     for (Block* block : it->second) {
       block->graph = 0;
-      // The caller destroyed the graph first, which waited for the device: the streams that
-      // used the block (record_stream) are done with it.
-      block->stream_uses.clear();
+      // Destroying a graph waits for its device, but a capture a refused call invalidated ends
+      // without a graph and without a wait, and a stream of another device may have used the
+      // block: the streams that used it (record_stream) get events, as at any free.
+      if (!block->stream_uses.empty()) {
+        insert_events(block);
+        continue;
+      }
       deactivate(block);
       release_to_pool(block);
     }

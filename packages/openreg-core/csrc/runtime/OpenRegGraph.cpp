@@ -61,8 +61,8 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     // the capture put off (a capturing stream cannot record one).
     const orStatus st = orStreamEndCapture(stream_, &graph_);
     const std::string refusal = st == orSuccess ? std::string() : last_error_message();
-    allocator::endGraphCapture(device_, stream_);
     random_ops_ = end_random_capture(stream_);
+    allocator::endGraphCapture(device_, stream_);
     if (st != orSuccess) {  // a capture a refused call invalidated: no graph, and its memory goes back
       graph_ = nullptr;
       random_ops_.clear();

@@ -684,14 +684,15 @@ orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph) {
   if (orStatus st = check_runtime()) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
-  std::lock_guard<std::mutex> lock(s->mu);
+  std::unique_lock<std::mutex> lock(s->mu);
   if (s->capture == nullptr) return fail(orErrorInvalidValue, "the stream is not capturing");
   Graph* g = s->capture;
   s->capture = nullptr;
   if (!g->invalidated_by.empty()) {
     const std::string why = "the capture was invalidated by a call it refused (" + g->invalidated_by +
                             "); its graph is discarded: capture again without that call";
-    release_graph(g);
+    lock.unlock();     // the items' deleters may take other locks (an allocator's)
+    release_graph(g);  // nothing ran or will run them: no wait
     *graph = nullptr;
     return fail(orErrorStreamCaptureUnsupported, why);
   }

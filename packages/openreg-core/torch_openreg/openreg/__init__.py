@@ -231,12 +231,16 @@ def _lazy_init() -> None:
             for position, (_, (call, stack)) in enumerate(calls):
                 try:
                     call()
-                except Exception as e:
-                    for seed, entry in calls[position + 1 :]:
+                except BaseException as e:
+                    # an interrupt (KeyboardInterrupt) is no failure of the call: it stays queued too
+                    keep = position + 1 if isinstance(e, Exception) else position
+                    for seed, entry in calls[keep:]:
                         if seed is None:
                             _queued_calls.append(entry)
                         else:
                             _queued_seeds[seed] = entry
+                    if not isinstance(e, Exception):
+                        raise
                     raise RuntimeError(
                         f"openreg call failed lazily at initialization with error: {e}\n\n"
                         f"openreg call was originally invoked at:\n\n{''.join(stack)}"

@@ -187,7 +187,9 @@ def imported(name: str, hook: Callable[[], None]) -> None:
         return
     hook()
     if entry is not None:
-        entry["loaded"], entry["error"] = True, None
+        entry["loaded"] = True
+        if not str(entry["error"] or "").startswith("incompatible:"):  # why discovery skipped it stays said
+            entry["error"] = None
 
 
 def plugins() -> Dict[str, Dict[str, Optional[str]]]:
