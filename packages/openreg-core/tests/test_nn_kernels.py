@@ -60,6 +60,31 @@ class OpsSeen(TorchDispatchMode):
 class TestAttention(TestCase):
     """csrc/aten/OpenRegAttention.cpp: the OVERRIDEABLE fused attention backend, forward and backward."""
 
+    def test_vmap_and_per_sample_gradients(self):
+        # Under torch.func.vmap the choice is MATH: functorch has no batching rule for the
+        # overrideable op (it returns SymInts), and every vmap of 4-D attention failed with
+        # "Batching rule not implemented", per-sample gradients of an attention model among them.
+        from torch.func import functional_call, grad, vmap
+
+        torch.manual_seed(0)
+        q = torch.randn(3, 2, 4, 5, 8)
+        attention = lambda t: F.scaled_dot_product_attention(t, t, t, is_causal=True)  # noqa: E731
+        self.assertEqual(vmap(attention)(q.to("openreg")).cpu(), vmap(attention)(q), atol=1e-5, rtol=1e-5)
+
+        layer = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        params = {k: v.detach() for k, v in layer.named_parameters()}
+
+        def loss(p, x):
+            out = functional_call(layer, p, (x[None], x[None], x[None]), {"need_weights": False})[0]
+            return out.square().mean()
+
+        x = torch.randn(3, 5, 8)
+        want = vmap(grad(loss), in_dims=(None, 0))(params, x)
+        layer.to("openreg")
+        got = vmap(grad(loss), in_dims=(None, 0))({k: v.to("openreg") for k, v in params.items()}, x.to("openreg"))
+        for name in want:
+            self.assertEqual(got[name].cpu(), want[name], atol=1e-5, rtol=1e-4, msg=name)
+
     @parametrize("case", ["plain", "causal", "float_mask", "bool_mask", "scale"])
     def test_overrideable_matches_cpu(self, case):
         torch.manual_seed(0)

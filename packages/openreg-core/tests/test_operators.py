@@ -210,7 +210,51 @@ class TestNativeOps(TestCase):
             self.assertEqual(a.cpu(), torch.tensor([3.0, 4.0, 5.0, 3.0, 4.0, 5.0]))
 
 
+class TestForwardAD(TestCase):
+    def test_a_missing_tangent_is_a_zero_tensor(self):
+        # Forward AD stands an operand without a tangent in for torch._efficientzerotensor: on the
+        # generic path it became ordinary zeros, so 0 * inf gave NaN where the CPU's tangent is
+        # finite (a masked softmax's jvp), and each one took device memory.
+        z = torch._efficientzerotensor(3, 4, device="openreg")
+        self.assertTrue(z._is_zerotensor())
+        self.assertEqual((z.device, z.shape, z.dtype), (torch.device("openreg:0"), (3, 4), torch.float32))
+        self.assertEqual(torch._efficientzerotensor(2, device="openreg:1").device, torch.device("openreg:1"))
+        self.assertEqual((z + 1).cpu(), torch.ones(3, 4))  # materialised where an op needs values
+
+        from torch.func import jacfwd, jvp
+
+        scale = torch.tensor([2.0, 3.0, 4.0, 5.0])
+        mask = torch.tensor([False, True, False, False])
+
+        def masked(x):
+            return torch.softmax(x.masked_fill(mask.to(x.device), float("-inf")), -1) * scale.to(x.device)
+
+        x, t = torch.randn(4), torch.randn(4)
+        want = jvp(masked, (x,), (t,))
+        got = jvp(masked, (x.to("openreg"),), (t.to("openreg"),))
+        for g, w in zip(got, want):
+            self.assertEqual(g.cpu(), w)
+        self.assertEqual(jacfwd(masked)(x.to("openreg")).cpu(), jacfwd(masked)(x))
+
+
 class TestGenericPath(TestCase):
+    def test_a_conjugate_view_returned_by_a_kernel_is_resolved(self):
+        # ATen's linalg_lu_solve with left=False answers by flipping its output's conj bit; the
+        # bit stayed on the CPU side and every call after the first (the asynchronous path)
+        # returned the conjugate of the answer, out= too.
+        torch.manual_seed(0)
+        A = torch.randn(2, 4, 4, dtype=torch.complex64)
+        B = torch.randn(2, 3, 4, dtype=torch.complex64)
+        LU, pivots = torch.linalg.lu_factor(A)
+        want = torch.linalg.lu_solve(LU, pivots, B, left=False)
+        dA, dB, dLU, dpiv = (t.to("openreg") for t in (A, B, LU, pivots))
+        for _ in range(3):
+            self.assertEqual(torch.linalg.lu_solve(dLU, dpiv, dB, left=False).cpu(), want)
+            self.assertEqual(torch.linalg.solve(dA, dB, left=False).cpu(), torch.linalg.solve(A, B, left=False))
+        out = torch.empty_like(dB)
+        torch.linalg.lu_solve(dLU, dpiv, dB, left=False, out=out)
+        self.assertEqual(out.resolve_conj().cpu(), want.resolve_conj())
+
     def test_fill_values_out_of_range_raise_at_the_call(self):
         # The CPU kernels of fill_, masked_fill_ and index_fill_ refuse a value their dtype cannot
         # hold; on the asynchronous path that error came at the next synchronising call, not at the

@@ -54,7 +54,17 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
   // sym_size, not size: under export or torch.compile(dynamic=True) the inputs are fake tensors with
   // symbolic sizes, and size() would turn every dim of the query into a constant (a guard per dim).
   // Comparing the head counts guards on that equality alone.
+  // Under torch.func.vmap functorch has no batching rule for the overrideable op (it returns SymInts,
+  // so none can be generated): MATH, whose ops all batch (per-sample gradients of an attention model
+  // failed with "Batching rule not implemented"). A batched input may sit inside an inner
+  // transform's wrapper (vmap(grad(f)) hands the composite grad wrappers of batched tensors), which
+  // only functorch's headers could open (they need nlohmann/json): any torch.func input takes MATH.
+  const auto functorch = [](const at::Tensor& t) {
+    return t.key_set().has_any(
+        c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
+  };
   const bool supported = dropout_p == 0.0 && !enable_gqa && query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
+                         !functorch(query) && !functorch(key) && !functorch(value) &&
                          query.sym_size(1) == key.sym_size(1);
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (supported && ctx.userEnabledOverrideableSDP()) return static_cast<int64_t>(at::SDPBackend::overrideable);

@@ -888,6 +888,9 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
           const at::Tensor& base = originals[aliased_argument(schema, ret)].toTensor();
           if (!sparse::is_sparse(base) && !nested::is_nested(base)) {  // a sparse one comes back below
             const at::Tensor want = kernel_tensor(base);
+            if (kernel_args[i].toTensor().is_conj() != want.is_conj() ||
+                kernel_args[i].toTensor().is_neg() != want.is_neg())  // an answer given as a bit (see land)
+              kernel_args[i] = kernel_args[i].toTensor().resolve_conj().resolve_neg();
             const at::Tensor& got = kernel_args[i].toTensor();
             moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
           }
@@ -1035,11 +1038,16 @@ std::vector<std::vector<int64_t>> shapes_of(const MetaResult& meta) {
 // have written elsewhere (a functional op allocates its result; an out=
 // kernel may reallocate its output): then the result is copied over, on
 // the device. Returns false if the shapes disagree.
+// A kernel may also answer with a conjugate or negative view instead of values (ATen's
+// linalg_lu_solve with left=False flips its output's conj bit): the bit stays on the CPU side, so the
+// values are resolved into the device output (they were the conjugate of the answer).
 bool land(const at::Tensor& got, const at::Tensor& want) {
   if (!want.defined()) return true;  // an output the call did not ask for (output_mask): nothing to land
-  if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides()) return true;
+  const bool same_bits = got.is_conj() == want.is_conj() && got.is_neg() == want.is_neg();
+  if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides() && same_bits)
+    return true;
   if (got.sizes() != want.sizes()) return false;
-  want.copy_(got);
+  want.copy_(same_bits ? got : got.resolve_conj().resolve_neg());
   return true;
 }
 
@@ -1080,7 +1088,7 @@ void run_kernel(const Launch& l) {
       const at::Tensor& got = args[i].toTensor();
       const KernelTensorArg& out = l.args.tensors[first_out + i].second;
       if (got.data_ptr() == launched[i] && got.sizes() == c10::IntArrayRef(out.sizes) &&
-          got.strides() == c10::IntArrayRef(out.strides))
+          got.strides() == c10::IntArrayRef(out.strides) && got.is_conj() == out.conj && got.is_neg() == out.neg)
         continue;
       landed = land(got, out.materialize());
     }

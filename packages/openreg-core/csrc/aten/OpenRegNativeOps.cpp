@@ -22,6 +22,7 @@
 
 #include "../runtime/OpenRegCachingAllocator.h"
 #include "../runtime/OpenRegException.h"
+#include "../runtime/OpenRegFunctions.h"
 #include "../runtime/OpenRegHooks.h"
 #include "../runtime/OpenRegHostAllocator.h"
 #include "../runtime/OpenRegStream.h"
@@ -83,6 +84,21 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, allocator::get(),
                                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                                    c10::dtype_or_default(dtype)));
+}
+
+// Forward-mode AD stands an operand without a tangent in for a ZeroTensor (no storage, the ZeroTensor
+// key: `0 * inf` is 0 and nothing is allocated). On the generic path it became an ordinary tensor of
+// zeros, so a tangent met an inf of the primal as NaN (a masked softmax's jvp), and each one took
+// device memory. As CPU and CUDA make it, with openreg's device.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory) {
+  const c10::Device on =
+      device.has_value() && device->has_index() ? *device : c10::Device(c10::DeviceType::PrivateUse1, current_device());
+  at::native::ZeroTensorAllocator zeros(on);
+  const auto keys =
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &zeros, keys, c10::dtype_or_default(dtype), std::nullopt);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -284,6 +300,7 @@ at::Tensor empty_strided_on(c10::IntArrayRef size, c10::IntArrayRef stride, c10:
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);
   m.impl("_reshape_alias", at::native::_reshape_alias);
