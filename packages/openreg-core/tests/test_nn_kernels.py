@@ -70,6 +70,12 @@ class TestAttention(TestCase):
         q = torch.randn(3, 2, 4, 5, 8)
         attention = lambda t: F.scaled_dot_product_attention(t, t, t, is_causal=True)  # noqa: E731
         self.assertEqual(vmap(attention)(q.to("openreg")).cpu(), vmap(attention)(q), atol=1e-5, rtol=1e-5)
+        # batched over the mask alone
+        masks, q1 = torch.randn(3, 5, 5), q[0]
+        masked = lambda m, t: F.scaled_dot_product_attention(t, t, t, attn_mask=m)  # noqa: E731
+        want = vmap(masked, in_dims=(0, None))(masks, q1)
+        got = vmap(masked, in_dims=(0, None))(masks.to("openreg"), q1.to("openreg"))
+        self.assertEqual(got.cpu(), want, atol=1e-5, rtol=1e-5)
 
         layer = torch.nn.MultiheadAttention(8, 2, batch_first=True)
         params = {k: v.detach() for k, v in layer.named_parameters()}

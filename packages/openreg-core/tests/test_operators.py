@@ -236,6 +236,39 @@ class TestForwardAD(TestCase):
             self.assertEqual(g.cpu(), w)
         self.assertEqual(jacfwd(masked)(x.to("openreg")).cpu(), jacfwd(masked)(x))
 
+    def test_zero_tensors_reaching_the_backend(self):
+        # dot, vdot and views pass torch's ZeroTensor fallback to the backend, whose CPU and CUDA
+        # kernels test for them; on the generic path a ZeroTensor's missing storage was read as
+        # host memory nobody wrote (NaN or garbage in jvp and hessian of x @ w against a constant).
+        from torch.func import hessian, jvp
+
+        z, ones = torch._efficientzerotensor(4, device="openreg"), torch.ones(4, device="openreg")
+        d = torch.dot(z, ones)
+        self.assertTrue(d._is_zerotensor())
+        self.assertEqual(d.cpu(), torch.tensor(0.0))
+        self.assertEqual(torch.vdot(ones, z).cpu(), torch.tensor(0.0))
+        with self.assertRaisesRegex(RuntimeError, "inconsistent tensor size"):
+            torch.dot(z, torch.ones(3, device="openreg"))
+        zc = torch._efficientzerotensor(2, 3, dtype=torch.complex64, device="openreg")
+        for _ in range(2):  # the synchronous first call, then the asynchronous path
+            self.assertEqual(torch.view_as_real(zc).cpu(), torch.zeros(2, 3, 2))
+        with self.assertRaisesRegex(RuntimeError, "invalid device|device index"):
+            torch._efficientzerotensor(2, device="openreg:5")
+
+        torch.manual_seed(0)
+        x, t, w = torch.randn(4), torch.randn(4), torch.randn(4)
+        for f in (
+            lambda a: torch.dot(a, w.to(a.device)),
+            lambda a: a @ w.to(a.device),
+            lambda a: torch.inner(a, w.to(a.device)),
+        ):
+            want = jvp(f, (x,), (t,))
+            got = jvp(f, (x.to("openreg"),), (t.to("openreg"),))
+            for g, v in zip(got, want):
+                self.assertEqual(g.cpu(), v)
+        logistic = lambda a: torch.sigmoid(a @ w.to(a.device))  # noqa: E731
+        self.assertEqual(hessian(logistic)(x.to("openreg")).cpu(), hessian(logistic)(x))
+
 
 class TestGenericPath(TestCase):
     def test_a_conjugate_view_returned_by_a_kernel_is_resolved(self):

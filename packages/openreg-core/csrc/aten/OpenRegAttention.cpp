@@ -65,7 +65,7 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
   };
   const bool supported = dropout_p == 0.0 && !enable_gqa && query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
                          !functorch(query) && !functorch(key) && !functorch(value) &&
-                         query.sym_size(1) == key.sym_size(1);
+                         !(attn_mask.has_value() && functorch(*attn_mask)) && query.sym_size(1) == key.sym_size(1);
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (supported && ctx.userEnabledOverrideableSDP()) return static_cast<int64_t>(at::SDPBackend::overrideable);
   TORCH_CHECK(ctx.userEnabledMathSDP(), "No available kernel for scaled_dot_product_attention on openreg: ",

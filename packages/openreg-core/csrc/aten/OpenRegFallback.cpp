@@ -32,8 +32,10 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/TensorFactories.h>
+#include <ATen/ops/_efficientzerotensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -1424,9 +1426,42 @@ void run_on_host_copies(const c10::OperatorHandle& op, Stack* stack, Stack args,
     stack->push_back(map_tensors(r, [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; }));
 }
 
+// ZeroTensors (forward AD's stand-ins for missing tangents: no storage, see OpenRegNativeOps.cpp)
+// come here only through the operators torch's ZeroTensor fallback lets through to the backend (dot,
+// vdot, views), whose CPU and CUDA kernels test for them; a kernel view of one read host memory that
+// was never written. dot and vdot answer a ZeroTensor, as there; elsewhere it becomes real zeros.
+// Returns true when the call is answered.
+bool answer_zero_tensors(const c10::OperatorHandle& op, Stack* stack, size_t num_args) {
+  c10::IValue* const first = stack->data() + stack->size() - num_args;
+  bool any = false;
+  for (size_t i = 0; i < num_args && !any; ++i) any = first[i].isTensor() && first[i].toTensor()._is_zerotensor();
+  if (!any) return false;
+  const auto& name = op.schema().operator_name().name;
+  if ((name == "aten::dot" || name == "aten::vdot") && op.schema().overload_name().empty()) {
+    const at::Tensor &a = first[0].toTensor(), &b = first[1].toTensor();  // ATen's dot_check, in its words
+    TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
+    TORCH_CHECK(a.scalar_type() == b.scalar_type(), "dot : expected both vectors to have same dtype, but found ",
+                a.scalar_type(), " and ", b.scalar_type());
+    TORCH_CHECK(a.numel() == b.numel(), "inconsistent tensor size, expected tensor [", a.numel(), "] and src [",
+                b.numel(), "] to have the same number of elements, but got ", a.numel(), " and ", b.numel(),
+                " elements respectively");
+    const at::Tensor answer = at::_efficientzerotensor({}, a.options());
+    torch::jit::drop(*stack, num_args);
+    stack->emplace_back(answer);
+    return true;
+  }
+  for (size_t i = 0; i < num_args; ++i)
+    if (first[i].isTensor() && first[i].toTensor()._is_zerotensor()) {
+      const at::Tensor& z = first[i].toTensor();
+      first[i] = at::zeros(z.sizes(), z.options());
+    }
+  return false;
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
   check_not_strict(schema);
+  if (answer_zero_tensors(op, stack, schema.arguments().size())) return;
   const OpFacts& facts = facts_of(op);
   facts.calls->fetch_add(1, std::memory_order_relaxed);
   // The arguments stay on the stack until the launch takes them.

@@ -20,6 +20,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
+
 #include "../runtime/OpenRegCachingAllocator.h"
 #include "../runtime/OpenRegException.h"
 #include "../runtime/OpenRegFunctions.h"
@@ -93,12 +97,25 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory) {
-  const c10::Device on =
-      device.has_value() && device->has_index() ? *device : c10::Device(c10::DeviceType::PrivateUse1, current_device());
-  at::native::ZeroTensorAllocator zeros(on);
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "_efficientzerotensor: only strided tensors, got ",
+              *layout);
+  c10::OptionalDeviceGuard guard(device.has_value() && device->has_index() ? device : std::nullopt);  // checks it
+  // One allocator per device, never destroyed: the storage keeps a pointer to it (a resize_ of the
+  // tensor asks it again; ATen's own, on the stack, leaves that pointer dangling).
+  static std::mutex mu;
+  static auto* allocators = new std::map<c10::DeviceIndex, std::unique_ptr<at::native::ZeroTensorAllocator>>();
+  at::native::ZeroTensorAllocator* zeros = nullptr;
+  {
+    const c10::DeviceIndex index = current_device();
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = (*allocators)[index];
+    if (!slot)
+      slot = std::make_unique<at::native::ZeroTensorAllocator>(c10::Device(c10::DeviceType::PrivateUse1, index));
+    zeros = slot.get();
+  }
   const auto keys =
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
-  return at::detail::empty_generic(size, &zeros, keys, c10::dtype_or_default(dtype), std::nullopt);
+  return at::detail::empty_generic(size, zeros, keys, c10::dtype_or_default(dtype), std::nullopt);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,

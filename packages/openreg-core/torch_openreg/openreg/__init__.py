@@ -228,23 +228,25 @@ def _lazy_init() -> None:
         _queued_seeds.clear()
         _init_tls.is_initializing = True
         try:
-            for position, (_, (call, stack)) in enumerate(calls):
-                try:
-                    call()
-                except BaseException as e:
-                    # an interrupt (KeyboardInterrupt) is no failure of the call: it stays queued too
-                    keep = position + 1 if isinstance(e, Exception) else position
-                    for seed, entry in calls[keep:]:
-                        if seed is None:
-                            _queued_calls.append(entry)
-                        else:
-                            _queued_seeds[seed] = entry
-                    if not isinstance(e, Exception):
-                        raise
-                    raise RuntimeError(
-                        f"openreg call failed lazily at initialization with error: {e}\n\n"
-                        f"openreg call was originally invoked at:\n\n{''.join(stack)}"
-                    ) from e
+            next_call = 0  # the first call not yet run (and not failed): kept queued if this stops
+            try:
+                for _, (call, stack) in calls:
+                    try:
+                        call()
+                    except Exception as e:
+                        next_call += 1  # reported once and dropped
+                        raise RuntimeError(
+                            f"openreg call failed lazily at initialization with error: {e}\n\n"
+                            f"openreg call was originally invoked at:\n\n{''.join(stack)}"
+                        ) from e
+                    next_call += 1
+            except BaseException:  # a failure, or an interrupt (KeyboardInterrupt) during or between calls
+                for seed, entry in calls[next_call:]:
+                    if seed is None:
+                        _queued_calls.append(entry)
+                    else:
+                        _queued_seeds[seed] = entry
+                raise
             _C._register_fork_handler()
             _initialized = True
         finally:
