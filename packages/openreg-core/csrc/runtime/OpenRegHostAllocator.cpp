@@ -8,8 +8,9 @@
 // million copies holds one event, not a million (the runtime's event table then
 // ran out, and every event creation in the process failed).
 // A copy captured into a graph records no event (the capturing stream runs nothing, and every
-// replay reads or writes the buffer again): such a block is never handed out again, as torch's
-// own CachingHostAllocator leaks pinned blocks used in a capture on purpose.
+// replay reads or writes the buffer again): such a block is never handed out again. This allocator
+// does not know which graph used it, so it is kept for the process's life (torch 2.13's
+// CachingHostAllocator keeps blocks allocated during a capture in that capture's pool instead).
 #include "OpenRegHostAllocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
