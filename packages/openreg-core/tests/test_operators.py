@@ -61,6 +61,28 @@ class TestNativeOps(TestCase):
         for i, call in enumerate(calls):
             self.assertEqual(outcome(call, "openreg"), outcome(call, "cpu"), msg=f"call {i}")
 
+    def test_conversions_the_cpu_has_no_kernel_for_are_refused_at_the_call(self):
+        # They returned an unwritten tensor and failed the device's copy kernel, so the error came
+        # at a later, unrelated call (an .item()), as a launch failure.
+        pairs = ((torch.bits8, torch.float32), (torch.float32, torch.uint1), (torch.uint3, torch.int32))
+        for src, dst in pairs:
+            calls = {
+                "on the device": lambda d: torch.zeros(4, dtype=src, device=d).to(dst),
+                "to the host": lambda d: torch.zeros(4, dtype=src, device=d).to("cpu", dst),
+                "from the host": lambda d: torch.zeros(4, dtype=src).to(d, dst),
+            }
+            for how, call in calls.items():
+                with self.subTest(f"{src} -> {dst} {how}"):
+                    with self.assertRaises(NotImplementedError) as cpu:
+                        call("cpu")
+                    with self.assertRaises(NotImplementedError) as device:
+                        call("openreg")  # no synchronisation: raised at the call
+                    self.assertEqual(str(device.exception).splitlines()[0], str(cpu.exception).splitlines()[0])
+        torch.openreg.synchronize()  # nothing left to fail later
+        x = torch.zeros(4, dtype=torch.bits8, device="openreg")
+        self.assertEqual(x.to(torch.bits8).view(torch.uint8).cpu(), torch.zeros(4, dtype=torch.uint8))
+        self.assertEqual(torch.arange(4.0, device="openreg").to(torch.bfloat16).cpu(), torch.arange(4.0).bfloat16())
+
     def test_views_share_storage(self):
         cpu, d = pair(4, 6)
         v = d.view(6, 4)
@@ -271,6 +293,18 @@ class TestForwardAD(TestCase):
 
 
 class TestGenericPath(TestCase):
+    def test_conj_physical_in_place(self):
+        # Its CompositeExplicitAutograd kernel calls a DispatchStub that has no openreg entry (an
+        # internal assert); the generic path runs the composite on the device.
+        x = torch.tensor([1 + 2j, 3 - 1j, -4j])
+        d = x.to("openreg")
+        for _ in range(3):  # the first call synchronous, the later ones asynchronous
+            self.assertIs(d.conj_physical_(), d)
+            x.conj_physical_()
+            self.assertEqual(d.cpu(), x)
+        r = torch.arange(3.0, device="openreg")
+        self.assertEqual(r.conj_physical_().cpu(), torch.arange(3.0))  # real: nothing to do
+
     def test_a_conjugate_view_returned_by_a_kernel_is_resolved(self):
         # ATen's linalg_lu_solve with left=False answers by flipping its output's conj bit; the
         # bit stayed on the CPU side and every call after the first (the asynchronous path)
@@ -1078,6 +1112,24 @@ class TestErrorsAtTheCall(TestCase):
                 lambda d: torch.index_select(
                     torch.ones(4, device=d), 0, torch.tensor([0, 1], device=d), out=torch.zeros(1, device=d).expand(2)
                 ),
+            ),
+        }
+        for name, (good, bad) in cases.items():
+            with self.subTest(name):
+                self._same_error_at_the_call(good, bad)
+
+    def test_an_in_place_self_is_never_resized(self):
+        # The good call verifies the signature (same dtypes and ranks); the bad one must not then
+        # broadcast self to a larger shape on the asynchronous path, as floor_divide_'s meta kernel
+        # allows. addr_ refuses a self of another shape only when self and out are one C++ reference.
+        cases = {
+            "floor_divide_": (
+                lambda d: torch.ones(5, 10, 5, device=d).floor_divide_(torch.ones(10, 5, device=d)),
+                lambda d: torch.ones(10, 1, 5, device=d).floor_divide_(torch.ones(10, 5, device=d)),
+            ),
+            "addr_": (
+                lambda d: torch.ones(5, 10, device=d).addr_(torch.ones(5, device=d), torch.ones(10, device=d)),
+                lambda d: torch.tensor(1.0, device=d).addr_(torch.ones(5, device=d), torch.ones(10, device=d)),
             ),
         }
         for name, (good, bad) in cases.items():

@@ -16,6 +16,10 @@ Per operator and dtype, every OpInfo sample is checked (no sample cap):
 * out=: for operators with an out= variant, tuple and list outputs included (sort, svd, ...),
   into outputs pre-filled with a sentinel; outputs and result must equal the CPU's own out= call
   (CPU_OUT_DIFFERS lists where that differs from the CPU's functional result).
+* in place: for operators with an in-place variant (x.add_(y)), on a copy of the input; the
+  mutated input and the return must equal the CPU's, in the same order of samples, so that a
+  signature verified by one sample cannot carry a later one (an in-place self must never be
+  resized: floor_divide_ once broadcast its self to a larger shape).
 * backward: for differentiable operators, the gradients of every sample, in float32 or the
   operator's complex dtype, of a loss weighting every floating and complex output (real and
   imaginary parts) with fixed random weights, through OpInfo's gradcheck wrapper.
@@ -126,7 +130,7 @@ def seed_cpu_and_openreg(seed: int) -> torch.Generator:
 
 
 MANUAL_SEED = seed_cpu_and_openreg  # our_seed_only() patches torch.manual_seed, not this
-CHECK_KINDS = ("non-contiguous", "out=", "backward", "CPU rejects", "random: metadata")
+CHECK_KINDS = ("non-contiguous", "out=", "in place", "backward", "CPU rejects", "random: metadata")
 KINDS: collections.Counter = collections.Counter()  # checks per kind, printed by the summary
 
 
@@ -298,6 +302,8 @@ def check_forward(op, name: str, tally: Tally) -> None:
                 check_call(op, noncontiguous, keep[i], f"{label} non-contiguous", values, tally, calls=1)
             if op.supports_out:
                 check_out(op, name, sample, keep[i], label, values, tally)
+            if op.inplace_variant is not None and isinstance(sample.input, torch.Tensor):
+                check_inplace(op, sample, keep[i], label, values, tally)
 
 
 def deterministic(op, s) -> bool:
@@ -331,6 +337,28 @@ def check_call(op, s, keep, label: str, values: bool, tally: Tally, calls=2) -> 
     def run():
         for d in devs:  # first call synchronous (meta kernel checked), second asynchronous
             compare(call(op, d), expected, values)
+
+    tally.run(label, run)
+
+
+def check_inplace(op, s, keep, label: str, values: bool, tally: Tally) -> None:
+    label += " in place"
+    d = to_device(s, keep)  # before the CPU call
+    if d.input.layout == torch.strided:
+        d.input = d.input.clone()  # the sample's own input stays as it is for later checks
+    cpu_input = s.input.clone() if s.input.layout == torch.strided else s.input
+    try:
+        MANUAL_SEED(0)
+        expected = op.inplace_variant(cpu_input, *s.args, **s.kwargs)
+    except Exception as e:  # noqa: BLE001
+        dev_call = lambda: op.inplace_variant(d.input, *d.args, **d.kwargs)  # noqa: E731
+        tally.run(f"{label} (CPU rejects: {type(e).__name__})", must_raise(dev_call))
+        return
+
+    def run():
+        MANUAL_SEED(0)
+        got = op.inplace_variant(d.input, *d.args, **d.kwargs)
+        compare((got, d.input), (expected, cpu_input), values)
 
     tally.run(label, run)
 

@@ -1297,6 +1297,10 @@ bool written_memory_overlaps(const c10::FunctionSchema& schema, c10::ArrayRef<c1
 // synchronous path shows the kernel (to_kernel_stack); the meta kernel saw two tensors and resized.
 // A view of it (torch.eq(x, a.t(), out=a)): the CPU checks the overlap before it resizes, and the
 // asynchronous path resized first, so the kernel refused an overlap the CPU allows.
+// An in-place operator's self (any written argument that is not a keyword-only out=) is an input
+// too: the CPU and CUDA refuse to resize it ("output with shape [10, 1, 5] doesn't match the
+// broadcast shape [10, 10, 5]"), and a meta kernel that does not check it (floor_divide_'s) had
+// the asynchronous path resize self once the signature was verified with a matching shape.
 bool resizes_an_input(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, const MetaResult& meta) {
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
@@ -1304,6 +1308,7 @@ bool resizes_an_input(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IVal
     if (a < 0 || !args[a].isTensor()) continue;
     const at::Tensor& out = args[a].toTensor();
     if (out.sizes() == c10::IntArrayRef(meta.returns[i][0].sizes)) continue;
+    if (!schema.arguments()[a].kwarg_only()) return true;  // in place: the CPU kernel's verdict
     bool input = false;
     for (size_t j = 0; j < args.size(); ++j)
       if (static_cast<int>(j) != a)
@@ -1604,6 +1609,14 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& 
 // The generic path reaches them through the fallback; only the out= overload is recorded.
 constexpr const char* kOutKernelOps[] = {"aten::index_select"};
 
+// In-place operators whose CompositeExplicitAutograd kernel (used by the CPU and CUDA too) cannot
+// run on openreg's tensors: conj_physical_ calls its DispatchStub directly, which has no openreg
+// entry (an internal assert); addr_ calls addr.out with self as both input and out, and the CPU
+// kernel refuses a self that is not already the result's shape only when the two are one C++
+// reference, which the boxed generic path cannot keep (a 0-dim self became 5 x 10). Registered
+// for openreg, the generic path runs the composite itself on the CPU, over the kernel views.
+constexpr const char* kCompositeOnTheDevice[] = {"conj_physical_", "addr_"};
+
 size_t route_structured_ops() {
   static size_t routed = [] {
     auto& dispatcher = c10::Dispatcher::singleton();
@@ -1623,6 +1636,10 @@ size_t route_structured_ops() {
         TORCH_INTERNAL_ASSERT(out && !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1), name);
         out_overloads().emplace(&op.schema(), *out);
       }
+    }
+    for (const char* name : kCompositeOnTheDevice) {
+      lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
+      ++n;
     }
     for (const auto& [base, overloads] : by_name) {
       for (const c10::OperatorHandle& op : overloads) {

@@ -20,6 +20,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -242,6 +243,30 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
     host_allocator::record_stream(dst.storage().data_ptr().get_context(), stream);
 }
 
+// A conversion the CPU's copy_ has no kernel for (to or from bits8, uint1..7, int1..7,
+// float4_e2m1fn_x2) is refused at the call with the CPU's NotImplementedError, as CUDA refuses it;
+// it used to return an unwritten tensor and fail the device's copy kernel, the error surfacing at
+// some later synchronising call. The CPU's own copy_ of two one-element tensors tells, once per
+// pair of dtypes; a refused pair is asked again, so that it throws the CPU's error.
+void check_conversion(c10::ScalarType from, c10::ScalarType to) {
+  if (from == to || c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
+  constexpr int n = static_cast<int>(c10::ScalarType::NumOptions);
+  static std::atomic<int8_t> verdicts[n][n] = {};  // 0: not asked yet, 1: converts, -1: refused
+  std::atomic<int8_t>& verdict = verdicts[static_cast<int>(from)][static_cast<int>(to)];
+  if (verdict.load(std::memory_order_relaxed) == 1) return;
+  struct Quiet final : c10::WarningHandler {  // "ComplexHalf support is experimental": not the user's call
+    void process(const c10::Warning&) override {}
+  } quiet;
+  try {
+    c10::WarningUtils::WarningHandlerGuard keep_quiet(&quiet);
+    at::empty({1}, at::TensorOptions().dtype(to)).copy_(at::zeros({1}, at::TensorOptions().dtype(from)));
+  } catch (...) {
+    verdict.store(-1, std::memory_order_relaxed);
+    throw;
+  }
+  verdict.store(1, std::memory_order_relaxed);
+}
+
 bool is_same_data(const at::Tensor& a, const at::Tensor& b) {
   return a.is_alias_of(b) && a.storage_offset() == b.storage_offset() && a.sizes().equals(b.sizes()) &&
          a.strides().equals(b.strides()) && a.scalar_type() == b.scalar_type() && a.is_conj() == b.is_conj() &&
@@ -256,6 +281,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
+  if (self.is_privateuseone() || dst.is_privateuseone()) check_conversion(self.scalar_type(), dst.scalar_type());
   if (dst.numel() == 0) return dst;
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand_as(dst);
