@@ -162,3 +162,27 @@ class TestLegacyProfiler(TestCase):
         [mm] = [e for e in prof.function_events if e.name == "aten::mm"]
         self.assertGreater(mm.device_time_total, 0)  # timed on the device with a pair of events
         self.assertGreater(prof.key_averages().self_cpu_time_total, 0)
+
+    def test_capture_under_the_legacy_profiler(self):
+        # Its timing events were recorded on the capturing stream, which refuses them and so
+        # invalidated the capture; captured operators now get no device time, replays are timed.
+        x = torch.randn(64, 64, device="openreg")
+        side = torch.openreg.Stream()
+        side.wait_stream(torch.openreg.current_stream())
+        with torch.openreg.stream(side):
+            x @ x  # warm up: a first call runs synchronously, which a capture refuses
+        torch.openreg.synchronize()
+        g = torch.accelerator.Graph()
+        with torch.autograd.profiler.profile(use_device="openreg") as prof:
+            with torch.openreg.stream(side):
+                g.capture_begin()
+                y = x @ x
+                g.capture_end()
+            x.mul_(2)
+            g.replay()
+            torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), (x @ x).cpu())  # the replay read the doubled x
+        [captured] = [e for e in prof.function_events if e.name == "aten::mm"][:1]
+        self.assertEqual(captured.device_time_total, 0)
+        [mul] = [e for e in prof.function_events if e.name == "aten::mul_"]
+        self.assertGreater(mul.device_time_total, 0)

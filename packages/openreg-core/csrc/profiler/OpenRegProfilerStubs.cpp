@@ -21,16 +21,26 @@ struct OpenRegProfilerStubs final : torch::profiler::impl::ProfilerStubs {
               int64_t* cpu_ns) const override {
     const c10::DeviceIndex d = current_device();
     if (device != nullptr) *device = d;
+    if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
+    // An event recorded on a capturing stream is refused and invalidates the capture: an operator
+    // captured into a graph gets no device time (elapsed() answers 0 for it), as torch.profiler
+    // profiles the same capture.
+    int capturing = 0;
+    OPENREG_CHECK(orStreamIsCapturing(current_stream_handle(d), &capturing));
+    if (capturing != 0) {
+      *event = nullptr;
+      return;
+    }
     orEvent_t ev = nullptr;
     OPENREG_CHECK(orEventCreate(&ev));
     *event = std::shared_ptr<void>(ev, [](void* e) { orEventDestroy(static_cast<orEvent_t>(e)); });
-    if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
     OPENREG_CHECK(orEventRecord(ev, current_stream_handle(d)));
   }
 
   // Microseconds between two records (the unit the profiler expects).
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
+    if (*start == nullptr || *end == nullptr) return 0;  // recorded during a graph capture
     OPENREG_CHECK(orEventSynchronize(as_event(start)));
     OPENREG_CHECK(orEventSynchronize(as_event(end)));
     float ms = 0;
