@@ -22,6 +22,12 @@ def _consumer(queue, results):
     results.put(("parameter", type(p).__name__, p.requires_grad, p.detach().cpu().tolist()))
     s = queue.get(timeout=60)
     results.put(("storage", type(s).__name__, str(s.device), s.nbytes()))
+    for _ in range(3):  # sparse COO, CSR, nested: their parts travel
+        x = queue.get(timeout=60)
+        parts = x.unbind() if x.is_nested else [x.to_dense()]
+        results.put((str(x.layout), str(x.device), [p.cpu().tolist() for p in parts]))
+    results.put(queue.get(timeout=60))  # back to the process that allocated it
+    queue.get(timeout=60)  # alive until that message was read: it names this process's resources
     results.put(("done",))
 
 
@@ -243,6 +249,20 @@ class TestMultiprocessing(TestCase):
             storage = torch.zeros(5, device="openreg").untyped_storage()
             queue.put(storage)
             self.assertEqual(results.get(timeout=60), ("storage", "UntypedStorage", "openreg:0", 20))
+            # Sparse and nested tensors: their pickling failed in the queue's feeder thread, and the
+            # consumer waited forever.
+            x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]], device="openreg:1")
+            queue.put(x.to_sparse())
+            self.assertEqual(results.get(timeout=60), ("torch.sparse_coo", "openreg:1", [x.cpu().tolist()]))
+            queue.put(x.to_sparse_csr())
+            self.assertEqual(results.get(timeout=60), ("torch.sparse_csr", "openreg:1", [x.cpu().tolist()]))
+            queue.put(torch.nested.nested_tensor([x[0], x[1, :2]]))
+            self.assertEqual(results.get(timeout=60), ("torch.strided", "openreg:1", [[0.0, 1.0, 0.0], [2.0, 0.0]]))
+            # A tensor sent back to its process: refused with what to do, not the runtime's words.
+            queue.put(torch.ones(3, device="openreg"))
+            with self.assertRaisesRegex(RuntimeError, r"allocated by this process and sent back .* send a clone"):
+                results.get(timeout=60)
+            queue.put(None)
             self.assertEqual(results.get(timeout=60), ("done",))
         finally:
             proc.join(timeout=60)
@@ -476,6 +496,20 @@ class TestMultiprocessing(TestCase):
         self.assertEqual((back.shape, back.is_neg(), back.dtype), ((0,), True, torch.float32))
         s = pickle.loads(ForkingPickler.dumps(torch.empty(0, device="openreg:1").untyped_storage()))
         self.assertEqual((s.nbytes(), s.device), (0, torch.device("openreg:1")))
+
+    def test_sparse_and_nested_tensors_read_back_in_their_own_process(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]], device="openreg")
+        for t in (x.to_sparse(), x.to_sparse_csr(), x.to_sparse_csc(), x.to_sparse_bsr((1, 1))):
+            back = pickle.loads(ForkingPickler.dumps(t))
+            self.assertEqual((back.layout, back.device, back.shape), (t.layout, t.device, t.shape))
+            self.assertEqual(back.to_dense().cpu(), x.cpu())
+        self.assertTrue(pickle.loads(ForkingPickler.dumps(x.to_sparse().coalesce())).is_coalesced())
+        nested = torch.nested.nested_tensor([x[0], x[1, :2]])
+        back = pickle.loads(ForkingPickler.dumps(nested))
+        self.assertTrue(back.is_nested)
+        self.assertEqual([p.cpu() for p in back.unbind()], [x[0].cpu(), x[1, :2].cpu()])
 
     def test_non_leaf_requiring_grad_is_refused_like_on_cpu(self):
         from multiprocessing.reduction import ForkingPickler

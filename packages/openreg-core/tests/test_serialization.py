@@ -361,6 +361,10 @@ class TestWithoutOpenreg(SerializationTestCase):
     def test_checkpoint_loads_on_cpu_without_the_backend(self):
         payload = {"w": torch.arange(6.0, device="openreg:0").view(2, 3), "b": torch.tensor([7, 8], device="openreg:1")}
         path = self.save(payload)
+        # Sparse and nested tensors have no storage: pickled as a CPU copy and the device's name.
+        x = torch.tensor([[0.0, 1.0], [2.0, 0.0]], device="openreg")
+        parts = {"coo": x.to_sparse(), "nested": torch.nested.nested_tensor([x[0], x[1, :1]])}
+        storageless = self.save(parts, "storageless.pt")
         r = run_python(
             f"""
             import torch
@@ -371,6 +375,12 @@ class TestWithoutOpenreg(SerializationTestCase):
                 torch.load({path!r}, weights_only=True)
             except Exception as e:
                 print(type(e).__name__, str(e).splitlines()[-1])
+            state = torch.load({storageless!r}, map_location="cpu", weights_only=True)
+            print(str(state["coo"].device), state["coo"].to_dense().tolist(), [t.tolist() for t in state["nested"]])
+            try:
+                torch.load({storageless!r}, weights_only=True)
+            except Exception as e:
+                print(type(e).__name__, str(e).splitlines()[0])
             """,
             env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
         )
@@ -383,6 +393,28 @@ class TestWithoutOpenreg(SerializationTestCase):
             "RuntimeError don't know how to restore data location of torch.storage.UntypedStorage "
             "(tagged with openreg:0)",
         )
+        self.assertEqual(lines[3], "cpu [[0.0, 1.0], [2.0, 0.0]] [[0.0, 1.0], [2.0]]")
+        self.assertRegex(
+            lines[4], r"^RuntimeError Expected one of cpu, .* device type at start of device string: openreg$"
+        )
+
+    def test_byteswap_of_a_device_storage(self):
+        # torch's UntypedStorage._byteswap swaps through host memory: on an openreg storage the
+        # process died (SIGSEGV). It runs on the device now, with torch's checks.
+        cpu = torch.arange(6, dtype=torch.float32)
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.uint8):
+            with self.subTest(dtype):
+                expected = cpu.to(dtype).untyped_storage()
+                device = cpu.to(dtype).to("openreg").untyped_storage()
+                expected.byteswap(dtype)
+                device.byteswap(dtype)
+                self.assertEqual(torch.tensor(list(device.cpu())), torch.tensor(list(expected)))
+        odd = torch.zeros(3, dtype=torch.uint8, device="openreg").untyped_storage()
+        with self.assertRaisesRegex(RuntimeError, "the length of data is not a multiple of 4"):
+            odd._byteswap(4)
+        for storage in (torch.UntypedStorage(4), odd):
+            with self.assertRaisesRegex(RuntimeError, "elem_size must be 1, 2, 4, or 8"):
+                storage._byteswap(3)
 
 
 if __name__ == "__main__":

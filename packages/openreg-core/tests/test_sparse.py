@@ -71,6 +71,28 @@ class TestSparseCOO(SparseTestCase):
         empty = torch.empty(3, 4, layout=torch.sparse_coo, device="openreg")
         self.assertEqual((empty.layout, empty.shape, empty._nnz()), (torch.sparse_coo, torch.Size([3, 4]), 0))
 
+    def test_construction_checks_invariants_like_the_cpu(self):
+        # is_coalesced=True under check_sparse_tensor_invariants: the check flattens the indices
+        # through a DispatchStub with no openreg entry (an internal assert); it runs on the device.
+        cases = {
+            "coalesced": ([[0, 1], [2, 0]], True),
+            "not sorted": ([[1, 0], [0, 2]], True),
+            "duplicate": ([[0, 0], [1, 1]], True),
+            "out of bounds": ([[0, 2], [0, 0]], False),
+        }
+        for name, (indices, coalesced) in cases.items():
+            with self.subTest(name), torch.sparse.check_sparse_tensor_invariants():
+                results = []
+                for device in ("cpu", "openreg"):
+                    i = torch.tensor(indices, device=device)
+                    try:
+                        t = torch.sparse_coo_tensor(i, torch.ones(2, device=device), (2, 3), is_coalesced=coalesced)
+                        results.append(("result", t.is_coalesced(), t.to_dense().cpu()))
+                    except RuntimeError as e:
+                        results.append(("error", str(e).splitlines()[0]))
+                self.assertEqual(results[1], results[0])
+                self.assertEqual(results[0][0], "result" if name == "coalesced" else "error")
+
     def test_members_live_on_the_device_and_alias(self):
         s = coo_sample().coalesce()
         d = s.to("openreg")

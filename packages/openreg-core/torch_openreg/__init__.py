@@ -57,6 +57,9 @@ def _register() -> None:
     from .openreg import _dlpack  # Tensor.__dlpack_device__/__dlpack__ fixes for the renamed backend
 
     _dlpack.install()
+    from .openreg import _byteswap  # UntypedStorage.byteswap on the device, not through host memory
+
+    _byteswap.install()
     openreg.random._register_graphsafe_rng()
     openreg._plugins.load_plugins()
 

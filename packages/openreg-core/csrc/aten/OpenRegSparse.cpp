@@ -18,11 +18,17 @@
 //    the device, as CUDA's sparse operators mostly do: a result's nnz depends on the data.
 // 3. Dense operators with a sparse result (to_sparse of a dense tensor) take the dense generic
 //    path's synchronous branch, which brings sparse results back the same way.
+// 4. Host code of those device-generic operators may call a DispatchStub for the members' device
+//    directly, bypassing the dispatcher: flatten_indices_stub (torch.sparse_coo_tensor(...,
+//    is_coalesced=True) checks its indices with it under torch.sparse.check_sparse_tensor_invariants)
+//    gets an openreg entry below, made of dense operators on the device; without it, an internal
+//    assert ("DispatchStub: missing kernel for openreg").
 #include "OpenRegSparse.h"
 
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/DispatchStub.h>
 #include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
 #include <ATen/ops/_sparse_coo_tensor_unsafe.h>
 #include <c10/core/DeviceGuard.h>
@@ -167,7 +173,27 @@ size_t route_sparse_ops() {
   return routed;
 }
 
+// The row-major linear index of each indices column: what the CPU's and CUDA's kernels of
+// flatten_indices_stub compute (`size` is the sparse dimensions' sizes), as queued device work.
+at::Tensor flatten_indices(const at::Tensor& indices, c10::IntArrayRef size) {
+  at::Tensor flat = at::zeros({indices.size(1)}, indices.options().dtype(at::kLong));
+  int64_t stride = 1;
+  for (int64_t d = indices.size(0) - 1; d >= 0; --d) {
+    flat.add_(indices.select(0, d), stride);
+    stride *= size[d];
+  }
+  return flat;
+}
+
 }  // namespace c10::openreg::sparse
+
+// torch 2.13 does not install the header that declares this stub
+// (aten/src/ATen/native/sparse/FlattenIndicesCommon.h): the same declaration names the same object.
+namespace at::native {
+using flatten_indices_fn = Tensor (*)(const Tensor& indices, IntArrayRef size);
+DECLARE_DISPATCH(flatten_indices_fn, flatten_indices_stub)
+REGISTER_PRIVATEUSE1_DISPATCH(flatten_indices_stub, &c10::openreg::sparse::flatten_indices)
+}  // namespace at::native
 
 // 1. Structure operators, on the host.
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {

@@ -80,7 +80,18 @@ def _open_storage(
     generation: int = 0,
 ) -> torch.UntypedStorage:
     def opened() -> torch.UntypedStorage:  # the runtime maps the exporter's memory
-        return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+        try:
+            return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+        except RuntimeError as e:
+            # The runtime refuses a handle of its own process (as CUDA's does): here a tensor that
+            # another process received from this one and sent back. CUDA refuses to send it at all.
+            if sender is None or "made by this process" not in str(e):
+                raise
+            raise RuntimeError(
+                "this openreg tensor was allocated by this process and sent back to it by the process that "
+                "received it, which torch.multiprocessing cannot share again (nor can it for CUDA tensors): "
+                "send a clone instead (t.clone()), or send it on to another process"
+            ) from None
 
     if sender is None:  # open_ipc_handle: the caller keeps the producer's tensor alive
         return opened()
@@ -229,6 +240,8 @@ def _install_reducers() -> None:
                 "support crossing process boundaries.  If you just want to transfer the data, call detach() on "
                 "the tensor before serializing (e.g., putting it on the queue)."
             )
+        if t.is_nested or t.layout != torch.strided:  # no storage of its own: its parts travel
+            return reduce_parts(t)
         if t.untyped_storage().nbytes() == 0:  # no memory to share: rebuilt empty, as torch does for CUDA
             return _rebuild_empty_tensor, (
                 type(t),
@@ -242,6 +255,27 @@ def _install_reducers() -> None:
             )
         handle = get_ipc_handle(t.detach())
         return _rebuild_tensor, (type(t), handle, t.requires_grad, *_keep(t.untyped_storage()))
+
+    def reduce_parts(t):
+        """A nested or sparse tensor as its dense parts, each shared as above, rebuilt by torch's own
+        functions (torch's reduce_sparse_tensor and reduce_nested_tensor would share the parts through
+        torch's reducer, which takes an openreg storage for CPU memory). Without this the pickling
+        failed in the queue's feeder thread, and the receiver waited forever."""
+        if t.is_nested:  # the buffer on the device; sizes, strides and offsets on the host
+            parts = (t.values(), t._nested_tensor_size(), t._nested_tensor_strides())
+            parts += (t._nested_tensor_storage_offsets(),)
+            return reductions.rebuild_nested_tensor, sum((reduce_tensor(p) for p in parts), ())
+        if t.layout == torch.sparse_coo:
+            parts = reduce_tensor(t._indices()) + reduce_tensor(t._values())
+            return reductions.rebuild_sparse_coo_tensor, (*parts, t.shape, t.is_coalesced())
+        if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            compressed, plain = t.crow_indices(), t.col_indices()
+        elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+            compressed, plain = t.ccol_indices(), t.row_indices()
+        else:
+            raise NotImplementedError(f"sharing an openreg tensor of layout {t.layout} between processes")
+        parts = reduce_tensor(compressed) + reduce_tensor(plain) + reduce_tensor(t.values())
+        return reductions.rebuild_sparse_compressed_tensor, (*parts, t.shape, t.layout)
 
     def reduce_storage(s):
         if s.device.type != "openreg":
