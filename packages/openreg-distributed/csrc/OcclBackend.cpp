@@ -3,8 +3,10 @@
 #include "OcclBackend.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/distributed/c10d/exception.h>
@@ -62,8 +64,10 @@ std::atomic<size_t> next_pg_id{0};
 
 // What layout a tensor may have: a collective's own tensors must be contiguous (in their suggested
 // memory format); a send or receive takes any dense layout (as NCCL's); a member of a list form's
-// per-rank list any layout at all (NCCL and Gloo copy members in and out of a flat buffer).
-enum class Layout { kContiguous, kDense, kAny };
+// per-rank list any layout at all (NCCL and Gloo copy members in and out of a flat buffer), but a
+// member written to must not have elements that share memory (an expand()ed tensor), as Gloo checks
+// at the call: accepted, its copy-out failed on the comm stream and took both processes down.
+enum class Layout { kContiguous, kDense, kAny, kAnyWritten };
 
 void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt,
                   Layout layout = Layout::kContiguous) {
@@ -80,7 +84,8 @@ void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device
   // format, so channels_last tensors (a channels_last conv model's gradients) are taken; send and receive
   // take any layout, moved in memory order. occl refused anything but is_contiguous(), and takes dense
   // tensors only for p2p (NCCL reads numel() elements from data_ptr() whatever the gaps).
-  if (layout == Layout::kAny) return;
+  if (layout == Layout::kAnyWritten) at::assert_no_internal_overlap(t);  // ATen's message, as Gloo's
+  if (layout == Layout::kAny || layout == Layout::kAnyWritten) return;
   if (layout == Layout::kDense) {
     TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), "occl ", op,
                       ": tensors must be dense (no gaps or overlaps between elements), got sizes ", t.sizes(),
@@ -116,7 +121,7 @@ void check_same_dtype(const char* op, const at::Tensor& a, const at::Tensor& b) 
 // rank passes none.
 std::vector<at::Tensor> root_list(const char* op, const char* role, const std::vector<std::vector<at::Tensor>>& lists,
                                   bool is_root, int root, int world_size, c10::Device device, const at::Tensor& like,
-                                  const char* like_role) {
+                                  const char* like_role, Layout layout) {
   if (!is_root) {
     TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "occl ", op, ": only the root (rank ", root, ") takes ", role,
                       " tensors");
@@ -127,7 +132,7 @@ std::vector<at::Tensor> root_list(const char* op, const char* role, const std::v
   TORCH_CHECK_VALUE(static_cast<int>(ts.size()) == world_size, "occl ", op, ": the root expects world size (",
                     world_size, ") ", role, " tensors, got ", ts.size());
   for (const auto& t : ts) {
-    check_tensor(op, t, device, Layout::kAny);
+    check_tensor(op, t, device, layout);
     check_same_dtype(op, like, t);
     TORCH_CHECK_VALUE(t.numel() == like.numel(), "occl ", op, ": ", role, " tensors must have the ", like_role, "'s ",
                       like.numel(), " elements, got ", t.numel());
@@ -442,8 +447,11 @@ OcclWork::OcclWork(int rank, c10d::OpType type, uint64_t seq, std::string what, 
 OcclWork::~OcclWork() { events().put(end_); }
 
 float OcclWork::getDuration() const {
-  TORCH_CHECK(outcome_->finished.load(std::memory_order_acquire), "occl: ", what_,
-              ": get_duration() is known once the operation finished (wait for it first)");
+  // A staged send's Work ends when its data is copied, before the peer took it (see send()).
+  TORCH_CHECK(
+      outcome_->finished.load(std::memory_order_acquire), "occl: ", what_,
+      ": get_duration() is known once the operation finished",
+      retrieveOpType() == c10d::OpType::SEND ? " (a small send's: once the peer received it)" : " (wait for it first)");
   TORCH_CHECK(outcome_->started.load(std::memory_order_acquire), "occl: ", what_,
               ": get_duration(): the operation never ran (it failed before it started)");
   return std::chrono::duration<float, std::milli>(outcome_->finished_at - outcome_->started_at).count();
@@ -483,6 +491,11 @@ void OcclWork::throw_if_failed() const {
 }
 
 int OcclWork::sourceRank() const {
+  // c10d's base class refuses the others (Gloo too); a receive from a given rank knows it at once.
+  const auto type = const_cast<OcclWork*>(this)->retrieveOpType();
+  TORCH_CHECK(type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE,
+              "sourceRank() may only be called on work objects that correspond to a recv or recv-from-any call.");
+  if (type == c10d::OpType::RECV) return outcome_->source_rank.load();
   if (!const_cast<OcclWork*>(this)->host_wait(timeout_)) {
     C10_THROW_ERROR(DistBackendError, c10::str(what_, ": the sender is not known: the receive did not complete within ",
                                                timeout_.count(), " ms"));
@@ -581,7 +594,17 @@ c10d::ErrorType OcclBackend::getError() {
 
 void OcclBackend::abort() {
   terminating_ = true;  // the failures this causes are not handed to TORCH_OCCL_ASYNC_ERROR_HANDLING
-  error_->set(c10::str("occl: process group (rank ", rank_, ") was aborted"), /*by_user=*/true);
+  const std::string msg = c10::str("occl: process group (rank ", rank_, ") was aborted");
+  error_->set(msg, /*by_user=*/true);
+  {
+    // As NCCL's abort, the operations in flight fail: their Works report it and wait() raises, where
+    // they reported success and wait() chained the caller's stream onto a kernel that could only end
+    // at the transport's timeout. Their tensors stay kept until the kernels end.
+    std::lock_guard<std::mutex> g(watch_mu_);
+    for (auto& w : watched_)
+      if (!w.outcome->finished.load(std::memory_order_acquire))
+        w.outcome->error.set(c10::str(w.what, " failed: ", msg), /*by_user=*/true);
+  }
   close_self_mailbox();
   transport_->abort();
 }
@@ -805,6 +828,8 @@ c10::intrusive_ptr<c10d::Backend> OcclBackend::split(const c10::intrusive_ptr<c1
                                                      const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   TORCH_CHECK(factory_ != nullptr, "occl: this group cannot be split (it was made without a transport factory)");
   check_not_shut_down("split");
+  // A rank outside the group: its members waited for it until the split's timeout (30 min).
+  for (int r : ranks) check_rank("split_group", "member", r);
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) return nullptr;  // not a member: the members' rendezvous needs nothing from it
   auto options = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
@@ -1133,7 +1158,17 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
     future->markCompleted(c10::IValue(outputs));
   }
 
-  // 4. The tensors stay referenced until the end event completed.
+  // 4. The tensors stay referenced until the end event completed. The inputs are also recorded on
+  //    the stream where the operation is done, as NCCL records them on its stream: a Work the
+  //    backend drops while its kernel still runs (destroy_process_group) no longer frees them to the
+  //    caller's next allocation, which the peer then received instead (outputs are recorded by the
+  //    future, above).
+  if (route.lane == Lane::kRecv || route.lane == Lane::kRecvAny) outcome->source_rank = route.peer;
+  const c10::Stream done_stream = c10::openreg::getStreamFromExternal(done, device.index()).unwrap();
+  c10::DeviceAllocator* allocator = c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);
+  for (const auto& t : stash)
+    if (t.defined() && t.is_privateuseone() && t.has_storage() && t.storage().data() != nullptr)
+      allocator->recordStream(t.storage().data_ptr(), done_stream);
   for (auto& t : outputs) stash.push_back(t);
   if (coalescing) coalesced_outputs_.insert(coalesced_outputs_.end(), outputs.begin(), outputs.end());
   auto work =
@@ -1381,7 +1416,7 @@ c10::intrusive_ptr<Work> OcclBackend::allgather(std::vector<std::vector<at::Tens
                     ") output tensors, got ", outs.size());
   bool even = true;
   for (const auto& o : outs) {
-    check_tensor(op, o, device, Layout::kAny);
+    check_tensor(op, o, device, Layout::kAnyWritten);
     check_same_dtype(op, inputs[0], o);
     even = even && o.numel() == inputs[0].numel();
   }
@@ -1630,7 +1665,7 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
                     ": expects world size (", size_, ") input and output tensors, got ", inputs.size(), " and ",
                     outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    check_tensor(op, outputs[i], device, Layout::kAny);
+    check_tensor(op, outputs[i], device, Layout::kAnyWritten);
     check_same_dtype(op, inputs[0], outputs[i]);
     check_same_dtype(op, inputs[0], inputs[i]);
   }
@@ -1671,7 +1706,7 @@ c10::intrusive_ptr<Work> OcclBackend::gather(std::vector<std::vector<at::Tensor>
   check_rank(op, "root", opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> outs =
-      root_list(op, "output", outputs, rank_ == root, root, size_, device, inputs[0], "input");
+      root_list(op, "output", outputs, rank_ == root, root, size_, device, inputs[0], "input", Layout::kAnyWritten);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
@@ -1701,7 +1736,7 @@ c10::intrusive_ptr<Work> OcclBackend::scatter(std::vector<at::Tensor>& outputs,
   check_rank(op, "root", opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> ins =
-      root_list(op, "input", inputs, rank_ == root, root, size_, device, outputs[0], "output");
+      root_list(op, "input", inputs, rank_ == root, root, size_, device, outputs[0], "output", Layout::kAny);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(

@@ -248,6 +248,29 @@ class TestCollectives(OcclTestCase):
         dist.all_reduce(x)
         self.assertEqual(x.cpu(), torch.full((3,), 2.0))
 
+    def test_outputs_whose_elements_share_memory_are_refused_at_the_call(self):
+        # Gloo refuses them at the call; occl took them, its copy-out failed on the comm stream, and
+        # under the default error handling both processes were taken down.
+        d = self.device
+        x = torch.ones(4, device=d)
+
+        def overlapping():
+            return [torch.zeros(1, device=d).expand(4) for _ in range(2)]
+
+        calls = {
+            "all_gather": lambda: dist.all_gather(overlapping(), x),
+            "all_to_all": lambda: dist.all_to_all(overlapping(), [x, x]),
+            "gather": lambda: dist.gather(x, gather_list=overlapping(), dst=0),  # the root's outputs
+        }
+        for name, call in calls.items():
+            if name == "gather" and self.rank != 0:
+                continue  # its own call is right: it would wait for the root's
+            with self.subTest(name):
+                with self.assertRaisesRegex(RuntimeError, "more than one element of the written-to tensor"):
+                    call()
+        dist.all_reduce(x)  # the group goes on, and nothing failed on the device
+        self.assertEqual(x.cpu(), torch.full((4,), 2.0))
+
     def test_list_forms_take_members_of_any_layout(self):
         """NCCL and Gloo copy a per-rank list's members into a flat buffer and out of it, so a member may
         be a column of a matrix, or channels_last (copied in logical order); occl refused them ("tensors
@@ -466,6 +489,9 @@ class TestCollectives(OcclTestCase):
                 works = [dist.isend(mine, peer), dist.irecv(got, peer)]
                 for w in works:
                     w.wait()
+                self.assertEqual(works[1]._source_rank(), peer)  # as Gloo's: a receive knows its source
+                with self.assertRaisesRegex(RuntimeError, r"sourceRank\(\) may only be called on work objects"):
+                    works[0]._source_rank()  # as c10d's and Gloo's, where occl answered -1
             else:
                 if self.rank == 0:
                     dist.send(mine, peer)
@@ -474,6 +500,9 @@ class TestCollectives(OcclTestCase):
                     dist.recv(got, peer)
                     dist.send(mine, peer)
             self.assertEqual(got.cpu(), ramp(peer, torch.float32, 5))
+        dist.barrier()  # both receives are done: so is each rank's small send (its Work ended when staged)
+        torch.openreg.synchronize()
+        self.assertGreaterEqual(works[0]._get_duration(), 0.0)
 
     def test_batch_isend_irecv(self):
         peer = 1 - self.rank

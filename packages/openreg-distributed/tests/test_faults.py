@@ -183,6 +183,13 @@ class TestFaults(OcclTestCase):
         if self.rank == 0:
             work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 never joins
             backend.abort()  # returns at once
+            # As NCCL's abort, it fails the operation in flight at once: its Work reported success and
+            # wait() returned, chaining the caller's stream onto a kernel that ends at the timeout.
+            self.assertTrue(work.is_completed())
+            self.assertFalse(work.is_success())
+            aborted = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) failed: .*aborted"
+            with self.assertRaisesRegex(dist.DistBackendError, aborted):
+                work.wait()
             with self.assertRaisesRegex(dist.DistBackendError, "was aborted"):
                 dist.all_reduce(x, group=group)
             # Not started yet: it runs nothing; started: it ends with the transport's timeout. Either

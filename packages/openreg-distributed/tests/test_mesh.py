@@ -91,6 +91,12 @@ class TestMesh(FSDPTraining, OcclTestCase):
         y = torch.full((2,), float(self.rank + 1), device=self.device)
         dist.all_reduce(y, group=pair)
         self.assertEqual(y.cpu(), torch.full((2,), 3.0))
+        # A rank the group does not have: refused at the call on every rank; rank 0 waited for it
+        # until the split's timeout (30 minutes), then failed on a store key.
+        with self.assertRaisesRegex(ValueError, "occl split_group: member rank 5 is not a rank of this process group"):
+            dist.split_group(split_ranks=[[0, 5]])
+        dist.all_reduce(y, group=pair)  # the groups go on
+        self.assertEqual(y.cpu(), torch.full((2,), 6.0))
 
     def test_a_split_keeps_its_parent_timeout_and_knows_its_global_ranks(self):
         # c10d's split_group writes the child's timeout into the options the parent's backend

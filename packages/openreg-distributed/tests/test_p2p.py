@@ -21,6 +21,31 @@ def ends_within(work, seconds):
 class TestP2P(OcclTestCase):
     world_size = 3
 
+    def test_a_send_in_flight_keeps_its_input_when_its_group_is_destroyed(self):
+        # The backend dropped its in-flight Works with it: the input of a send the peer had not
+        # received yet went back to the allocator, the sender's next tensor took its block, and the
+        # peer received that tensor's values. Inputs are recorded on the comm stream, as NCCL's.
+        group = dist.new_group([0, 1])
+        n = 1 << 18  # 1 MiB: not staged, the transport reads the tensor when the peer receives
+        if self.rank == 0:
+            x = torch.full((n,), 1.0, device=self.device)
+            ptr = x.data_ptr()
+            dist.isend(x, 1, group=group)  # its Work dropped at once
+            del x
+            dist.destroy_process_group(group)
+            y = torch.full((n,), 99.0, device=self.device)
+            self.assertNotEqual(y.data_ptr(), ptr)
+            dist.barrier()  # rank 1 receives now
+        elif self.rank == 1:
+            dist.barrier()
+            got = torch.zeros(n, device=self.device)
+            dist.recv(got, 0, group=group)
+            self.assertEqual(got.cpu(), torch.ones(n))
+            dist.destroy_process_group(group)
+        else:  # not in the group
+            dist.barrier()
+        dist.barrier()
+
     def test_ring(self):
         nxt, prv = (self.rank + 1) % 3, (self.rank - 1) % 3
         for n in (4, 1 << 16):
