@@ -50,7 +50,7 @@ PYTHON = "3.11"
 # a multi-GB CUDA build of another release.
 TORCH = "torch==2.13.0"
 # A fresh venv seeds an old setuptools that cannot build core (`invalid command 'bdist_wheel'`).
-BASE = ("setuptools>=70.1", "wheel")
+BASE = ("setuptools>=77", "wheel")
 # torch.testing._internal.common_utils (TestCase, run_tests) imports expecttest and numpy.
 # psutil: the soak test's thread, file-descriptor and resident-size counts, on every OS.
 CORE_TEST_DEPS = ("expecttest", "numpy", "psutil==7.2.2")

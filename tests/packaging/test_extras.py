@@ -72,7 +72,7 @@ class FreshVenv:
         # Every install below holds torch to the tested release (a dependency may not move it).
         self.constraints = root / "constraints.txt"
         self.constraints.write_text(TORCH + "\n")
-        self.pip("install", "setuptools>=70.1", "wheel")
+        self.pip("install", "setuptools>=77", "wheel")
         self.pip("install", TORCH, "numpy")
 
     def pip(self, *args: str) -> subprocess.CompletedProcess:
