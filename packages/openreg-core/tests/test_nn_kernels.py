@@ -43,6 +43,31 @@ class TestRecurrent(TestCase):
         self.assertEqual(dy.data.cpu(), y.data, atol=1e-5, rtol=1e-5)
         self.assertEqual(dy.batch_sizes, y.batch_sizes)
 
+    def test_fused_cells_check_their_arguments_at_the_call(self):
+        # As CUDA's kernels do; they were accepted, gave results of the wrong shape, and failed a
+        # later, unrelated call (int64 gates were computed).
+        d = "openreg"
+        lstm, gru = torch.ops.aten._thnn_fused_lstm_cell, torch.ops.aten._thnn_fused_gru_cell
+        cases = {
+            "lstm gates": (RuntimeError, "expected gates of sizes \\[3, 24\\]", lambda: lstm(
+                torch.randn(3, 24, device=d), torch.randn(3, 20, device=d), torch.randn(3, 6, device=d))),
+            "lstm state": (RuntimeError, "expected gates of sizes \\[3, 20\\]", lambda: lstm(
+                torch.randn(3, 24, device=d), torch.randn(3, 24, device=d), torch.randn(3, 5, device=d))),
+            "lstm bias": (RuntimeError, "expected a bias of 24 elements", lambda: lstm(
+                torch.randn(3, 24, device=d), torch.randn(3, 24, device=d), torch.randn(3, 6, device=d),
+                torch.randn(23, device=d))),
+            "lstm int64": (NotImplementedError, "not implemented for 'Long'", lambda: lstm(
+                *(torch.ones(3, n, dtype=torch.long, device=d) for n in (24, 24, 6)))),
+            "gru state": (RuntimeError, "expected gates of sizes \\[3, 15\\]", lambda: gru(
+                torch.randn(3, 18, device=d), torch.randn(3, 18, device=d), torch.randn(3, 5, device=d))),
+        }  # fmt: skip
+        for name, (error, message, call) in cases.items():
+            with self.subTest(name), self.assertRaisesRegex(error, message):
+                call()
+        torch.openreg.synchronize()  # nothing left to fail later
+        hy, cy, _ = lstm(torch.zeros(3, 24, device=d), torch.zeros(3, 24, device=d), torch.ones(3, 6, device=d))
+        self.assertEqual(cy.cpu(), torch.full((3, 6), 0.5))  # f = sigmoid(0), c = tanh(0): f * cx
+
 
 class OpsSeen(TorchDispatchMode):
     """The ATen operators a call reaches below autograd (which attention kernel ran)."""
@@ -209,6 +234,53 @@ class TestAttention(TestCase):
             torch.autograd.gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v))
         )
 
+    @parametrize("case", ["kv_batch_1", "q_batch_1", "v_one_head", "kv_batch_1_masked"])
+    def test_broadcasting_sizes_match_cpu(self, case):
+        # The CPU takes MATH for batch or head sizes that broadcast; openreg sent them to the CPU's
+        # flash kernel, which read past a broadcast key and value: wrong results, and a backward that
+        # corrupted the heap (with a mask, a gradient of the wrong shape failed a later call).
+        torch.manual_seed(0)
+        q_shape, k_shape, v_shape = {
+            "kv_batch_1": ((2, 3, 4, 8), (1, 3, 6, 8), (1, 3, 6, 8)),
+            "q_batch_1": ((1, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 8)),
+            "v_one_head": ((2, 3, 4, 8), (2, 3, 6, 8), (2, 1, 6, 8)),
+            "kv_batch_1_masked": ((2, 3, 4, 8), (1, 3, 6, 8), (1, 3, 6, 8)),
+        }[case]
+        inputs = [torch.randn(*shape, dtype=torch.float64) for shape in (q_shape, k_shape, v_shape)]
+        mask = torch.randn(4, 6, dtype=torch.float64) if case.endswith("masked") else None
+        results = []
+        for device in ("cpu", "openreg"):
+            q, k, v = (t.detach().to(device).requires_grad_() for t in inputs)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(device))
+            out.square().sum().backward()
+            results.append([t.cpu() for t in (out, q.grad, k.grad, v.grad)])
+        for got, want in zip(*reversed(results)):
+            self.assertEqual(got, want, atol=1e-10, rtol=1e-10)
+        torch.openreg.synchronize()  # nothing left to fail later
+
+    def test_sizes_that_do_not_broadcast_are_refused_at_the_call(self):
+        q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8)
+        cases = {  # the last: MATH's matmul is refused by its meta kernel, in other words than the CPU's
+            "value batch": (q, k, torch.randn(3, 3, 6, 8), None, True),
+            "key head size": (q, torch.randn(2, 3, 6, 7), torch.randn(2, 3, 6, 8), None, True),
+            "value length, masked": (q, k, torch.randn(2, 3, 5, 8), torch.zeros(4, 6), False),
+        }
+        for name, (q_, k_, v_, m, same_words) in cases.items():
+            with self.subTest(name):
+                with self.assertRaises(RuntimeError) as cpu:
+                    F.scaled_dot_product_attention(q_, k_, v_, attn_mask=m)
+                moved = [None if t is None else t.to("openreg") for t in (q_, k_, v_, m)]
+                with self.assertRaises(RuntimeError) as got:  # at the call
+                    F.scaled_dot_product_attention(*moved[:3], attn_mask=moved[3])
+                if same_words:
+                    self.assertEqual(str(got.exception).splitlines()[0], str(cpu.exception).splitlines()[0])
+        torch.openreg.synchronize()  # nothing left to fail later
+        # Called directly, the fused operator refuses them too.
+        with self.assertRaisesRegex(RuntimeError, "one batch and head count for query, key and value"):
+            torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+                q.to("openreg"), k[:1].to("openreg"), k[:1].to("openreg")
+            )
+
     def test_sdpa_kernel_restrictions_apply(self):
         # scaled_dot_product_attention asks _fused_sdp_choice_stub, not the operator: without the
         # stub PyTorch ran MATH for every call and ignored sdpa_kernel.
@@ -230,8 +302,13 @@ class TestAttention(TestCase):
         with sdpa_kernel(SDPBackend.MATH):
             self.assertEqual(choice(q, q, q), SDPBackend.MATH.value)
         with sdpa_kernel(SDPBackend.OVERRIDEABLE):
-            with self.assertRaisesRegex(RuntimeError, "does not support dropout.*MATH backend is disabled"):
+            with self.assertRaisesRegex(RuntimeError, "does not support dropout, and the MATH backend is disabled"):
                 choice(q, q, q, dropout_p=0.5)
+            # It names what it does not support (it said "dropout or grouped-query attention" for all).
+            with self.assertRaisesRegex(RuntimeError, "does not support inputs that are not 4-D"):
+                choice(q[0], q[0], q[0])
+            with self.assertRaisesRegex(RuntimeError, "does not support batch, head or sequence sizes that differ"):
+                choice(q, q, q.expand(1, 2, 4, 8))
         out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
         self.assertEqual(out.shape, q.shape)
 

@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "OpenRegLaunch.h"
 
@@ -63,14 +64,30 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
     return t.key_set().has_any(
         c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
   };
-  const bool supported = dropout_p == 0.0 && !enable_gqa && query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
-                         !functorch(query) && !functorch(key) && !functorch(value) &&
-                         !(attn_mask.has_value() && functorch(*attn_mask)) && query.sym_size(1) == key.sym_size(1);
+  // The fused kernels take one batch and head count for Q, K and V, one sequence length for K and V
+  // and one head size for Q and K, as the CPU's flash attention does; broadcasting sizes (a K and V
+  // of batch 1, a V of one head) take MATH, as on the CPU, which also refuses sizes that do not
+  // broadcast at the call. (The flash kernel read past the end of a broadcast K and V: wrong
+  // results, and a corrupted heap in the backward.)
+  const char* unsupported = nullptr;
+  if (dropout_p != 0.0)
+    unsupported = "dropout";
+  else if (enable_gqa)
+    unsupported = "grouped-query attention";
+  else if (query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
+    unsupported = "inputs that are not 4-D (batch, heads, sequence, head size)";
+  else if (functorch(query) || functorch(key) || functorch(value) || (attn_mask.has_value() && functorch(*attn_mask)))
+    unsupported = "torch.func transforms";
+  else if (query.sym_size(0) != key.sym_size(0) || key.sym_size(0) != value.sym_size(0) ||
+           query.sym_size(1) != key.sym_size(1) || key.sym_size(1) != value.sym_size(1) ||
+           key.sym_size(2) != value.sym_size(2) || query.sym_size(3) != key.sym_size(3))
+    unsupported = "batch, head or sequence sizes that differ between query, key and value";
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
-  if (supported && ctx.userEnabledOverrideableSDP()) return static_cast<int64_t>(at::SDPBackend::overrideable);
+  if (unsupported == nullptr && ctx.userEnabledOverrideableSDP())
+    return static_cast<int64_t>(at::SDPBackend::overrideable);
   TORCH_CHECK(ctx.userEnabledMathSDP(), "No available kernel for scaled_dot_product_attention on openreg: ",
-              supported ? "the OVERRIDEABLE backend is disabled"
-                        : "the OVERRIDEABLE backend does not support dropout or grouped-query attention",
+              unsupported == nullptr ? "the OVERRIDEABLE backend is disabled"
+                                     : std::string("the OVERRIDEABLE backend does not support ") + unsupported,
               ", and the MATH backend is disabled");
   return static_cast<int64_t>(at::SDPBackend::math);
 }
@@ -135,6 +152,14 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   // The CPU's kernels refuse these at the call, in these words; the kernel would refuse them at a
   // later synchronising call.
   TORCH_CHECK(at::isFloatingType(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
+  // A direct call with sizes the kernels do not take (sdp_choice sends them to MATH).
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "openreg's fused attention takes 4-D query, key and value (batch, heads, sequence, head size)");
+  TORCH_CHECK(query.size(0) == key.size(0) && key.size(0) == value.size(0) && query.size(1) == key.size(1) &&
+                  key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3),
+              "openreg's fused attention takes one batch and head count for query, key and value, one sequence "
+              "length for key and value and one head size for query and key; got query ",
+              query.sizes(), ", key ", key.sizes(), " and value ", value.sizes(), " (the MATH backend broadcasts)");
   if (attn_bias.has_value() && attn_bias->defined()) {
     auto scores = query.sizes().vec();
     scores.back() = key.size(-2);

@@ -15,6 +15,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #include "OpenRegLaunch.h"
 
 namespace c10::openreg {
@@ -23,9 +25,32 @@ namespace {
 
 at::Tensor with_bias(const at::Tensor& gates, const at::Tensor& bias) { return bias.defined() ? gates + bias : gates; }
 
+// What CUDA's kernels check at the call (checkSizes, and a dispatch on floating types only): gates of
+// [batch, n * hidden], biases of [n * hidden], a state of [batch, hidden], on one device. nn.LSTM and
+// nn.GRU check their inputs first; a direct call with wrong sizes failed its kernel at a later call.
+void check_cell(const char* op, const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& state,
+                const std::optional<at::Tensor>& ib, const std::optional<at::Tensor>& hb, int64_t n) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(input_gates.scalar_type()), "\"", op, "\" not implemented for '",
+                              input_gates.scalar_type(), "'");
+  TORCH_CHECK(state.dim() == 2, op, ": expected a 2-D state (batch, hidden), got sizes ", state.sizes());
+  const std::vector<int64_t> gates{state.size(0), n * state.size(1)};
+  for (const at::Tensor* t : {&input_gates, &hidden_gates}) {
+    TORCH_CHECK(t->sizes() == c10::IntArrayRef(gates), op, ": expected gates of sizes ", c10::IntArrayRef(gates),
+                " for a state of sizes ", state.sizes(), ", got ", t->sizes());
+    TORCH_CHECK(t->scalar_type() == state.scalar_type() && t->device() == state.device(), op,
+                ": the gates and the state must have one dtype and device");
+  }
+  for (const auto* bias : {&ib, &hb})
+    if (bias->has_value() && (*bias)->defined())
+      TORCH_CHECK((*bias)->dim() == 1 && (*bias)->size(0) == gates[1] && (*bias)->device() == state.device(), op,
+                  ": expected a bias of ", gates[1], " elements on ", state.device(), ", got sizes ", (*bias)->sizes(),
+                  " on ", (*bias)->device());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
                                                          const at::Tensor& cx, const std::optional<at::Tensor>& ib,
                                                          const std::optional<at::Tensor>& hb) {
+  check_cell("_thnn_fused_lstm_cell", input_gates, hidden_gates, cx, ib, hb, 4);
   c10::DeviceGuard guard(cx.device());
   at::Tensor hy = at::empty(cx.sizes(), cx.options()), cy = at::empty(cx.sizes(), cx.options());
   at::Tensor workspace = at::empty(input_gates.sizes(), input_gates.options());
@@ -69,6 +94,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(const std::opt
 std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
                                             const at::Tensor& hx, const std::optional<at::Tensor>& ib,
                                             const std::optional<at::Tensor>& hb) {
+  check_cell("_thnn_fused_gru_cell", input_gates, hidden_gates, hx, ib, hb, 3);
   c10::DeviceGuard guard(hx.device());
   at::Tensor hy = at::empty(hx.sizes(), hx.options());
   at::Tensor workspace = at::empty({hx.size(0), hx.size(1) * 5}, hx.options());
