@@ -28,6 +28,7 @@ def _consumer(queue, results):
         results.put((str(x.layout), str(x.device), [p.cpu().tolist() for p in parts]))
     results.put(queue.get(timeout=60))  # back to the process that allocated it
     queue.get(timeout=60)  # alive until that message was read: it names this process's resources
+    torch.openreg.empty_cache()  # drops what this process kept for it (the producer's refusal released it)
     results.put(("done",))
 
 
@@ -234,6 +235,8 @@ class TestIpcHandles(TestCase):
 
 class TestMultiprocessing(TestCase):
     def test_spawn_queue_shares_tensors_parameters_and_storages(self):
+        from torch_openreg.openreg.ipc import _kept_count
+
         ctx = mp.get_context("spawn")
         queue, results = ctx.Queue(), ctx.Queue()
         proc = ctx.Process(target=_consumer, args=(queue, results))
@@ -264,6 +267,10 @@ class TestMultiprocessing(TestCase):
                 results.get(timeout=60)
             queue.put(None)
             self.assertEqual(results.get(timeout=60), ("done",))
+            proc.join(timeout=60)
+            # Nothing stays kept for what was sent, that one included, once the consumer is gone.
+            torch.openreg.empty_cache()
+            self.assertEqual(_kept_count(), 0)
         finally:
             proc.join(timeout=60)
         self.assertEqual(proc.exitcode, 0)

@@ -71,6 +71,12 @@ class TestNativeOps(TestCase):
                 "to the host": lambda d: torch.zeros(4, dtype=src, device=d).to("cpu", dst),
                 "from the host": lambda d: torch.zeros(4, dtype=src).to(d, dst),
             }
+            odd = src if src != torch.float32 else dst
+            if odd != torch.bits8:  # sub-byte dtypes: only a plain copy of the same dtype has a kernel (a memcpy)
+                calls["transposed"] = lambda d: torch.zeros(2, 2, dtype=odd, device=d).t().contiguous()
+                calls["broadcast"] = lambda d: torch.zeros(2, 2, dtype=odd, device=d).copy_(
+                    torch.zeros(2, dtype=odd, device=d)
+                )
             for how, call in calls.items():
                 with self.subTest(f"{src} -> {dst} {how}"):
                     with self.assertRaises(NotImplementedError) as cpu:
@@ -79,8 +85,10 @@ class TestNativeOps(TestCase):
                         call("openreg")  # no synchronisation: raised at the call
                     self.assertEqual(str(device.exception).splitlines()[0], str(cpu.exception).splitlines()[0])
         torch.openreg.synchronize()  # nothing left to fail later
-        x = torch.zeros(4, dtype=torch.bits8, device="openreg")
-        self.assertEqual(x.to(torch.bits8).view(torch.uint8).cpu(), torch.zeros(4, dtype=torch.uint8))
+        empty = torch.empty(0, dtype=torch.bits8)  # nothing to convert: the CPU accepts it
+        self.assertEqual(empty.to("openreg").to(torch.float32).cpu(), empty.to(torch.float32))
+        x = torch.arange(4, dtype=torch.uint8).view(torch.bits8).view(2, 2)
+        self.assertEqual(x.to("openreg").t().contiguous().view(torch.uint8).cpu(), x.t().contiguous().view(torch.uint8))
         self.assertEqual(torch.arange(4.0, device="openreg").to(torch.bfloat16).cpu(), torch.arange(4.0).bfloat16())
 
     def test_views_share_storage(self):

@@ -243,15 +243,19 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
     host_allocator::record_stream(dst.storage().data_ptr().get_context(), stream);
 }
 
-// A conversion the CPU's copy_ has no kernel for (to or from bits8, uint1..7, int1..7,
-// float4_e2m1fn_x2) is refused at the call with the CPU's NotImplementedError, as CUDA refuses it;
-// it used to return an unwritten tensor and fail the device's copy kernel, the error surfacing at
-// some later synchronising call. The CPU's own copy_ of two one-element tensors tells, once per
-// pair of dtypes; a refused pair is asked again, so that it throws the CPU's error.
-void check_conversion(c10::ScalarType from, c10::ScalarType to) {
-  if (from == to || c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
+// A copy the CPU's copy_ has no kernel for is refused at the call with the CPU's
+// NotImplementedError, as CUDA refuses it: a conversion to or from bits8, uint1..7, int1..7 or
+// float4_e2m1fn_x2, and for those dtypes any copy that is not a plain memcpy (a transposed or
+// broadcast one). It used to return an unwritten tensor and fail the device's copy kernel, the error
+// surfacing at some later synchronising call. The CPU's own copy_ of a transposed 2 x 2 tensor takes
+// the kernel the device's copy takes; asked once per pair of dtypes, a refused pair again at each
+// call, so that it throws the CPU's error.
+void check_copy(const at::Tensor& dst, const at::Tensor& src) {
+  const c10::ScalarType from = src.scalar_type(), to = dst.scalar_type();
+  if (is_contiguous_same(dst, src)) return;                  // a memcpy
+  if (c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
   constexpr int n = static_cast<int>(c10::ScalarType::NumOptions);
-  static std::atomic<int8_t> verdicts[n][n] = {};  // 0: not asked yet, 1: converts, -1: refused
+  static std::atomic<int8_t> verdicts[n][n] = {};  // 0: not asked yet, 1: copies, -1: refused
   std::atomic<int8_t>& verdict = verdicts[static_cast<int>(from)][static_cast<int>(to)];
   if (verdict.load(std::memory_order_relaxed) == 1) return;
   struct Quiet final : c10::WarningHandler {  // "ComplexHalf support is experimental": not the user's call
@@ -259,7 +263,7 @@ void check_conversion(c10::ScalarType from, c10::ScalarType to) {
   } quiet;
   try {
     c10::WarningUtils::WarningHandlerGuard keep_quiet(&quiet);
-    at::empty({1}, at::TensorOptions().dtype(to)).copy_(at::zeros({1}, at::TensorOptions().dtype(from)));
+    at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t());
   } catch (...) {
     verdict.store(-1, std::memory_order_relaxed);
     throw;
@@ -281,7 +285,6 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
-  if (self.is_privateuseone() || dst.is_privateuseone()) check_conversion(self.scalar_type(), dst.scalar_type());
   if (dst.numel() == 0) return dst;
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand_as(dst);
@@ -293,6 +296,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
   if (is_same_data(dst, src)) return dst;
   at::assert_no_partial_overlap(dst, src);
+  if (src.is_privateuseone() || dst.is_privateuseone()) check_copy(dst, src);
   if (src.is_privateuseone() && dst.is_privateuseone())
     copy_device_to_device(dst, src);
   else if (dst.is_privateuseone())
