@@ -528,6 +528,10 @@ void OcclWork::abort() {
   group_->set(msg, /*by_user=*/true);
 }
 
+void OcclWork::fail_unless_finished(const std::string& why) {
+  if (!outcome_->finished.load(std::memory_order_acquire)) outcome_->error.set(what_ + " failed: " + why, true);
+}
+
 bool OcclWork::wait(std::chrono::milliseconds timeout) {
   // As NCCL's: the host blocks under blocking wait, and whenever the caller gives a timeout.
   if (blocking_wait_ || timeout != kNoTimeout) {
@@ -599,11 +603,10 @@ void OcclBackend::abort() {
   {
     // As NCCL's abort, the operations in flight fail: their Works report it and wait() raises, where
     // they reported success and wait() chained the caller's stream onto a kernel that could only end
-    // at the transport's timeout. Their tensors stay kept until the kernels end.
-    std::lock_guard<std::mutex> g(watch_mu_);
-    for (auto& w : watched_)
-      if (!w.outcome->finished.load(std::memory_order_acquire))
-        w.outcome->error.set(c10::str(w.what, " failed: ", msg), /*by_user=*/true);
+    // at the transport's timeout. Their tensors stay kept until the kernels end. (The in-flight list
+    // holds every Work until its end, also while the watchdog looks at its operations.)
+    std::lock_guard<std::mutex> g(inflight_mu_);
+    for (auto& w : inflight_) w->fail_unless_finished(msg);
   }
   close_self_mailbox();
   transport_->abort();
@@ -1159,16 +1162,16 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   }
 
   // 4. The tensors stay referenced until the end event completed. The inputs are also recorded on
-  //    the stream where the operation is done, as NCCL records them on its stream: a Work the
-  //    backend drops while its kernel still runs (destroy_process_group) no longer frees them to the
-  //    caller's next allocation, which the peer then received instead (outputs are recorded by the
-  //    future, above).
-  if (route.lane == Lane::kRecv || route.lane == Lane::kRecvAny) outcome->source_rank = route.peer;
-  const c10::Stream done_stream = c10::openreg::getStreamFromExternal(done, device.index()).unwrap();
+  //    the stream where the Work ends (a staged send's once its data is copied), as NCCL records
+  //    them on its stream: a Work the backend drops while its kernel still runs
+  //    (destroy_process_group) no longer frees them to the caller's next allocation, which the peer
+  //    then received instead (outputs are recorded by the future, above).
+  if (route.lane == Lane::kRecv) outcome->source_rank = route.peer;  // a receive from a given rank
+  const c10::Stream end_stream = c10::openreg::getStreamFromExternal(ends_on, device.index()).unwrap();
   c10::DeviceAllocator* allocator = c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);
   for (const auto& t : stash)
     if (t.defined() && t.is_privateuseone() && t.has_storage() && t.storage().data() != nullptr)
-      allocator->recordStream(t.storage().data_ptr(), done_stream);
+      allocator->recordStream(t.storage().data_ptr(), end_stream);
   for (auto& t : outputs) stash.push_back(t);
   if (coalescing) coalesced_outputs_.insert(coalesced_outputs_.end(), outputs.begin(), outputs.end());
   auto work =

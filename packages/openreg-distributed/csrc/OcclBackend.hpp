@@ -160,6 +160,8 @@ class OcclWork : public c10d::Work {
   float getDuration() const override;
   // Fails this operation and its group (NCCL's Work.abort() aborts the communicator).
   void abort() override;
+  // Fails this operation with `why` unless it finished (its group's abort()).
+  void fail_unless_finished(const std::string& why);
 
  private:
   void throw_if_failed() const;
