@@ -75,9 +75,10 @@ def int8_linear(x, xs, xz, w, ws, wz, bias, os, oz, out_dtype, post):
 
 
 def int8_conv2d(x, xs, xz, w, ws, wz, bias, geo, os, oz, out_dtype, post):
-    """The CPU's int8 conv2d (channels-last): oneDNN's, or the exact products where oneDNN saturates."""
+    """The CPU's int8 conv2d (channels-last): oneDNN's, or the exact products where oneDNN saturates
+    or, for int8 activations, refuses ("Input tensor should have uint8 (unsigned char) or fp8 data type")."""
     x = x.contiguous(memory_format=torch.channels_last)
-    if onednn_is_exact_for(x):
+    if onednn_is_exact_for(x) and x.dtype == torch.uint8:
         packed = torch.ops.onednn.qconv_prepack(w, ws, xs, xz, *geo, None)
         return torch.ops.onednn.qconv2d_pointwise(
             x, xs, xz, packed, ws, wz, bias, *geo, os, oz, out_dtype, post, [], ""

@@ -445,7 +445,11 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, co
       [x_arg = KernelTensorArg(x), w = PackedArgs(*weight), b_arg, y_arg = KernelTensorArg(out), x_scale, x_zero_point,
        output_scale, output_zero_point, output_dtype, post_op = std::string(post_op), range] {
         at::Tensor xv = x_arg.materialize().contiguous(at::MemoryFormat::ChannelsLast);
-        const bool exact = needs_exact_path(xv);
+        // oneDNN's qconv2d_pointwise takes uint8 activations only (torch 2.13: "Input tensor should
+        // have uint8 (unsigned char) or fp8 data type"): int8 ones take the exact path. On CPUs
+        // without VNNI they always did (needs_exact_path), which hid this; on a VNNI/AMX CPU the
+        // kernel failed.
+        const bool exact = xv.scalar_type() == at::kChar || needs_exact_path(xv);
         at::Tensor onednn = w.prepare("openreg_quant::qconv2d", !exact);
         at::Tensor weight = w.weight.materialize(), scales = w.w_scales.materialize();
         at::Tensor zero_points = w.w_zero_points.materialize();
