@@ -58,6 +58,11 @@ class TestRecurrent(TestCase):
                 torch.randn(23, device=d))),
             "lstm int64": (NotImplementedError, "not implemented for 'Long'", lambda: lstm(
                 *(torch.ones(3, n, dtype=torch.long, device=d) for n in (24, 24, 6)))),
+            "lstm float8": (NotImplementedError, "not implemented for 'Float8_e4m3fn'", lambda: lstm(
+                *(torch.zeros(3, n, device=d).to(torch.float8_e4m3fn) for n in (24, 24, 6)))),
+            "lstm bias dtype": (RuntimeError, "expected a bias of 24 elements of Float", lambda: lstm(
+                torch.randn(3, 24, device=d), torch.randn(3, 24, device=d), torch.randn(3, 6, device=d),
+                torch.randn(24, device=d, dtype=torch.float64))),
             "gru state": (RuntimeError, "expected gates of sizes \\[3, 15\\]", lambda: gru(
                 torch.randn(3, 18, device=d), torch.randn(3, 18, device=d), torch.randn(3, 5, device=d))),
         }  # fmt: skip
@@ -264,6 +269,8 @@ class TestAttention(TestCase):
             "value batch": (q, k, torch.randn(3, 3, 6, 8), None, True),
             "key head size": (q, torch.randn(2, 3, 6, 7), torch.randn(2, 3, 6, 8), None, True),
             "value length, masked": (q, k, torch.randn(2, 3, 5, 8), torch.zeros(4, 6), False),
+            # a mask that would make the scores larger (batch 2 for a query of batch 1)
+            "mask batch": (q[:1], k[:1], k[:1], torch.zeros(2, 3, 4, 6), True),
         }
         for name, (q_, k_, v_, m, same_words) in cases.items():
             with self.subTest(name):
@@ -280,6 +287,16 @@ class TestAttention(TestCase):
             torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
                 q.to("openreg"), k[:1].to("openreg"), k[:1].to("openreg")
             )
+
+    def test_nested_inputs_take_math(self):
+        # As on the CPU (their sequence dimension has no single size): the choice read it and failed.
+        torch.manual_seed(0)
+        parts = [torch.randn(3, n, 8) for n in (4, 6)]
+        want = F.scaled_dot_product_attention(*(torch.nested.nested_tensor(parts),) * 3)
+        nt = torch.nested.nested_tensor([p.to("openreg") for p in parts])
+        got = F.scaled_dot_product_attention(nt, nt, nt)
+        for g, w in zip(got.unbind(), want.unbind()):
+            self.assertEqual(g.cpu(), w, atol=1e-5, rtol=1e-5)
 
     def test_sdpa_kernel_restrictions_apply(self):
         # scaled_dot_product_attention asks _fused_sdp_choice_stub, not the operator: without the
@@ -307,7 +324,7 @@ class TestAttention(TestCase):
             # It names what it does not support (it said "dropout or grouped-query attention" for all).
             with self.assertRaisesRegex(RuntimeError, "does not support inputs that are not 4-D"):
                 choice(q[0], q[0], q[0])
-            with self.assertRaisesRegex(RuntimeError, "does not support batch, head or sequence sizes that differ"):
+            with self.assertRaisesRegex(RuntimeError, "does not support batch sizes, head counts or head sizes that"):
                 choice(q, q, q.expand(1, 2, 4, 8))
         out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
         self.assertEqual(out.shape, q.shape)

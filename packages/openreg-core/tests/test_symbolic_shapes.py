@@ -49,6 +49,20 @@ class TestExport(TestCase):
         self.assertEqual(len(fused), 1)
         self.assertTrue(free_symbols(fused[0].meta["val"][0].shape[0]))
 
+    def test_sdpa_with_a_dim_for_each_input(self):
+        # The backend choice compares what the CPU's compares, nothing more: a comparison of key's and
+        # value's lengths equated their two dims ("Constraints violated (lv)"), where the CPU exports.
+        class Attention(nn.Module):
+            def forward(self, q, k, v):
+                return F.scaled_dot_product_attention(q, k, v)
+
+        b, lq, lk, lv = Dim("b"), Dim("lq"), Dim("lk"), Dim("lv")
+        dims = ({0: b, 2: lq}, {0: b, 2: lk}, {0: b, 2: lv})
+        for device in ("cpu", "openreg"):
+            q, k, v = (torch.randn(2, 2, n, 8, device=device) for n in (5, 7, 7))
+            ep = torch.export.export(Attention(), (q, k, v), dynamic_shapes=dims)
+            self.assertEqual(len(ep.range_constraints), 4, msg=device)  # b, lq, lk, lv stay four symbols
+
     def test_transformer_encoder_layer(self):
         torch.manual_seed(0)
         layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)

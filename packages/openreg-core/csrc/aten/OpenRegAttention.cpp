@@ -64,24 +64,29 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
     return t.key_set().has_any(
         c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
   };
-  // The fused kernels take one batch and head count for Q, K and V, one sequence length for K and V
-  // and one head size for Q and K, as the CPU's flash attention does; broadcasting sizes (a K and V
-  // of batch 1, a V of one head) take MATH, as on the CPU, which also refuses sizes that do not
-  // broadcast at the call. (The flash kernel read past the end of a broadcast K and V: wrong
-  // results, and a corrupted heap in the backward.)
+  // The fused kernels take one batch and head count for Q, K and V and one head size for Q and K, as
+  // the CPU's flash attention does, and compared as it compares them (so the same guards under
+  // export); broadcasting sizes (a K and V of batch 1, a V of one head) take MATH, as on the CPU,
+  // which also refuses sizes that do not broadcast at the call. (The flash kernel read past the end
+  // of a broadcast K and V: wrong results, and a corrupted heap in the backward.) K's and V's
+  // sequence lengths are not compared here, as the CPU does not (an export with a dim of each would
+  // get a guard equating them): the kernel checks them at the call. Nested tensors take MATH, as on
+  // the CPU (their sequence dimension has no single size).
   const char* unsupported = nullptr;
   if (dropout_p != 0.0)
     unsupported = "dropout";
   else if (enable_gqa)
     unsupported = "grouped-query attention";
+  else if (query.is_nested() || key.is_nested() || value.is_nested())
+    unsupported = "nested tensors";
   else if (query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
     unsupported = "inputs that are not 4-D (batch, heads, sequence, head size)";
   else if (functorch(query) || functorch(key) || functorch(value) || (attn_mask.has_value() && functorch(*attn_mask)))
     unsupported = "torch.func transforms";
   else if (query.sym_size(0) != key.sym_size(0) || key.sym_size(0) != value.sym_size(0) ||
            query.sym_size(1) != key.sym_size(1) || key.sym_size(1) != value.sym_size(1) ||
-           key.sym_size(2) != value.sym_size(2) || query.sym_size(3) != key.sym_size(3))
-    unsupported = "batch, head or sequence sizes that differ between query, key and value";
+           query.sym_size(3) != key.sym_size(3))
+    unsupported = "batch sizes, head counts or head sizes that differ between query, key and value";
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (unsupported == nullptr && ctx.userEnabledOverrideableSDP())
     return static_cast<int64_t>(at::SDPBackend::overrideable);
@@ -140,6 +145,17 @@ at::Tensor probabilities(const at::Tensor& s, const at::Tensor& lse) {
   return at::exp(s - lse).masked_fill(lse == -std::numeric_limits<double>::infinity(), 0.0);
 }
 
+// A direct call of the fused ops with sizes their kernels do not take (sdp_choice sends them to MATH).
+void check_sizes(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "openreg's fused attention takes 4-D query, key and value (batch, heads, sequence, head size)");
+  TORCH_CHECK(query.size(0) == key.size(0) && key.size(0) == value.size(0) && query.size(1) == key.size(1) &&
+                  key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3),
+              "openreg's fused attention takes one batch and head count for query, key and value, one sequence "
+              "length for key and value and one head size for query and key; got query ",
+              query.sizes(), ", key ", key.sizes(), " and value ", value.sizes(), " (the MATH backend broadcasts)");
+}
+
 double scale_of(const at::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
 }
@@ -153,17 +169,15 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   // later synchronising call.
   TORCH_CHECK(at::isFloatingType(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
   // A direct call with sizes the kernels do not take (sdp_choice sends them to MATH).
-  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
-              "openreg's fused attention takes 4-D query, key and value (batch, heads, sequence, head size)");
-  TORCH_CHECK(query.size(0) == key.size(0) && key.size(0) == value.size(0) && query.size(1) == key.size(1) &&
-                  key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3),
-              "openreg's fused attention takes one batch and head count for query, key and value, one sequence "
-              "length for key and value and one head size for query and key; got query ",
-              query.sizes(), ", key ", key.sizes(), " and value ", value.sizes(), " (the MATH backend broadcasts)");
+  check_sizes(query, key, value);
   if (attn_bias.has_value() && attn_bias->defined()) {
+    // The mask must broadcast to the scores' shape (not the scores to a larger one), as the CPU's
+    // in-place add into the scores requires.
     auto scores = query.sizes().vec();
     scores.back() = key.size(-2);
-    at::infer_size(scores, attn_bias->sizes());  // the mask must broadcast to the scores (a: scores)
+    const auto shape = at::infer_size(scores, attn_bias->sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == c10::IntArrayRef(scores), "output with shape ", c10::IntArrayRef(scores),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   c10::DeviceGuard guard(query.device());
   auto sizes = query.sizes().vec();
@@ -205,6 +219,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
     bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
   if (!grad_out.defined()) return {};  // no gradient flows in: none flows out (autograd reads them as zeros)
+  check_sizes(query, key, value);
+  TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(-1) == value.size(-1) &&
+                  out.sizes().slice(0, 3) == query.sizes().slice(0, 3),
+              "openreg's fused attention backward: grad_out and out must have the output's sizes");
   c10::DeviceGuard guard(query.device());
   auto maybe = [&](bool wanted, const at::Tensor& like) {
     return wanted && like.defined() ? at::empty_like(like) : at::Tensor();  // as the meta kernel: like the input

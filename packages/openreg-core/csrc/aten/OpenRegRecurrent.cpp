@@ -30,8 +30,10 @@ at::Tensor with_bias(const at::Tensor& gates, const at::Tensor& bias) { return b
 // nn.GRU check their inputs first; a direct call with wrong sizes failed its kernel at a later call.
 void check_cell(const char* op, const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& state,
                 const std::optional<at::Tensor>& ib, const std::optional<at::Tensor>& hb, int64_t n) {
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(input_gates.scalar_type()), "\"", op, "\" not implemented for '",
-                              input_gates.scalar_type(), "'");
+  const auto dtype = input_gates.scalar_type();  // CUDA's dispatch: float, double, half, bfloat16
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16, "\"", op,
+      "\" not implemented for '", dtype, "'");
   TORCH_CHECK(state.dim() == 2, op, ": expected a 2-D state (batch, hidden), got sizes ", state.sizes());
   const std::vector<int64_t> gates{state.size(0), n * state.size(1)};
   for (const at::Tensor* t : {&input_gates, &hidden_gates}) {
@@ -42,9 +44,10 @@ void check_cell(const char* op, const at::Tensor& input_gates, const at::Tensor&
   }
   for (const auto* bias : {&ib, &hb})
     if (bias->has_value() && (*bias)->defined())
-      TORCH_CHECK((*bias)->dim() == 1 && (*bias)->size(0) == gates[1] && (*bias)->device() == state.device(), op,
-                  ": expected a bias of ", gates[1], " elements on ", state.device(), ", got sizes ", (*bias)->sizes(),
-                  " on ", (*bias)->device());
+      TORCH_CHECK((*bias)->dim() == 1 && (*bias)->size(0) == gates[1] && (*bias)->device() == state.device() &&
+                      (*bias)->scalar_type() == dtype,
+                  op, ": expected a bias of ", gates[1], " elements of ", dtype, " on ", state.device(), ", got sizes ",
+                  (*bias)->sizes(), " of ", (*bias)->scalar_type(), " on ", (*bias)->device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
