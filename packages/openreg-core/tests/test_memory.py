@@ -185,6 +185,23 @@ class TestCachingAllocator(TestCase):
         self.assertEqual((torch.ones(4, device="openreg") * 2).sum().item(), 8.0)
 
 
+class TestNegativeSizes(TestCase):
+    def test_a_negative_storage_size_is_refused(self):
+        # It arrived as a huge size_t whose rounding overflowed: a 0-byte block at the address of the
+        # next allocation, a write through it overwrote another tensor, and the frees aborted.
+        message = "called with (a )?negative number"
+        for device in ("cpu", "openreg"):
+            with self.subTest(device):
+                with self.assertRaisesRegex(RuntimeError, message):
+                    torch.UntypedStorage(-1, device=device)
+                storage = torch.zeros(4, device=device).untyped_storage()
+                with self.assertRaisesRegex(RuntimeError, message):
+                    storage.resize_(-1)
+                self.assertEqual(storage.nbytes(), 16)  # unchanged
+        t = torch.zeros(4, device="openreg")
+        self.assertEqual((t + 1).cpu(), torch.ones(4))
+
+
 class TestPinnedMemory(TestCase):
     def test_pin_memory(self):
         t = torch.randn(1000)

@@ -91,6 +91,22 @@ class TestNativeOps(TestCase):
         self.assertEqual(x.to("openreg").t().contiguous().view(torch.uint8).cpu(), x.t().contiguous().view(torch.uint8))
         self.assertEqual(torch.arange(4.0, device="openreg").to(torch.bfloat16).cpu(), torch.arange(4.0).bfloat16())
 
+    def test_set_with_a_negative_stride_is_refused_like_the_cpu(self):
+        # TensorImpl replaced the negative strides with contiguous ones: the tensor read other
+        # elements than asked, even past the end of its storage.
+        for offset, size, stride in ((0, (2, 2), (-1, 1)), (2, (3,), (-1,))):
+            with self.subTest(stride=stride):
+                errors = []
+                for device in ("cpu", "openreg"):
+                    storage = torch.arange(4.0, device=device).untyped_storage()
+                    x = torch.empty(0, device=device)
+                    with self.assertRaises(RuntimeError) as caught:
+                        x.set_(storage, offset, size, stride)
+                    errors.append(str(caught.exception).splitlines()[0])
+                    self.assertEqual(storage.nbytes(), 16)
+                self.assertEqual(errors[1], errors[0])
+                self.assertIn("Storage size calculation overflowed", errors[0])
+
     def test_views_share_storage(self):
         cpu, d = pair(4, 6)
         v = d.view(6, 4)
@@ -1125,6 +1141,53 @@ class TestErrorsAtTheCall(TestCase):
         for name, (good, bad) in cases.items():
             with self.subTest(name):
                 self._same_error_at_the_call(good, bad)
+
+    def test_index_put_and_put_check_shapes_at_the_call(self):
+        # Their meta kernels check no shapes: after one good call of a signature a bad one went to the
+        # device and failed a later, unrelated call. The CPU and CUDA check them on the host.
+        rows = lambda d: torch.tensor([0, 1], device=d)  # noqa: E731
+        mask = lambda *shape: torch.ones(*shape[:-1], dtype=torch.bool, device=shape[-1])  # noqa: E731
+        cases = {
+            "values": (
+                lambda d: torch.zeros(5, 4, device=d).index_put_((rows(d),), torch.ones(2, 4, device=d)),
+                lambda d: torch.zeros(5, 4, device=d).index_put_((rows(d),), torch.ones(3, 4, device=d)),
+            ),
+            "values, accumulate": (
+                lambda d: torch.zeros(5, 4, device=d).index_put_((rows(d),), torch.ones(2, 4, device=d), True),
+                lambda d: torch.zeros(5, 4, device=d).index_put_((rows(d),), torch.ones(3, 4, device=d), True),
+            ),
+            "indices": (
+                lambda d: torch.zeros(5, 4, device=d).index_put_((rows(d), rows(d)), torch.tensor(1.0, device=d)),
+                lambda d: torch.zeros(5, 4, device=d).index_put_(
+                    (rows(d), torch.tensor([0, 1, 2], device=d)), torch.tensor(1.0, device=d)
+                ),
+            ),
+            "mask count": (
+                lambda d: torch.zeros(5, device=d).__setitem__(torch.arange(5, device=d) < 2, torch.ones(2, device=d)),
+                lambda d: torch.zeros(5, device=d).__setitem__(torch.arange(5, device=d) < 2, torch.ones(3, device=d)),
+            ),
+            "mask shape": (
+                lambda d: torch.zeros(3, 4, device=d).index_put_((mask(3, 4, d),), torch.tensor(1.0, device=d)),
+                lambda d: torch.zeros(3, 4, device=d).index_put_((mask(4, 3, d),), torch.tensor(1.0, device=d)),
+            ),
+            "put_": (
+                lambda d: torch.zeros(5, device=d).put_(rows(d), torch.ones(2, device=d)),
+                lambda d: torch.zeros(5, device=d).put_(rows(d), torch.ones(3, device=d)),
+            ),
+        }  # fmt: skip
+        for name, (good, bad) in cases.items():
+            with self.subTest(name):
+                errors = []
+                for d in ("cpu", "openreg"):
+                    good(d)
+                    with self.assertRaises(Exception) as caught:
+                        bad(d)  # no synchronisation: at the call
+                    errors.append((type(caught.exception), str(caught.exception).splitlines()[0]))
+                self.assertEqual(errors[1], errors[0])
+        torch.openreg.synchronize()  # nothing left to fail later
+        x = torch.zeros(5, 4, device="openreg")
+        x[rows("openreg")] = torch.arange(4.0, device="openreg")  # a good call still runs
+        self.assertEqual(x.cpu()[:2], torch.arange(4.0).expand(2, 4))
 
     def test_an_in_place_self_is_never_resized(self):
         # The good call verifies the signature (same dtypes and ranks); the bad one must not then

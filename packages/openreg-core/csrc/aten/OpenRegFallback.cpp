@@ -28,6 +28,7 @@
 #include <ATen/Context.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -35,6 +36,7 @@
 #include <ATen/ops/_efficientzerotensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/index_meta_dispatch.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -95,6 +97,8 @@ struct OpFacts {
   int std_tensor = -1;                          // normal with a tensor std: see check_normal_std
   bool multinomial = false;                     // multinomial: see check_multinomial_values
   int value_tensor = -1;                        // fill_, masked_fill_, index_fill_, index_put_: see move_value
+  bool index_put = false;                       // index_put(_), _index_put_impl(_): see index_put_needs_the_host
+  bool put = false;                             // put(_): see check_put
 };
 
 const OpFacts& facts_of(const c10::OperatorHandle& op) {
@@ -140,6 +144,9 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
       ((name == "aten::bernoulli_" && overload == "float") || (name == "aten::bernoulli" && overload == "p"));
   f.randperm = name == "aten::randperm";
   f.multinomial = name == "aten::multinomial";
+  f.index_put = name == "aten::index_put" || name == "aten::index_put_" || name == "aten::_index_put_impl_" ||
+                name == "aten::_index_put_impl";
+  f.put = name == "aten::put" || name == "aten::put_";
   if (name == "aten::normal")
     for (size_t i = 0; i < schema.arguments().size(); ++i)
       if (schema.arguments()[i].name() == "std" && schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType)
@@ -1367,6 +1374,47 @@ void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 // 2049): ATen's check, made by the CPU kernel and by CUDA's host code at the call, on an empty CPU
 // tensor of the dtype. The signature cache does not key on n: after one good call the kernel failed
 // on the device, at a later synchronising call.
+// index_put_ (x[idx] = v) checks the shapes of its indices and values on the host on the CPU and on
+// CUDA; its meta kernel checks none, so once a signature was verified a bad call went to the device
+// and failed a later, unrelated call. ATen's own meta function of indexing (at::meta::index, on meta
+// tensors) checks the indices (IndexError: indexing tensors that do not broadcast, indices of a bad
+// dtype) and gives the indexed shape, to which the values must broadcast. A boolean mask's indexed
+// shape depends on its values: such a call takes the synchronous path (true), as CUDA synchronises for
+// the mask's nonzero().
+bool index_put_needs_the_host(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[0].isTensor() || !args[1].isList() || !args[2].isTensor()) return false;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& values = args[2].toTensor();
+  if (!self.defined() || !values.defined() || self.layout() != c10::kStrided || self.is_nested()) return false;
+  auto meta = [](const at::Tensor& t) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  };
+  c10::List<std::optional<at::Tensor>> indices;
+  for (const c10::IValue& v : args[1].toListRef()) {
+    if (v.isNone() || !v.toTensor().defined()) {
+      indices.push_back(std::nullopt);
+      continue;
+    }
+    const at::Tensor& t = v.toTensor();
+    if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte || t.layout() != c10::kStrided) return true;
+    indices.push_back(meta(t));
+  }
+  const at::Tensor indexed = at::meta::index(meta(self), indices);
+  TORCH_CHECK(at::is_expandable_to(values.sizes(), indexed.sizes()), "shape mismatch: value tensor of shape ",
+              values.sizes(), " cannot be broadcast to indexing result of shape ", indexed.sizes());
+  return false;
+}
+
+// put_ checks its counts on the host on the CPU and on CUDA (its meta kernel does not).
+void check_put(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[1].isTensor() || !args[2].isTensor()) return;
+  const at::Tensor &index = args[1].toTensor(), &source = args[2].toTensor();
+  if (!index.defined() || !source.defined()) return;
+  TORCH_CHECK_INDEX(source.numel() == index.numel(),
+                    "put_(): Expected source and index to have the same number of elements, but got source.numel() = ",
+                    source.numel(), ", index.numel() = ", index.numel());
+}
+
 void check_randperm(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isInt()) return;
   c10::ScalarType dtype = c10::kLong;
@@ -1487,6 +1535,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   if (facts.randperm) check_randperm(schema, args);
   if (facts.std_tensor >= 0) check_normal_std(args[facts.std_tensor]);
   if (facts.multinomial) check_multinomial_values(args);
+  if (facts.put) check_put(args);
+  if (facts.index_put && index_put_needs_the_host(args)) {
+    run_synchronously(op, stack, take_arguments(stack, num_args), device);
+    return;
+  }
 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);

@@ -145,6 +145,11 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offse
   // The CPU's checks (same device, offset >= 0, sizes and strides of one length), then its storage swap.
   at::detail::check_size_nonnegative(sizes);
   at::native::checkSetStorage(self, std::move(source), offset.expect_int(), sizes, strides);
+  // The CPU computes the storage it needs from the caller's strides, which refuses a negative one
+  // ("Storage size calculation overflowed with sizes=[3] and strides=[-1]"); TensorImpl replaces
+  // negative strides with contiguous ones, so the tensor read other elements, even past its storage.
+  if (!strides.empty())
+    (void)at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(), offset.expect_int());
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_storage_offset(offset.expect_int());
   if (strides.empty())

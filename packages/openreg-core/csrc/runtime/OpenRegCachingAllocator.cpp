@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <cstddef>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -648,6 +649,12 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     const c10::DeviceIndex device = current_device();
     const c10::Device dev(c10::DeviceType::PrivateUse1, device);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &raw_delete, dev);
+    // A negative byte count (UntypedStorage(-1), storage.resize_(-1)) arrives as a huge size_t, whose
+    // rounding overflowed to a 0-byte block at the address of the next allocation: a write through it
+    // overwrote another tensor, and the two frees aborted the process. Refused as the CPU's
+    // alloc_cpu refuses it.
+    TORCH_CHECK(static_cast<std::ptrdiff_t>(n) >= 0,
+                "openreg's allocator seems to have been called with a negative number of bytes: ", n);
     DeviceCache::Usage usage;
     Block* block = nullptr;
     try {
