@@ -50,6 +50,28 @@ class TestGraphs(TestCase):
         self.assertEqual(y.cpu(), torch.full((1000,), 8.0))  # the captured output is rewritten by each replay
         g.reset()
 
+    def test_a_masked_assignment_of_one_value_is_captured(self):
+        # x[mask] = 0.0 is a masked fill on every device (no nonzero(), no wait): the shape checks
+        # index_put_ gained for other forms must leave it asynchronous, so a warmed-up capture takes it.
+        x = torch.arange(-4.0, 4.0, device="openreg")
+        s = torch.openreg.Stream()
+
+        def step():
+            x[x < 0] = 0.0
+
+        warm_up(step, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            step()
+            g.capture_end()
+        x.copy_(torch.arange(-8.0, 0.0, 1.0, device="openreg"))
+        torch.openreg.synchronize()
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(x.cpu(), torch.zeros(8))
+        g.reset()
+
     def test_a_refused_capture_leaves_the_capture_under_way_alone(self):
         # A second capture_begin() on a stream that captures (another thread's recording, say) is
         # refused; its cleanup erased the first capture's pool from the allocator, so what that

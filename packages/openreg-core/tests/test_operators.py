@@ -106,6 +106,15 @@ class TestNativeOps(TestCase):
                     self.assertEqual(storage.nbytes(), 16)
                 self.assertEqual(errors[1], errors[0])
                 self.assertIn("Storage size calculation overflowed", errors[0])
+        # The refusal leaves the tensor its own storage: it kept its 4096 elements on the new 16-byte
+        # storage, and a fill_ overwrote its neighbours.
+        x = torch.zeros(4096, device="openreg")
+        neighbours = [torch.zeros(16, device="openreg") for _ in range(8)]
+        with self.assertRaisesRegex(RuntimeError, "Storage size calculation overflowed"):
+            x.set_(torch.zeros(4, device="openreg").untyped_storage(), 1, (3,), (-1,))
+        self.assertEqual(x.untyped_storage().nbytes(), x.numel() * 4)
+        x.fill_(1.0)
+        self.assertEqual(torch.stack(neighbours).cpu(), torch.zeros(8, 16))
 
     def test_views_share_storage(self):
         cpu, d = pair(4, 6)

@@ -1380,7 +1380,31 @@ void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 // tensors) checks the indices (IndexError: indexing tensors that do not broadcast, indices of a bad
 // dtype) and gives the indexed shape, to which the values must broadcast. A boolean mask's indexed
 // shape depends on its values: such a call takes the synchronous path (true), as CUDA synchronises for
-// the mask's nonzero().
+// the mask's nonzero(), except with one mask and one value without accumulation (x[x < 0] = 0), which
+// ATen turns into masked_fill_ on every device: only the mask's shape is checked, and it stays
+// asynchronous (and capturable).
+// index_put_ with a single mask (after Nones) and a one-element value, not accumulating: a masked fill,
+// whose only check is the mask's shape (ATen's words).
+bool one_mask_fills(const at::Tensor& self, c10::ArrayRef<c10::IValue> indices, const at::Tensor& values,
+                    bool accumulate) {
+  if (accumulate || values.numel() != 1) return false;
+  int64_t position = -1;
+  at::Tensor mask;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i].isNone() || !indices[i].toTensor().defined()) continue;
+    if (mask.defined()) return false;  // a second index
+    mask = indices[i].toTensor();
+    position = static_cast<int64_t>(i);
+  }
+  if (!mask.defined() || (mask.scalar_type() != at::kBool && mask.scalar_type() != at::kByte) ||
+      mask.layout() != c10::kStrided || position + mask.dim() > self.dim())
+    return false;
+  for (int64_t d = 0; d < mask.dim(); ++d)
+    TORCH_CHECK_INDEX(mask.size(d) == self.size(position + d), "The shape of the mask ", mask.sizes(), " at index ", d,
+                      " does not match the shape of the indexed tensor ", self.sizes(), " at index ", position + d);
+  return true;
+}
+
 bool index_put_needs_the_host(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 3 || !args[0].isTensor() || !args[1].isList() || !args[2].isTensor()) return false;
   const at::Tensor& self = args[0].toTensor();
@@ -1389,6 +1413,8 @@ bool index_put_needs_the_host(c10::ArrayRef<c10::IValue> args) {
   auto meta = [](const at::Tensor& t) {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   };
+  if (one_mask_fills(self, args[1].toListRef(), values, args.size() > 3 && args[3].isBool() && args[3].toBool()))
+    return false;
   c10::List<std::optional<at::Tensor>> indices;
   for (const c10::IValue& v : args[1].toListRef()) {
     if (v.isNone() || !v.toTensor().defined()) {

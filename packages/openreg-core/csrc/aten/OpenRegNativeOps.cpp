@@ -144,12 +144,14 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offse
   const c10::IntArrayRef strides = stride.empty() ? c10::IntArrayRef() : C10_AS_INTARRAYREF_SLOW(stride);
   // The CPU's checks (same device, offset >= 0, sizes and strides of one length), then its storage swap.
   at::detail::check_size_nonnegative(sizes);
-  at::native::checkSetStorage(self, std::move(source), offset.expect_int(), sizes, strides);
   // The CPU computes the storage it needs from the caller's strides, which refuses a negative one
   // ("Storage size calculation overflowed with sizes=[3] and strides=[-1]"); TensorImpl replaces
   // negative strides with contiguous ones, so the tensor read other elements, even past its storage.
-  if (!strides.empty())
+  // Before checkSetStorage, which swaps the storage in (a caught refusal left the tensor's old sizes
+  // on the new, smaller storage); its own refusals, which the CPU makes first, come first.
+  if (!strides.empty() && strides.size() == sizes.size() && offset.expect_int() >= 0)
     (void)at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(), offset.expect_int());
+  at::native::checkSetStorage(self, std::move(source), offset.expect_int(), sizes, strides);
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_storage_offset(offset.expect_int());
   if (strides.empty())
