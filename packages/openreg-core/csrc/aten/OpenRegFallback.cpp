@@ -1370,19 +1370,6 @@ void probe_value_checks(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &probe);
 }
 
-// randperm's n against the result's dtype (a uint8 result holds 0..255, a half one counts exactly to
-// 2049): ATen's check, made by the CPU kernel and by CUDA's host code at the call, on an empty CPU
-// tensor of the dtype. The signature cache does not key on n: after one good call the kernel failed
-// on the device, at a later synchronising call.
-// index_put_ (x[idx] = v) checks the shapes of its indices and values on the host on the CPU and on
-// CUDA; its meta kernel checks none, so once a signature was verified a bad call went to the device
-// and failed a later, unrelated call. ATen's own meta function of indexing (at::meta::index, on meta
-// tensors) checks the indices (IndexError: indexing tensors that do not broadcast, indices of a bad
-// dtype) and gives the indexed shape, to which the values must broadcast. A boolean mask's indexed
-// shape depends on its values: such a call takes the synchronous path (true), as CUDA synchronises for
-// the mask's nonzero(), except with one mask and one value without accumulation (x[x < 0] = 0), which
-// ATen turns into masked_fill_ on every device: only the mask's shape is checked, and it stays
-// asynchronous (and capturable).
 // index_put_ with a single mask (after Nones) and a one-element value, not accumulating: a masked fill,
 // whose only check is the mask's shape (ATen's words).
 bool one_mask_fills(const at::Tensor& self, c10::ArrayRef<c10::IValue> indices, const at::Tensor& values,
@@ -1405,6 +1392,15 @@ bool one_mask_fills(const at::Tensor& self, c10::ArrayRef<c10::IValue> indices, 
   return true;
 }
 
+// index_put_ (x[idx] = v) checks the shapes of its indices and values on the host on the CPU and on
+// CUDA; its meta kernel checks none, so once a signature was verified a bad call went to the device
+// and failed a later, unrelated call. ATen's own meta function of indexing (at::meta::index, on meta
+// tensors) checks the indices (IndexError: indexing tensors that do not broadcast, indices of a bad
+// dtype) and gives the indexed shape, to which the values must broadcast. A boolean mask's indexed
+// shape depends on its values: such a call takes the synchronous path (true), as CUDA synchronises for
+// the mask's nonzero(), except with one mask and one value without accumulation (x[x < 0] = 0), which
+// ATen turns into masked_fill_ on every device: only the mask's shape is checked, and it stays
+// asynchronous (and capturable): one_mask_fills, above.
 bool index_put_needs_the_host(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 3 || !args[0].isTensor() || !args[1].isList() || !args[2].isTensor()) return false;
   const at::Tensor& self = args[0].toTensor();
@@ -1441,6 +1437,10 @@ void check_put(c10::ArrayRef<c10::IValue> args) {
                     source.numel(), ", index.numel() = ", index.numel());
 }
 
+// randperm's n against the result's dtype (a uint8 result holds 0..255, a half one counts exactly to
+// 2049): ATen's check, made by the CPU kernel and by CUDA's host code at the call, on an empty CPU
+// tensor of the dtype. The signature cache does not key on n: after one good call the kernel failed
+// on the device, at a later synchronising call.
 void check_randperm(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isInt()) return;
   c10::ScalarType dtype = c10::kLong;
