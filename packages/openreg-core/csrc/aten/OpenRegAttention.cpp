@@ -168,7 +168,6 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   // The CPU's kernels refuse these at the call, in these words; the kernel would refuse them at a
   // later synchronising call.
   TORCH_CHECK(at::isFloatingType(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
-  // A direct call with sizes the kernels do not take (sdp_choice sends them to MATH).
   check_sizes(query, key, value);
   if (attn_bias.has_value() && attn_bias->defined()) {
     // The mask must broadcast to the scores' shape (not the scores to a larger one), as the CPU's

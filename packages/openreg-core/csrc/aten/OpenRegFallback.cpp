@@ -1688,14 +1688,6 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& 
 // The generic path reaches them through the fallback; only the out= overload is recorded.
 constexpr const char* kOutKernelOps[] = {"aten::index_select"};
 
-// In-place operators whose CompositeExplicitAutograd kernel (used by the CPU and CUDA too) cannot
-// run on openreg's tensors: conj_physical_ calls its DispatchStub directly, which has no openreg
-// entry (an internal assert); addr_ calls addr.out with self as both input and out, and the CPU
-// kernel refuses a self that is not already the result's shape only when the two are one C++
-// reference, which the boxed generic path cannot keep (a 0-dim self became 5 x 10). Registered
-// for openreg, the generic path runs the composite itself on the CPU, over the kernel views.
-constexpr const char* kCompositeOnTheDevice[] = {"conj_physical_", "addr_"};
-
 size_t route_structured_ops() {
   static size_t routed = [] {
     auto& dispatcher = c10::Dispatcher::singleton();
@@ -1715,10 +1707,6 @@ size_t route_structured_ops() {
         TORCH_INTERNAL_ASSERT(out && !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1), name);
         out_overloads().emplace(&op.schema(), *out);
       }
-    }
-    for (const char* name : kCompositeOnTheDevice) {
-      lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&generic_kernel>());
-      ++n;
     }
     for (const auto& [base, overloads] : by_name) {
       for (const c10::OperatorHandle& op : overloads) {

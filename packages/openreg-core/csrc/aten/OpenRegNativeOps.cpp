@@ -255,27 +255,22 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
 // float4_e2m1fn_x2, and for those dtypes any copy that is not a plain memcpy (a transposed or
 // broadcast one). It used to return an unwritten tensor and fail the device's copy kernel, the error
 // surfacing at some later synchronising call. The CPU's own copy_ of a transposed 2 x 2 tensor takes
-// the kernel the device's copy takes; asked once per pair of dtypes, a refused pair again at each
-// call, so that it throws the CPU's error.
+// the kernel the device's copy takes; asked once per pair of dtypes that copies, and at each call of
+// a refused pair, so that it throws the CPU's error.
 void check_copy(const at::Tensor& dst, const at::Tensor& src) {
   const c10::ScalarType from = src.scalar_type(), to = dst.scalar_type();
   if (is_contiguous_same(dst, src)) return;                  // a memcpy
   if (c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
   constexpr int n = static_cast<int>(c10::ScalarType::NumOptions);
-  static std::atomic<int8_t> verdicts[n][n] = {};  // 0: not asked yet, 1: copies, -1: refused
-  std::atomic<int8_t>& verdict = verdicts[static_cast<int>(from)][static_cast<int>(to)];
-  if (verdict.load(std::memory_order_relaxed) == 1) return;
+  static std::atomic<bool> copies[n][n] = {};
+  std::atomic<bool>& known = copies[static_cast<int>(from)][static_cast<int>(to)];
+  if (known.load(std::memory_order_relaxed)) return;
   struct Quiet final : c10::WarningHandler {  // "ComplexHalf support is experimental": not the user's call
     void process(const c10::Warning&) override {}
   } quiet;
-  try {
-    c10::WarningUtils::WarningHandlerGuard keep_quiet(&quiet);
-    at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t());
-  } catch (...) {
-    verdict.store(-1, std::memory_order_relaxed);
-    throw;
-  }
-  verdict.store(1, std::memory_order_relaxed);
+  c10::WarningUtils::WarningHandlerGuard keep_quiet(&quiet);
+  at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t());
+  known.store(true, std::memory_order_relaxed);  // not reached when the CPU refuses
 }
 
 bool is_same_data(const at::Tensor& a, const at::Tensor& b) {

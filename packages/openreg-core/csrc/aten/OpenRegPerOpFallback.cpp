@@ -15,6 +15,13 @@
 // kernel, which outranks the global fallback, refuses any device but CPU, CUDA
 // and XPU, and so does its meta kernel. On the device the CPU runs the same
 // composite kernel over kernel tensors.
+//
+// Two in-place operators get the asynchronous generic kernel: their CompositeExplicitAutograd kernel
+// (the CPU's and CUDA's too) cannot run on openreg's tensors. conj_physical_ calls its DispatchStub
+// directly, which has no openreg entry (an internal assert); addr_ calls addr.out with self as both
+// input and out, and the CPU kernel refuses a self that is not already the result's shape only when
+// the two are one C++ reference, which a boxed call cannot keep (a 0-dim self became 5 x 10). On the
+// device the CPU runs the composite itself over kernel tensors.
 #include <torch/library.h>
 
 #include "OpenRegFallback.h"
@@ -27,4 +34,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
        {"_linalg_svd", "_linalg_svd.U", "linalg_pinv.atol_rtol_tensor", "linalg_pinv.atol_rtol_tensor_out",
         "linalg_eig", "linalg_eig.out", "cholesky_inverse", "cholesky_inverse.out"})
     m.impl(op, sync());
+  for (const char* op : {"conj_physical_", "addr_"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&c10::openreg::generic_kernel>());
 }
