@@ -5,6 +5,7 @@ Data is made on the CPU from fixed seeds, so every device and every rank sees th
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +22,9 @@ def _core_models():
     package = Path(importlib.util.find_spec("torch_openreg").origin).parent  # finds it, imports nothing
     spec = importlib.util.spec_from_file_location("openreg_reference_models", package / "utils" / "models.py")
     module = importlib.util.module_from_spec(spec)
+    # Registered under its name, as an import would: Dynamo imports a compiled function's module by
+    # name to read its globals (the scenarios bench group compiles TinyGPT's forward).
+    sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module
 

@@ -1,6 +1,7 @@
 """Streams and events: torch.openreg.Stream/Event over the device guard."""
 
 import threading
+import time
 
 import torch
 import torch_openreg
@@ -427,10 +428,47 @@ class TestStreams(TestCase):
         self.assertEqual(r.stdout.splitlines(), ["OPENREG_SMALL_KERNEL_BYTES must be a byte count, got '64k'"] * 2)
         self.assertNotIn("Warning", r.stderr)  # nothing said again at exit ("could not settle ...")
 
+    def test_host_spins_while_the_kernels_leave_it_a_cpu(self):
+        """A host waiting for the device spins on, instead of sleeping, while the running kernels leave
+        it a CPU of its own (a sleeper pays a wake-up when they complete, 40 us on a VM), and spins
+        with the interpreter released: a kernel written in Python runs meanwhile. With the
+        interpreter held, the kernel below could not start before the host's spin gave up (1 s)."""
+        code = """
+            import os, time, torch
+            from test_streams import _sleep_on_device
+            x = torch.zeros(1, device="openreg")
+            _sleep_on_device(x, 0.0).cpu()  # a signature's first call is synchronous
+            before = torch.openreg._runtime_counters()["wait_wakeups"]
+            _sleep_on_device(x, 0.2)  # one thread's kernel (a small one)
+            t0 = time.perf_counter()
+            torch.openreg.synchronize()
+            took = time.perf_counter() - t0
+            print(os.cpu_count(), torch.openreg._runtime_counters()["wait_wakeups"] - before, took)
+        """
+        r = run_python(code, env={"OPENREG_WAIT_SPIN_US": "1000000"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cpus, woken, took = r.stdout.split()
+        self.assertGreaterEqual(float(took), 0.15)  # it did wait for the kernel
+        self.assertLess(float(took), 0.9)  # and the kernel ran during the spin
+        if int(cpus) >= 2:
+            self.assertEqual(int(woken), 0)  # spun: never went to sleep
+
 
 def _large() -> torch.Tensor:
     """A tensor whose kernels are not small (their tensor arguments reach the limit for one thread)."""
     return torch.zeros(torch_openreg._C._small_kernel_bytes() // 4, device="openreg")
+
+
+@torch.library.custom_op("openreg_stream_test::sleep", mutates_args=(), device_types="cpu")
+def _sleep_on_device(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    """On openreg, a kernel written in Python (it takes the interpreter lock) that sleeps."""
+    time.sleep(seconds)
+    return x.clone()
+
+
+@_sleep_on_device.register_fake
+def _(x, seconds):
+    return torch.empty_like(x)  # with a fake kernel, calls after a signature's first are queued
 
 
 @torch.library.custom_op("openreg_stream_test::team_size", mutates_args=(), device_types="cpu")

@@ -139,7 +139,7 @@ struct DropWarnings final : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
-void apply_intra_op_threads(uint64_t n) {
+int apply_intra_op_threads(uint64_t n) {
   static thread_local const bool quiet = [] {
     static DropWarnings drop;
     c10::WarningUtils::set_warning_handler(&drop);
@@ -147,6 +147,7 @@ void apply_intra_op_threads(uint64_t n) {
   }();
   (void)quiet;
   if (at::get_num_threads() != static_cast<int>(n)) set_this_threads_count(static_cast<int>(n));
+  return static_cast<int>(n);
 }
 struct LaunchContextRegistrar {
   LaunchContextRegistrar() {

@@ -7,9 +7,9 @@
 //
 // Waiting. Progress is a monotonically increasing 64-bit counter (a
 // Progress): a stream counts completed work items, an event counts
-// completed records. Waiters spin for a short while (OPENREG_WAIT_SPIN_US: a
-// kernel that completes within it is seen at once) and then sleep on a condition
-// variable.
+// completed records. Waiters spin for a while (OPENREG_WAIT_SPIN_US: a kernel
+// that completes within it is seen at once, with no wake-up), as long as the
+// kernels running leave the waiter a CPU, and then sleep on a condition variable.
 #pragma once
 
 #include <array>
@@ -46,6 +46,10 @@ class Progress {
   void wait_for(uint64_t v);  // until value() >= v
 
  private:
+  // Spins until value() >= v (true) or the deadline passes; with while_cpus_free, also gives up
+  // once running kernels and the caller would not fit on the CPUs.
+  bool spin_for(uint64_t v, uint64_t deadline_ns, bool while_cpus_free) const;
+
   std::atomic<uint64_t> value_{0};
   // The lowest value a sleeping waiter waits for (none: UINT64_MAX). advance_to wakes sleepers only
   // when it reaches it, so a host waiting for the end of a long queue is woken once, not after

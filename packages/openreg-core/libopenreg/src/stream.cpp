@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "runtime_internal.h"
@@ -33,6 +34,12 @@ namespace openreg::rt {
 
 namespace {
 thread_local bool t_in_kernel = false;
+// CPU threads that running kernels occupy: each running kernel counts its width, the threads
+// of its parallel team (orLaunchContextApply's result; 1 without launch-context hooks). A
+// waiting thread spins only while these and itself fit on the machine's CPUs (Progress::wait_for).
+alignas(64) std::atomic<int> g_kernel_threads{0};  // a line of its own: workers write it per kernel
+thread_local int t_applied_width = 1;              // what the launch context this worker applied last returned
+constexpr uint64_t kHeldSpinNs = 5000;             // a waiter's spin with the caller's locks (the GIL) held
 thread_local std::string t_kernel_error;
 constexpr size_t kQueueDepth = 1024;  // ring slots per stream; more items wait in its overflow
 constexpr int kLeastPriority = 0;
@@ -93,18 +100,39 @@ void Progress::advance_to(uint64_t v) {
   }
 }
 
-void Progress::wait_for(uint64_t v) {
-  if (value() >= v) return;
-  const uint64_t deadline = platform::now_ns() + wait_spin_ns();
+bool Progress::spin_for(uint64_t v, uint64_t deadline_ns, bool while_cpus_free) const {
+  const int others = t_in_kernel ? 0 : 1;  // a waiting worker's own thread is counted already
+  static const int cpus = platform::hardware_threads();
   do {
     for (int i = 0; i < 64; ++i) {
-      if (value() >= v) return;
+      if (value() >= v) return true;
       platform::cpu_relax();
     }
-  } while (platform::now_ns() < deadline);
+    if (while_cpus_free) {
+      if (g_kernel_threads.load(std::memory_order_relaxed) + others > cpus) return false;
+      // A thread this process does not count (another process, an OpenMP helper) may want the CPU.
+      std::this_thread::yield();
+    }
+  } while (platform::now_ns() < deadline_ns);
+  return false;
+}
+
+void Progress::wait_for(uint64_t v) {
+  if (value() >= v) return;
+  // First a few microseconds with the caller's locks held: most waits end here.
+  const uint64_t start_ns = platform::now_ns();
+  const uint64_t spin_ns = wait_spin_ns();
+  if (spin_for(v, start_ns + std::min(spin_ns, kHeldSpinNs), false)) return;
   // Before the lock: the hook may wait for an interpreter lock of its own when it ends.
   const WaitHooks* hooks = Hooks<WaitHooks>::get();
   void* token = hooks != nullptr ? hooks->begin() : nullptr;
+  // Then, with the interpreter released, on as long as the kernels running leave this thread a CPU
+  // of its own: a sleeping waiter costs a wake-up when the work completes (40 us on a VM whose
+  // idle CPUs halt), a spinning one costs nothing while its CPU would be idle anyway.
+  if (spin_ns > kHeldSpinNs && spin_for(v, start_ns + spin_ns, true)) {
+    if (hooks != nullptr) hooks->end(token);
+    return;
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     targets_.push_back(v);
@@ -234,9 +262,17 @@ void Stream::worker_loop() {
     } else {
       try {
         if (item.context != 0 && item.context != t_applied_context) {
-          if (const LaunchContextHooks* hooks = Hooks<LaunchContextHooks>::get()) hooks->apply(item.context);
+          if (const LaunchContextHooks* hooks = Hooks<LaunchContextHooks>::get())
+            t_applied_width = std::max(1, hooks->apply(item.context));
           t_applied_context = item.context;
         }
+        // An item without a context (a copy, a record, a wait) runs on this thread alone.
+        const int width = item.context != 0 ? t_applied_width : 1;
+        g_kernel_threads.fetch_add(width, std::memory_order_relaxed);
+        struct Uncount {
+          int width;
+          ~Uncount() { g_kernel_threads.fetch_sub(width, std::memory_order_relaxed); }
+        } uncount{width};
         st = item.fn(item.args);
       } catch (const std::exception& e) {
         t_kernel_error = e.what();

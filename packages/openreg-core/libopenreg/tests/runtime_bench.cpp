@@ -202,6 +202,6 @@ int main(int argc, char** argv) {
       percentile(latency_us, 0.0), mean_us, enqueue_us, percentile(chain_us, 0.5), chain_steps, bytes, reps,
       memcpy_gbps, h2d_pageable, h2d_pinned, d2h_pageable, d2h_pinned, h2d_pageable / memcpy_gbps,
       h2d_pinned / memcpy_gbps, d2h_pageable / memcpy_gbps, d2h_pinned / memcpy_gbps, cold_gbps, spin ? spin : "20",
-      wait_spin ? wait_spin : "5");
+      wait_spin ? wait_spin : "2000");
   return 0;
 }

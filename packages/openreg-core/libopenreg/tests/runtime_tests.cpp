@@ -996,9 +996,10 @@ uint64_t capture() {
   captured.fetch_add(1);
   return host_value;
 }
-void apply(uint64_t v) {
+int apply(uint64_t v) {
   applied.fetch_add(1);
   worker_value = v;
+  return static_cast<int>(v);  // the word is the kernels' width
 }
 }  // namespace launch_context
 
@@ -1818,6 +1819,56 @@ TEST(error_names_and_messages_are_per_thread) {
   }).join();
   CHECK(theirs.empty());
   CHECK_EQ(std::string(orGetLastErrorMessage()), mine);  // unchanged by the other thread
+}
+
+uint64_t wait_wakeups() {
+  orRuntimeCounters c;
+  CHECK_OK(orGetCounters(&c));
+  return c.waitWakeups;
+}
+
+// A host thread waiting for the device spins on, without sleeping, while the running kernels leave
+// it a CPU: a sleeper pays a wake-up when the work completes. Once the kernels' threads (their
+// launch contexts' widths, orLaunchContextApply) take every CPU it sleeps, and gives its CPU to
+// them. Its interpreter hooks run around the spin as around a sleep. Needs a spin longer than the
+// kernels (OPENREG_WAIT_SPIN_US=1000000, test_runtime.py sets it).
+TEST(stream_waiter_spins_while_cpus_are_free) {
+  const char* env = std::getenv("OPENREG_WAIT_SPIN_US");
+  if (!env || std::string(env) != "1000000") skip_now("needs OPENREG_WAIT_SPIN_US=1000000 (test_runtime.py sets it)");
+  namespace lc = launch_context;
+  CHECK_OK(orSetLaunchContextHooks(&lc::capture, &lc::apply));  // the word is the width
+  CHECK_OK(orSetBlockingWaitHooks(&wait_hooks::begin, &wait_hooks::end));
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  // One thread's kernel: on two CPUs or more, the host keeps one.
+  lc::host_value = 1;
+  uint64_t before = wait_wakeups();
+  int begun = wait_hooks::begun.load();
+  CHECK_OK(openreg::launch(s, "test::narrow", [] { std::this_thread::sleep_for(30ms); }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK(cpus >= 2 ? wait_wakeups() == before : wait_wakeups() > before);
+  CHECK_EQ(wait_hooks::begun.load(), begun + 1);
+  CHECK_EQ(wait_hooks::ended.load(), wait_hooks::begun.load());
+  // A kernel as wide as the machine: the host sleeps until it completes.
+  lc::host_value = static_cast<uint64_t>(cpus);
+  before = wait_wakeups();
+  CHECK_OK(openreg::launch(s, "test::wide", [] { std::this_thread::sleep_for(30ms); }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK(wait_wakeups() - before >= 1);
+  // An event wait behaves alike; a copy (no launch context) is one thread wide.
+  lc::host_value = 1;
+  orEvent_t ev = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&ev, orEventDisableTiming));
+  before = wait_wakeups();
+  CHECK_OK(openreg::launch(s, "test::narrow", [] { std::this_thread::sleep_for(30ms); }));
+  CHECK_OK(orEventRecord(ev, s));
+  CHECK_OK(orEventSynchronize(ev));
+  CHECK(cpus >= 2 ? wait_wakeups() == before : wait_wakeups() > before);
+  CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orSetLaunchContextHooks(nullptr, nullptr));
+  CHECK_OK(orSetBlockingWaitHooks(nullptr, nullptr));
+  CHECK_OK(orStreamDestroy(s));
 }
 
 // With OPENREG_SPIN_US=0 and OPENREG_WAIT_SPIN_US=0 every waiter and idle worker goes straight to sleep,

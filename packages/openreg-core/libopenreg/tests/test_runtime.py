@@ -34,6 +34,7 @@ CASE_ENV: dict[str, dict[str, str]] = {
     "capacity_out_of_memory": {"OPENREG_DEVICE_MEMORY": "64M"},
     "device_count_from_env": {"OPENREG_DEVICE_COUNT": "3"},
     "stream_wakeups_without_spinning": {"OPENREG_SPIN_US": "0", "OPENREG_WAIT_SPIN_US": "0"},
+    "stream_waiter_spins_while_cpus_are_free": {"OPENREG_WAIT_SPIN_US": "1000000"},
     "config_invalid_environment": {"OPENREG_DEVICE_MEMORY": "12X"},
     "config_device_memory_overflow": {"OPENREG_DEVICE_MEMORY": "17179869184G"},
     "config_invalid_spin": {"OPENREG_SPIN_US": "abc"},

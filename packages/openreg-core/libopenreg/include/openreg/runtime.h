@@ -197,24 +197,25 @@ OPENREG_API orStatus orStreamGetPriority(orStream_t stream, int* priority);
 /* The default stream of a given device (what NULL means on that device). */
 OPENREG_API orStatus orDeviceGetDefaultStream(int device, orStream_t* stream);
 
-/* Called around every wait of a host thread that goes to sleep for the device (stream, event and
- * device synchronisation, synchronous copies, frees that wait for queued work): begin() before
- * sleeping, end(its result) after waking. An embedding interpreter releases its lock there, so
- * that kernels which need it can run meanwhile (torch_openreg's kernels written in Python take
- * the GIL). NULL, NULL removes them. */
+/* Called around every wait of a host thread that outlasts its first few microseconds (stream,
+ * event and device synchronisation, synchronous copies, frees that wait for queued work):
+ * begin() before it spins on or sleeps, end(its result) when the wait is over. An embedding interpreter releases its
+ * lock there, so that kernels which need it can run meanwhile (torch_openreg's kernels written in Python take the GIL).
+ * NULL, NULL removes them. */
 typedef void* (*orBlockingWaitBegin)(void);
 typedef void (*orBlockingWaitEnd)(void* token);
 OPENREG_API orStatus orSetBlockingWaitHooks(orBlockingWaitBegin begin, orBlockingWaitEnd end);
 
 /* Host state a kernel launch carries to the device. capture() runs on the launching thread at
  * every orLaunchKernel, one that fails included, and returns a word (0: nothing); before a kernel
- * runs, its stream's worker
- * calls apply(word) when the word differs from the last one it applied. Kernels here run on the
- * host's CPUs: torch_openreg carries the host's intra-op thread count, so that
- * torch.set_num_threads reaches the workers' parallel regions as it reaches CPU operators. Both
- * or neither; NULL, NULL removes them. */
+ * runs, its stream's worker calls apply(word) when the word differs from the last one it applied.
+ * apply returns how many CPU threads the kernels carrying that word run on (their parallel team;
+ * below 1 counts as 1): a thread waiting for the device spins only while the running kernels'
+ * threads leave it a CPU. Kernels here run on the host's CPUs: torch_openreg carries the host's
+ * intra-op thread count (one for a small kernel), so that torch.set_num_threads reaches the
+ * workers' parallel regions as it reaches CPU operators. Both or neither; NULL, NULL removes them. */
 typedef uint64_t (*orLaunchContextCapture)(void);
-typedef void (*orLaunchContextApply)(uint64_t context);
+typedef int (*orLaunchContextApply)(uint64_t context);
 OPENREG_API orStatus orSetLaunchContextHooks(orLaunchContextCapture capture, orLaunchContextApply apply);
 
 /* ---- events ---- */
