@@ -92,10 +92,11 @@ struct FlatPair {
 };
 
 // The element loops proper, over one contiguous chunk. On x86-64 Linux with GCC they are also
-// compiled for AVX2 and the loader picks the variant the CPU runs (target_clones): the CPU's own
-// kernels are dispatched the same way, and the baseline (SSE2) build of these loops is ~3x slower.
+// compiled for AVX-512 (x86-64-v4) and AVX2 and the loader picks the variant the CPU runs
+// (target_clones): the CPU's own kernels are dispatched the same way, the baseline (SSE2) build of
+// these loops is ~3x slower than the AVX2 one, and the AVX2 quantize 1.25x slower than the AVX-512.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define OPENREG_QUANT_SIMD __attribute__((target_clones("avx2", "default")))
+#define OPENREG_QUANT_SIMD __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define OPENREG_QUANT_SIMD
 #endif
