@@ -53,9 +53,9 @@ void* host_alloc(size_t size);
 void host_free(void* ptr, size_t size);
 
 size_t page_size();
-int hardware_threads();
-uint64_t now_ns();     // monotonic clock
-uint64_t thread_id();  // the calling thread's OS id (what profilers show)
+int hardware_threads();  // the CPUs this process may run on (its affinity where the OS has one)
+uint64_t now_ns();       // monotonic clock
+uint64_t thread_id();    // the calling thread's OS id (what profilers show)
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
   __builtin_ia32_pause();

@@ -5,6 +5,7 @@
 // anonymous memfd; elsewhere a shm object whose name is unlinked at once.
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -117,6 +118,11 @@ size_t page_size() {
 }
 
 int hardware_threads() {
+#if defined(__linux__)
+  // The CPUs this process may run on (taskset, a container's cpuset), as PyTorch's thread count.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
 }
