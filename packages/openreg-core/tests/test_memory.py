@@ -251,6 +251,71 @@ class TestPinnedMemory(TestCase):
         self.assertEqual(torch.empty(16).pin_memory().data_ptr(), ptr)
         self.assertEqual(torch.openreg._runtime_counters()["events_destroyed"] - before["events_destroyed"], 2)
 
+    def test_a_tensor_over_pinned_memory_keeps_its_block_in_use(self):
+        # A tensor made over pinned memory it does not own (torch.from_numpy(pinned.numpy())) is
+        # pinned, so its non-blocking copies are queued; the block was only looked up by the
+        # storage's context, which is numpy's here: no event was recorded, and once the owner was
+        # freed the block went to the next pinned allocation while the copy still read or wrote it.
+        n = 1 << 16
+        p = torch.full((n,), 1.0).pin_memory()
+        alias = torch.from_numpy(p.numpy())
+        self.assertTrue(alias.is_pinned())
+        with StreamHold():  # the copy stays queued
+            d = alias.to("openreg", non_blocking=True)
+            ptr = p.data_ptr()
+            del alias, p
+            q = torch.empty(n).pin_memory()  # of the freed block's size
+            self.assertNotEqual(q.data_ptr(), ptr)  # the block still has a queued copy
+            q.fill_(2.0)
+        self.assertEqual(d.cpu(), torch.ones(n))
+        # Device to host: the queued copy writes the block.
+        src = torch.full((n,), 3.0, device="openreg")
+        p = torch.empty(n).pin_memory()
+        alias = torch.from_numpy(p.numpy())
+        with StreamHold():
+            alias.copy_(src, non_blocking=True)
+            ptr = p.data_ptr()
+            del alias, p
+            q = torch.zeros(n).pin_memory()
+            self.assertNotEqual(q.data_ptr(), ptr)
+        torch.openreg.synchronize()
+        self.assertEqual(q, torch.zeros(n))
+
+    def test_empty_host_cache_lets_queued_kernels_pin_memory(self):
+        # empty_host_cache() waited for the cached blocks' copies holding the allocator's lock: a
+        # kernel queued before such a copy that pins memory (a custom operator written in Python)
+        # waited for the lock, and neither ever ended.
+        r = run_python(
+            """
+            import os, threading, time, torch
+
+            @torch.library.custom_op("pin_test::stage", mutates_args=(), device_types="cpu")
+            def stage(x: torch.Tensor) -> torch.Tensor:
+                time.sleep(0.2)
+                return torch.empty(x.shape, pin_memory=True).copy_(x) + 1
+
+            @stage.register_fake
+            def _(x):
+                return torch.empty_like(x)
+
+            x = torch.zeros(4, device="openreg")
+            stage(x).cpu()  # a signature's first call is synchronous
+            p = torch.ones(1024).pin_memory()
+            y = stage(x)  # queued: it will pin memory
+            d = p.to("openreg", non_blocking=True)  # queued behind it: p's block records an event
+            del p  # cached, its copy pending
+            t = threading.Thread(target=torch.accelerator.empty_host_cache, daemon=True)
+            t.start()
+            t.join(30)
+            print("hung" if t.is_alive() else y.cpu().tolist(), d.cpu().sum().item(), flush=True)
+            os._exit(0)
+            """,
+            timeout=60,
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split("]")[0] + "]", "[1.0, 1.0, 1.0, 1.0]")
+        self.assertEqual(float(r.stdout.split()[-1]), 1024.0)
+
     def test_non_blocking_h2d_is_asynchronous(self):
         host = torch.ones(4 << 20).pin_memory()
         s = torch.openreg.current_stream()

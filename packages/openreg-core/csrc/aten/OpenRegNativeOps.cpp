@@ -225,7 +225,7 @@ void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_
       orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice, stream.handle()));
   if (host_allocator::is_pinned(src.const_data_ptr())) {
     if (non_blocking)
-      host_allocator::record_stream(src.storage().data_ptr().get_context(), stream);
+      host_allocator::record_stream(src.const_data_ptr(), src.storage().data_ptr().get_context(), stream);
     else
       stream.synchronize();
   }
@@ -247,7 +247,7 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
   if (!non_blocking)
     stream.synchronize();
   else if (host_allocator::is_pinned(dst.const_data_ptr()))  // the copy may still write it
-    host_allocator::record_stream(dst.storage().data_ptr().get_context(), stream);
+    host_allocator::record_stream(dst.const_data_ptr(), dst.storage().data_ptr().get_context(), stream);
 }
 
 // A copy the CPU's copy_ has no kernel for is refused at the call with the CPU's

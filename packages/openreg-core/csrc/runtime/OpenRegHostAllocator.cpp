@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -88,7 +87,7 @@ class HostCache final : public at::HostAllocator {
   }
 
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
-    record(ctx, OpenRegStream(stream));
+    record(ptr, ctx, OpenRegStream(stream));
     return true;
   }
 
@@ -112,18 +111,25 @@ class HostCache final : public at::HostAllocator {
       s->reset_peak();
   }
 
-  void record(void* ptr, OpenRegStream stream) {
+  // `ptr` is the copy's host address, `ctx` its storage's context: the block's base when the
+  // storage is the allocation, something else for a tensor made over pinned memory it does not own
+  // (torch.from_numpy(pinned.numpy()), from_blob), whose block is then found by address.
+  void record(const void* ptr, void* ctx, OpenRegStream stream) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = used_.find(ptr);
-    if (it == used_.end()) return;
     const orStream_t handle = stream.handle();
+    auto own = used_.find(ctx);
+    HostBlock* block = own != used_.end() ? own->second : in_use(ptr);
+    if (block == nullptr) {  // pinned, but not a block in use here: nothing keeps it, wait for the copy
+      protect_unrecorded(handle);
+      return;
+    }
     int capturing = 0;
     OPENREG_CHECK(orStreamIsCapturing(handle, &capturing));
     if (capturing != 0) {
-      it->second->captured = true;
+      block->captured = true;
       return;
     }
-    auto& uses = it->second->uses;
+    auto& uses = block->uses;
     auto found = std::find_if(uses.begin(), uses.end(), [&](const auto& use) { return use.first == handle; });
     if (found == uses.end()) {
       // A new stream takes the event of a use that is over, if any: a buffer used from many
@@ -149,20 +155,32 @@ class HostCache final : public at::HostAllocator {
 
   void empty() {
     FirstFailure failure;  // raised once the cache is empty
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, list] : free_) {
-      for (HostBlock* b : list) {
-        for (auto& [stream, e] : b->uses) {
-          failure.note(orEventSynchronize(e));
-          orEventDestroy(e);
-        }
-        orFreeHost(b->ptr);
+    std::vector<HostBlock*> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [size, list] : free_) {
+        blocks.insert(blocks.end(), list.begin(), list.end());
+        list.clear();
+      }
+    }
+    // Waited for without the lock: a kernel queued before a copy a block waits for may itself pin
+    // memory (a custom operator written in Python), and every thread that frees a pinned tensor
+    // would stall meanwhile. The blocks are off the free lists: nobody else can hand them out.
+    for (HostBlock* b : blocks) {
+      for (auto& [stream, e] : b->uses) {
+        failure.note(orEventSynchronize(e));
+        orEventDestroy(e);
+      }
+      orFreeHost(b->ptr);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (HostBlock* b : blocks) {
         stats_.num_host_free++;
         stats_.allocations.decrease(1);
         stats_.allocated_bytes.decrease(b->size);
         delete b;
       }
-      list.clear();
     }
     failure.raise();
   }
@@ -173,6 +191,15 @@ class HostCache final : public at::HostAllocator {
   // The copy is queued and no event follows it: wait for it before the caller learns of the
   // failure, so that the block is not handed out again while the copy still reads or writes it.
   static void protect_unrecorded(orStream_t stream) { (void)orStreamSynchronize(stream); }
+
+  // The block in use that holds address `p`, or nullptr. Under mu_.
+  HostBlock* in_use(const void* p) const {
+    auto it = used_.upper_bound(p);
+    if (it == used_.begin()) return nullptr;
+    --it;
+    HostBlock* b = it->second;
+    return static_cast<const char*>(p) < static_cast<const char*>(b->ptr) + b->size ? b : nullptr;
+  }
 
   // True when every async copy that used the block has completed.
   static bool ready(HostBlock* b) {
@@ -186,8 +213,8 @@ class HostCache final : public at::HostAllocator {
 
   std::mutex mu_;
   std::map<size_t, std::vector<HostBlock*>> free_;
-  std::unordered_map<void*, HostBlock*> used_;
-  std::vector<HostBlock*> captured_;  // freed, used by a captured copy: kept for the process's life
+  std::map<const void*, HostBlock*> used_;  // by base: ordered, to find the block around an address
+  std::vector<HostBlock*> captured_;        // freed, used by a captured copy: kept for the process's life
   at::HostStats stats_;
 };
 
@@ -207,7 +234,7 @@ bool is_pinned(const void* ptr) {
   return ptr != nullptr && orPointerGetAttributes(&attr, ptr) == orSuccess && attr.type == orMemoryTypeHost;
 }
 
-void record_stream(void* ctx, OpenRegStream stream) { g_host.record(ctx, stream); }
+void record_stream(const void* ptr, void* ctx, OpenRegStream stream) { g_host.record(ptr, ctx, stream); }
 
 REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_host);
 void empty_cache() { g_host.empty(); }

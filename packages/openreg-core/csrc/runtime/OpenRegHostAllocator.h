@@ -10,8 +10,10 @@ namespace c10::openreg::host_allocator {
 
 c10::Allocator* get();
 bool is_pinned(const void* ptr);
-// Keeps the pinned block behind `ctx` from reuse until `stream`'s work queued so far is done.
-void record_stream(void* ctx, OpenRegStream stream);
+// Keeps the pinned block holding host address `ptr` (a storage with context `ctx`) from reuse until
+// `stream`'s work queued so far is done; pinned memory that is not a block in use here makes the
+// caller wait for that work instead.
+void record_stream(const void* ptr, void* ctx, OpenRegStream stream);
 void empty_cache();
 
 }  // namespace c10::openreg::host_allocator
