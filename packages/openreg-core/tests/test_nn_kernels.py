@@ -307,6 +307,17 @@ class TestAttention(TestCase):
                 RuntimeError, "No available kernel for scaled_dot_product_attention on openreg"
             ):
                 F.scaled_dot_product_attention(q, q, q)
+            # The reason is the disabled backend, even for inputs it would not take (it named the
+            # feature: "does not support dropout", under a backend the user had turned off).
+            with self.assertRaisesRegex(
+                RuntimeError, "on openreg: the OVERRIDEABLE backend is disabled, and the MATH backend is disabled"
+            ):
+                F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+        with sdpa_kernel(SDPBackend.OVERRIDEABLE):
+            with self.assertRaisesRegex(
+                RuntimeError, "the OVERRIDEABLE backend does not support dropout, and the MATH backend is disabled"
+            ):
+                F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
         with sdpa_kernel(SDPBackend.MATH), OpsSeen() as seen:
             F.scaled_dot_product_attention(q, q, q)
         self.assertNotIn("aten._scaled_dot_product_fused_attention_overrideable.default", seen.ops)

@@ -156,6 +156,29 @@ class TestCustomOps(TestCase):
             fake = torch.ops.openreg.custom_abs(torch.empty(2, 5, device="openreg"))
         self.assertEqual((fake.shape, fake.device), (torch.Size([2, 5]), torch.device("openreg:0")))
 
+    def test_cpp_custom_op_backward(self):
+        # Without an autograd kernel the op recorded no backward on openreg: the gradients of
+        # everything before it were None (the CPU's, through at::abs, looked right by chance).
+        torch.manual_seed(0)
+        for device in ("cpu", "openreg"):
+            fc = torch.nn.Linear(3, 3).to(device)
+            x = torch.tensor([[1.0, -2.0, 3.0], [0.0, 0.5, -1.0]], device=device)
+            y = torch.ops.openreg.custom_abs(fc(x))
+            y.backward(torch.arange(6.0, device=device).view(2, 3))
+            ref = fc.weight.detach().cpu().requires_grad_()
+            torch.nn.functional.linear(x.cpu(), ref, fc.bias.detach().cpu()).abs().backward(
+                torch.arange(6.0).view(2, 3)
+            )
+            self.assertEqual(fc.weight.grad.cpu(), ref.grad)
+        x = torch.randn(4, dtype=torch.float64, device="openreg", requires_grad=True)
+        torch.autograd.gradcheck(torch.ops.openreg.custom_abs, (x,))
+        # opcheck's autograd-registration check knows CPU, CUDA and XPU only ("NYI devices other than
+        # CPU/CUDA/XPU"): it runs on a CPU input; the others on the device's.
+        op = torch.ops.openreg.custom_abs.default
+        torch.library.opcheck(op, (x.detach().cpu().requires_grad_(),))
+        checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(op, (x.detach().requires_grad_(),), test_utils=checks)
+
     def test_python_custom_op_fake_kernel_promotes_as_the_op(self):
         # x * x * 2.0 is float for an integer x; the fake kernel said int64.
         x = torch.arange(4, device="openreg")

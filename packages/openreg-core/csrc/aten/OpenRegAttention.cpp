@@ -90,9 +90,11 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (unsupported == nullptr && ctx.userEnabledOverrideableSDP())
     return static_cast<int64_t>(at::SDPBackend::overrideable);
+  // A disabled backend is the reason whatever the inputs: what it would not support is beside the point.
   TORCH_CHECK(ctx.userEnabledMathSDP(), "No available kernel for scaled_dot_product_attention on openreg: ",
-              unsupported == nullptr ? "the OVERRIDEABLE backend is disabled"
-                                     : std::string("the OVERRIDEABLE backend does not support ") + unsupported,
+              unsupported == nullptr || !ctx.userEnabledOverrideableSDP()
+                  ? "the OVERRIDEABLE backend is disabled"
+                  : std::string("the OVERRIDEABLE backend does not support ") + unsupported,
               ", and the MATH backend is disabled");
   return static_cast<int64_t>(at::SDPBackend::math);
 }

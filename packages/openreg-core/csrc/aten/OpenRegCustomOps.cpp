@@ -2,13 +2,19 @@
 //
 // TORCH_LIBRARY(openreg, ...) defines operators in the `openreg` namespace
 // (torch.ops.openreg.*); TORCH_LIBRARY_IMPL gives them kernels per dispatch
-// key. custom_abs has a device kernel for openreg, a CPU kernel, and a Meta
-// kernel: the meta kernel is what FakeTensor, torch.compile and export use to
-// learn the output's shape without running it. The autograd functions of
+// key. custom_abs has a device kernel for openreg, a CPU kernel, a Meta
+// kernel (what FakeTensor, torch.compile and export use to learn the output's
+// shape without running it) and one Autograd kernel for every backend, whose
+// backward is made of ATen ops that each device has: without it the op records
+// no backward, and every gradient upstream of it is silently None (the CPU only
+// looked right because its kernel, at::abs, recorded one). The autograd functions of
 // OpenRegAutogradFunctions.cpp and the Python custom op of
 // torch_openreg/openreg/ops.py live in the same namespace.
 #include <ATen/ops/abs.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/sgn.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include "../runtime/OpenRegException.h"
@@ -34,6 +40,24 @@ at::Tensor custom_abs_cpu(const at::Tensor& input) { return at::abs(input); }
 
 at::Tensor custom_abs_meta(const at::Tensor& input) { return at::empty_like(input); }
 
+// d|x|/dx = sgn(x), as aten::abs's derivative (0 at 0; x / |x| for complex inputs).
+struct CustomAbs : public torch::autograd::Function<CustomAbs> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input) {
+    ctx->save_for_backward({input});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("openreg::custom_abs", "")
+                               .typed<at::Tensor(const at::Tensor&)>();
+    return op.call(input);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->get_saved_variables()[0].sgn()};
+  }
+};
+
+at::Tensor custom_abs_autograd(const at::Tensor& input) { return CustomAbs::apply(input); }
+
 }  // namespace
 
 TORCH_LIBRARY(openreg, m) {
@@ -45,5 +69,6 @@ TORCH_LIBRARY(openreg, m) {
 TORCH_LIBRARY_IMPL(openreg, PrivateUse1, m) { m.impl("custom_abs", custom_abs_openreg); }
 TORCH_LIBRARY_IMPL(openreg, CPU, m) { m.impl("custom_abs", custom_abs_cpu); }
 TORCH_LIBRARY_IMPL(openreg, Meta, m) { m.impl("custom_abs", custom_abs_meta); }
+TORCH_LIBRARY_IMPL(openreg, Autograd, m) { m.impl("custom_abs", custom_abs_autograd); }
 
 }  // namespace c10::openreg
