@@ -287,7 +287,7 @@ class TestPinnedMemory(TestCase):
         # waited for the lock, and neither ever ended.
         r = run_python(
             """
-            import os, threading, time, torch
+            import ctypes, os, threading, time, torch
 
             @torch.library.custom_op("pin_test::stage", mutates_args=(), device_types="cpu")
             def stage(x: torch.Tensor) -> torch.Tensor:
@@ -308,13 +308,24 @@ class TestPinnedMemory(TestCase):
             t.start()
             t.join(30)
             print("hung" if t.is_alive() else y.cpu().tolist(), d.cpu().sum().item(), flush=True)
+            # A copy over pinned memory that is no block in use (its owner freed) waits for its
+            # stream: it did so holding the same lock.
+            q = torch.ones(1024).pin_memory()
+            alias = torch.frombuffer((ctypes.c_float * 1024).from_address(q.data_ptr()), dtype=torch.float32)
+            del q
+            y = stage(x)
+            t = threading.Thread(target=lambda: alias.to("openreg", non_blocking=True), daemon=True)
+            t.start()
+            t.join(30)
+            print("hung" if t.is_alive() else "returned", flush=True)
             os._exit(0)
             """,
-            timeout=60,
+            timeout=90,
         )
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.split("]")[0] + "]", "[1.0, 1.0, 1.0, 1.0]")
-        self.assertEqual(float(r.stdout.split()[-1]), 1024.0)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], "[1.0, 1.0, 1.0, 1.0] 1024.0")
+        self.assertEqual(lines[1], "returned")
 
     def test_non_blocking_h2d_is_asynchronous(self):
         host = torch.ones(4 << 20).pin_memory()

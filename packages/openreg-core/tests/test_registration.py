@@ -170,6 +170,13 @@ class TestCustomOps(TestCase):
                 torch.arange(6.0).view(2, 3)
             )
             self.assertEqual(fc.weight.grad.cpu(), ref.grad)
+        # |z| is real, as torch.abs's (the openreg and meta kernels returned a complex tensor).
+        z = torch.tensor([3 + 4j, -1 + 0j])
+        for device in ("cpu", "openreg", "meta"):
+            got = torch.ops.openreg.custom_abs(z.to(device))
+            self.assertEqual(got.dtype, torch.float32)
+            if device != "meta":
+                self.assertEqual(got.cpu(), z.abs())
         x = torch.randn(4, dtype=torch.float64, device="openreg", requires_grad=True)
         torch.autograd.gradcheck(torch.ops.openreg.custom_abs, (x,))
         # opcheck's autograd-registration check knows CPU, CUDA and XPU only ("NYI devices other than

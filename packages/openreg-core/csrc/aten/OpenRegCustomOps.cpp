@@ -7,7 +7,10 @@
 // shape without running it) and one Autograd kernel for every backend, whose
 // backward is made of ATen ops that each device has: without it the op records
 // no backward, and every gradient upstream of it is silently None (the CPU only
-// looked right because its kernel, at::abs, recorded one). The autograd functions of
+// looked right because its kernel, at::abs, recorded one). torch.func
+// transforms and forward AD refuse a C++ autograd Function, as torch 2.13's
+// transforms refuse a Python custom op's register_autograd (scaled_square, ops.py).
+// The autograd functions of
 // OpenRegAutogradFunctions.cpp and the Python custom op of
 // torch_openreg/openreg/ops.py live in the same namespace.
 #include <ATen/ops/abs.h>
@@ -25,9 +28,14 @@ namespace c10::openreg {
 
 namespace {
 
+// |x| of a complex tensor is real, as torch.abs's (the output was complex here and in the meta kernel).
+at::Tensor empty_abs_result(const at::Tensor& input) {
+  return at::empty_like(input, input.options().dtype(c10::toRealValueType(input.scalar_type())));
+}
+
 at::Tensor custom_abs_openreg(const at::Tensor& input) {
   check_abs_dtype(input.scalar_type());
-  at::Tensor out = at::empty_like(input);
+  at::Tensor out = empty_abs_result(input);
   OPENREG_CHECK(::openreg::launch(current_stream_handle(input.device().index()), "openreg::custom_abs",
                                   [out = KernelTensorArg(out), in = KernelTensorArg(input)] {
                                     at::Tensor o = out.materialize();
@@ -38,7 +46,7 @@ at::Tensor custom_abs_openreg(const at::Tensor& input) {
 
 at::Tensor custom_abs_cpu(const at::Tensor& input) { return at::abs(input); }
 
-at::Tensor custom_abs_meta(const at::Tensor& input) { return at::empty_like(input); }
+at::Tensor custom_abs_meta(const at::Tensor& input) { return empty_abs_result(input); }
 
 // d|x|/dx = sgn(x), as aten::abs's derivative (0 at 0; x / |x| for complex inputs).
 struct CustomAbs : public torch::autograd::Function<CustomAbs> {

@@ -115,19 +115,31 @@ class HostCache final : public at::HostAllocator {
   // storage is the allocation, something else for a tensor made over pinned memory it does not own
   // (torch.from_numpy(pinned.numpy()), from_blob), whose block is then found by address.
   void record(const void* ptr, void* ctx, OpenRegStream stream) {
-    std::lock_guard<std::mutex> lock(mu_);
     const orStream_t handle = stream.handle();
+    bool kept = false;
+    orStatus st = orSuccess;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = record_locked(ptr, ctx, handle, &kept);
+    }
+    // Waited for without the lock, as in empty(): a kernel queued before the copy may pin memory.
+    if (!kept) protect_unrecorded(handle);
+    OPENREG_CHECK(st);
+  }
+
+  // Under mu_. *kept: an event now follows the copy on its block (or the block is kept for good, a
+  // captured copy's); otherwise the caller waits for the copy: pinned memory that is no block in
+  // use here (nothing would keep it from reuse), or an event that could not be made or recorded.
+  orStatus record_locked(const void* ptr, void* ctx, orStream_t handle, bool* kept) {
     auto own = used_.find(ctx);
     HostBlock* block = own != used_.end() ? own->second : in_use(ptr);
-    if (block == nullptr) {  // pinned, but not a block in use here: nothing keeps it, wait for the copy
-      protect_unrecorded(handle);
-      return;
-    }
+    if (block == nullptr) return orSuccess;
     int capturing = 0;
-    OPENREG_CHECK(orStreamIsCapturing(handle, &capturing));
+    if (orStatus st = orStreamIsCapturing(handle, &capturing); st != orSuccess) return st;
     if (capturing != 0) {
       block->captured = true;
-      return;
+      *kept = true;
+      return orSuccess;
     }
     auto& uses = block->uses;
     auto found = std::find_if(uses.begin(), uses.end(), [&](const auto& use) { return use.first == handle; });
@@ -140,17 +152,13 @@ class HostCache final : public at::HostAllocator {
         found->first = handle;
       } else {
         orEvent_t event = nullptr;
-        if (orStatus st = orEventCreateWithFlags(&event, orEventDisableTiming); st != orSuccess) {
-          protect_unrecorded(handle);
-          OPENREG_CHECK(st);
-        }
+        if (orStatus st = orEventCreateWithFlags(&event, orEventDisableTiming); st != orSuccess) return st;
         found = uses.emplace(uses.end(), handle, event);
       }
     }
-    if (orStatus st = orEventRecord(found->second, handle); st != orSuccess) {
-      protect_unrecorded(handle);
-      OPENREG_CHECK(st);
-    }
+    if (orStatus st = orEventRecord(found->second, handle); st != orSuccess) return st;
+    *kept = true;
+    return orSuccess;
   }
 
   void empty() {
@@ -188,8 +196,8 @@ class HostCache final : public at::HostAllocator {
  private:
   static void raw_delete(void* ptr);
 
-  // The copy is queued and no event follows it: wait for it before the caller learns of the
-  // failure, so that the block is not handed out again while the copy still reads or writes it.
+  // The copy is queued and no event follows it: wait for it (before the caller learns of a
+  // failure), so that its memory is not handed out again while the copy still reads or writes it.
   static void protect_unrecorded(orStream_t stream) { (void)orStreamSynchronize(stream); }
 
   // The block in use that holds address `p`, or nullptr. Under mu_.
