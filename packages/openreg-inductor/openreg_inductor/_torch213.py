@@ -545,6 +545,20 @@ class WrapperFixes:
         super().generate_fallback_kernel_with_runtime_lookup(*args, **kwargs)
 
 
+# 22. torch/_inductor/codegen/cpp.py, CppKernelProxy.aggregate_reduction_buffers(): asserts
+#     ``isinstance(main_loop_kernel, self.vec_kernel_cls)``, and the main loop of a kernel with a
+#     transposed access is a 2-D tile kernel: torch's CppTile2DKernel is a CppVecKernel, openreg's
+#     tile kernel class (codegen/scheduling.py, a subclass for its integer division) was not one of
+#     openreg's vector kernel class, so the backward of LayerNorm -> h @ h^T failed to compile
+#     (AssertionError). It derives from both now (a class relationship, no patching).
+#     Test: tests/test_codegen.py::TestTiledKernels::test_tile_with_a_reduction.
+# 23. torch/_inductor/codegen/cpp.py, CppKernel.codegen_conditions(): the scalar block for a 2-D
+#     tile's tail rows is narrowed to one pass over the columns only when ``type(self) is
+#     CppKernel``; openreg's scalar kernel class (a subclass) got ``x1 < <columns>``, so the block
+#     ran once per tile of columns, and an in-place update was applied that many times to those
+#     rows (with ``cpp.enable_loop_tail_vec=False``; with the default the repeated stores write the
+#     same values). openreg's class runs that method as a CppKernel (codegen/scheduling.py).
+#     Test: tests/test_codegen.py::TestTiledKernels::test_the_tail_rows_of_a_tile_run_once.
 # 21. torch/utils/_config_module.py, ConfigModule.__setattr__(): an assignment to an Inductor option
 #     is a user override held in a ContextVar, so it holds in the assigning thread only (a new
 #     thread starts without it). The graph policy graphs.install() assigned at import then held in

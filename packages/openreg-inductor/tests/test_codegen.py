@@ -176,6 +176,37 @@ class TestMutation(TestCase):
         compare_with_cpu_inductor(self, f, torch.randn(6, 7), torch.randn(6, 7))
 
 
+class TestTiledKernels(TestCase):
+    """Kernels whose main loop is a 2-D tile (a transposed access): _torch213.py, 22 and 23."""
+
+    def test_tile_with_a_reduction(self):
+        # The backward tiles a kernel that also reduces: openreg's tile kernel class was no vector
+        # kernel class, which CppKernelProxy asserts (an AssertionError at compile time).
+        def f(x, w, b):
+            h = torch.nn.functional.layer_norm(x, (16,), w, b)
+            return h @ h.transpose(-1, -2)
+
+        torch.manual_seed(0)
+        inputs = (torch.randn(3, 5, 16), torch.randn(16), torch.randn(16))
+        grads = {}
+        for device in ("cpu", "openreg"):
+            args = [t.clone().to(device).requires_grad_() for t in inputs]
+            torch.compile(f)(*args).pow(2).sum().backward()
+            grads[device] = [a.grad.cpu() for a in args]
+        for got, want in zip(grads["openreg"], grads["cpu"]):
+            self.assertEqual(got, want, atol=0, rtol=0)
+
+    def test_the_tail_rows_of_a_tile_run_once(self):
+        # The scalar block for a tile's tail rows ran once per tile of columns (3 times for 37):
+        # the in-place update was applied 3 times to them.
+        def f(x, y):
+            y.add_(x.t())
+            return y
+
+        with torch._inductor.config.patch({"cpp.enable_loop_tail_vec": False}):
+            compare_with_cpu_inductor(self, f, torch.randn(35, 37), torch.randn(37, 35))
+
+
 class TestIndirect(TestCase):
     def test_gather_embedding(self):
         emb = torch.randn(50, 16)
