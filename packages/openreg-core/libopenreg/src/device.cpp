@@ -18,11 +18,11 @@ constexpr size_t kDefaultCapacity = size_t{8} << 30;  // 8 GiB per device
 constexpr int kDefaultDeviceCount = 2;
 constexpr int kMaxDeviceCount = 64;
 // The device's kernels run on the same cores as the host, and a spinning thread may take a core
-// from a kernel's OpenMP team: an idle worker spins briefly; a waiting thread spins longer, but
-// only while the running kernels leave it a CPU (Progress::wait_for; docs/benchmarks.md, "Thread
-// budget").
+// from a kernel's OpenMP team: an idle worker spins briefly; a waiting host thread spins longer, but
+// only while the running kernels leave it a CPU, and a worker waiting for another stream 5 us at
+// most (Progress::wait_for; docs/benchmarks.md, "Thread budget").
 constexpr long kDefaultSpinUs = 20;        // an idle worker, for the next launch
-constexpr long kDefaultWaitSpinUs = 2000;  // a thread waiting for progress (host sync, stream wait)
+constexpr long kDefaultWaitSpinUs = 2000;  // a host thread waiting for progress (synchronize, a copy)
 constexpr long kMaxSpinUs = 1000000;       // a second
 
 // Parses a whole number from `lo` to `hi`. Returns false when malformed or out of range.
