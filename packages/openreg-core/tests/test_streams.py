@@ -434,7 +434,7 @@ class TestStreams(TestCase):
         with the interpreter released: a kernel written in Python runs meanwhile. With the
         interpreter held, the kernel below could not start before the host's spin gave up (1 s)."""
         code = """
-            import os, time, torch
+            import time, torch
             from test_streams import _sleep_on_device
             x = torch.zeros(1, device="openreg")
             _sleep_on_device(x, 0.0).cpu()  # a signature's first call is synchronous
@@ -443,7 +443,7 @@ class TestStreams(TestCase):
             t0 = time.perf_counter()
             torch.openreg.synchronize()
             took = time.perf_counter() - t0
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            cpus = torch.openreg.get_device_properties().multi_processor_count  # the CPUs the runtime counts
             print(cpus, torch.openreg._runtime_counters()["wait_wakeups"] - before, took)
         """
         r = run_python(code, env={"OPENREG_WAIT_SPIN_US": "1000000"})

@@ -12,7 +12,6 @@
 // Correctness never depends on timing: "work has not run yet" is established
 // with a Gate the kernel waits on and the host opens; sleeps only make
 // a missing wait more likely to show.
-#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1839,11 +1838,9 @@ TEST(stream_waiter_spins_while_cpus_are_free) {
   namespace lc = launch_context;
   CHECK_OK(orSetLaunchContextHooks(&lc::capture, &lc::apply));  // the word is the width
   CHECK_OK(orSetBlockingWaitHooks(&wait_hooks::begin, &wait_hooks::end));
-  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-#if defined(__linux__)
-  cpu_set_t set;  // the runtime counts the CPUs the process may use
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
-#endif
+  orDeviceProp prop;  // the CPUs the runtime counts (those the process may use)
+  CHECK_OK(orGetDeviceProperties(&prop, 0));
+  const int cpus = prop.multiProcessorCount;
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
   // One thread's kernel: on two CPUs or more, the host keeps one.
