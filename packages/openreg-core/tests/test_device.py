@@ -441,6 +441,32 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.stdout.strip(), "0", r.stderr)
 
+    def test_a_child_frees_inherited_tensors_used_on_other_streams(self):
+        # Freeing a block used on another stream (record_stream) records events, which the runtime
+        # refuses in the child: that threw inside the tensor's deleter and aborted the child at its
+        # exit. The child cannot use the device, so the block is dropped.
+        r = run_python(
+            """
+            import os, sys, torch
+            y, z = torch.ones(1000, device="openreg"), torch.ones(1000, device="openreg")
+            s = torch.openreg.Stream()
+            with torch.openreg.stream(s):
+                y.add_(1)
+                z.add_(1)
+            y.record_stream(s)
+            z.record_stream(s)
+            torch.openreg.synchronize()
+            pid = os.fork()
+            if pid == 0:
+                del y  # freed by hand, then z at the interpreter's exit
+                sys.exit(0)
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status), y.cpu()[:2].tolist(), z.cpu()[:2].tolist())
+            """
+        )
+        self.assertEqual(r.stdout.strip(), "0 [2.0, 2.0] [2.0, 2.0]", r.stderr)
+        self.assertNotIn("openreg allocator", r.stderr)  # the child's drop is silent
+
     def test_inherited_tensor_meets_the_runtime_guard(self):
         # a tensor made in the parent never passes torch's lazy initialisation in the child: the
         # runtime itself refuses the child's kernel (and its read-back) with orErrorForkedProcess

@@ -174,6 +174,57 @@ class TestCachingAllocator(TestCase):
         self.assertIn("16.00 MiB allocated by PyTorch", r.stdout)
         self.assertIn("after: 8.0 16777216", r.stdout)
 
+    def test_cache_releases_wait_without_the_cache_lock(self):
+        # empty_cache() and the out-of-memory retry wait for the device. They did so holding the
+        # device cache's lock, while a thread freeing or allocating a storage (which keeps the GIL)
+        # waited for that lock and a queued kernel written in Python waited for the GIL: a deadlock.
+        r = run_python(
+            """
+            import faulthandler, threading, time, torch
+            MiB = 1 << 20
+
+            @torch.library.custom_op("memtest::slow", mutates_args=(), device_types="cpu")
+            def slow(x: torch.Tensor) -> torch.Tensor:
+                time.sleep(0.3)  # the GIL is released while it sleeps and needed again to return
+                return x.clone()
+
+            @slow.register_fake
+            def _(x):
+                return torch.empty_like(x)
+
+            x = torch.ones(4, device="openreg")
+            slow(x).cpu()  # a signature's first call is synchronous
+            faulthandler.dump_traceback_later(60, exit=True)  # a deadlock fails the test, not the run
+
+            def race(release):
+                victim = torch.UntypedStorage(4000, device="openreg")
+                y = slow(x)  # queued: runs on the stream's worker for 0.3 s
+                t = threading.Thread(target=release)
+                t.start()
+                time.sleep(0.1)
+                del victim  # needs the cache's lock, with the GIL held
+                t.join()
+                return y.cpu().tolist()
+
+            big = torch.empty(8 * MiB, dtype=torch.uint8, device="openreg")
+            del big  # a cached segment for empty_cache to give back
+            print("empty_cache:", race(torch.openreg.empty_cache), torch.openreg.memory_reserved() < 8 * MiB)
+
+            s = torch.openreg.Stream()
+            with torch.openreg.stream(s):
+                cached = torch.empty(30 * MiB, dtype=torch.uint8, device="openreg")
+            del cached  # in s's pool: only the retry of an allocation that finds the device full frees it
+            got = []
+            print("retry:", race(lambda: got.append(torch.empty(30 * MiB, dtype=torch.uint8, device="openreg"))),
+                  torch.openreg.memory_stats()["num_alloc_retries"], got[0].numel() == 30 * MiB)
+            """,
+            env={"OPENREG_DEVICE_MEMORY": "48M"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.splitlines(), ["empty_cache: [1.0, 1.0, 1.0, 1.0] True", "retry: [1.0, 1.0, 1.0, 1.0] 1 True"]
+        )
+
     def test_out_of_memory_beyond_the_capacity_names_the_request(self):
         # The runtime clamps a request beyond the device's capacity before it looks for a block:
         # its part of the message named the clamped size (8192.00 MiB for a 1 TiB request).

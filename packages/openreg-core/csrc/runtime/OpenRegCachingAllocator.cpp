@@ -12,6 +12,10 @@
 // used on other streams too (record_stream) is only returned to its pool
 // after events recorded on those streams have completed.
 //
+// Blocks allocated during a graph capture belong to the graph's pool until the graph is reset; one
+// freed meanwhile is reused only by later allocations of captures into that pool (CUDA's private
+// pools).
+//
 // When the runtime is out of memory, the free-memory callbacks give back
 // memory held outside the cache (if they hold any), then the cache is
 // released and the allocation retried once; then torch.OutOfMemoryError is
@@ -60,6 +64,7 @@ struct Block {
   bool allocated = false;
   int pending_events = 0;
   uint64_t graph = 0;     // allocated during the capture of this graph: kept until the graph is reset
+  bool pooled = false;    // freed, in its graph's pool (graph_free_): captures into that pool may reuse it
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
   std::vector<c10::Stream> stream_uses;
@@ -100,6 +105,11 @@ FreeMemoryCallbacks& free_memory_callbacks() {
 }
 thread_local bool t_after_callbacks = false;
 struct FreeMemoryFirst {};
+// An allocation that finds the device full gives up with ReleaseCacheFirst (its cache's lock is
+// then released), allocate() empties the cache and asks again; t_after_release marks that request,
+// which raises OutOfMemoryError if the device is still full.
+thread_local bool t_after_release = false;
+struct ReleaseCacheFirst {};
 
 std::vector<FreeMemoryCallback> callbacks() {
   auto& registry = free_memory_callbacks();
@@ -117,6 +127,12 @@ bool run_free_memory_callbacks() {
   bool freed = false;
   for (const auto& cb : callbacks()) freed = cb.free_memory() || freed;
   return freed;
+}
+
+// In a child forked after the parent used the runtime, which refuses every call there.
+bool forked_child() {
+  int device = 0;
+  return orGetDevice(&device) == orErrorForkedProcess;
 }
 
 std::string format_size(size_t bytes) {
@@ -146,7 +162,12 @@ class DeviceCache {
     const size_t size = round_size(requested);
     const bool small = size <= kSmallSize;
     Block* block = nullptr;
-    if (recent_ != nullptr && recent_->stream == stream && recent_->size == size) {
+    uint64_t capture = 0;
+    if (!capturing_.empty())
+      if (auto c = capturing_.find(stream); c != capturing_.end()) capture = c->second;
+    if (capture != 0 && (block = from_graph_pool(capture, size, stream)) != nullptr) {
+      // reused inside its graph pool (already counted inactive, see free)
+    } else if (recent_ != nullptr && recent_->stream == stream && recent_->size == size) {
       std::swap(block, recent_);
     } else {
       settle();
@@ -160,8 +181,7 @@ class DeviceCache {
     update(stats_.active_bytes, small, static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, small, static_cast<int64_t>(requested));
     live_.emplace(block->ptr, block);
-    if (!capturing_.empty())
-      if (auto c = capturing_.find(stream); c != capturing_.end()) block->graph = c->second;
+    if (capture != 0) block->graph = capture;
     *usage = current_usage();
     return block;
   }
@@ -180,11 +200,34 @@ class DeviceCache {
     update(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
     *usage = current_usage();
     if (block->graph != 0) {  // a captured graph may still read or write it when replayed
-      retained_[block->graph].push_back(block);
+      if (block->stream_uses.empty()) {
+        // Into the graph's pool, as CUDA's private pools: a later allocation of a capture into that
+        // pool, on the same stream, may take it, since a replay runs the captured work in the
+        // order it was captured. Only such allocations: any other user could run beside a replay.
+        deactivate(block);
+        block->pooled = true;
+        graph_free_[block->graph].push_back(block);
+      } else {  // used on other streams too: kept whole until the graph is reset
+        retained_[block->graph].push_back(block);
+      }
       return size;
     }
     if (!block->stream_uses.empty()) {
-      insert_events(block);  // not reusable until the other streams' work queued so far is done
+      // Not reusable until the other streams' work queued so far is done. This runs in a tensor's
+      // deleter, which must not throw (the process would end): if the runtime refuses the events,
+      // the block is never reused (a hold nothing gives back), as nothing tells when those streams
+      // are done with it. That is every such free in a child forked after the parent used the
+      // device (lazy-init-fork.md): its exit freed the inherited tensors and aborted.
+      try {
+        insert_events(block);
+      } catch (const c10::Error& e) {
+        block->pending_events++;
+        if (!forked_child())
+          TORCH_WARN(
+              "openreg allocator: a freed block used on other streams (record_stream) could not wait for "
+              "them and is not reused: ",
+              e.what_without_backtrace());
+      }
       return size;
     }
     deactivate(block);
@@ -283,6 +326,14 @@ class DeviceCache {
     pool_users_.erase(id);
     for (auto& [ptr, block] : live_)
       if (block->graph == id) block->graph = 0;  // still in use by tensors: ordinary from now on
+    if (auto pooled = graph_free_.find(id); pooled != graph_free_.end()) {
+      for (Block* block : pooled->second) {  // inactive already
+        block->graph = 0;
+        block->pooled = false;
+        release_to_pool(block);
+      }
+      graph_free_.erase(pooled);
+    }
     auto it = retained_.find(id);
     if (it == retained_.end()) return;
     for (Block* block : it->second) {
@@ -302,14 +353,36 @@ class DeviceCache {
 
   // A failed kernel reported by the waits is returned, for the caller to raise once every device's
   // cache is empty.
+  // Nothing waits for the device under mu_: a thread that frees or allocates a tensor holding
+  // Python's GIL (a storage's deallocation does) blocks on mu_, and a queued kernel written in
+  // Python needs that GIL to end, so a wait under mu_ for that kernel never ended. The events of
+  // record_stream frees are copied out and waited for without the lock, then the whole free
+  // segments are taken out of the pools under it and returned to the runtime (orFree waits for
+  // the device) without it.
   FirstFailure empty_cache() {
-    std::lock_guard<std::mutex> lock(mu_);
-    settle();
     FirstFailure failure;
-    synchronize_pending(failure);
-    process_events();
-    release_cached(small_pool_);
-    release_cached(large_pool_);
+    std::vector<orEvent_t> events;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      settle();
+      if (!needs_events_.empty()) retry_needs_events();
+      for (const auto& [stream, queue] : pending_)
+        for (const auto& [event, block] : queue) events.push_back(event);
+    }
+    // process_events (another thread's) destroys an event once it completed; a wait on it then
+    // finds an invalid handle (handles are never reused as they were), which is no failure.
+    for (orEvent_t event : events) {
+      const orStatus st = orEventSynchronize(event);
+      if (st != orErrorInvalidResourceHandle) failure.note(st);
+    }
+    std::vector<void*> segments;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      process_events();
+      detach_segments(small_pool_, segments);
+      detach_segments(large_pool_, segments);
+    }
+    free_segments(segments, failure);
     return failure;
   }
 
@@ -354,7 +427,8 @@ class DeviceCache {
         info.size = b->size;
         info.requested_size = b->allocated ? b->requested : 0;
         info.allocated = b->allocated;
-        info.active = b->allocated || b->pending_events > 0 || b->graph != 0;  // freed, kept for a graph
+        // freed and kept for a graph: active, unless free in its graph's pool
+        info.active = b->allocated || b->pending_events > 0 || (b->graph != 0 && !b->pooled);
         seg.total_size += b->size;
         if (info.allocated) {
           seg.allocated_size += b->size;
@@ -379,18 +453,12 @@ class DeviceCache {
       exchange_device(previous);
       throw FreeMemoryFirst{};
     }
-    if (st == orErrorMemoryAllocation) {
-      // Give the cache back and try once more.
+    if (st == orErrorMemoryAllocation && !t_after_release) {
+      // Give the cache back and try once more: allocate() empties this cache (waiting for the
+      // device without mu_, see empty_cache) and asks again.
       stats_.num_alloc_retries++;
-      FirstFailure failure;  // a kernel that failed meanwhile: reported here, as by any synchronising call
-      synchronize_pending(failure);
-      process_events();
-      release_cached(small_pool_);
-      release_cached(large_pool_);
       exchange_device(previous);
-      failure.raise();
-      exchange_device(device_);
-      st = orMalloc(&ptr, bytes);
+      throw ReleaseCacheFirst{};
     }
     exchange_device(previous);
     if (st == orErrorMemoryAllocation) {
@@ -406,8 +474,9 @@ class DeviceCache {
       // Freed blocks a graph may replay into are neither allocated nor releasable: only resetting
       // the graph gives them back, which the usual advice does not say.
       size_t kept_for_graphs = 0;
-      for (const auto& [graph, blocks] : retained_)
-        for (const Block* b : blocks) kept_for_graphs += b->size;
+      for (const auto* kept : {&retained_, &graph_free_})
+        for (const auto& [graph, blocks] : *kept)
+          for (const Block* b : blocks) kept_for_graphs += b->size;
       const std::string graphs =
           kept_for_graphs == 0 ? std::string()
                                : format_size(kept_for_graphs) +
@@ -427,6 +496,27 @@ class DeviceCache {
     update(stats_.reserved_bytes, small, static_cast<int64_t>(bytes));
     Block* block = new_block(stream, bytes, static_cast<char*>(ptr), small);
     segments_.insert(block);
+    return block;
+  }
+
+  // The smallest free block of graph pool `id` on `stream` that holds `size` bytes without wasting
+  // more than half of it (blocks of a graph pool are neither split nor merged); null if none.
+  Block* from_graph_pool(uint64_t id, size_t size, orStream_t stream) {
+    auto it = graph_free_.find(id);
+    if (it == graph_free_.end()) return nullptr;
+    auto& blocks = it->second;
+    size_t best = blocks.size();
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Block* b = blocks[i];
+      if (b->stream == stream && b->size >= size && b->size / 2 <= size &&
+          (best == blocks.size() || b->size < blocks[best]->size))
+        best = i;
+    }
+    if (best == blocks.size()) return nullptr;
+    Block* block = blocks[best];
+    blocks[best] = blocks.back();
+    blocks.pop_back();
+    block->pooled = false;
     return block;
   }
 
@@ -521,14 +611,9 @@ class DeviceCache {
     }
   }
 
-  // Waits for every event, those of blocks whose capture has ended since their free included.
-  void synchronize_pending(FirstFailure& failure) {
-    if (!needs_events_.empty()) retry_needs_events();
-    for (auto& [stream, queue] : pending_)
-      for (auto& [event, block] : queue) failure.note(orEventSynchronize(event));
-  }
-
-  void release_cached(Pool& pool) {
+  // Takes the pool's whole free segments out of the cache (under mu_) and appends their addresses
+  // to `out`, for free_segments to give back to the runtime once mu_ is released.
+  void detach_segments(Pool& pool, std::vector<void*>& out) {
     for (auto it = pool.begin(); it != pool.end();) {
       Block* block = *it;
       if (!block->is_segment()) {
@@ -537,12 +622,20 @@ class DeviceCache {
       }
       it = pool.erase(it);
       segments_.erase(block);
-      OPENREG_CHECK(orFree(block->ptr));
+      out.push_back(block->ptr);
       stats_.num_device_free++;
       update(stats_.segment, block->small, -1);
       update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
       recycle(block);
     }
+  }
+
+  // Without mu_: orFree waits for the device.
+  void free_segments(const std::vector<void*>& segments, FirstFailure& failure) {
+    if (segments.empty()) return;
+    const auto previous = exchange_device(device_);
+    for (void* ptr : segments) failure.note(orFree(ptr));
+    exchange_device(previous);
   }
 
   // Block records and pool nodes are recycled: splitting a block and merging it back is
@@ -637,9 +730,10 @@ class DeviceCache {
   std::unordered_map<orStream_t, std::deque<std::pair<orEvent_t, Block*>>> pending_;
   ska::flat_hash_map<void*, Block*> live_;  // allocated blocks by address
   std::unordered_map<orStream_t, uint64_t> capturing_;
-  std::unordered_map<uint64_t, std::vector<Block*>> retained_;  // freed blocks a graph may still use
-  std::unordered_map<uint64_t, int> pool_users_;                // graph pool -> captures begun on it and not yet reset
-  std::vector<Block*> needs_events_;  // freed while a stream that used them captures (see insert_events)
+  std::unordered_map<uint64_t, std::vector<Block*>> retained_;    // freed blocks a graph may still use
+  std::unordered_map<uint64_t, std::vector<Block*>> graph_free_;  // freed blocks of a graph pool (see free)
+  std::unordered_map<uint64_t, int> pool_users_;  // graph pool -> captures begun on it and not yet reset
+  std::vector<Block*> needs_events_;              // freed while a stream that used them captures (see insert_events)
   DeviceStats stats_;
 };
 
@@ -657,15 +751,26 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
                 "openreg's allocator seems to have been called with a negative number of bytes: ", n);
     DeviceCache::Usage usage;
     Block* block = nullptr;
-    try {
-      block = cache(device).malloc(n, current_stream_handle(device), &usage);
-    } catch (const FreeMemoryFirst&) {
-      run_free_memory_callbacks();
-      struct Retry {
-        Retry() { t_after_callbacks = true; }
-        ~Retry() { t_after_callbacks = false; }
-      } retry;
-      block = cache(device).malloc(n, current_stream_handle(device), &usage);
+    // At most three requests: the free-memory callbacks run first if they hold memory, then the
+    // cache is emptied (see new_segment).
+    struct Flag {  // set for the rest of this allocation, then as it was
+      bool& flag;
+      const bool before;
+      explicit Flag(bool& f) : flag(f), before(f) {}
+      void set() { flag = true; }
+      ~Flag() { flag = before; }
+    } after_callbacks(t_after_callbacks), after_release(t_after_release);
+    while (block == nullptr) {
+      try {
+        block = cache(device).malloc(n, current_stream_handle(device), &usage);
+      } catch (const FreeMemoryFirst&) {
+        run_free_memory_callbacks();
+        after_callbacks.set();
+      } catch (const ReleaseCacheFirst&) {
+        // A kernel that failed meanwhile is reported here, as by any synchronising call.
+        cache(device).empty_cache().raise();
+        after_release.set();
+      }
     }
     // As CUDA's allocator: torch.profiler(profile_memory=True) records each allocation and free
     // (a no-op unless this thread is being profiled). Outside the cache's lock.
