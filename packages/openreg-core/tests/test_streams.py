@@ -454,6 +454,39 @@ class TestStreams(TestCase):
         if int(cpus) >= 2:
             self.assertEqual(int(woken), 0)  # spun: never went to sleep
 
+    def test_a_kernel_that_synchronizes_its_own_device_fails_instead_of_hanging(self):
+        # A custom op's CPU body runs on the stream's worker; torch.openreg.synchronize() there waits
+        # for that stream, which waited for itself forever. The runtime refuses the wait (as CUDA
+        # refuses runtime calls from a host function on a stream): the kernel fails, and the next
+        # synchronising call names it.
+        r = run_python(
+            """
+            import torch
+
+            @torch.library.custom_op("streamtest::syncs", mutates_args=(), device_types="cpu")
+            def syncs(x: torch.Tensor, wait: bool) -> torch.Tensor:
+                if wait:
+                    torch.openreg.synchronize()
+                return x + 1
+
+            @syncs.register_fake
+            def _(x, wait):
+                return torch.empty_like(x)
+
+            x = torch.arange(4.0, device="openreg")
+            print(syncs(x, False).cpu().tolist())
+            for call in range(2):  # a signature's first call is synchronous, the second queued
+                try:
+                    syncs(x, True).cpu()
+                except RuntimeError as e:
+                    print(call, "orErrorNotPermitted: orDeviceSynchronize was called from a kernel" in str(e))
+            print(syncs(x, False).cpu().tolist())  # the stream still runs
+            """,
+            timeout=60,
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines(), ["[1.0, 2.0, 3.0, 4.0]", "0 True", "1 True", "[1.0, 2.0, 3.0, 4.0]"])
+
 
 def _large() -> torch.Tensor:
     """A tensor whose kernels are not small (their tensor arguments reach the limit for one thread)."""

@@ -486,6 +486,8 @@ PYBIND11_MODULE(_C, m) {
     out["memcpy_on_caller"] = c.memcpyOnCaller;
     out["events_created"] = c.eventsCreated;
     out["events_destroyed"] = c.eventsDestroyed;
+    out["streams_created"] = c.streamsCreated;
+    out["streams_destroyed"] = c.streamsDestroyed;
     return out;
   });
 

@@ -160,10 +160,7 @@ orStatus get_device(int index, Device** out) {
       dev.free_blocks[0] = rt.capacity;
       uintptr_t handle = 0;
       Stream* s = rt.streams.acquire(&handle);
-      s->handle = handle;
-      s->device = index;
-      s->priority = 0;
-      s->is_default = true;
+      s->init(handle, index, 0, /*default_stream=*/true);
       dev.default_stream = reinterpret_cast<orStream_t>(handle);
       dev.streams.push_back(s);
       dev.ready.store(true, std::memory_order_release);
@@ -281,6 +278,7 @@ orStatus orDeviceSynchronize(void) {
   if (orStatus st = check_runtime()) return st;
   Device* dev = nullptr;
   if (orStatus st = current_device(&dev)) return st;
+  if (orStatus st = refuse_wait_from_kernel("orDeviceSynchronize", nullptr, dev->index)) return st;
   // As cudaDeviceSynchronize: waiting for a stream that records into a graph cannot be done.
   orStatus refused = orSuccess;
   for (Stream* s : streams_of(*dev)) {  // every capture of the device is invalidated
@@ -316,6 +314,8 @@ orStatus orGetCounters(orRuntimeCounters* out) {
   out->memcpyOnCaller = c.copies_on_caller.load();
   out->eventsCreated = c.events_created.load();
   out->eventsDestroyed = c.events_destroyed.load();
+  out->streamsCreated = c.streams_created.load();
+  out->streamsDestroyed = c.streams_destroyed.load();
   return orSuccess;
 }
 

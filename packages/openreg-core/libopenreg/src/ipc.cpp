@@ -152,6 +152,7 @@ orStatus orIpcCloseMemHandle(void* dev_ptr) {
   if (device < 0) return fail(orErrorInvalidDevicePointer, "pointer was not returned by orIpcOpenMemHandle");
   Device* dev = nullptr;
   if (orStatus st = get_device(device, &dev)) return st;
+  if (orStatus st = refuse_wait_from_kernel("orIpcCloseMemHandle", nullptr)) return st;
   wait_for_all_devices();  // as orFree: queued work, on any device, may still use the memory
   std::lock_guard<std::mutex> lock(rt.imports_mu);
   for (auto it = rt.imports.begin(); it != rt.imports.end(); ++it) {

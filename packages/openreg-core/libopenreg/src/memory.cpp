@@ -135,6 +135,8 @@ void delete_args(void* p) {
 // Enqueues a copy. `blocking`: wait for it; `sync`: also report device errors.
 orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream, bool sync) {
   if (orStatus st = check_runtime()) return st;
+  if (kind < orMemcpyHostToHost || kind > orMemcpyDefault)
+    return fail(orErrorInvalidMemcpyDirection, "unknown copy kind " + std::to_string(static_cast<int>(kind)));
   if (count == 0) return orSuccess;
   if (dst == nullptr || src == nullptr) return fail(orErrorInvalidValue, "NULL pointer in memcpy");
   Location d, s;
@@ -154,12 +156,14 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   if (orStatus st = resolve_stream(stream, &str)) return st;
   const bool pageable = (!dd && d.type == orMemoryTypeUnregistered) || (!sd && s.type == orMemoryTypeUnregistered);
   const bool blocking = sync || pageable;  // the call returns once the copy is done
-  if (blocking)
+  if (blocking) {
     if (orStatus st = refuse_while_capturing(
             *str,
             "a copy that must finish before the call returns (synchronous, or to/from pageable host memory) "
             "cannot be captured into a graph; use pinned memory and an asynchronous copy"))
       return st;
+    if (orStatus st = refuse_wait_from_kernel("orMemcpy", str)) return st;
+  }
   Counters& c = runtime().counters;
   switch (actual) {
     case orMemcpyHostToDevice:
@@ -203,6 +207,7 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
       item.fn = failed_copy_kernel;
     }
   uint64_t seq = str->enqueue(item);
+  if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   if (blocking) str->completed.wait_for(seq);
   return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
 }
@@ -215,14 +220,17 @@ orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool syn
   if (d.type != orMemoryTypeDevice) return fail(orErrorInvalidDevicePointer, "memset needs device memory");
   Stream* str = nullptr;
   if (orStatus st = resolve_stream(stream, &str)) return st;
-  if (sync)
+  if (sync) {
     if (orStatus st = refuse_while_capturing(*str, "a synchronous memset cannot be captured into a graph")) return st;
+    if (orStatus st = refuse_wait_from_kernel("orMemset", str)) return st;
+  }
   WorkItem item;
   item.fn = set_kernel;
   item.args = new SetArgs{kernel_address(d, dev_ptr), value, count};
   item.deleter = delete_args<SetArgs>;
   item.name = "openreg::memset";
   uint64_t seq = str->enqueue(item);
+  if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   if (!sync) return orSuccess;
   str->completed.wait_for(seq);
   return take_device_error(runtime().devices[str->device]);
@@ -281,6 +289,7 @@ orStatus orFree(void* ptr) {
   if (dev == nullptr) return fail(orErrorInvalidDevicePointer, "pointer " + hex(ptr) + " is not openreg device memory");
   // As cudaFree: queued work may still use the memory, also on another device's streams (a
   // device-to-device copy queued there reads or writes it).
+  if (orStatus st = refuse_wait_from_kernel("orFree", nullptr)) return st;
   wait_for_all_devices();
   std::lock_guard<std::mutex> lock(dev->mem_mu);
   size_t off = static_cast<char*>(ptr) - dev->arena.device_view;
@@ -343,6 +352,7 @@ orStatus orFreeHost(void* ptr) {
     if (it == rt.host_blocks.end())
       return fail(orErrorInvalidValue,
                   "pointer " + hex(ptr) + " is not pinned memory from orMallocHost (freed twice?)");
+    if (orStatus st = refuse_wait_from_kernel("orFreeHost", nullptr)) return st;
     bytes = it->second;
     rt.host_blocks.erase(it);
   }

@@ -183,6 +183,9 @@ struct WorkItem {
 
 struct Graph {
   int device = 0;
+  uintptr_t handle = 0;  // its orGraph_t: never reused, so a destroyed graph's handle names no other
+  // Calls using the graph through its handle (orGraphLaunch, ...): orGraphDestroy waits for them.
+  std::atomic<int> users{0};
   std::vector<WorkItem> items;  // owned: deleters run when the last reference goes
   // Graphs replayed while this one was captured: their items are in `items` without deleters
   // (the child keeps owning its arguments), so each child stays until this graph goes.
@@ -209,6 +212,7 @@ struct Stream {
   uint64_t room_until = 0;  // items up to this sequence number fit in the ring (a cached bound)
   bool sleeping = false;    // the worker waits on work_cv
   bool has_worker = false;
+  bool dying = false;        // orStreamDestroy is draining it: launches are refused (see enqueue)
   Graph* capture = nullptr;  // non-null while the stream records into a graph
   // Since the last item that is neither an event record nor a wait (its sequence number): the
   // waits queued, for Forward.
@@ -228,7 +232,9 @@ struct Stream {
   alignas(64) Progress completed;                  // written by the worker
 
   // Returns the item's sequence number; while capturing, records the item instead and returns 0.
-  // `forward` (for an event record) receives what the item waits for on this stream.
+  // `forward` (for an event record) receives what the item waits for on this stream. A stream being
+  // destroyed refuses it: its deleter runs at once and kRefused is returned.
+  static constexpr uint64_t kRefused = UINT64_MAX;
   uint64_t enqueue(const WorkItem& item, Forward* forward = nullptr);
   bool capturing() {
     std::lock_guard<std::mutex> lock(mu);
@@ -246,6 +252,17 @@ struct Stream {
     return true;
   }
 
+  // Sets up a fresh or recycled slot (orStreamCreate*, a device's default stream). A recycled slot's
+  // destroy has ended: its `dying` is cleared here, or the stream would refuse every launch.
+  void init(uintptr_t h, int dev, int prio, bool default_stream) {
+    handle = h;
+    device = dev;
+    priority = prio;
+    is_default = default_stream;
+    std::lock_guard<std::mutex> lock(mu);
+    dying = false;
+  }
+
  private:
   void worker_loop();
 };
@@ -257,10 +274,12 @@ struct Event {
   std::mutex record_mu;
   std::atomic<bool> timing{true};
   std::atomic<int> device{-1};
-  std::atomic<uint64_t> recorded{0};  // generation of the last orEventRecord
-  Progress completed;                 // generation that last ran
-  std::atomic<uint64_t> time_ns{0};   // when the last record ran
-  Forward forward;                    // under record_mu: what the last record waits for
+  std::atomic<uint64_t> recorded{0};     // generation of the last orEventRecord
+  Progress completed;                    // generation that last ran
+  std::atomic<uint64_t> time_ns{0};      // when the last record ran
+  Forward forward;                       // under record_mu: what the last record waits for
+  std::atomic<Stream*> stream{nullptr};  // where the last record was queued
+  uint64_t time_generation = 0;          // under record_mu: the record whose time time_ns is
 };
 
 // A destroyed event's slot is recycled only after its queued records ran: orEventCreate marks a
@@ -295,7 +314,8 @@ struct Device {
 
 struct Counters {
   std::atomic<uint64_t> kernels{0}, h2d{0}, d2h{0}, d2d{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, mallocs{0},
-      frees{0}, wait_wakeups{0}, graphs{0}, graph_items{0}, copies_on_caller{0}, events_created{0}, events_destroyed{0};
+      frees{0}, wait_wakeups{0}, graphs{0}, graph_items{0}, copies_on_caller{0}, events_created{0}, events_destroyed{0},
+      streams_created{0}, streams_destroyed{0};
 };
 
 // Device memory of another process, mapped here by orIpcOpenMemHandle.
@@ -347,6 +367,10 @@ orStatus resolve_stream(orStream_t handle, Stream** out);
 // While `s` captures: invalidates its capture (see Graph::invalidated_by) and returns the refusal,
 // orErrorStreamCaptureUnsupported with `message`; otherwise orSuccess.
 orStatus refuse_while_capturing(Stream& s, const std::string& message);
+// A call from a kernel that would wait for the stream running that kernel (`target`, or with
+// target null every stream of `device`, or of every device if device < 0) would wait for itself:
+// refused with orErrorNotPermitted, as CUDA refuses runtime calls from a host function on a stream.
+orStatus refuse_wait_from_kernel(const char* call, const Stream* target, int device = -1);
 orStatus resolve_event(orEvent_t handle, Event** out);
 
 // Records a kernel failure on its device.

@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime_internal.h"
@@ -34,6 +36,7 @@ namespace openreg::rt {
 
 namespace {
 thread_local bool t_in_kernel = false;
+thread_local const Stream* t_running_stream = nullptr;  // while t_in_kernel: the kernel's stream
 // CPU threads that running kernels occupy: each running kernel counts its width, the threads
 // of its parallel team (orLaunchContextApply's result; 1 without launch-context hooks). A
 // waiting host thread spins only while these and the spinning waiters, itself included, fit on
@@ -167,7 +170,16 @@ struct RecordArgs {
 
 orStatus record_kernel(void* p) {
   auto* a = static_cast<RecordArgs*>(p);
-  a->event->time_ns.store(platform::now_ns(), std::memory_order_relaxed);
+  {
+    // An earlier record of the event, queued on a busier stream, may run after a later one: the
+    // event's time is its last record's (cudaEventRecord overwrites the earlier state), so an
+    // earlier record does not overwrite it. record_mu is never held across a wait.
+    std::lock_guard<std::mutex> lock(a->event->record_mu);
+    if (a->generation > a->event->time_generation) {
+      a->event->time_ns.store(platform::now_ns(), std::memory_order_relaxed);
+      a->event->time_generation = a->generation;
+    }
+  }
   a->event->completed.advance_to(a->generation);
   return orSuccess;
 }
@@ -184,6 +196,11 @@ void delete_wait_args(void* p) { delete static_cast<WaitTarget*>(p); }
 
 uint64_t Stream::enqueue(const WorkItem& in, Forward* forward) {
   std::unique_lock<std::mutex> lock(mu);
+  if (dying) {  // orStreamDestroy drains only what was queued before it began
+    lock.unlock();
+    if (in.deleter) in.deleter(in.args);
+    return kRefused;
+  }
   if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
     capture->items.push_back(in);
     return 0;
@@ -262,6 +279,7 @@ void Stream::worker_loop() {
     // Device code sees the stream's device as current, as on a real device.
     current_device_index() = device;
     t_in_kernel = true;
+    t_running_stream = this;
     t_kernel_error.clear();
     orStatus st = orSuccess;
     // An injected fault (faults.cpp) may delay the item or fail it instead of running it.
@@ -299,6 +317,7 @@ void Stream::worker_loop() {
       }
     }
     t_in_kernel = false;
+    t_running_stream = nullptr;
     if (item.traced) trace_record(*this, item, start_ns, platform::now_ns());
     if (st != orSuccess)
       record_kernel_error(device, item.name, t_kernel_error.empty() ? orGetErrorName(st) : t_kernel_error.c_str());
@@ -331,16 +350,37 @@ std::mutex& graphs_mu() {
   return *mu;
 }
 
-std::set<Graph*>& live_graphs() {
-  static auto* graphs = new std::set<Graph*>();
+// Live graphs by handle (under graphs_mu). A handle is a number never handed out twice (odd, so
+// never NULL), not the Graph's address, which a later graph may get: a destroyed graph's handle
+// must be refused, not name that graph.
+std::unordered_map<uintptr_t, Graph*>& live_graphs() {
+  static auto* graphs = new std::unordered_map<uintptr_t, Graph*>();
   return *graphs;
 }
 
-orStatus resolve_graph(orGraph_t handle, Graph** out) {
+uintptr_t next_graph_handle() {
+  static std::atomic<uintptr_t> next{1};
+  return next.fetch_add(2, std::memory_order_relaxed);
+}
+
+// The graph behind `handle`, counted as in use (Graph::users) until the GraphUse goes: orGraphDestroy
+// of the same graph on another thread waits for that before it deletes the graph.
+struct GraphUse {
+  Graph* g = nullptr;
+  GraphUse() = default;
+  GraphUse(const GraphUse&) = delete;
+  GraphUse& operator=(const GraphUse&) = delete;
+  ~GraphUse() {
+    if (g != nullptr) g->users.fetch_sub(1, std::memory_order_release);
+  }
+};
+
+orStatus resolve_graph(orGraph_t handle, GraphUse* use) {
   std::lock_guard<std::mutex> lock(graphs_mu());
-  auto* g = reinterpret_cast<Graph*>(handle);
-  if (live_graphs().count(g) == 0) return fail(orErrorInvalidResourceHandle, "the graph is unknown or was destroyed");
-  *out = g;
+  auto it = live_graphs().find(reinterpret_cast<uintptr_t>(handle));
+  if (it == live_graphs().end()) return fail(orErrorInvalidResourceHandle, "the graph is unknown or was destroyed");
+  use->g = it->second;
+  use->g->users.fetch_add(1, std::memory_order_relaxed);
   return orSuccess;
 }
 
@@ -350,6 +390,16 @@ void release_graph(Graph* g) {
     if (item.deleter) item.deleter(item.args);
   for (Graph* child : g->children) release_graph(child);
   delete g;
+}
+
+orStatus refuse_wait_from_kernel(const char* call, const Stream* target, int device) {
+  const Stream* running = t_running_stream;
+  if (running == nullptr) return orSuccess;
+  const bool waits_for_itself = target != nullptr ? target == running : (device < 0 || device == running->device);
+  if (!waits_for_itself) return orSuccess;
+  return fail(orErrorNotPermitted, std::string(call) +
+                                       " was called from a kernel and would wait for the stream running that "
+                                       "kernel, which never ends while it waits: wait on the host instead");
 }
 
 orStatus refuse_while_capturing(Stream& s, const std::string& message) {
@@ -363,13 +413,14 @@ orStatus refuse_while_capturing(Stream& s, const std::string& message) {
 
 namespace {
 
-void enqueue_wait(Stream& s, Progress* progress, uint64_t value) {
+// false: the stream is being destroyed.
+bool enqueue_wait(Stream& s, Progress* progress, uint64_t value) {
   WorkItem item;
   item.fn = wait_kernel;
   item.args = new WaitTarget{progress, value};
   item.deleter = delete_wait_args;
   item.name = "openreg::wait_event";
-  s.enqueue(item);
+  return s.enqueue(item) != Stream::kRefused;
 }
 
 orStatus event_device_error(Event& e) {
@@ -425,17 +476,17 @@ orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int flags, int 
   uintptr_t handle = 0;
   Stream* s = runtime().streams.acquire(&handle);
   if (s == nullptr) return fail(orErrorMemoryAllocation, "too many streams");
-  s->handle = handle;
-  s->device = dev->index;
   // As on CUDA, priorities outside the range are clamped to it.
-  s->priority = priority > kLeastPriority      ? kLeastPriority
-                : priority < kGreatestPriority ? kGreatestPriority
-                                               : priority;
-  s->is_default = false;
+  s->init(handle, dev->index,
+          priority > kLeastPriority      ? kLeastPriority
+          : priority < kGreatestPriority ? kGreatestPriority
+                                         : priority,
+          /*default_stream=*/false);
   {
     std::lock_guard<std::mutex> lock(dev->streams_mu);
     dev->streams.push_back(s);
   }
+  runtime().counters.streams_created.fetch_add(1, std::memory_order_relaxed);
   *stream = reinterpret_cast<orStream_t>(handle);
   return orSuccess;
 }
@@ -446,17 +497,25 @@ orStatus orStreamDestroy(orStream_t stream) {
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
   if (s->is_default) return fail(orErrorInvalidResourceHandle, "the default stream cannot be destroyed");
-  // Drain and unlink the stream before its slot is released: once released, the
-  // slot can be recycled by another thread for another device, and work still
-  // queued here would run as that device (and s->device would be rewritten).
-  s->synchronize();
+  if (orStatus st = refuse_wait_from_kernel("orStreamDestroy", s)) return st;
+  // From here the stream refuses launches (`dying`): work launched while it drains was left
+  // behind, unlinked, and device synchronisation and orFree no longer waited for it. One destroy
+  // wins: a second one (of the same handle, checked under the lock, since the slot may have been
+  // recycled meanwhile) is refused.
   // A capture in progress ends with the stream, its graph discarded (as CUDA invalidates it): the
   // slot is recycled for the next stream created, which must not start out capturing.
   Graph* abandoned = nullptr;
   {
     std::lock_guard<std::mutex> lock(s->mu);
+    if (s->dying || runtime().streams.lookup(reinterpret_cast<uintptr_t>(stream)) != s)
+      return fail(orErrorInvalidResourceHandle, "the stream is unknown or was destroyed");
+    s->dying = true;
     std::swap(abandoned, s->capture);
   }
+  // Drain and unlink the stream before its slot is released: once released, the
+  // slot can be recycled by another thread for another device, and work still
+  // queued here would run as that device (and s->device would be rewritten).
+  s->synchronize();
   if (abandoned != nullptr) release_graph(abandoned);
   {
     Device& dev = runtime().devices[s->device];
@@ -470,6 +529,7 @@ orStatus orStreamDestroy(orStream_t stream) {
   }
   if (!runtime().streams.release(reinterpret_cast<uintptr_t>(stream)))
     return fail(orErrorInvalidResourceHandle, "the stream is unknown or was destroyed");
+  runtime().counters.streams_destroyed.fetch_add(1, std::memory_order_relaxed);
   return orSuccess;
 }
 
@@ -484,6 +544,7 @@ orStatus orStreamSynchronize(orStream_t stream) {
   if (orStatus st = check_runtime()) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
+  if (orStatus st = refuse_wait_from_kernel("orStreamSynchronize", s)) return st;
   if (orStatus st =
           refuse_while_capturing(*s, "cannot synchronize a stream while the stream is being captured into a graph"))
     return st;
@@ -537,16 +598,16 @@ orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flag
   Forward forward;
   const uint64_t generation = last_record(*e, &forward);     // that generation's record is queued
   if (e->completed.value() >= generation) return orSuccess;  // nothing to wait for
+  bool queued = true;
   if (forward.generation != generation) {
-    enqueue_wait(*s, &e->completed, generation);
-    return orSuccess;
+    queued = enqueue_wait(*s, &e->completed, generation);
+  } else {  // wait for what the record waits for, not for the record's stream to reach it (see Forward)
+    for (size_t i = 0; i < forward.count && queued; ++i) {
+      const WaitTarget& t = forward.targets[i];
+      if (t.progress->value() < t.value) queued = enqueue_wait(*s, t.progress, t.value);
+    }
   }
-  // Wait for what the record waits for, not for the record's stream to reach it (see Forward).
-  for (size_t i = 0; i < forward.count; ++i) {
-    const WaitTarget& t = forward.targets[i];
-    if (t.progress->value() < t.value) enqueue_wait(*s, t.progress, t.value);
-  }
-  return orSuccess;
+  return queued ? orSuccess : fail(orErrorInvalidResourceHandle, "the stream was destroyed");
 }
 
 orStatus orEventCreate(orEvent_t* event) { return orEventCreateWithFlags(event, orEventDefault); }
@@ -564,6 +625,7 @@ orStatus orEventCreateWithFlags(orEvent_t* event, unsigned int flags) {
   // A recycled event starts "never recorded": its counters continue, equal.
   e->completed.advance_to(e->recorded.load());
   e->time_ns.store(0);
+  e->stream.store(nullptr);
   runtime().counters.events_created.fetch_add(1, std::memory_order_relaxed);
   *event = reinterpret_cast<orEvent_t>(handle);
   return orSuccess;
@@ -604,8 +666,11 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   // waited only for what the record follows could record a time of its own before it (a negative
   // elapsed time from an event to a later one). Its waiters wait for the record itself.
   Forward* forward = e->timing.load() ? nullptr : &e->forward;
+  e->stream.store(s, std::memory_order_relaxed);
   // never blocks; 0: captured (another thread began a capture)
-  if (s->enqueue(item, forward) != 0 && forward != nullptr) forward->generation = generation;
+  const uint64_t seq = s->enqueue(item, forward);
+  if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
+  if (seq != 0 && forward != nullptr) forward->generation = generation;
   return orSuccess;
 }
 
@@ -620,6 +685,9 @@ orStatus orEventSynchronize(orEvent_t event) {
   if (orStatus st = check_runtime()) return st;
   Event* e = nullptr;
   if (orStatus st = resolve_event(event, &e)) return st;
+  if (!event_done(*e))
+    if (orStatus st = refuse_wait_from_kernel("orEventSynchronize", e->stream.load(std::memory_order_relaxed)))
+      return st;
   Forward forward;
   const uint64_t generation = last_record(*e, &forward);
   if (forward.generation != generation) {
@@ -675,7 +743,7 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
   item.deleter = deleter;
   item.name = name;
   item.context = context;
-  s->enqueue(item);
+  if (s->enqueue(item) == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   return orSuccess;
 }
 
@@ -719,6 +787,7 @@ orStatus orStreamBeginCapture(orStream_t stream) {
                 "a graph cannot be captured on a device's default stream; capture on a stream of your own "
                 "(a captured graph may be replayed on the default stream)");
   std::lock_guard<std::mutex> lock(s->mu);
+  if (s->dying) return fail(orErrorInvalidResourceHandle, "the stream is being destroyed");
   if (s->capture != nullptr) return fail(orErrorStreamCaptureUnsupported, "the stream is already capturing");
   s->capture = new Graph();
   s->capture->device = s->device;
@@ -742,11 +811,12 @@ orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph) {
     *graph = nullptr;
     return fail(orErrorStreamCaptureUnsupported, why);
   }
+  g->handle = next_graph_handle();
   {
     std::lock_guard<std::mutex> registry(graphs_mu());
-    live_graphs().insert(g);
+    live_graphs().emplace(g->handle, g);
   }
-  *graph = reinterpret_cast<orGraph_t>(g);
+  *graph = reinterpret_cast<orGraph_t>(g->handle);
   return orSuccess;
 }
 
@@ -761,8 +831,9 @@ orStatus orStreamIsCapturing(orStream_t stream, int* capturing) {
 
 orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
   if (orStatus st = check_runtime()) return st;
-  Graph* g = nullptr;
-  if (orStatus st = resolve_graph(graph, &g)) return st;
+  GraphUse use;
+  if (orStatus st = resolve_graph(graph, &use)) return st;
+  Graph* g = use.g;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
   if (s->device != g->device)
@@ -780,7 +851,7 @@ orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
   for (const WorkItem& captured : g->items) {
     WorkItem item = captured;
     item.deleter = nullptr;  // the graph keeps owning the arguments
-    s->enqueue(item);
+    if (s->enqueue(item) == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   }
   runtime().counters.graphs.fetch_add(1, std::memory_order_relaxed);
   runtime().counters.graph_items.fetch_add(g->items.size(), std::memory_order_relaxed);
@@ -789,16 +860,17 @@ orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
 
 orStatus orGraphGetNodeCount(orGraph_t graph, size_t* count) {
   if (count == nullptr) return fail(orErrorInvalidValue, "count is NULL");
-  Graph* g = nullptr;
-  if (orStatus st = resolve_graph(graph, &g)) return st;
-  *count = g->items.size();
+  GraphUse use;
+  if (orStatus st = resolve_graph(graph, &use)) return st;
+  *count = use.g->items.size();
   return orSuccess;
 }
 
 orStatus orGraphGetNodeName(orGraph_t graph, size_t index, const char** name) {
   if (name == nullptr) return fail(orErrorInvalidValue, "name is NULL");
-  Graph* g = nullptr;
-  if (orStatus st = resolve_graph(graph, &g)) return st;
+  GraphUse use;
+  if (orStatus st = resolve_graph(graph, &use)) return st;
+  const Graph* g = use.g;
   if (index >= g->items.size()) return fail(orErrorInvalidValue, "node index out of range");
   *name = g->items[index].name ? g->items[index].name : "<unnamed>";
   return orSuccess;
@@ -807,11 +879,16 @@ orStatus orGraphGetNodeName(orGraph_t graph, size_t index, const char** name) {
 orStatus orGraphDestroy(orGraph_t graph) {
   if (orStatus st = check_runtime()) return st;
   Graph* g = nullptr;
-  if (orStatus st = resolve_graph(graph, &g)) return st;
   {
     std::lock_guard<std::mutex> registry(graphs_mu());
-    live_graphs().erase(g);
+    auto it = live_graphs().find(reinterpret_cast<uintptr_t>(graph));
+    if (it == live_graphs().end()) return fail(orErrorInvalidResourceHandle, "the graph is unknown or was destroyed");
+    g = it->second;
+    if (orStatus st = refuse_wait_from_kernel("orGraphDestroy", nullptr, g->device)) return st;
+    live_graphs().erase(it);  // one destroy wins; no new use begins
   }
+  // A launch of the graph on another thread may still be queuing its items, reading g->items.
+  while (g->users.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   // Launches of the graph may still be queued: they read its arguments. A kernel's failure stays
   // for the user's next synchronising call.
   wait_for_streams(runtime().devices[g->device]);

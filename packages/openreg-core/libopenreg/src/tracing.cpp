@@ -61,6 +61,8 @@ using namespace openreg::rt;
 extern "C" {
 
 orStatus orTracingEnable(int enable) {
+  if (!enable)
+    if (orStatus st = refuse_wait_from_kernel("orTracingEnable(0)", nullptr)) return st;
   g_tracing.store(enable != 0, std::memory_order_relaxed);
   if (enable) return orSuccess;
   // Turning tracing off completes the trace: wait until every stream has run the work

@@ -1194,6 +1194,80 @@ TEST(graph_capture_and_replay) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+// A graph handle is never reused: a destroyed graph's handle is refused, where it named the
+// next graph created at the same address. One of two destroys of a graph wins.
+TEST(graph_handles_are_not_reused) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  std::atomic<int> first{0}, second{0};
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(openreg::launch(s, "test::first", [&] { ++first; }));
+  orGraph_t g1 = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g1));
+  CHECK_OK(orGraphDestroy(g1));
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(openreg::launch(s, "test::second", [&] { ++second; }));
+  orGraph_t g2 = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g2));
+  CHECK(g2 != g1);
+  CHECK_STATUS(orErrorInvalidResourceHandle, orGraphLaunch(g1, s));
+  CHECK_MESSAGE_HAS("destroyed");
+  CHECK_STATUS(orErrorInvalidResourceHandle, orGraphDestroy(g1));
+  size_t n = 0;
+  CHECK_STATUS(orErrorInvalidResourceHandle, orGraphGetNodeCount(g1, &n));
+  CHECK_OK(orGraphLaunch(g2, s));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(second.load(), 1);
+  CHECK_EQ(first.load(), 0);
+  std::atomic<int> wins{0};
+  std::vector<std::thread> destroyers;
+  for (int i = 0; i < 4; ++i)
+    destroyers.emplace_back([&] {
+      if (orGraphDestroy(g2) == orSuccess) ++wins;
+    });
+  for (auto& t : destroyers) t.join();
+  CHECK_EQ(wins.load(), 1);
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// orGraphDestroy while another thread is in orGraphLaunch of that graph waits for the launch to
+// queue its items (it deleted the graph under the launching loop: a segfault).
+TEST(graph_destroy_during_a_launch_waits_for_it) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  std::atomic<int> runs{0};
+  constexpr int kItems = 20000;
+  CHECK_OK(orStreamBeginCapture(s));
+  for (int i = 0; i < kItems; ++i) CHECK_OK(openreg::launch(s, "test::count", [&] { ++runs; }));
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g));
+  for (int round = 0; round < 3; ++round) {
+    orGraph_t h = g;
+    if (round > 0) {  // a fresh graph each round: the last one was destroyed
+      CHECK_OK(orStreamBeginCapture(s));
+      for (int i = 0; i < kItems; ++i) CHECK_OK(openreg::launch(s, "test::count", [&] { ++runs; }));
+      CHECK_OK(orStreamEndCapture(s, &h));
+    }
+    runs = 0;
+    std::atomic<bool> started{false};
+    std::atomic<orStatus> launched{orErrorNotReady};  // not yet
+    std::thread launcher([&] {
+      started = true;
+      launched = orGraphLaunch(h, s);
+    });
+    while (!started.load()) std::this_thread::yield();
+    CHECK_OK(orGraphDestroy(h));  // waits for the launch in progress, then for its work
+    launcher.join();
+    CHECK_OK(orStreamSynchronize(s));
+    // Either the launch came first (all its items ran) or the destroy did (refused, none ran).
+    if (launched == orSuccess)
+      CHECK_EQ(runs.load(), kItems);
+    else
+      CHECK(launched == orErrorInvalidResourceHandle && runs.load() == 0);
+  }
+  CHECK_OK(orStreamDestroy(s));
+}
+
 // A graph replayed while another one captures is copied into it without its arguments: the
 // second keeps the first alive, so destroying the first leaves the second's replays valid.
 TEST(graph_replayed_into_a_capture_outlives_its_handle) {
@@ -1411,6 +1485,119 @@ TEST(stream_destroy_and_invalid_handles) {
   CHECK_OK(orStreamDestroy(s2));
 }
 
+// A launch that comes while orStreamDestroy drains the stream is refused (its arguments freed):
+// accepted, it ran unlinked from its device, and neither device synchronisation nor orFree waited
+// for it (it wrote into memory handed out again). A second destroy of the handle is refused.
+TEST(stream_destroy_refuses_work_launched_while_it_drains) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::held", [&] { gate.wait(); }));
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    CHECK_OK(orStreamDestroy(s));
+    destroyed = true;
+  });
+  // Launches while the destroy drains: refused once it began. Until then they are accepted and
+  // drained with the rest; either way none is left behind.
+  std::atomic<int> ran{0}, deleted{0};
+  int refused = 0;
+  const auto deadline = Clock::now() + 20s;
+  while (refused == 0) {
+    if (Clock::now() > deadline) FAIL("a launch during the destroy was never refused");
+    struct Args {
+      std::atomic<int>* ran;
+      std::atomic<int>* deleted;
+    };
+    const orStatus st = orLaunchKernel(
+        s, "test::late",
+        [](void* p) {
+          static_cast<Args*>(p)->ran->fetch_add(1);
+          return orSuccess;
+        },
+        new Args{&ran, &deleted},
+        [](void* p) {
+          static_cast<Args*>(p)->deleted->fetch_add(1);
+          delete static_cast<Args*>(p);
+        });
+    if (st != orSuccess) {
+      CHECK_EQ(st, orErrorInvalidResourceHandle);
+      CHECK_MESSAGE_HAS("destroyed");
+      ++refused;
+    }
+    std::this_thread::yield();
+  }
+  CHECK(!destroyed.load());                                        // still draining: the gate holds the stream
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamDestroy(s));  // one destroy wins
+  CHECK_STATUS(orErrorInvalidResourceHandle, orStreamBeginCapture(s));
+  gate.release();
+  destroyer.join();
+  CHECK_OK(orDeviceSynchronize());
+  // Every accepted launch ran before the destroy returned; every launch's arguments were freed.
+  const int accepted = deleted.load() - refused;
+  CHECK_EQ(ran.load(), accepted);
+  // The recycled slot starts out usable, whoever gets it: here device 1's default stream, made
+  // when device 1 is first used (it refused every launch while the slot kept `dying`).
+  CHECK_OK(orSetDevice(1));
+  check_stream_still_runs(nullptr);
+  CHECK_OK(orSetDevice(0));
+  orStream_t again = nullptr;
+  CHECK_OK(orStreamCreate(&again));
+  check_stream_still_runs(again);
+  CHECK_OK(orStreamDestroy(again));
+}
+
+// A kernel that calls a synchronising function which would wait for its own stream is refused
+// with orErrorNotPermitted (as CUDA refuses runtime calls from a host function): it waited for
+// itself forever. Waits that do not include its stream still work.
+TEST(waits_from_a_kernel_for_its_own_stream_are_refused) {
+  orStream_t s = nullptr, other = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  CHECK_OK(orStreamCreate(&other));
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 64));
+  orEvent_t e = nullptr, done = nullptr;
+  CHECK_OK(orEventCreate(&e));
+  CHECK_OK(orEventCreate(&done));
+  CHECK_OK(openreg::launch(other, "test::other", [] {}));
+  CHECK_OK(orEventRecord(done, other));
+  CHECK_OK(orStreamSynchronize(other));
+  std::vector<std::pair<std::string, orStatus>> got;
+  std::string message;
+  Gate recorded;
+  CHECK_OK(openreg::launch(s, "test::waits", [&] {
+    recorded.wait();  // e's record is queued behind this kernel
+    got.emplace_back("stream", orStreamSynchronize(s));
+    message = orGetLastErrorMessage();
+    got.emplace_back("device", orDeviceSynchronize());
+    got.emplace_back("event", orEventSynchronize(e));
+    got.emplace_back("free", orFree(d));
+    char pageable[8];  // a copy to pageable memory returns once done: on s, it would wait for s
+    got.emplace_back("copy", orMemcpyAsync(pageable, d, 8, orMemcpyDeviceToHost, s));
+    got.emplace_back("memset", orMemset(d, 0, 64));  // on the default stream: not this kernel's
+    got.emplace_back("destroy", orStreamDestroy(s));
+    got.emplace_back("other stream", orStreamSynchronize(other));
+    got.emplace_back("done event", orEventSynchronize(done));
+  }));
+  CHECK_OK(orEventRecord(e, s));
+  recorded.release();
+  CHECK_OK(orStreamSynchronize(s));
+  const std::vector<std::pair<std::string, orStatus>> want = {
+      {"stream", orErrorNotPermitted},  {"device", orErrorNotPermitted}, {"event", orErrorNotPermitted},
+      {"free", orErrorNotPermitted},    {"copy", orErrorNotPermitted},   {"memset", orSuccess},
+      {"destroy", orErrorNotPermitted}, {"other stream", orSuccess},     {"done event", orSuccess}};
+  CHECK_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i]) FAIL(want[i].first + ": " + status_str(got[i].second));
+  CHECK(contains(message, "orStreamSynchronize was called from a kernel"));
+  CHECK_OK(orFree(d));  // nothing was freed or destroyed by the refused calls
+  check_stream_still_runs(s);
+  CHECK_OK(orEventDestroy(e));
+  CHECK_OK(orEventDestroy(done));
+  CHECK_OK(orStreamDestroy(s));
+  CHECK_OK(orStreamDestroy(other));
+}
+
 TEST(stream_default_stream_handles) {
   orStream_t d0 = nullptr, d1 = nullptr;
   CHECK_OK(orDeviceGetDefaultStream(0, &d0));
@@ -1568,6 +1755,48 @@ TEST(event_record_query_synchronize) {
   CHECK_STATUS(orErrorInvalidValue, orEventCreate(nullptr));
   CHECK_STATUS(orErrorInvalidValue, orEventCreateWithFlags(&ev, 0x100));
   CHECK_OK(orEventDestroy(ev));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// A copy kind that is no orMemcpyKind is named as such, not blamed on the pointers.
+TEST(memcpy_unknown_kind) {
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, 8));
+  char host[8] = {};
+  for (int kind : {99, -5}) {
+    CHECK_STATUS(orErrorInvalidMemcpyDirection, orMemcpy(d, host, 8, static_cast<orMemcpyKind>(kind)));
+    CHECK_MESSAGE_HAS("unknown copy kind " + std::to_string(kind));
+  }
+  CHECK_OK(orFree(d));
+}
+
+// An event's time is its last record's: an earlier record, queued behind work on another stream,
+// that runs later does not overwrite it (the elapsed time changed sign after the fact).
+TEST(event_time_is_the_last_records) {
+  orStream_t busy = nullptr, s = nullptr;
+  CHECK_OK(orStreamCreate(&busy));
+  CHECK_OK(orStreamCreate(&s));
+  orEvent_t a = nullptr, b = nullptr;
+  CHECK_OK(orEventCreate(&a));
+  CHECK_OK(orEventCreate(&b));
+  Gate gate;
+  CHECK_OK(openreg::launch(busy, "test::held", [&] { gate.wait(); }));
+  CHECK_OK(orEventRecord(a, busy));  // superseded by the record below, runs after it
+  CHECK_OK(orEventRecord(a, s));
+  sleep_kernel_ms(s, 20);
+  CHECK_OK(orEventRecord(b, s));
+  CHECK_OK(orEventSynchronize(b));
+  float before = -1, after = -1;
+  CHECK_OK(orEventElapsedTime(&before, a, b));
+  if (!(before >= 20.0f * 0.999f)) FAIL("elapsed " + std::to_string(before) + " ms < 20 ms");
+  std::this_thread::sleep_for(30ms);
+  gate.release();
+  CHECK_OK(orStreamSynchronize(busy));  // the superseded record has run now
+  CHECK_OK(orEventElapsedTime(&after, a, b));
+  CHECK_EQ(after, before);
+  CHECK_OK(orEventDestroy(a));
+  CHECK_OK(orEventDestroy(b));
+  CHECK_OK(orStreamDestroy(busy));
   CHECK_OK(orStreamDestroy(s));
 }
 

@@ -28,6 +28,12 @@
  *    call on that device (stream/event/device synchronize, synchronous
  *    memcpy/memset) returns, naming the kernel.
  *
+ *  - Kernels may call the runtime, but not wait for their own stream: a
+ *    call from a kernel that would (synchronizing its stream, its device or
+ *    an event recorded after it on its stream, orFree/orFreeHost, which wait
+ *    for every device, a blocking copy on its stream, destroying its stream)
+ *    returns orErrorNotPermitted instead of waiting for itself forever.
+ *
  * All functions are thread safe.
  */
 #ifndef OPENREG_RUNTIME_H_
@@ -115,6 +121,8 @@ typedef struct orRuntimeCounters {
                                   (counted in memcpy* too) */
   uint64_t eventsCreated;      /* orEventCreate(WithFlags) calls that made an event */
   uint64_t eventsDestroyed;    /* orEventDestroy calls that released one (created - destroyed: alive) */
+  uint64_t streamsCreated;     /* orStreamCreate(WithPriority) calls that made a stream (not default streams) */
+  uint64_t streamsDestroyed;   /* orStreamDestroy calls that released one (created - destroyed: alive) */
 } orRuntimeCounters;
 
 /* An opaque handle to one device allocation, for another process (see orIpcGetMemHandle). */
@@ -125,7 +133,7 @@ typedef struct orIpcMemHandle {
 
 typedef struct orStream_st* orStream_t; /* NULL: current device's default stream */
 typedef struct orEvent_st* orEvent_t;
-typedef struct orGraph_st* orGraph_t; /* work captured from a stream, replayable */
+typedef struct orGraph_st* orGraph_t; /* work captured from a stream, replayable; never reused */
 
 /* A kernel: runs on a stream's worker. Return orSuccess, or the result of
  * orKernelFail(). args belongs to the kernel; deleter (may be NULL) frees it
@@ -187,7 +195,8 @@ OPENREG_API orStatus orIpcCloseMemHandle(void* dev_ptr);
 OPENREG_API orStatus orDeviceGetStreamPriorityRange(int* least, int* greatest);
 OPENREG_API orStatus orStreamCreate(orStream_t* stream);
 OPENREG_API orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int flags, int priority);
-/* After queued work is done; a capture in progress is discarded with the stream. */
+/* After queued work is done; a capture in progress is discarded with the stream. From the call on,
+ * launches on the stream (from other threads) are refused with orErrorInvalidResourceHandle. */
 OPENREG_API orStatus orStreamDestroy(orStream_t stream);
 OPENREG_API orStatus orStreamQuery(orStream_t stream);
 OPENREG_API orStatus orStreamSynchronize(orStream_t stream);
@@ -225,6 +234,7 @@ OPENREG_API orStatus orEventDestroy(orEvent_t event);
 OPENREG_API orStatus orEventRecord(orEvent_t event, orStream_t stream);
 OPENREG_API orStatus orEventQuery(orEvent_t event); /* orSuccess if never recorded */
 OPENREG_API orStatus orEventSynchronize(orEvent_t event);
+/* Times of the events' last records (an earlier record that runs later does not change it). */
 OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
 
 /* ---- graphs ----
@@ -241,7 +251,8 @@ OPENREG_API orStatus orStreamIsCapturing(orStream_t stream, int* capturing);
 OPENREG_API orStatus orGraphLaunch(orGraph_t graph, orStream_t stream);
 OPENREG_API orStatus orGraphGetNodeCount(orGraph_t graph, size_t* count);
 OPENREG_API orStatus orGraphGetNodeName(orGraph_t graph, size_t index, const char** name);
-OPENREG_API orStatus orGraphDestroy(orGraph_t graph); /* waits for its launches to finish */
+/* Waits for launches of the graph in progress on other threads, then for its queued work. */
+OPENREG_API orStatus orGraphDestroy(orGraph_t graph);
 
 /* ---- kernels ---- */
 /* name must stay valid until the kernel ran (a literal or an interned name). */
