@@ -578,9 +578,19 @@ OcclBackend::~OcclBackend() {
   stop_watchdog();
   stop_hooks();
   for (auto& [route, tail] : tails_) events().put(tail.event);
-  // The in-flight works go with the backend (a Work the user still holds keeps its own tensors). The
-  // streams are left to the runtime: destroying one waits for its queued work, which may be a
-  // collective that a dead peer will never complete (until the transport's timeout).
+  // The in-flight works go with the backend (a Work the user still holds keeps its own tensors).
+  // The idle comm streams are destroyed (the runtime recycles a destroyed stream with its worker
+  // thread for the next stream created: a program that makes and destroys groups, one per test or
+  // per checkpoint, kept up to three threads per group before). A busy one is left to the runtime:
+  // destroying it waits for its queued work, which may be a collective that a dead peer will never
+  // complete (until the transport's timeout).
+  for (auto& [device, set] : streams_) {
+    std::vector<orStream_t> all{set.coll, set.recv_any};
+    for (const auto* by_peer : {&set.peer, &set.send_done, &set.batch_recv})
+      for (const auto& [peer, stream] : *by_peer) all.push_back(stream);
+    for (orStream_t stream : all)
+      if (stream != nullptr && orStreamQuery(stream) == orSuccess) orStreamDestroy(stream);
+  }
 }
 
 std::chrono::milliseconds OcclBackend::effective(std::chrono::milliseconds t) const {

@@ -6,6 +6,7 @@ current stream), in place and out of place, over the dtypes occl carries.
 """
 
 import contextlib
+import gc
 import time
 from datetime import timedelta
 
@@ -948,6 +949,39 @@ class TestCollectives(OcclTestCase):
         group._wait_for_pending_works()
         self.assertEqual(calls, [1, 2, 3])
         dist.destroy_process_group(group)
+
+    def test_a_destroyed_group_gives_its_streams_back(self):
+        # Each group made its comm streams (a worker thread each) and left them to the runtime when it
+        # went: a program that made and destroyed groups (one per test, per checkpoint) kept up to three
+        # threads per group. Tensors the group recorded on those streams are freed afterwards, and their
+        # blocks go back to the cache (a block whose streams were all destroyed hung the next free).
+        d, peer = self.device, 1 - self.rank
+
+        def alive():
+            counters = torch.openreg._runtime_counters()
+            return counters["streams_created"] - counters["streams_destroyed"], counters["streams_destroyed"]
+
+        for round in range(4):  # the first one also makes what is made once (the device's stream pool)
+            if round == 1:
+                before = alive()
+            group = dist.new_group(backend="occl")
+            x = torch.full((256,), float(self.rank + 1), device=d)
+            dist.all_reduce(x, group=group)
+            got = torch.empty(64, device=d)
+            ops = [dist.P2POp(dist.isend, x[:64].clone(), peer, group), dist.P2POp(dist.irecv, got, peer, group)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            self.assertEqual((x.cpu(), got.cpu()), (torch.full((256,), 3.0), torch.full((64,), 3.0)))
+            torch.openreg.synchronize()
+            dist.destroy_process_group(group)
+            del group, x, got, ops
+            gc.collect()
+        after = alive()
+        self.assertEqual(after[0], before[0])  # as many streams alive as before the three groups
+        self.assertGreater(after[1], before[1])
+        y = torch.ones(1 << 16, device=d)  # the cache still serves, and the default group still runs
+        dist.all_reduce(y)
+        self.assertEqual(y.cpu(), torch.full((1 << 16,), 2.0))
 
     def test_a_refused_operation_ends_its_coalescing_block(self):
         # torch's coalescing manager never ends a block whose body raised: occl stayed in it and kept

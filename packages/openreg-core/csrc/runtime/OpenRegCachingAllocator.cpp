@@ -236,26 +236,31 @@ class DeviceCache {
     return size;
   }
 
-  // Device side of a free: events on every stream that used the block (record_stream). A stream
-  // being captured into a graph cannot record one (its work is recorded, not run), on this device
-  // or another (a copy from this device queued on a stream of another records its source there):
-  // the block waits in needs_events_, holding no reuse and no coalescing, until that capture
-  // ends (retried by process_events and end_capture). Recording there threw inside the tensor's
-  // deleter, which aborted the process.
+  // Device side of a free: events on every stream that used the block (record_stream), but a
+  // destroyed one (see below). A stream being captured into a graph cannot record one (its work is recorded, not run),
+  // on this device or another (a copy from this device queued on a stream of another records its source there): the
+  // block waits in needs_events_, holding no reuse and no coalescing, until that capture ends (retried by
+  // process_events and end_capture). Recording there threw inside the tensor's deleter, which aborted the process.
   void insert_events(Block* block) {
     std::vector<c10::Stream> capturing;
     for (const c10::Stream& s : block->stream_uses) {
       const orStream_t stream = OpenRegStream(s).handle();
       int is_capturing = 0;
-      OPENREG_CHECK(orStreamIsCapturing(stream, &is_capturing));
+      const orStatus known = orStreamIsCapturing(stream, &is_capturing);
+      // A destroyed stream (an external one: a process group's comm stream) ran all its work before
+      // its handle died (orStreamDestroy drains first): nothing to wait for.
+      if (known == orErrorInvalidResourceHandle) continue;
+      OPENREG_CHECK(known);
       orEvent_t event = nullptr;
       if (is_capturing == 0) {
         OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
         const orStatus st = orEventRecord(event, stream);
         if (st != orSuccess) {
           orEventDestroy(event);
-          if (st != orErrorStreamCaptureUnsupported) OPENREG_CHECK(st);
-          event = nullptr;  // a capture began meanwhile, on another thread
+          if (st != orErrorStreamCaptureUnsupported && st != orErrorInvalidResourceHandle) OPENREG_CHECK(st);
+          // A capture began meanwhile, on another thread, or the stream is being destroyed (it is
+          // draining): retried later, as for a capture.
+          event = nullptr;
         }
       }
       if (event == nullptr) {
@@ -269,6 +274,10 @@ class DeviceCache {
     if (!block->stream_uses.empty()) {
       needs_events_.push_back(block);
       block->pending_events++;
+    }
+    if (block->pending_events == 0) {  // its streams were all destroyed: nothing to wait for
+      deactivate(block);
+      release_to_pool(block);
     }
   }
 
