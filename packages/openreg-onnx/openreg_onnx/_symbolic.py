@@ -20,6 +20,7 @@ _FLOATING = {
     _type_utils.JitScalarType.FLOAT,
     _type_utils.JitScalarType.DOUBLE,
 }
+_16_BIT = {_type_utils.JitScalarType.HALF, _type_utils.JitScalarType.BFLOAT16}
 
 
 @parse_args("v")
@@ -41,6 +42,10 @@ def scaled_square(g, x, scale):
             square = g.op("Cast", g.op("Mul", wide, wide), to_i=dtype.onnx_type())
         dtype = _type_utils.JitScalarType.from_dtype(torch.get_default_dtype())
         square = g.op("Cast", square, to_i=dtype.onnx_type())
+    if dtype in _16_BIT:  # the scale in float32, rounded once, as eager (_table.py::_times_scale)
+        s = g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float32))
+        wide = g.op("Cast", square, to_i=_type_utils.JitScalarType.FLOAT.onnx_type())
+        return g.op("Cast", g.op("Mul", wide, s), to_i=dtype.onnx_type())
     s = g.op("Constant", value_t=torch.tensor(scale, dtype=dtype.dtype()))
     return g.op("Mul", square, s)
 

@@ -1,9 +1,12 @@
 """openreg's ONNX translation table for the dynamo exporter (``torch.onnx.export(dynamo=True)``).
 
-One translation per operator in core's ``openreg`` namespace, and one for the openreg-specific
+One translation per operator in core's ``openreg`` namespace, one for the openreg-specific
 ATen op an exported graph can hold: ``aten._scaled_dot_product_fused_attention_overrideable``
 (what ``scaled_dot_product_attention`` becomes on openreg after ``run_decompositions()``, since
-core's SDPA choice answers OVERRIDEABLE). Two modes:
+core's SDPA choice answers OVERRIDEABLE), and ones replacing torchlib's
+``quantized_decomposed.quantize_per_tensor`` (which drops a ``quant_min``/``quant_max`` narrower
+than the dtype, as ``OpenRegQuantizer(reduce_range=True)`` gives) and
+``dequantize_per_tensor.tensor`` (which failed). Two modes:
 
 - ``portable``: standard ONNX ops only; any runtime runs the model.
 - ``vendor``: one node per op in the ``com.openreg`` domain (``_vendor.py``: schemas, and the
@@ -31,6 +34,9 @@ MODES = ("portable", "vendor")
 openreg_ops = Opset(_vendor.DOMAIN, _vendor.VERSION)
 
 _SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"
+_QUANTIZE = "quantized_decomposed::quantize_per_tensor"
+_QUANTIZE_TENSOR = "quantized_decomposed::quantize_per_tensor.tensor"
+_DEQUANTIZE_TENSOR = "quantized_decomposed::dequantize_per_tensor.tensor"
 # The schemas the translations implement (torch op name -> str(schema) without the name).
 SIGNATURES = {
     "openreg::custom_abs": "(Tensor input) -> Tensor",
@@ -41,6 +47,11 @@ SIGNATURES = {
     "bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, "
     "Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, "
     "Tensor philox_offset, Tensor debug_attn_mask)",
+    _QUANTIZE: "(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
+    _QUANTIZE_TENSOR: "(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, "
+    "ScalarType dtype) -> Tensor",
+    _DEQUANTIZE_TENSOR: "(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, "
+    "ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
 }
 
 _FLOATING = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT, ir.DataType.DOUBLE)
@@ -92,12 +103,30 @@ def _square(x):
     return op.Cast(op.Mul(w, w), to=x.dtype)
 
 
+_16_BIT = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _scale_factor(scale: float, dtype: ir.DataType):
+    """``scale`` as eager multiplies by it: in float32 for 16-bit data (opmath), else in the
+    data's own type (a float64 model keeps torch's double)."""
+    return op.Constant(value=ir.tensor(scale, dtype=ir.DataType.FLOAT if dtype in _16_BIT else dtype))
+
+
+def _times_scale(y, scale: float, dtype: ir.DataType):
+    """``y * scale`` for a ``y`` of float type ``dtype``, rounded as eager rounds it: a 16-bit
+    ``y`` is multiplied in float32 and rounded once to its type (a 16-bit constant gave inf for a
+    scale beyond 65504 in float16, and bfloat16 kept 8 bits of it)."""
+    if dtype in _16_BIT:
+        return op.Cast(op.Mul(op.Cast(y, to=ir.DataType.FLOAT), _scale_factor(scale, dtype)), to=dtype)
+    return op.Mul(y, _scale_factor(scale, dtype))
+
+
 def scaled_square(x, scale: float):
     # Decided by x's type: the type of a value computed here is not known while tracing.
     if x.dtype in _FLOATING:
-        return op.Mul(op.Mul(x, x), _const(scale, x))
+        return _times_scale(op.Mul(x, x), scale, x.dtype)
     to = _default_float()
-    return op.Mul(op.Cast(_square(x), to=to), op.Constant(value=ir.tensor(scale, dtype=to)))
+    return _times_scale(op.Cast(_square(x), to=to), scale, to)
 
 
 def custom_autograd_fn_returns_self(input):
@@ -115,7 +144,8 @@ def vendor_custom_abs(input):
 def vendor_scaled_square(x, scale: float):
     if x.dtype not in _FLOATING:  # the vendor kernel takes floats: an integer square is portable
         return scaled_square(x, scale)
-    return openreg_ops.scaled_square(x, _const(scale, x))
+    # SCALE in float32 for 16-bit x: the body multiplies in SCALE's type and rounds once to x's.
+    return openreg_ops.scaled_square(x, _scale_factor(scale, x.dtype))
 
 
 def vendor_custom_autograd_fn_returns_self(input):
@@ -241,6 +271,69 @@ def vendor_sdpa_overrideable(
     return (out, lse, *_empty_outputs(query, key))
 
 
+# --- quantized_decomposed.quantize_per_tensor (and dequantize_per_tensor.tensor) --------------
+
+
+_INTEGER_RANGE = {
+    ir.DataType.UINT8: (0, 255),
+    ir.DataType.INT8: (-128, 127),
+    ir.DataType.UINT16: (0, 65535),
+    ir.DataType.INT16: (-32768, 32767),
+    ir.DataType.INT32: (-(2**31), 2**31 - 1),
+}
+
+
+def _quantize(input, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+    """``QuantizeLinear``, then ``Clip`` to ``[quant_min, quant_max]`` when that range is narrower
+    than the dtype's: QuantizeLinear saturates to the whole dtype (0..255 for uint8), while the
+    torch op clamps to its range (0..127 with ``reduce_range``). torchlib's translation, which
+    this replaces, dropped the range; its per-channel one clamps already. Clip takes uint8/int8
+    from opset 12. A 16-bit input is quantized from float32, as eager does (QuantizeLinear-18
+    takes no float16)."""
+    dtype = ir.DataType(dtype)
+    if input.dtype in _16_BIT:
+        input = op.Cast(input, to=ir.DataType.FLOAT)
+    q = op.QuantizeLinear(input, scale, zero_point)
+    if dtype not in _INTEGER_RANGE:  # float8: the range is the type's
+        return q
+    dtype_min, dtype_max = _INTEGER_RANGE[dtype]
+    if quant_min <= dtype_min and quant_max >= dtype_max:
+        return q
+    low = op.Constant(value=ir.tensor(max(quant_min, dtype_min), dtype=dtype))
+    high = op.Constant(value=ir.tensor(min(quant_max, dtype_max), dtype=dtype))
+    return op.Clip(q, low, high)
+
+
+def quantize_per_tensor(input, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: int):
+    scale_value = op.Constant(value=ir.tensor(scale, dtype=ir.DataType.FLOAT))
+    zero = op.Constant(value=ir.tensor(zero_point, dtype=ir.DataType(dtype)))
+    return _quantize(input, scale_value, zero, quant_min, quant_max, dtype)
+
+
+def _tensor_qparams(scale, zero_point, dtype: int):
+    """One-element tensors (the op takes their ``item()``) as QuantizeLinear's per-tensor form:
+    0-d, a float32 scale, a zero point of the quantized dtype."""
+    scalar = _int64([])
+    return (
+        op.Cast(op.Reshape(scale, scalar), to=ir.DataType.FLOAT),
+        op.Cast(op.Reshape(zero_point, scalar), to=ir.DataType(dtype)),
+    )
+
+
+def quantize_per_tensor_tensor(input, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+    scale, zero_point = _tensor_qparams(scale, zero_point, dtype)
+    return _quantize(input, scale, zero_point, quant_min, quant_max, dtype)
+
+
+def dequantize_per_tensor_tensor(
+    input, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: Optional[int] = None
+):
+    # torchlib's passed the zero-point tensor where it takes a number and failed on every such node.
+    scale, zero_point = _tensor_qparams(scale, zero_point, dtype)
+    out = op.DequantizeLinear(input, scale, zero_point)
+    return out if out_dtype in (None, -1, ir.DataType.FLOAT) else op.Cast(out, to=out_dtype)
+
+
 _TRANSLATIONS = {
     "openreg::custom_abs": (custom_abs, vendor_custom_abs),
     "openreg::scaled_square": (scaled_square, vendor_scaled_square),
@@ -250,12 +343,29 @@ _TRANSLATIONS = {
     ),
     "openreg::custom_autograd_fn_aliasing": (custom_autograd_fn_aliasing, vendor_custom_autograd_fn_aliasing),
     _SDPA: (sdpa_overrideable, vendor_sdpa_overrideable),
+    # Standard QuantizeLinear/Clip in both modes: no com.openreg op.
+    _QUANTIZE: (quantize_per_tensor, quantize_per_tensor),
+    _QUANTIZE_TENSOR: (quantize_per_tensor_tensor, quantize_per_tensor_tensor),
+    _DEQUANTIZE_TENSOR: (dequantize_per_tensor_tensor, dequantize_per_tensor_tensor),
 }
 
 
+def _split(qualified: str):
+    """``"ns::op.overload"`` -> ``("ns::op", "overload")``; no overload is the default (``""``)."""
+    name, _, overload = qualified.partition(".")
+    return name, overload
+
+
+def _define_quantized_decomposed() -> None:
+    """The ``quantized_decomposed`` schemas are defined in Python by torch (openreg-quant imports
+    them too); cheap once torch is imported."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+
 def _overload(qualified: str) -> torch._ops.OpOverload:
-    namespace, name = qualified.split("::")
-    return getattr(getattr(torch.ops, namespace), name).default
+    name, overload = _split(qualified)
+    namespace, op_name = name.split("::")
+    return getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
 
 
 def translation_table(mode: str = "portable") -> Dict[torch._ops.OpOverload, Callable]:
@@ -268,6 +378,7 @@ def translation_table(mode: str = "portable") -> Dict[torch._ops.OpOverload, Cal
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if mode == "vendor":
         _vendor.register_schemas()
+    _define_quantized_decomposed()
     index = MODES.index(mode)
     return {_overload(name): fns[index] for name, fns in _TRANSLATIONS.items()}
 
@@ -278,7 +389,7 @@ def translated_op_names():
 
 
 def _schema_text(qualified: str) -> Optional[str]:
-    schema = torch._C._get_schema(qualified, "")
+    schema = torch._C._get_schema(*_split(qualified))
     text = str(schema)
     return text[text.index("(") :]
 
@@ -287,6 +398,7 @@ def coverage_problems() -> list:
     """What keeps the table from covering openreg: operators in the ``openreg`` namespace
     without a translation, and translated ops whose live schema differs from ``SIGNATURES``
     (the schema the translation was written against). Empty when all is well."""
+    _define_quantized_decomposed()
     problems = []
     live = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("openreg::"))
     for name in live:

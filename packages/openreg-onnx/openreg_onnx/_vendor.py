@@ -88,9 +88,13 @@ _SCORES = """
 
 _BODIES = {
     "custom_abs": "custom_abs (X) => (Y) {\n    Y = Abs (X)\n}\n",
+    # X * X in X's type, * SCALE in SCALE's type (float for 16-bit X, as eager's opmath), rounded
+    # once to X's type; the casts are no-ops when the two types agree.
     "scaled_square": """scaled_square (X, SCALE) => (Y) {
     XX = Mul (X, X)
-    Y = Mul (XX, SCALE)
+    XS = CastLike (XX, SCALE)
+    YS = Mul (XS, SCALE)
+    Y = CastLike (YS, X)
 }
 """,
     "custom_autograd_fn_returns_self": "custom_autograd_fn_returns_self (X) => (Y) {\n    Y = Identity (X)\n}\n",
@@ -114,8 +118,9 @@ def _attr(name: str, kind, doc: str) -> onnx.defs.OpSchema.Attribute:
     return onnx.defs.OpSchema.Attribute(name, kind, doc, required=True)
 
 
-# Factors are 0-d inputs of the data's type, not attributes: ONNX float attributes are 32-bit,
-# and a float64 model must keep torch's double ``scale``.
+# Factors are 0-d inputs, not attributes: ONNX float attributes are 32-bit, and a float64 model
+# must keep torch's double ``scale``. They have the data's type, except scaled_square's for 16-bit
+# data: float32, the type eager multiplies by it in.
 _SCALE_DOC = "0-d factor, same type as the data"
 
 
@@ -125,15 +130,19 @@ def _schemas() -> List[onnx.defs.OpSchema]:
         ("custom_abs", "|X| (openreg::custom_abs)", _NUMERIC_TYPES, []),
         (
             "scaled_square",
-            "SCALE * X * X (openreg::scaled_square); integer inputs are cast to a float type first",
+            "X * X * SCALE (openreg::scaled_square): the square in X's type, the product in SCALE's, "
+            "rounded once to X's type (integer inputs are translated to standard ops)",
             _FLOAT_TYPES,
-            [_param("SCALE", "T", _SCALE_DOC)],
+            [_param("SCALE", "S", "0-d factor: float for 16-bit X (eager's opmath), else X's type")],
         ),
         ("custom_autograd_fn_returns_self", "X itself (openreg::custom_autograd_fn_returns_self)", _ALL_TYPES, []),
         ("custom_autograd_fn_aliasing", "a view of X (openreg::custom_autograd_fn_aliasing)", _ALL_TYPES, []),
     ]
     out = []
     for name, doc, types, extra in unary:
+        constraints = [("T", types, "element type")]
+        if any(p.type_str == "S" for p in extra):
+            constraints.append(("S", _FLOAT_TYPES, "type the factor is applied in"))
         out.append(
             onnx.defs.OpSchema(
                 name,
@@ -142,7 +151,7 @@ def _schemas() -> List[onnx.defs.OpSchema]:
                 doc,
                 inputs=[_param("X", "T", "input"), *extra],
                 outputs=[_param("Y", "T", "output")],
-                type_constraints=[("T", types, "element type")],
+                type_constraints=constraints,
             )
         )
     attention_attrs = [

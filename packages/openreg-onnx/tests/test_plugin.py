@@ -10,6 +10,7 @@ import torch
 from conftest import run_python
 from onnxscript import opset18 as op
 from openreg_onnx import _hooks
+from openreg_onnx._verify import _run_reference
 from torch.testing._internal.common_utils import TestCase
 
 HEAVY = ("onnx", "onnxscript", "onnxruntime", "onnx_ir")
@@ -171,3 +172,18 @@ class TestHooksInProcess(TestCase):
             self.assertEqual(want.dtype, torch.float32)
             self.assertEqual(_run(model, x), want)
         self.assertTrue(openreg_onnx.hooks_status()["symbolics_registered"])
+
+    def test_torchscript_symbolic_applies_a_16_bit_scale_in_float32(self):
+        # As the dynamo translation: a float16 constant of the scale was inf for 1e5.
+        class Square(torch.nn.Module):
+            def forward(self, x):
+                return torch.ops.openreg.scaled_square(x, 1e5)
+
+        x = torch.tensor([0.01, 0.02, -0.03], dtype=torch.float16, device="openreg")
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(Square(), (x,), f, dynamo=False)
+        model = onnx.load_from_string(f.getvalue())
+        (got,) = _run_reference(model, {model.graph.input[0].name: x.cpu().numpy()}, [model.graph.output[0].name])
+        self.assertEqual(torch.from_numpy(got), Square()(x).cpu(), rtol=0, atol=0)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import AllOps, all_ops_inputs, decomposed_program, run_python
 from openreg_onnx import _table, _vendor
+from openreg_onnx._verify import _from_numpy, _run_reference, _to_numpy
 from torch.testing._internal.common_utils import TestCase
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -60,8 +61,9 @@ class TestCoverage(TestCase):
             _table.SIGNATURES.update(saved)
 
     def test_translation_parameters_follow_the_schema(self):
-        # The exporter binds a node's arguments to the translation by name; annotated float/bool
-        # parameters become ONNX attributes, unannotated ones inputs.
+        # The exporter binds a node's arguments to the translation by name; annotated float/bool/int
+        # parameters become ONNX attributes, unannotated ones inputs (a ScalarType arrives as an
+        # int: the ONNX element type).
         for mode in _table.MODES:
             for op, fn in openreg_onnx.translation_table(mode).items():
                 schema = op._schema
@@ -74,7 +76,14 @@ class TestCoverage(TestCase):
                     if "Tensor" in kind:
                         self.assertNotIn(arg.name, hints, f"{op}: tensor {arg.name} must be an input")
                     else:
-                        want = {"float": float, "bool": bool, "Optional[float]": typing.Optional[float]}[kind]
+                        want = {
+                            "float": float,
+                            "bool": bool,
+                            "int": int,
+                            "ScalarType": int,
+                            "Optional[int]": typing.Optional[int],  # ScalarType?
+                            "Optional[float]": typing.Optional[float],
+                        }[kind]
                         self.assertEqual(hints[arg.name], want, f"{op}: {arg.name}")
                     if arg.has_default_value():
                         self.assertEqual(p.default, arg.default_value, f"{op}: default of {arg.name}")
@@ -83,6 +92,11 @@ class TestCoverage(TestCase):
         portable, vendor = openreg_onnx.translation_table(), openreg_onnx.translation_table("vendor")
         self.assertEqual(set(portable), set(vendor))
         self.assertIn(torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default, portable)
+        for overload in (
+            torch.ops.quantized_decomposed.quantize_per_tensor.default,
+            torch.ops.quantized_decomposed.quantize_per_tensor.tensor,
+        ):
+            self.assertIs(portable[overload], vendor[overload])  # standard ops in both modes
         self.assertTrue(all(isinstance(k, torch._ops.OpOverload) for k in portable))
         with self.assertRaisesRegex(ValueError, r"mode must be one of \('portable', 'vendor'\), not 'fast'"):
             openreg_onnx.translation_table("fast")
@@ -216,3 +230,27 @@ def test_attention_exports_at_an_older_opset():
     assert {o.domain: o.version for o in onnx_program.model_proto.opset_import} == {"": 17}
     result = openreg_onnx.verify(program, (q, k, v), onnx_program=onnx_program)
     assert result.ok, result.report()
+
+
+@pytest.mark.parametrize("mode", _table.MODES)
+@pytest.mark.parametrize(
+    "dtype, scale, values",
+    [(torch.float16, 1e5, [0.01, 0.02, -0.03]), (torch.bfloat16, 1.01, [100.0, 3.0, -7.0])],
+    ids=["float16", "bfloat16"],
+)
+def test_16_bit_scaled_square_applies_the_scale_in_float32(mode, dtype, scale, values):
+    # Eager squares in x's type, multiplies by the scale in float32 (opmath) and rounds once. The
+    # translation rounded the scale to x's type first: 1e5 is inf in float16, 1.01 is 1.0078125 in
+    # bfloat16 (64 off on 10112).
+    class Square(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.openreg.scaled_square(x, scale)
+
+    x = torch.tensor(values, dtype=dtype, device="openreg")
+    result = openreg_onnx.verify(Square(), (x,), mode=mode)
+    assert result.ok, result.report()
+    # Bit for bit in the reference evaluator (onnxruntime's CPU provider may run the float16
+    # square in float32, one rounding fewer).
+    model = result.onnx_program.model_proto
+    (got,) = _run_reference(model, {"x": _to_numpy(x)}, [model.graph.output[0].name])
+    torch.testing.assert_close(_from_numpy(got), Square()(x).cpu(), rtol=0, atol=0)

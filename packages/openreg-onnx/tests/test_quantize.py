@@ -1,0 +1,122 @@
+"""openreg_onnx's translations of ``quantized_decomposed.quantize_per_tensor``: QuantizeLinear
+saturates to the whole dtype, the torch op clamps to its ``quant_min``/``quant_max``; a narrower
+range (``OpenRegQuantizer(reduce_range=True)``: uint8 0..127) needs a Clip, which torchlib's
+translation left out; torchlib's ``dequantize_per_tensor.tensor`` failed outright."""
+
+import os
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's CUDA-only libraries
+
+import openreg_onnx  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from openreg_onnx import _table  # noqa: E402
+
+qd = torch.ops.quantized_decomposed
+SCALE = 0.05
+
+# (quant_min, quant_max, dtype, zero point): the reduced uint8 range, a narrower int8 one, and the
+# full ranges, which QuantizeLinear's saturation covers alone.
+RANGES = {
+    "uint8-0-127": (0, 127, torch.uint8, 3),
+    "int8-narrow": (-64, 63, torch.int8, 0),
+    "uint8-full": (0, 255, torch.uint8, 3),
+    "int8-full": (-128, 127, torch.int8, 0),
+}
+
+
+class Quantize(torch.nn.Module):
+    """quantize -> dequantize, the values returned, with fixed (``default``) or one-element tensor
+    (``tensor``) quantization parameters."""
+
+    def __init__(self, overload, quant_min, quant_max, dtype, zero_point):
+        super().__init__()
+        self.overload, self.range, self.dtype, self.zero_point = overload, (quant_min, quant_max), dtype, zero_point
+        self.register_buffer("scale", torch.tensor([SCALE], dtype=torch.float64))
+        self.register_buffer("zp", torch.tensor([zero_point]))
+
+    def forward(self, x):
+        if self.overload == "default":
+            q = qd.quantize_per_tensor.default(x, SCALE, self.zero_point, *self.range, self.dtype)
+            return q, qd.dequantize_per_tensor.default(q, SCALE, self.zero_point, *self.range, self.dtype)
+        q = qd.quantize_per_tensor.tensor(x, self.scale, self.zp, *self.range, self.dtype)
+        # torchlib's dequantize_per_tensor.tensor failed on every node; out_dtype: a Cast after it.
+        dequantize, args = qd.dequantize_per_tensor.tensor, (q, self.scale, self.zp, *self.range, self.dtype)
+        return q, dequantize(*args), dequantize(*args, out_dtype=torch.float64)
+
+
+def _inputs(dtype=torch.float32):
+    # -20..20: beyond every range (400 quanta of 0.05) on both sides.
+    return (torch.linspace(-20, 20, 64).reshape(4, 16).to(dtype).to("openreg"),)
+
+
+@pytest.mark.parametrize("mode", _table.MODES)
+@pytest.mark.parametrize("overload", ["default", "tensor"])
+@pytest.mark.parametrize("name", RANGES)
+def test_quantize_clamps_to_its_range(name, overload, mode):
+    quant_min, quant_max, dtype, zero_point = RANGES[name]
+    model = Quantize(overload, quant_min, quant_max, dtype, zero_point).to("openreg")
+    args = _inputs()
+    result = openreg_onnx.verify(model, args, mode=mode)
+    assert result.ok, result.report()
+    assert result.backend == "onnxruntime", result.fallback_reason
+    q = model(*args)[0].cpu()
+    assert (q.min().item(), q.max().item()) == (quant_min, quant_max)  # the clamp is exercised
+    ops = [n.op_type for n in result.onnx_program.model_proto.graph.node]
+    assert ops.count("QuantizeLinear") == 1
+    # Clip only where QuantizeLinear's saturation to the dtype is not the range already.
+    assert ops.count("Clip") == (0 if name.endswith("full") else 1), ops
+
+
+def test_a_16_bit_input_is_quantized_from_float32():
+    # Eager quantizes a float16 input as float32; QuantizeLinear-18 takes no float16.
+    model = Quantize("default", *RANGES["uint8-0-127"]).to("openreg")
+    result = openreg_onnx.verify(model, _inputs(torch.float16))
+    assert result.ok, result.report()
+
+
+def test_per_channel_quantize_clamps_to_its_range():
+    # torchlib's own per-channel translation clamps already (a quantize_per_channel is in a
+    # convert_pt2e(fold_quantize=False) model): kept as it is, checked here.
+    class PerChannel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scales", torch.tensor([0.05, 0.1, 0.02, 0.07], dtype=torch.float64))
+            self.register_buffer("zero_points", torch.tensor([0, 3, -2, 1]))
+
+        def forward(self, x):
+            return qd.quantize_per_channel.default(x, self.scales, self.zero_points, 0, -64, 63, torch.int8)
+
+    result = openreg_onnx.verify(PerChannel().to("openreg"), _inputs())
+    assert result.ok, result.report()
+    assert "Clip" in [n.op_type for n in result.onnx_program.model_proto.graph.node]
+
+
+def test_reduce_range_pt2e_model_matches_beyond_the_calibration_range():
+    # The docs' route for a quantized model: export the convert_pt2e model. With reduce_range=True
+    # (the default on CPUs without VNNI) its activation quantizes clamp to uint8 0..127; on inputs
+    # 3x the calibration batch, the exported model was off by 0.195 (every output) before the Clip.
+    pytest.importorskip("torchao")
+    openreg_quant = pytest.importorskip("openreg_quant")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    class ConvLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    calibration = torch.randn(4, 3, 8, 8, device="openreg")
+    model = ConvLinear().eval().to("openreg")
+    prepared = prepare_pt2e(
+        torch.export.export(model, (calibration,)).module(), openreg_quant.OpenRegQuantizer(reduce_range=True)
+    )
+    prepared(calibration)
+    converted = convert_pt2e(prepared)
+    ranges = {(n.args[3], n.args[4]) for n in converted.graph.nodes if n.target == qd.quantize_per_tensor.default}
+    assert ranges == {(0, 127)}
+    result = openreg_onnx.verify(converted, (calibration * 3,))
+    assert result.ok, result.report()
