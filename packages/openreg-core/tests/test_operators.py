@@ -1,5 +1,6 @@
 """The native operator set and the generic zero-copy path, compared with the CPU."""
 
+import copy
 import threading
 import warnings
 
@@ -337,6 +338,38 @@ class TestGenericPath(TestCase):
             self.assertEqual(d.cpu(), x)
         r = torch.arange(3.0, device="openreg")
         self.assertEqual(r.conj_physical_().cpu(), torch.arange(3.0))  # real: nothing to do
+
+    def test_results_keep_the_cpu_kernels_dtypes_after_the_first_call(self):
+        # The first call's check compared the results' shapes with the meta kernel's, not their
+        # dtypes. Where the meta kernel describes CUDA's dtypes (batch norm's saved statistics in
+        # float16 training are float32 there, float16 on the CPU; group norm's and weight norm's
+        # the other way round), every later call returned them in the meta dtype, and the CPU's
+        # backward kernels refused them ("expected scalar type Half but found Float").
+        torch.manual_seed(0)
+        cases = [
+            (lambda: torch.nn.BatchNorm2d(3), torch.float16, (4, 3, 5, 5)),
+            (lambda: torch.nn.BatchNorm2d(3), torch.bfloat16, (4, 3, 5, 5)),
+            (lambda: torch.nn.GroupNorm(2, 4), torch.float32, (2, 4, 3)),  # float32 params, half input
+            (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(5, 3)), torch.float16, (2, 5)),
+        ]
+        for make, dtype, shape in cases:
+            x = torch.randn(shape).half() if dtype == torch.float32 else torch.randn(shape).to(dtype)
+            module = make().to(dtype)
+            for step in range(3):  # the first call synchronous, the later ones asynchronous
+                grads = {}
+                for device in ("cpu", "openreg"):
+                    m = copy.deepcopy(module).to(device)
+                    with torch.autocast(device, enabled=False):
+                        m(x.to(device)).float().pow(2).sum().backward()
+                    grads[device] = [p.grad.cpu() for p in m.parameters()]
+                self.assertEqual(grads["openreg"], grads["cpu"], msg=f"{type(module).__name__} {dtype} step {step}")
+        x = torch.randn(4, 3, 5, 5, dtype=torch.float16)
+        w, b = torch.ones(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)
+        for _ in range(2):
+            want = [t.dtype for t in torch.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)]
+            d = [t.to("openreg") for t in (x, w, b)]
+            got = [t.dtype for t in torch.native_batch_norm(*d, None, None, True, 0.1, 1e-5)]
+            self.assertEqual(got, want)
 
     def test_a_conjugate_view_returned_by_a_kernel_is_resolved(self):
         # ATen's linalg_lu_solve with left=False answers by flipping its output's conj bit; the

@@ -137,9 +137,16 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
   return s;
 }
 
-// The softmax runs in float32 for 16-bit inputs and in the input's type otherwise (float64 stays
-// float64, so gradcheck works).
+// The composed attention runs in float32 for 16-bit inputs (scores, softmax and both products, as
+// the CPU's MATH and flash kernels do: computed in bfloat16, the scores were rounded before the
+// softmax, and the forward's error was 3 to 10 times the CPU's) and in the input's type otherwise
+// (float64 stays float64, so gradcheck works).
 at::ScalarType accumulate_type(const at::Tensor& q) { return at::promote_types(q.scalar_type(), at::kFloat); }
+
+// `t` in the accumulation type `acc`, if it is a floating tensor (a boolean mask stays as it is).
+at::Tensor widened(const at::Tensor& t, at::ScalarType acc) {
+  return t.defined() && t.is_floating_point() ? t.to(acc) : t;
+}
 
 // P = exp(S - logsumexp(S)). A row that the masks leave no position for (logsumexp -inf) is
 // all zeros, as the MATH backend's _safe_softmax makes it, not NaN.
@@ -186,19 +193,20 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   at::Tensor out = empty_with_layout_of(query, sizes);
   at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(accumulate_type(query)));
   const double s = scale_of(query, scale);
-  launch_cpu_function("aten::_scaled_dot_product_fused_attention_overrideable",
-                      {query, key, value, attn_bias.value_or(at::Tensor())}, {out, lse},
-                      [is_causal, s](const std::vector<at::Tensor>& a) {
-                        if (flash_applies(a[0], a[1], a[2], a[3])) {  // the CPU's flash attention (see the top)
-                          auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
-                              flash_input(a[0]), flash_input(a[1]), flash_input(a[2]), 0.0, is_causal, {}, s);
-                          return std::vector<at::Tensor>{o, l};
-                        }
-                        at::Tensor sc = scores(a[0], a[1], a[3], is_causal, s).to(accumulate_type(a[0]));
-                        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
-                        at::Tensor p = probabilities(sc, l).to(a[0].scalar_type());
-                        return std::vector<at::Tensor>{at::matmul(p, a[2]), l.squeeze(-1)};
-                      });
+  launch_cpu_function(
+      "aten::_scaled_dot_product_fused_attention_overrideable", {query, key, value, attn_bias.value_or(at::Tensor())},
+      {out, lse}, [is_causal, s](const std::vector<at::Tensor>& a) {
+        if (flash_applies(a[0], a[1], a[2], a[3])) {  // the CPU's flash attention (see the top)
+          auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(flash_input(a[0]), flash_input(a[1]),
+                                                                        flash_input(a[2]), 0.0, is_causal, {}, s);
+          return std::vector<at::Tensor>{o, l};
+        }
+        const at::ScalarType acc = accumulate_type(a[0]);
+        at::Tensor sc = scores(widened(a[0], acc), widened(a[1], acc), widened(a[3], acc), is_causal, s);
+        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
+        at::Tensor o = at::matmul(probabilities(sc, l), widened(a[2], acc)).to(a[0].scalar_type());
+        return std::vector<at::Tensor>{o, l.squeeze(-1)};
+      });
   // The other results as the meta kernel describes them (compiled graphs assert their sizes): no
   // cumulative sequence lengths and no debug mask (undefined), and 0-dim Philox seed and offset
   // (unused: openreg's fused attention has no dropout).
@@ -241,14 +249,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
                               a[6].contiguous(), 0.0, is_causal, {}, s);
                           return std::vector<at::Tensor>{dq, dk, dv, at::Tensor()};
                         }
+                        const at::ScalarType acc = accumulate_type(q);
+                        const at::Tensor qa = widened(q, acc), ka = widened(k, acc), da = widened(dout, acc);
                         at::Tensor p =
-                            probabilities(scores(q, k, bias, is_causal, s).to(accumulate_type(q)), a[6].unsqueeze(-1))
-                                .to(q.scalar_type());
-                        at::Tensor dp = at::matmul(dout, v.transpose(-2, -1));
-                        at::Tensor ds = p * (dp - (dout * o).sum(-1, /*keepdim=*/true));
-                        return std::vector<at::Tensor>{at::matmul(ds, k) * s, at::matmul(ds.transpose(-2, -1), q) * s,
-                                                       at::matmul(p.transpose(-2, -1), dout),
-                                                       bias.defined() ? at::sum_to(ds, bias.sizes()) : at::Tensor()};
+                            probabilities(scores(qa, ka, widened(bias, acc), is_causal, s), a[6].unsqueeze(-1));
+                        at::Tensor dp = at::matmul(da, widened(v, acc).transpose(-2, -1));
+                        at::Tensor ds = p * (dp - (da * widened(o, acc)).sum(-1, /*keepdim=*/true));
+                        return std::vector<at::Tensor>{
+                            (at::matmul(ds, ka) * s).to(q.scalar_type()),
+                            (at::matmul(ds.transpose(-2, -1), qa) * s).to(k.scalar_type()),
+                            at::matmul(p.transpose(-2, -1), da).to(v.scalar_type()),
+                            bias.defined() ? at::sum_to(ds, bias.sizes()).to(bias.scalar_type()) : at::Tensor()};
                       });
   return {gq, gk, gv, gb};
 }

@@ -530,6 +530,9 @@ struct Geometry {
   bool aliases = true;
 };
 
+// A result as the first call's check compares it: dtype and sizes (a nested result: sizes {-1}).
+using ResultShape = std::pair<c10::ScalarType, std::vector<int64_t>>;
+
 Geometry geometry_of(const at::Tensor& t) {
   Geometry g;
   if (!t.defined()) return g;
@@ -806,10 +809,10 @@ void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntA
 // become views; fresh ones are copied into new device tensors by a kernel,
 // laid out as `meta` says where it has a result of the same shape (so that a
 // call has the same strides whether it ran here or on the asynchronous path).
-// Returns the sizes of the tensors it returned, in order.
-std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args,
-                                                    c10::Device device, const MetaResult* meta = nullptr,
-                                                    bool results_on_host = false, bool* alerted = nullptr) {
+// Returns the dtypes and sizes of the tensors it returned, in order.
+std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, c10::Device device,
+                                           const MetaResult* meta = nullptr, bool results_on_host = false,
+                                           bool* alerted = nullptr) {
   const auto& schema = op.schema();
   {
     // Refused before anything is launched or seeded: the kernel was captured, then the wait for it
@@ -923,10 +926,10 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
   if (alerted != nullptr) *alerted = !state->alerts.alerts.empty();
   if (state->error) std::rethrow_exception(state->error);
   Stack& results = state->results;
-  std::vector<std::vector<int64_t>> shapes;
+  std::vector<ResultShape> shapes;
   for (const c10::IValue& r : results)
     for_each_tensor(r, [&](const at::Tensor& t) {
-      if (t.defined()) shapes.push_back(t.is_nested() ? std::vector<int64_t>{-1} : t.sizes().vec());
+      if (t.defined()) shapes.emplace_back(t.scalar_type(), t.is_nested() ? std::vector<int64_t>{-1} : t.sizes().vec());
     });
   // (device output as it is now, host result): described at launch, because the host may
   // resize or free the output before the copy runs.
@@ -1029,17 +1032,20 @@ std::vector<std::vector<int64_t>> run_synchronously(const c10::OperatorHandle& o
     const at::Tensor& base = args[index].toTensor();
     if (base.sizes() != host.sizes()) resize_output_like(base, host.sizes(), host.strides());
     copies.emplace_back(KernelTensorArg(base), host);
-    shapes.push_back(host.sizes().vec());
+    shapes.emplace_back(host.scalar_type(), host.sizes().vec());
   }
   launch_copies(std::move(copies));
   return shapes;
 }
 
-std::vector<std::vector<int64_t>> shapes_of(const MetaResult& meta) {
-  std::vector<std::vector<int64_t>> shapes;
+// What the meta kernel says the first call's results are. The dtypes count too: a meta kernel that
+// describes another device's dtypes (the batch norms' saved statistics in float16 training are
+// float32 on CUDA, float16 on the CPU) made later calls return what the CPU's backward refuses.
+std::vector<ResultShape> shapes_of(const MetaResult& meta) {
+  std::vector<ResultShape> shapes;
   for (const auto& geometries : meta.returns)
     for (const Geometry& g : geometries)
-      if (g.defined) shapes.push_back(g.sizes);
+      if (g.defined) shapes.emplace_back(g.dtype, g.sizes);
   return shapes;
 }
 
