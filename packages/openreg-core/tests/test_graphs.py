@@ -355,6 +355,32 @@ class TestGraphs(TestCase):
         del y, outside
         g.reset()
 
+    def test_graph_pool_reuse_keeps_small_and_large_blocks_apart(self):
+        # A small request took a large block freed during the capture: counted in the small pool at
+        # its allocation and taken off the large one at its free, the pools' statistics drifted.
+        s = torch.openreg.Stream()
+        x, xs = torch.ones(1536 << 8, device="openreg"), torch.ones(800 << 8, device="openreg")  # 1.5, 0.78 MiB
+        warm_up(lambda: (x + 1, xs + 1), s)
+
+        def pools():
+            stats = torch.openreg.memory_stats(0)
+            return [stats[f"allocated_bytes.{p}.current"] for p in ("small_pool", "large_pool", "all")]
+
+        before = pools()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            big = x + 1  # large pool
+            big_ptr = big.data_ptr()
+            del big  # into the graph's pool
+            small = xs + 1  # a small request: not the large block
+            g.capture_end()
+        self.assertNotEqual(small.data_ptr(), big_ptr)
+        del small
+        self.assertEqual(pools(), before)
+        g.reset()
+        self.assertEqual(pools(), before)
+
     def test_a_graph_sharing_the_pool_reuses_its_free_blocks(self):
         s = torch.openreg.Stream()
         x = torch.ones(1 << 18, device="openreg")

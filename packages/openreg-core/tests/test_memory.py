@@ -225,6 +225,38 @@ class TestCachingAllocator(TestCase):
             r.stdout.splitlines(), ["empty_cache: [1.0, 1.0, 1.0, 1.0] True", "retry: [1.0, 1.0, 1.0, 1.0] 1 True"]
         )
 
+    def test_empty_cache_from_a_kernel_releases_nothing(self):
+        # A custom operator's body runs on a stream's worker; giving memory back there waits for
+        # every device, its own stream included, which the runtime refuses: the segments and pinned
+        # blocks had been taken out of the caches first, and were lost for the process.
+        @torch.library.custom_op("memtest::empties", mutates_args=(), device_types="cpu")
+        def empties(x: torch.Tensor) -> torch.Tensor:
+            torch.openreg.empty_cache()
+            return x + 1
+
+        @empties.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        x = torch.ones(4, device="openreg")
+        pinned = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        pinned_ptr = pinned.data_ptr()
+        del pinned  # cached by the host allocator
+        big = torch.empty(16 << 20, dtype=torch.uint8, device="openreg")
+        del big  # a cached segment
+        torch.openreg.synchronize()
+        free, total = torch.openreg.mem_get_info()
+        reserved = torch.openreg.memory_reserved()
+        for _ in range(2):  # a signature's first call is synchronous, the second queued
+            self.assertEqual(empties(x).cpu().tolist(), [2.0] * 4)
+        self.assertEqual((torch.openreg.mem_get_info()[0], torch.openreg.memory_reserved()), (free, reserved))
+        again = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        self.assertEqual(again.data_ptr(), pinned_ptr)  # still cached, not lost
+        del again
+        torch.openreg.empty_cache()  # on the host: released
+        self.assertEqual(torch.openreg.mem_get_info()[0] + torch.openreg.memory_reserved(), free + reserved)
+        self.assertLess(torch.openreg.memory_reserved(), reserved)
+
     def test_out_of_memory_beyond_the_capacity_names_the_request(self):
         # The runtime clamps a request beyond the device's capacity before it looks for a block:
         # its part of the message named the clamped size (8192.00 MiB for a 1 TiB request).

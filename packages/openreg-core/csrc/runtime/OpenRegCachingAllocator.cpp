@@ -25,12 +25,15 @@
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -165,7 +168,7 @@ class DeviceCache {
     uint64_t capture = 0;
     if (!capturing_.empty())
       if (auto c = capturing_.find(stream); c != capturing_.end()) capture = c->second;
-    if (capture != 0 && (block = from_graph_pool(capture, size, stream)) != nullptr) {
+    if (capture != 0 && (block = from_graph_pool(capture, size, stream, small)) != nullptr) {
       // reused inside its graph pool (already counted inactive, see free)
     } else if (recent_ != nullptr && recent_->stream == stream && recent_->size == size) {
       std::swap(block, recent_);
@@ -351,7 +354,11 @@ class DeviceCache {
       // without a graph and without a wait, and a stream of another device may have used the
       // block: the streams that used it (record_stream) get events, as at any free.
       if (!block->stream_uses.empty()) {
-        insert_events(block);
+        try {
+          insert_events(block);
+        } catch (const c10::Error&) {  // as in free(): never reused rather than a throw mid-release
+          block->pending_events++;
+        }
         continue;
       }
       deactivate(block);
@@ -368,8 +375,11 @@ class DeviceCache {
   // record_stream frees are copied out and waited for without the lock, then the whole free
   // segments are taken out of the pools under it and returned to the runtime (orFree waits for
   // the device) without it.
+  // From a kernel (a custom operator's body calling torch.openreg.empty_cache()) nothing is released:
+  // giving memory back waits for every device, the kernel's own stream included.
   FirstFailure empty_cache() {
     FirstFailure failure;
+    if (orInKernel() != 0) return failure;
     std::vector<orEvent_t> events;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -377,21 +387,21 @@ class DeviceCache {
       if (!needs_events_.empty()) retry_needs_events();
       for (const auto& [stream, queue] : pending_)
         for (const auto& [event, block] : queue) events.push_back(event);
+      ++waiting_;  // process_events leaves these events alone meanwhile
     }
-    // process_events (another thread's) destroys an event once it completed; a wait on it then
-    // finds an invalid handle (handles are never reused as they were), which is no failure.
-    for (orEvent_t event : events) {
-      const orStatus st = orEventSynchronize(event);
-      if (st != orErrorInvalidResourceHandle) failure.note(st);
-    }
+    for (orEvent_t event : events) failure.note(orEventSynchronize(event));
     std::vector<void*> segments;
+    size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      --waiting_;
       process_events();
-      detach_segments(small_pool_, segments);
-      detach_segments(large_pool_, segments);
+      detach_segments(small_pool_, segments, bytes);
+      detach_segments(large_pool_, segments, bytes);
+      releasing_ += bytes;
     }
     free_segments(segments, failure);
+    releasing_ -= bytes;
     return failure;
   }
 
@@ -490,10 +500,16 @@ class DeviceCache {
           kept_for_graphs == 0 ? std::string()
                                : format_size(kept_for_graphs) +
                                      " freed but kept for captured graphs (reset() the graphs you no longer replay), ";
+      // Another thread's empty_cache gives segments back without the cache's lock (it waits for the
+      // device meanwhile): this request found the device full before they were back.
+      const size_t releasing = releasing_.load();
+      const std::string released =
+          releasing == 0 ? std::string()
+                         : format_size(releasing) + " being given back by another thread's empty_cache() (retry), ";
       TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
                        ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(size),
                        "). Device capacity ", format_size(total), ", ", format_size(free_bytes), " free; ",
-                       format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ", graphs,
+                       format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ", graphs, released,
                        format_size(agg(stats_.reserved_bytes)),
                        " reserved by PyTorch. Free tensors, call torch.openreg.empty_cache(), or raise "
                        "OPENREG_DEVICE_MEMORY. (The runtime said: ",
@@ -509,15 +525,16 @@ class DeviceCache {
   }
 
   // The smallest free block of graph pool `id` on `stream` that holds `size` bytes without wasting
-  // more than half of it (blocks of a graph pool are neither split nor merged); null if none.
-  Block* from_graph_pool(uint64_t id, size_t size, orStream_t stream) {
+  // more than half of it (blocks of a graph pool are neither split nor merged), of the same pool
+  // (small or large: the statistics count a block in its own); null if none.
+  Block* from_graph_pool(uint64_t id, size_t size, orStream_t stream, bool small) {
     auto it = graph_free_.find(id);
     if (it == graph_free_.end()) return nullptr;
     auto& blocks = it->second;
     size_t best = blocks.size();
     for (size_t i = 0; i < blocks.size(); ++i) {
       const Block* b = blocks[i];
-      if (b->stream == stream && b->size >= size && b->size / 2 <= size &&
+      if (b->stream == stream && b->small == small && b->size >= size && b->size / 2 <= size &&
           (best == blocks.size() || b->size < blocks[best]->size))
         best = i;
     }
@@ -603,6 +620,9 @@ class DeviceCache {
   // complete in order and a query stops at its first pending one; a single queue stopped there
   // for every stream, and one slow stream kept all blocks freed after it from reuse.
   void process_events() {
+    // An empty_cache waits for copies of these events' handles without the lock: none is destroyed
+    // (and its slot recycled for another event) meanwhile.
+    if (waiting_ > 0) return;
     if (!needs_events_.empty()) retry_needs_events();
     for (auto it = pending_.begin(); it != pending_.end();) {
       auto& queue = it->second;
@@ -622,7 +642,7 @@ class DeviceCache {
 
   // Takes the pool's whole free segments out of the cache (under mu_) and appends their addresses
   // to `out`, for free_segments to give back to the runtime once mu_ is released.
-  void detach_segments(Pool& pool, std::vector<void*>& out) {
+  void detach_segments(Pool& pool, std::vector<void*>& out, size_t& bytes) {
     for (auto it = pool.begin(); it != pool.end();) {
       Block* block = *it;
       if (!block->is_segment()) {
@@ -632,6 +652,7 @@ class DeviceCache {
       it = pool.erase(it);
       segments_.erase(block);
       out.push_back(block->ptr);
+      bytes += block->size;
       stats_.num_device_free++;
       update(stats_.segment, block->small, -1);
       update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
@@ -743,6 +764,8 @@ class DeviceCache {
   std::unordered_map<uint64_t, std::vector<Block*>> graph_free_;  // freed blocks of a graph pool (see free)
   std::unordered_map<uint64_t, int> pool_users_;  // graph pool -> captures begun on it and not yet reset
   std::vector<Block*> needs_events_;              // freed while a stream that used them captures (see insert_events)
+  int waiting_ = 0;                   // empty_cache calls waiting for pending_'s events (see process_events)
+  std::atomic<size_t> releasing_{0};  // bytes taken out by empty_cache, not given back to the runtime yet
   DeviceStats stats_;
 };
 

@@ -163,6 +163,9 @@ class HostCache final : public at::HostAllocator {
 
   void empty() {
     FirstFailure failure;  // raised once the cache is empty
+    // From a kernel nothing is released: orFreeHost waits for every device, the kernel's own stream
+    // included, and refuses (the blocks were dropped from the cache and leaked).
+    if (orInKernel() != 0) return;
     std::vector<HostBlock*> blocks;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -247,7 +247,8 @@ struct Stream {
   template <typename F>
   bool run_if_idle(F&& f) {
     std::lock_guard<std::mutex> lock(mu);
-    if (capture != nullptr || completed.value() < submitted_locked) return false;
+    // (A dying stream: the caller then enqueues, which refuses, as any launch on it.)
+    if (dying || capture != nullptr || completed.value() < submitted_locked) return false;
     f();
     return true;
   }

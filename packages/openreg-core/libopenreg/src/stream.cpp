@@ -654,12 +654,13 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   if (orStatus st =
           refuse_while_capturing(*s, "cannot record an event while the stream is being captured into a graph"))
     return st;
-  e->device.store(s->device);
   WorkItem item;
   item.fn = record_kernel;
   item.deleter = delete_record_args;
   item.name = "openreg::record_event";
   std::lock_guard<std::mutex> lock(e->record_mu);  // until queued: see Event::record_mu
+  const int previous_device = e->device.exchange(s->device);
+  Stream* const previous_stream = e->stream.load(std::memory_order_relaxed);
   const uint64_t generation = e->recorded.fetch_add(1) + 1;
   item.args = new RecordArgs{e, generation};
   // A timed event is not forwarded: its time is taken when its record runs, and a stream that
@@ -669,7 +670,12 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   e->stream.store(s, std::memory_order_relaxed);
   // never blocks; 0: captured (another thread began a capture)
   const uint64_t seq = s->enqueue(item, forward);
-  if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
+  if (seq == Stream::kRefused) {  // the event stays as it was: a generation that never runs never completes
+    e->recorded.store(generation - 1);
+    e->stream.store(previous_stream, std::memory_order_relaxed);
+    e->device.store(previous_device);
+    return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
+  }
   if (seq != 0 && forward != nullptr) forward->generation = generation;
   return orSuccess;
 }
@@ -736,7 +742,6 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
     if (deleter) deleter(args);
     return st;
   }
-  runtime().counters.kernels.fetch_add(1, std::memory_order_relaxed);
   WorkItem item;
   item.fn = fn;
   item.args = args;
@@ -744,6 +749,7 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
   item.name = name;
   item.context = context;
   if (s->enqueue(item) == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
+  runtime().counters.kernels.fetch_add(1, std::memory_order_relaxed);
   return orSuccess;
 }
 

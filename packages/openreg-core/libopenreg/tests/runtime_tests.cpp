@@ -1527,7 +1527,15 @@ TEST(stream_destroy_refuses_work_launched_while_it_drains) {
     }
     std::this_thread::yield();
   }
-  CHECK(!destroyed.load());                                        // still draining: the gate holds the stream
+  CHECK(!destroyed.load());  // still draining: the gate holds the stream
+  // A record is refused too, and leaves its event as it was (a generation that never ran left it
+  // not ready for good).
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreate(&e));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventRecord(e, s));
+  CHECK_OK(orEventQuery(e));
+  CHECK_OK(orEventSynchronize(e));
+  CHECK_OK(orEventDestroy(e));
   CHECK_STATUS(orErrorInvalidResourceHandle, orStreamDestroy(s));  // one destroy wins
   CHECK_STATUS(orErrorInvalidResourceHandle, orStreamBeginCapture(s));
   gate.release();
