@@ -569,6 +569,41 @@ class TestPackedWeight(TestCase):
             self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=name)
             del junk
 
+    def test_a_call_racing_its_prepack_does_not_spoil_later_calls(self):
+        # A call on another stream that runs before the prepack's kernel (a missing wait_stream) reads
+        # a weight not copied yet: that call is wrong, as a racing read of any tensor is, but the
+        # oneDNN form it made was kept, and every later, ordered call used it.
+        w, ws, wz = symmetric_weights(8, 16)
+        xq, xs, xz, _, _ = activations(4, 16)
+        x, weight, scales, zps = dev(xq, w, ws, wz)
+        want = cpu_qlinear(xq, xs, xz, w, ws, wz)
+        side = torch.openreg.Stream()
+        with torch.openreg.stream(side), StreamHold():
+            packed = oq.qlinear_prepack(weight, scales, zps)  # queued behind the hold
+            with torch.openreg.stream(torch.openreg.default_stream()):
+                oq.qlinear(x, xs, xz, packed, None, 1.0, 0, torch.float32, "none").cpu()  # the racing call
+        side.synchronize()
+        for _ in range(2):
+            got = oq.qlinear(x, xs, xz, packed, None, 1.0, 0, torch.float32, "none")
+            self.assertEqual(got.cpu(), want, atol=0, rtol=0)
+
+    def test_a_cpu_weight_is_named(self):
+        # The prepacks' CPU kernels reach the host check: it named the scales' device as the culprit,
+        # and with everything on the CPU the dispatcher said "Could not run ... 'CPU' backend".
+        w, ws, wz = symmetric_weights(8, 16)
+        conv = (w.view(8, 16, 1, 1), ws, wz, 0.03, 128, [1, 1], [0, 0], [1, 1], 1)
+        for name, call in (
+            ("qlinear_prepack", lambda *a: oq.qlinear_prepack(*a)),
+            ("qconv2d_prepack", lambda *a: oq.qconv2d_prepack(*a, *conv[3:])),
+        ):
+            args = (w, ws, wz) if name == "qlinear_prepack" else conv[:3]
+            for params_on_openreg in (False, True):
+                params = dev(*args[1:]) if params_on_openreg else args[1:]
+                with self.assertRaisesRegex(
+                    RuntimeError, f"openreg_quant::{name}: the weight must be on openreg, got a tensor on cpu"
+                ):
+                    call(args[0], *params)
+
     def test_pickle_and_deepcopy(self):
         w, ws, wz = dev(*weights(8, 4, 3, 3))
         x = dev(activations(2, 4, 6, 6)[0])[0]

@@ -57,6 +57,21 @@ class TestQuantizedLinear(TestCase):
                 self.assertTrue(torch.equal(w_back.int_repr().cpu(), w.int_repr()))
                 self.assertEqual(b_back is None, bias is None)
 
+    def test_a_bias_changed_in_place_after_packing_is_used(self):
+        # The CPU's packed parameters keep the bias tensor itself: a change in place shows in later
+        # calls. openreg packed a copy, so its calls kept the old bias while unpack() gave the new one.
+        w, b = weight(4, 8, False), torch.zeros(4)
+        packed_cpu = ops.linear_prepack(w, b)
+        bd = b.to("openreg")
+        packed = ops.linear_prepack(w.to("openreg"), bd)
+        x = activation(3, 8)
+        self.assertSameQ(ops.linear(x.to("openreg"), packed, 0.05, 100), ops.linear(x, packed_cpu, 0.05, 100))
+        b.add_(1.0)
+        bd.add_(1.0)
+        want = ops.linear(x, packed_cpu, 0.05, 100)
+        self.assertSameQ(ops.linear(x.to("openreg"), packed, 0.05, 100), want)
+        self.assertEqual(ops.linear_unpack(packed)[1].cpu(), b)
+
     def test_nn_quantized_linear_on_openreg(self):
         torch.manual_seed(0)
         layer = nnq.Linear(40, 24)

@@ -44,6 +44,10 @@ struct OneDnnForm {
   std::mutex mutex;      // kernels of several streams may use one packed weight
   bool checked = false;  // the zero points were found all zero
   at::Tensor onednn;
+  // The prepack's kernel is queued and has not run: only it may keep the form it makes. A call on
+  // another stream that ran before it (without waiting for it: a missing wait_stream) read a
+  // weight not copied yet; the form it made was kept, and every later call used it.
+  bool prepack_pending = false;
 };
 
 // torch.classes.openreg_quant.PackedWeight: an int8 weight packed once on the device. It owns its
@@ -125,6 +129,10 @@ std::string str(c10::IntArrayRef v) {
 // Host side, at prepack: the int8 weight (`rank`-D) and its per-channel parameters.
 void check_weight(const at::Tensor& weight, const at::Tensor& w_scales, const at::Tensor& w_zero_points, int64_t rank,
                   const char* name) {
+  // A CPU weight reaches here through the CPU kernel below: said first, before its parameters'
+  // devices are compared with it (which told a caller with openreg scales to move them to the CPU).
+  TORCH_CHECK(weight.is_privateuseone() || weight.is_meta(), name, ": the weight must be on openreg, got a tensor on ",
+              weight.device(), "; pack openreg tensors (weight.to('openreg')).");
   TORCH_CHECK(weight.dim() == rank, name, ": weight must be ",
               rank == 2 ? "2-D [out_features, in_features]" : "4-D [out_channels, in_channels / groups, kH, kW]",
               ", got ", weight.dim(), "-D.");
@@ -267,19 +275,22 @@ struct PackedArgs {
   // Device side, first in every kernel that uses the weight: checks the zero points (once) and, with
   // `pack`, returns oneDNN's form of the weight, made now unless made already (the exact path needs
   // none).
-  at::Tensor prepare(const char* name, bool pack) const {
+  // `prepack`: this is the prepack's own kernel.
+  at::Tensor prepare(const char* name, bool pack, bool prepack = false) const {
     at::Tensor zero_points = w_zero_points.materialize();
     std::lock_guard<std::mutex> lock(form->mutex);
+    if (prepack) form->prepack_pending = false;
     check_symmetric(*form, zero_points, name);
-    if (pack && !form->onednn.defined()) {
-      at::Tensor w = weight.materialize().contiguous();
-      form->onednn =
-          conv ? call_boxed(onednn_conv_prepack(), {w, w_scales.materialize().contiguous(), x_scale, x_zero_point,
-                                                    stride, padding, dilation, groups, c10::IValue()})
-                     .toTensor()
-               : call_boxed(onednn_linear_prepack(), {w, c10::IValue()}).toTensor();
-    }
-    return pack ? form->onednn : at::Tensor();
+    if (!pack) return at::Tensor();
+    if (form->onednn.defined()) return form->onednn;
+    at::Tensor w = weight.materialize().contiguous();
+    at::Tensor made =
+        conv ? call_boxed(onednn_conv_prepack(), {w, w_scales.materialize().contiguous(), x_scale, x_zero_point, stride,
+                                                  padding, dilation, groups, c10::IValue()})
+                   .toTensor()
+             : call_boxed(onednn_linear_prepack(), {w, c10::IValue()}).toTensor();
+    if (!form->prepack_pending) form->onednn = made;  // else: this call's alone (see OneDnnForm)
+    return made;
   }
 };
 
@@ -287,7 +298,9 @@ struct PackedArgs {
 // device, nothing.
 PackedWeightPtr launch_prepack(PackedWeightPtr p, const char* name) {
   if (p->weight.is_meta()) return p;
-  OPENREG_CHECK(::openreg::launch(stream_of(p->weight), name, [w = PackedArgs(*p), name] { w.prepare(name, true); }));
+  p->form->prepack_pending = true;  // a fresh form: no kernel uses it yet
+  OPENREG_CHECK(::openreg::launch(stream_of(p->weight), name,
+                                  [w = PackedArgs(*p), name] { w.prepare(name, /*pack=*/true, /*prepack=*/true); }));
   return p;
 }
 
@@ -557,6 +570,8 @@ TORCH_LIBRARY_IMPL(openreg_quant, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(openreg_quant, CPU, m) {
   m.impl("qlinear", TORCH_FN(qlinear));
   m.impl("qconv2d", TORCH_FN(qconv2d));
+  m.impl("qlinear_prepack", TORCH_FN(qlinear_prepack));  // check_weight refuses CPU weights
+  m.impl("qconv2d_prepack", TORCH_FN(qconv2d_prepack));
 }
 
 // The prepacks' host code on the meta device: checks, and a packed weight of meta tensors. The fused

@@ -43,6 +43,9 @@ using PackedPtr = c10::intrusive_ptr<LinearPackedParamsBase>;
 struct DeviceState {
   std::mutex mutex;
   PackedPtr cpu;
+  // The openreg bias, whose memory the CPU form reads at every call (as the CPU's packed objects
+  // keep their bias tensor): kept for as long as the form.
+  std::optional<at::Tensor> bias;
 };
 
 // quantized::linear_prepack through the dispatcher: the CPU's kernel for CPU tensors, this file's
@@ -54,14 +57,15 @@ const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>
   return handle;
 }
 
-// Device side. The CPU packs copies of the weight and bias: the packed form owns its memory (the
-// CPU's packed objects keep their weight and bias tensors).
+// Device side. The CPU packs a copy of the weight, and the bias itself, as the CPU's prepack does:
+// an in-place change of the bias after packing shows in later calls, as on the CPU (a copy of it
+// was packed, and unpack() returned the changed bias while the calls used the old one).
 LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weight,
                                const std::optional<KernelTensorArg>& bias) {
   std::lock_guard<std::mutex> lock(state.mutex);
   if (!state.cpu) {
     std::optional<at::Tensor> b;
-    if (bias) b = bias->materialize().clone();
+    if (bias) b = bias->materialize();
     state.cpu = linear_prepack_op().call(weight.owned_copy(), b);
   }
   return *state.cpu;
@@ -76,7 +80,9 @@ LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weigh
 
 struct OpenRegLinearPackedParams : LinearPackedParamsBase {
   OpenRegLinearPackedParams(at::Tensor weight, std::optional<at::Tensor> bias)
-      : weight_(std::move(weight)), bias_(std::move(bias)) {}
+      : weight_(std::move(weight)), bias_(std::move(bias)) {
+    state_->bias = bias_;
+  }
 
   at::Tensor apply(at::Tensor input, double output_scale, int64_t output_zero_point) override {
     return run(input, output_scale, output_zero_point, false);
