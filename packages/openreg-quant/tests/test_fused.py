@@ -695,8 +695,8 @@ class TestPackedWeight(TestCase):
         # the same checks on the meta device
         with self.assertRaisesRegex(RuntimeError, linear + "in_features must be at least 1"):
             oq.qlinear_prepack(*(t.to("meta") for t in (w[:, :0], ws, wz)))
-        # no CPU kernel: a CPU weight is not packed for openreg
-        with self.assertRaisesRegex(NotImplementedError, "openreg_quant::qlinear_prepack.*'CPU' backend"):
+        # a CPU weight is not packed for openreg (see test_a_cpu_weight_is_named)
+        with self.assertRaisesRegex(RuntimeError, linear + "the weight must be on openreg, got a tensor on cpu"):
             oq.qlinear_prepack(w.cpu(), ws.cpu(), wz.cpu())
 
     def test_non_zero_zero_points_fail_in_the_kernel(self):
