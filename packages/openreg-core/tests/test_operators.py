@@ -363,13 +363,18 @@ class TestGenericPath(TestCase):
                         m(x.to(device)).float().pow(2).sum().backward()
                     grads[device] = [p.grad.cpu() for p in m.parameters()]
                 self.assertEqual(grads["openreg"], grads["cpu"], msg=f"{type(module).__name__} {dtype} step {step}")
+        # ... and they stay asynchronous (the verdict keeps the CPU's dtypes for later calls): a
+        # 16-bit network's every batch norm made the host wait for the device otherwise.
         x = torch.randn(4, 3, 5, 5, dtype=torch.float16)
         w, b = torch.ones(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)
-        for _ in range(2):
-            want = [t.dtype for t in torch.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)]
-            d = [t.to("openreg") for t in (x, w, b)]
-            got = [t.dtype for t in torch.native_batch_norm(*d, None, None, True, 0.1, 1e-5)]
-            self.assertEqual(got, want)
+        want = torch.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
+        d = [t.to("openreg") for t in (x, w, b)]
+        torch.native_batch_norm(*d, None, None, True, 0.1, 1e-5)  # the signature's first call
+        with StreamHold() as held:
+            got = torch.native_batch_norm(*d, None, None, True, 0.1, 1e-5)
+            self.assertFalse(held.stream.query())  # returned with the kernel still queued
+        self.assertEqual([t.dtype for t in got], [t.dtype for t in want])
+        self.assertEqual([t.cpu() for t in got], list(want))
 
     def test_a_conjugate_view_returned_by_a_kernel_is_resolved(self):
         # ATen's linalg_lu_solve with left=False answers by flipping its output's conj bit; the

@@ -556,8 +556,23 @@ struct MetaResult {
   // shaped as the CPU made them. The verdict is shared by every exact signature
   // of the coarse one: a new shape, offset or scalar value reruns the meta
   // kernel on the host but does not make the host wait again.
-  enum class Check { unverified, agrees, disagrees };
-  std::shared_ptr<std::atomic<Check>> check = std::make_shared<std::atomic<Check>>(Check::unverified);
+  // agrees_in_cpu_dtypes: the shapes agree but some fresh results' dtypes do not (the batch norms'
+  // saved statistics in 16-bit training are float32 in their meta kernel, as on CUDA, and in the
+  // input's type on the CPU): later calls stay asynchronous, with the CPU's dtypes (`dtypes`, one
+  // per defined result, in the order of shapes_of).
+  enum class Check { unverified, agrees, agrees_in_cpu_dtypes, disagrees };
+  struct Verdict {
+    std::atomic<Check> check{Check::unverified};
+    std::mutex mu;                        // the first verdict is kept (two threads may verify at once)
+    std::vector<c10::ScalarType> dtypes;  // written once, before check becomes agrees_in_cpu_dtypes
+    void decide(Check c, std::vector<c10::ScalarType> d = {}) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (check.load(std::memory_order_relaxed) != Check::unverified) return;
+      dtypes = std::move(d);
+      check.store(c, std::memory_order_release);
+    }
+  };
+  std::shared_ptr<Verdict> verdict = std::make_shared<Verdict>();
   std::vector<bool> is_list;
   std::vector<std::vector<Geometry>> returns;
 };
@@ -706,7 +721,7 @@ constexpr size_t kMetaCacheCapacity = 16384;
 constexpr size_t kCheckCapacity = 65536;
 std::mutex& g_meta_mu = *new std::mutex();
 auto& g_meta_cache = *new std::unordered_map<MetaKey, std::shared_ptr<const MetaResult>, MetaKeyHash>();
-auto& g_checks = *new std::unordered_map<MetaKey, std::shared_ptr<std::atomic<MetaResult::Check>>, MetaKeyHash>();
+auto& g_checks = *new std::unordered_map<MetaKey, std::shared_ptr<MetaResult::Verdict>, MetaKeyHash>();
 
 std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                          bool tensor_returns_only) {
@@ -787,9 +802,9 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
     std::lock_guard<std::mutex> lock(g_meta_mu);
     if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
     if (g_checks.size() >= kCheckCapacity) g_checks.clear();
-    auto& check = g_checks[std::move(coarse)];
-    if (!check) check = result->check;
-    result->check = check;
+    auto& verdict = g_checks[std::move(coarse)];
+    if (!verdict) verdict = result->verdict;
+    result->verdict = verdict;
     g_meta_cache.emplace(key, result);
   }
   return result;
@@ -1047,6 +1062,29 @@ std::vector<ResultShape> shapes_of(const MetaResult& meta) {
     for (const Geometry& g : geometries)
       if (g.defined) shapes.emplace_back(g.dtype, g.sizes);
   return shapes;
+}
+
+// The first call's verdict (see MetaResult::Check) from the CPU kernel's results `got`. Where only
+// the dtypes of fresh results differ, *dtypes receives the CPU's, one per defined result; a view or
+// a written argument in another dtype than the meta kernel's is a disagreement.
+MetaResult::Check compare_with_meta(const c10::FunctionSchema& schema, const MetaResult& meta,
+                                    const std::vector<ResultShape>& got, std::vector<c10::ScalarType>* dtypes) {
+  using Check = MetaResult::Check;
+  const std::vector<ResultShape> want = shapes_of(meta);
+  if (got == want) return Check::agrees;
+  if (got.size() != want.size()) return Check::disagrees;
+  size_t k = 0;
+  for (size_t i = 0; i < meta.returns.size(); ++i) {
+    const auto& ret = schema.returns()[i];
+    const bool fresh = !is_view_return(ret) && !is_written(ret);
+    for (const Geometry& g : meta.returns[i]) {
+      if (!g.defined) continue;
+      if (got[k].second != want[k].second || (!fresh && got[k].first != want[k].first)) return Check::disagrees;
+      dtypes->push_back(got[k].first);
+      ++k;
+    }
+  }
+  return Check::agrees_in_cpu_dtypes;
 }
 
 // Device side: makes a result land in its device output. A CPU kernel may
@@ -1576,7 +1614,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   // 1. Output metadata from the meta kernels (cached).
   const auto meta = meta_for(op, args, facts.tensor_returns_only);
   using Check = MetaResult::Check;
-  const Check check = meta->check->load(std::memory_order_relaxed);
+  const Check check = meta->verdict->check.load(std::memory_order_acquire);
   if (meta->data_dependent || check == Check::disagrees ||
       (facts.writes_argument && (written_memory_overlaps(schema, args) || resizes_an_input(schema, args, *meta)))) {
     run_synchronously(op, stack, take_arguments(stack, num_args), device);
@@ -1584,17 +1622,31 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   }
   if (check == Check::unverified) {
     bool alerted = false;
-    const bool agrees = run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get(), false,
-                                          &alerted) == shapes_of(*meta);
+    const std::vector<ResultShape> got =
+        run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get(), false, &alerted);
     // A kernel that warned about its nondeterminism (warn_only) stays on the synchronous path, where
     // the host issues the warning at every call, as the CPU does; the asynchronous path would drop it.
-    meta->check->store(agrees && !alerted ? Check::agrees : Check::disagrees, std::memory_order_relaxed);
+    std::vector<c10::ScalarType> dtypes;
+    const Check verdict = alerted ? Check::disagrees : compare_with_meta(schema, *meta, got, &dtypes);
+    meta->verdict->decide(verdict, std::move(dtypes));
     return;
   }
 
   // 2. Outputs on the device.
   Stack outputs;
   outputs.reserve(schema.returns().size());
+  // Fresh results in the CPU kernel's dtypes where the meta kernel's differ (see Check).
+  const std::vector<c10::ScalarType>* cpu_dtypes =
+      check == Check::agrees_in_cpu_dtypes ? &meta->verdict->dtypes : nullptr;
+  size_t result_index = 0;  // of the defined results, as shapes_of counts them
+  auto fresh = [&](const Geometry& g) {
+    if (!g.defined) return at::Tensor();
+    const size_t k = result_index++;
+    if (cpu_dtypes == nullptr || (*cpu_dtypes)[k] == g.dtype) return alloc_like(g, schema);
+    Geometry in_cpu_dtype = g;
+    in_cpu_dtype.dtype = (*cpu_dtypes)[k];
+    return alloc_like(in_cpu_dtype, schema);
+  };
   c10::SmallVector<bool, 4> true_view;  // per return: aliases its input, needs no kernel
   bool needs_kernel = facts.mutates;    // foreach ops, fused optimizers, AMP's unscale: no returns to compute
   for (size_t i = 0; i < schema.returns().size(); ++i) {
@@ -1603,6 +1655,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     bool aliases = true;
     for (const Geometry& g : geometries) aliases &= g.aliases;
     true_view.push_back(is_view_return(ret) && aliases);
+    if (cpu_dtypes != nullptr && (true_view.back() || is_written(ret)))
+      for (const Geometry& g : geometries) result_index += g.defined ? 1 : 0;  // not fresh: same dtype
     if (true_view.back()) {
       const at::Tensor& base = args[aliased_argument(schema, ret)].toTensor();
       if (!meta->is_list[i]) {
@@ -1621,11 +1675,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     } else {
       needs_kernel = true;
       if (!meta->is_list[i]) {
-        outputs.push_back(alloc_like(geometries[0], schema));
+        outputs.push_back(fresh(geometries[0]));
       } else {
-        c10::List<at::Tensor> fresh;
-        for (const Geometry& g : geometries) fresh.push_back(alloc_like(g, schema));
-        outputs.push_back(fresh);
+        c10::List<at::Tensor> made;
+        for (const Geometry& g : geometries) made.push_back(fresh(g));
+        outputs.push_back(made);
       }
     }
   }
