@@ -71,6 +71,14 @@ class TestQuantizedLinear(TestCase):
         want = ops.linear(x, packed_cpu, 0.05, 100)
         self.assertSameQ(ops.linear(x.to("openreg"), packed, 0.05, 100), want)
         self.assertEqual(ops.linear_unpack(packed)[1].cpu(), b)
+        # A bias given new memory: the CPU's form follows its tensor there. openreg's read the old
+        # memory, freed and handed to the next tensor of its size.
+        b.data = torch.full((4,), -2.0)
+        bd.data = torch.full((4,), -2.0, device="openreg")
+        reused = torch.full((4,), 1000.0, device="openreg")  # may take the old bias's block
+        want = ops.linear(x, packed_cpu, 0.05, 100)
+        self.assertSameQ(ops.linear(x.to("openreg"), packed, 0.05, 100), want)
+        del reused
 
     def test_nn_quantized_linear_on_openreg(self):
         torch.manual_seed(0)

@@ -39,13 +39,14 @@ namespace {
 
 using PackedPtr = c10::intrusive_ptr<LinearPackedParamsBase>;
 
-// Device side: the CPU's packed form, made once by whichever kernel needs it first.
+// Device side: the CPU's packed form, made by whichever kernel needs it first, and again when the
+// bias's memory changed (see packed).
 struct DeviceState {
   std::mutex mutex;
   PackedPtr cpu;
-  // The openreg bias, whose memory the CPU form reads at every call (as the CPU's packed objects
-  // keep their bias tensor): kept for as long as the form.
-  std::optional<at::Tensor> bias;
+  // Where the bias was when the form was made: its device storage and offset.
+  const void* bias_storage = nullptr;
+  int64_t bias_offset = 0;
 };
 
 // quantized::linear_prepack through the dispatcher: the CPU's kernel for CPU tensors, this file's
@@ -57,16 +58,23 @@ const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>
   return handle;
 }
 
-// Device side. The CPU packs a copy of the weight, and the bias itself, as the CPU's prepack does:
-// an in-place change of the bias after packing shows in later calls, as on the CPU (a copy of it
-// was packed, and unpack() returned the changed bias while the calls used the old one).
+// Device side. The CPU packs a copy of the weight, and the bias itself (over its kernel view), as
+// the CPU's prepack keeps its bias tensor: a change of the bias in place shows in later calls, as
+// on the CPU (a copy of it was packed, and unpack() returned the changed bias while the calls used
+// the old one). The form reads the bias's memory only inside a call, whose own bias argument is that
+// memory; a bias given new memory (`bias.data = t`, set_) is packed again at its next call, as the
+// CPU's form follows its tensor to new memory.
 LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weight,
                                const std::optional<KernelTensorArg>& bias) {
   std::lock_guard<std::mutex> lock(state.mutex);
-  if (!state.cpu) {
+  const void* storage = bias ? bias->storage : nullptr;
+  const int64_t offset = bias ? bias->offset : 0;
+  if (!state.cpu || storage != state.bias_storage || offset != state.bias_offset) {
     std::optional<at::Tensor> b;
     if (bias) b = bias->materialize();
     state.cpu = linear_prepack_op().call(weight.owned_copy(), b);
+    state.bias_storage = storage;
+    state.bias_offset = offset;
   }
   return *state.cpu;
 }
@@ -80,9 +88,7 @@ LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weigh
 
 struct OpenRegLinearPackedParams : LinearPackedParamsBase {
   OpenRegLinearPackedParams(at::Tensor weight, std::optional<at::Tensor> bias)
-      : weight_(std::move(weight)), bias_(std::move(bias)) {
-    state_->bias = bias_;
-  }
+      : weight_(std::move(weight)), bias_(std::move(bias)) {}
 
   at::Tensor apply(at::Tensor input, double output_scale, int64_t output_zero_point) override {
     return run(input, output_scale, output_zero_point, false);
