@@ -108,6 +108,32 @@ class TestQuantizeExportServe(TestCase):
             f"int8 ORT vs openreg lowered {diff_lowered:.1e} (quantum {quantum:.1e}); int8 vs float rel {rel:.3f}"
         )
 
+    def test_reduce_range_model_matches_beyond_the_calibration_range(self):
+        # With OpenRegQuantizer(reduce_range=True) (the default on x86 CPUs without VNNI) the
+        # activation quantizes clamp to uint8 0..127; on inputs 3x the calibration batch the exported
+        # convert_pt2e model was off by 0.195 on every output, before openreg-onnx's quantize
+        # translation clamped (a Clip after QuantizeLinear).
+        class ConvLinear(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.fc = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8, 5)
+
+            def forward(self, x):
+                return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+        torch.manual_seed(0)
+        calibration = torch.randn(4, 3, 8, 8, device="openreg")
+        model = ConvLinear().eval().to("openreg")
+        prepared = prepare_pt2e(
+            torch.export.export(model, (calibration,)).module(), OpenRegQuantizer(reduce_range=True)
+        )
+        prepared(calibration)
+        converted = convert_pt2e(prepared)
+        ranges = {(n.args[3], n.args[4]) for n in converted.graph.nodes if n.target == qd.quantize_per_tensor.default}
+        self.assertEqual(ranges, {(0, 127)})
+        result = openreg_onnx.verify(converted, (calibration * 3,))
+        self.assertTrue(result.ok, result.report())
+
 
 if __name__ == "__main__":
     run_tests()

@@ -304,7 +304,28 @@ def _quantize(input, scale, zero_point, quant_min: int, quant_max: int, dtype: i
     return op.Clip(q, low, high)
 
 
+_QDQ_TYPES = (ir.DataType.UINT8, ir.DataType.INT8)
+
+
+def _quantize_arithmetic(input, inv_scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+    """The decomposition's own arithmetic, ``clamp(round(x * (1 / scale)) + zero_point, quant_min,
+    quant_max).to(dtype)`` in float32, for the dtypes other than uint8/int8: QuantizeLinear takes
+    16-bit integers only from opset 21 (onnxruntime then has no 16-bit Clip), never int32, and casts
+    to float8 without rounding first (eager rounds to integers). ``inv_scale`` and ``zero_point``
+    are float32."""
+    if input.dtype != ir.DataType.FLOAT:
+        input = op.Cast(input, to=ir.DataType.FLOAT)
+    shifted = op.Add(op.Round(op.Mul(input, inv_scale)), zero_point)
+    low = op.Constant(value=ir.tensor(float(quant_min), dtype=ir.DataType.FLOAT))
+    high = op.Constant(value=ir.tensor(float(quant_max), dtype=ir.DataType.FLOAT))
+    return op.Cast(op.Clip(shifted, low, high), to=ir.DataType(dtype))
+
+
 def quantize_per_tensor(input, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: int):
+    if ir.DataType(dtype) not in _QDQ_TYPES:
+        inv = op.Constant(value=ir.tensor(1.0 / scale, dtype=ir.DataType.FLOAT))
+        zero = op.Constant(value=ir.tensor(float(zero_point), dtype=ir.DataType.FLOAT))
+        return _quantize_arithmetic(input, inv, zero, quant_min, quant_max, dtype)
     scale_value = op.Constant(value=ir.tensor(scale, dtype=ir.DataType.FLOAT))
     zero = op.Constant(value=ir.tensor(zero_point, dtype=ir.DataType(dtype)))
     return _quantize(input, scale_value, zero, quant_min, quant_max, dtype)
@@ -321,6 +342,9 @@ def _tensor_qparams(scale, zero_point, dtype: int):
 
 
 def quantize_per_tensor_tensor(input, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+    if ir.DataType(dtype) not in _QDQ_TYPES:
+        scale, zero_point = _tensor_qparams(scale, zero_point, ir.DataType.FLOAT)
+        return _quantize_arithmetic(input, op.Reciprocal(scale), zero_point, quant_min, quant_max, dtype)
     scale, zero_point = _tensor_qparams(scale, zero_point, dtype)
     return _quantize(input, scale, zero_point, quant_min, quant_max, dtype)
 
