@@ -974,8 +974,14 @@ class TestCollectives(OcclTestCase):
             self.assertEqual((x.cpu(), got.cpu()), (torch.full((256,), 3.0), torch.full((64,), 3.0)))
             torch.openreg.synchronize()
             dist.destroy_process_group(group)
-            del group, x, got, ops
+            del group, x, got, ops, work
             gc.collect()
+        # A backend goes when its last reference does, which a thread completing its works' results
+        # may hold a little longer: waited for, not timed.
+        deadline = time.monotonic() + 30
+        while alive()[0] != before[0] and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
         after = alive()
         self.assertEqual(after[0], before[0])  # as many streams alive as before the three groups
         self.assertGreater(after[1], before[1])
