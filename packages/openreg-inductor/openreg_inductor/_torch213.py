@@ -559,6 +559,26 @@ class WrapperFixes:
 #     rows (with ``cpp.enable_loop_tail_vec=False``; with the default the repeated stores write the
 #     same values). openreg's class runs that method as a CppKernel (codegen/scheduling.py).
 #     Test: tests/test_codegen.py::TestTiledKernels::test_the_tail_rows_of_a_tile_run_once.
+# 24. torch/_inductor/lowering.py, where(): a 0-dim CPU view (``cpu_vector[i]``) next to openreg
+#     tensors becomes a CPU scalar buffer (``maybe_copy_cpu_scalar``) only in the lowerings that
+#     promote types (``transform_args``); ``where`` broadcasts its arguments itself, so the view
+#     reached openreg's kernel as the whole CPU vector, which the launcher refuses ("openreg kernel
+#     argument ... is a CPU tensor of 4 elements"): ``torch.where(x > 0, v[1], x)``, and
+#     ``masked_fill``/``lerp``, which decompose to it, failed to compile where CPU Inductor and
+#     eager run them. The lowering copies such views first when an argument is on openreg.
+#     Test: tests/test_codegen.py::TestMixedDevices::test_a_cpu_scalar_view_in_where.
+def _where_copies_cpu_scalars(original, maybe_copy_cpu_scalar, tensor_box):
+    @functools.wraps(original)
+    def where(*args, **kwargs):
+        boxes = [a for a in args if isinstance(a, tensor_box)]
+        target = next((d for d in (b.get_device() for b in boxes) if d is not None and d.type == DEVICE), None)
+        if target is not None:
+            args = tuple(maybe_copy_cpu_scalar(a, target) if isinstance(a, tensor_box) else a for a in args)
+        return original(*args, **kwargs)
+
+    return where
+
+
 # 21. torch/utils/_config_module.py, ConfigModule.__setattr__(): an assignment to an Inductor option
 #     is a user override held in a ContextVar, so it holds in the assigning thread only (a new
 #     thread starts without it). The graph policy graphs.install() assigned at import then held in
@@ -621,6 +641,10 @@ def apply() -> None:
     codecache.FxGraphHashDetails.__init__ = _hash_details_init(codecache.FxGraphHashDetails.__init__)
     template_kernel = cpp_template_kernel.CppTemplateKernel
     template_kernel.store_output = _store_output(template_kernel.store_output)
+    where = _where_copies_cpu_scalars(lowering.where, lowering.maybe_copy_cpu_scalar, lowering.TensorBox)
+    for key, fn in list(lowering.lowerings.items()):  # aten.where and its overloads
+        if fn is lowering.where:
+            lowering.lowerings[key] = where
     _applied = True
 
 

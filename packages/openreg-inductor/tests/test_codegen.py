@@ -387,6 +387,14 @@ class TestMixedDevices(TestCase):
         out = compare_with_cpu_inductor(self, f, torch.tensor(1.5), torch.randn(300), keep_on_cpu=(0,))
         self.assertEqual(out.device.type, "openreg")
 
+    def test_a_cpu_scalar_view_in_where(self):
+        # v[1] of a CPU vector is a 0-dim CPU view: where (and masked_fill, which decomposes to it)
+        # read the whole vector inside openreg's kernel, which the launcher refused at compile time.
+        def pick(x, v):
+            return torch.where(x > 0, v[1], x), x.masked_fill(x < -1, v[2]) * v[0]
+
+        compare_with_cpu_inductor(self, pick, torch.randn(4, 6), torch.tensor([1.5, 2.0, -3.0, 4.0]), keep_on_cpu=(1,))
+
     def test_scalar_is_read_at_launch(self):
         g = torch.compile(lambda s, x: x * s)
         s, x = torch.tensor(2.0), torch.ones(4, device="openreg")

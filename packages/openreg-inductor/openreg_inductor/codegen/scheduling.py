@@ -39,7 +39,9 @@ def _is_host_scalar(name: str) -> bool:
         return False
     if not V.graph.sizevars.statically_known_equals(buf.get_numel(), 1):
         raise RuntimeError(
-            f"openreg kernel argument {name} is a CPU tensor of {buf.get_numel()} elements; only CPU scalars may"
+            f"an openreg kernel reads the CPU tensor {name} of {buf.get_numel()} elements (an input of the "
+            "compiled function, or a value computed from one inside openreg's kernel); openreg's compiled "
+            "kernels take only CPU scalars (0-dim tensors) from the host: move that tensor to openreg"
         )
     return True
 
