@@ -23,7 +23,10 @@ import onnx.parser
 from onnx import TensorProto
 
 DOMAIN = "com.openreg"
-VERSION = 1
+# The domain's version: a schema's change is a new version, so that a runtime that registered the
+# earlier schemas (a vendor's kernels) does not meet nodes it was not written for.
+# 2 (2026-12-06): scaled_square's SCALE is float32 for 16-bit X (it was X's type).
+VERSION = 2
 # The lowest standard opset the bodies are valid in (they take the model's own opset).
 BODY_OPSET = 18
 
