@@ -564,8 +564,10 @@ class WrapperFixes:
 #     promote types (``transform_args``); ``where`` broadcasts its arguments itself, so the view
 #     reached openreg's kernel as the whole CPU vector, which the launcher refuses ("openreg kernel
 #     argument ... is a CPU tensor of 4 elements"): ``torch.where(x > 0, v[1], x)``, and
-#     ``masked_fill``/``lerp``, which decompose to it, failed to compile where CPU Inductor and
-#     eager run them. The lowering copies such views first when an argument is on openreg.
+#     ``masked_fill``, which decomposes to it, failed to compile where CPU Inductor and eager run
+#     them. The lowering copies such views first when an argument is on openreg. (``lerp`` with such
+#     a weight is still refused: its decomposition computes a CPU value from the view inside the
+#     graph, which no lowering copies; compiler.md.)
 #     Test: tests/test_codegen.py::TestMixedDevices::test_a_cpu_scalar_view_in_where.
 def _where_copies_cpu_scalars(original, maybe_copy_cpu_scalar, tensor_box):
     @functools.wraps(original)

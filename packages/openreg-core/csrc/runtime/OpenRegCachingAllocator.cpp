@@ -240,10 +240,11 @@ class DeviceCache {
   }
 
   // Device side of a free: events on every stream that used the block (record_stream), but a
-  // destroyed one (see below). A stream being captured into a graph cannot record one (its work is recorded, not run),
-  // on this device or another (a copy from this device queued on a stream of another records its source there): the
-  // block waits in needs_events_, holding no reuse and no coalescing, until that capture ends (retried by
-  // process_events and end_capture). Recording there threw inside the tensor's deleter, which aborted the process.
+  // destroyed one (see below). A stream being captured into a graph cannot record one (its work is
+  // recorded, not run), on this device or another (a copy from this device queued on a stream of
+  // another records its source there): the block waits in needs_events_, holding no reuse and no
+  // coalescing, until that capture ends (retried by process_events and end_capture). Recording there
+  // threw inside the tensor's deleter, which aborted the process.
   void insert_events(Block* block) {
     std::vector<c10::Stream> capturing;
     for (const c10::Stream& s : block->stream_uses) {
