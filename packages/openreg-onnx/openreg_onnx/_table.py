@@ -36,6 +36,7 @@ openreg_ops = Opset(_vendor.DOMAIN, _vendor.VERSION)
 _SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"
 _QUANTIZE = "quantized_decomposed::quantize_per_tensor"
 _QUANTIZE_TENSOR = "quantized_decomposed::quantize_per_tensor.tensor"
+_DEQUANTIZE = "quantized_decomposed::dequantize_per_tensor"
 _DEQUANTIZE_TENSOR = "quantized_decomposed::dequantize_per_tensor.tensor"
 # The schemas the translations implement (torch op name -> str(schema) without the name).
 SIGNATURES = {
@@ -50,6 +51,8 @@ SIGNATURES = {
     _QUANTIZE: "(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     _QUANTIZE_TENSOR: "(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, "
     "ScalarType dtype) -> Tensor",
+    _DEQUANTIZE: "(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, "
+    "ScalarType? out_dtype=None) -> Tensor",
     _DEQUANTIZE_TENSOR: "(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, "
     "ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
 }
@@ -349,13 +352,44 @@ def quantize_per_tensor_tensor(input, scale, zero_point, quant_min: int, quant_m
     return _quantize(input, scale, zero_point, quant_min, quant_max, dtype)
 
 
+def dequantize_per_tensor(
+    input, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: int, out_dtype: Optional[int] = None
+):
+    to = ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+    if to != ir.DataType.FLOAT or ir.DataType(dtype) not in _QDQ_TYPES:
+        scale_value = op.Constant(value=ir.tensor(scale, dtype=ir.DataType.DOUBLE))  # torch's double
+        return _dequantize_arithmetic(input, scale_value, _int64(zero_point), to)
+    scale_value = op.Constant(value=ir.tensor(scale, dtype=ir.DataType.FLOAT))
+    return op.DequantizeLinear(input, scale_value, op.Constant(value=ir.tensor(zero_point, dtype=ir.DataType(dtype))))
+
+
 def dequantize_per_tensor_tensor(
     input, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: Optional[int] = None
 ):
     # torchlib's passed the zero-point tensor where it takes a number and failed on every such node.
+    to = ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+    if to != ir.DataType.FLOAT or ir.DataType(dtype) not in _QDQ_TYPES:
+        return _dequantize_arithmetic(input, scale, zero_point, to)
     scale, zero_point = _tensor_qparams(scale, zero_point, dtype)
-    out = op.DequantizeLinear(input, scale, zero_point)
-    return out if out_dtype in (None, -1, ir.DataType.FLOAT) else op.Cast(out, to=out_dtype)
+    return op.DequantizeLinear(input, scale, zero_point)
+
+
+def _dequantize_arithmetic(input, scale, zero_point, to):
+    """The decomposition's ``(input.to(out_dtype) - zero_point) * scale`` where DequantizeLinear
+    cannot stand for it: data of 16-bit or 32-bit integers (onnxruntime refused the model at the
+    default opset), or an ``out_dtype`` other than float32 (DequantizeLinear then a Cast rounded
+    differently): float64 in double; float16/bfloat16 each step rounded to the dtype, computed in float32 as
+    torch's CPU kernels do (only Casts touch the 16-bit type: onnxruntime has no 16-bit Sub/Mul)."""
+    math = ir.DataType.DOUBLE if to == ir.DataType.DOUBLE else ir.DataType.FLOAT
+    scalar = _int64([])
+
+    def rounded(value):  # to the output dtype and back to the arithmetic's
+        return value if to == math else op.Cast(op.Cast(value, to=to), to=math)
+
+    zero_point = op.Cast(op.Reshape(zero_point, scalar), to=math)
+    scale = op.Cast(op.Reshape(scale, scalar), to=math)
+    shifted = rounded(op.Sub(rounded(op.Cast(input, to=math)), zero_point))
+    return op.Cast(op.Mul(shifted, scale), to=to)
 
 
 _TRANSLATIONS = {
@@ -370,6 +404,7 @@ _TRANSLATIONS = {
     # Standard QuantizeLinear/Clip in both modes: no com.openreg op.
     _QUANTIZE: (quantize_per_tensor, quantize_per_tensor),
     _QUANTIZE_TENSOR: (quantize_per_tensor_tensor, quantize_per_tensor_tensor),
+    _DEQUANTIZE: (dequantize_per_tensor, dequantize_per_tensor),
     _DEQUANTIZE_TENSOR: (dequantize_per_tensor_tensor, dequantize_per_tensor_tensor),
 }
 

@@ -94,6 +94,42 @@ def test_other_dtypes_quantize_as_eager(quant_min, quant_max, dtype, overload):
     assert result.backend == "onnxruntime", result.fallback_reason
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype, zero_point", [(torch.int8, 3), (torch.int16, -7), (torch.int32, 5)])
+@pytest.mark.parametrize("overload", ["default", "tensor"])
+def test_dequantize_out_dtype_is_computed_in_it(overload, out_dtype, dtype, zero_point):
+    # The decomposition computes (q.to(out_dtype) - zero_point) * scale in out_dtype; torchlib's
+    # export (and ours of the tensor overload) was DequantizeLinear (float32) then a Cast: float64
+    # results lost bits, 16-bit ones were rounded once instead of at each step, and onnxruntime
+    # refused 16/32-bit integer data at the default opset. float32 cannot hold the scale 0.1.
+    scale = torch.tensor([0.1], dtype=torch.float64)
+
+    class Dequantize(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", scale)
+            self.register_buffer("zp", torch.tensor([zero_point]))
+
+        def forward(self, q):
+            qparams = (0.1, zero_point) if overload == "default" else (self.scale, self.zp)
+            dequantize = getattr(qd.dequantize_per_tensor, overload)
+            return dequantize(q, *qparams, -(2**15), 2**15 - 1, dtype, out_dtype=out_dtype)
+
+    info = torch.iinfo(dtype)
+    q = torch.cat([torch.arange(-128, 128), torch.tensor([info.min, info.max, 2049, -2051])]).to(dtype)
+    model = Dequantize().to("openreg")
+    expected = ((q.to(out_dtype) - zero_point) * scale.item()).to(out_dtype)
+    assert torch.equal(model(q.to("openreg")).cpu(), expected)  # eager as the decomposition
+    result = openreg_onnx.verify(model, (q.to("openreg"),), tolerances={out_dtype: (0.0, 0.0)})
+    assert result.ok, result.report()
+    # onnxruntime's Python API returns no bfloat16 array: the reference evaluator runs that model.
+    assert result.backend == ("onnx.reference" if out_dtype == torch.bfloat16 else "onnxruntime"), (
+        result.fallback_reason
+    )
+    linear = "DequantizeLinear" in [n.op_type for n in result.onnx_program.model_proto.graph.node]
+    assert linear == (out_dtype == torch.float32 and dtype == torch.int8)
+
+
 def test_a_16_bit_input_is_quantized_from_float32():
     # Eager quantizes a float16 input as float32; QuantizeLinear-18 takes no float16.
     model = Quantize("default", *RANGES["uint8-0-127"]).to("openreg")
