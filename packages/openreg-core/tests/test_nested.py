@@ -114,6 +114,27 @@ class TestOperators(TestCase):
             grads[d] = padded(x.grad)
         self.assertEqual(grads["openreg"], grads["cpu"])
 
+    def test_dropout_draws_from_the_openreg_generator(self):
+        # On the nested path the CPU's nested dropout ran on the device and drew its mask from the
+        # CPU's global generator (native_dropout has no generator argument to substitute).
+        x = torch.nested.nested_tensor([torch.ones(40), torch.ones(30)], device="openreg")
+        masks = []
+        for cpu_seed, openreg_seed in ((0, 1), (5, 1), (0, 2)):
+            torch.manual_seed(cpu_seed)
+            cpu_state = torch.get_rng_state()
+            torch.openreg.manual_seed(openreg_seed)
+            out, mask = torch.native_dropout(x, 0.5, True)
+            self.assertTrue(out.is_nested and mask.is_nested and out.device == x.device)
+            torch.openreg.synchronize()
+            self.assertEqual(torch.get_rng_state(), cpu_state)  # the host's stream is left alone
+            masks.append(torch.cat(mask.cpu().unbind()))
+            self.assertEqual(torch.cat(out.cpu().unbind()), masks[-1].float() * 2)
+        self.assertEqual(masks[0], masks[1])  # the CPU's seed does not decide it
+        self.assertNotEqual(masks[0], masks[2])  # openreg's does
+        self.assertEqual(torch.cat(F.dropout(x, 0.5, training=False).cpu().unbind()), torch.ones(70))
+        empty = torch.nested.nested_tensor([torch.ones(0), torch.ones(0)], device="openreg")
+        self.assertEqual([t.numel() for t in F.dropout(empty, 0.5).cpu().unbind()], [0, 0])
+
     def test_unsupported_operator_names_itself(self):
         with self.assertRaisesRegex(
             NotImplementedError, "'aten::cumsum' is not supported for nested tensors on openreg: openreg runs the CPU"

@@ -17,6 +17,7 @@
 #include "OpenRegNested.h"
 
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/ops/native_dropout_native.h>
 #include <torch/library.h>
 
 #include <string>
@@ -90,6 +91,12 @@ void metadata_on_host(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   for (const char* op : {"_nested_tensor_size", "_nested_tensor_strides", "_nested_tensor_storage_offsets"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&c10::openreg::nested::metadata_on_host>());
+  // The host-side nested kernel CUDA registers too: dense native_dropout of the buffer, which is
+  // openreg's (its mask from openreg's generator). On the nested path the CPU's ran on the kernel
+  // view and drew from the CPU's global generator (its schema has no Generator argument to
+  // substitute): torch.openreg.manual_seed did not reproduce the mask, and the device consumed
+  // the host's random stream.
+  m.impl("native_dropout", TORCH_FN(at::native::native_dropout_nested));
 }
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
