@@ -71,9 +71,20 @@ class TestState(TestCase):
         torch.openreg.set_rng_state(make_state(8, 8))
         self.assertNotEqual(torch.randn(50, device="openreg").cpu(), a)
 
+    def test_a_seed_only_state_has_offset_zero(self):
+        # CUDA's set_state takes 8 bytes as the seed alone; openreg refused them.
+        torch.openreg.manual_seed(7)
+        a = torch.randn(50, device="openreg").cpu()
+        torch.randn(3, device="openreg")
+        torch.openreg.set_rng_state(make_state(7, 0)[:8].clone())
+        self.assertEqual(torch.openreg.get_rng_state(), make_state(7, 0))
+        self.assertEqual(torch.randn(50, device="openreg").cpu(), a)
+
     def test_bad_states(self):
         before = torch.openreg.get_rng_state()
-        with self.assertRaisesRegex(RuntimeError, "RNG state is wrong size: expected 16 bytes"):
+        with self.assertRaisesRegex(
+            RuntimeError, r"RNG state is wrong size: expected 16 bytes \(seed and offset\) or 8"
+        ):
             torch.openreg.set_rng_state(torch.zeros(5056, dtype=torch.uint8))  # the old Mersenne Twister state
         with self.assertRaisesRegex(TypeError, "RNG state must be a torch.ByteTensor"):
             torch.openreg.set_rng_state(torch.zeros(2, dtype=torch.int64))

@@ -55,12 +55,14 @@ void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
                        new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
                    "RNG state must be a torch.ByteTensor");
   TORCH_CHECK(new_state.is_contiguous(), "RNG state must be contiguous");
-  TORCH_CHECK(static_cast<size_t>(new_state.numel()) == kStateBytes, "RNG state is wrong size: expected ", kStateBytes,
-              " bytes (seed and offset, as CUDA's), got ", new_state.numel());
+  // As CUDA's: the seed and the offset, or the seed alone (offset 0).
+  const auto size = static_cast<size_t>(new_state.numel());
+  TORCH_CHECK(size == kStateBytes || size == sizeof(int64_t), "RNG state is wrong size: expected ", kStateBytes,
+              " bytes (seed and offset) or ", sizeof(int64_t), " (seed only), as CUDA's, got ", size);
   const auto* bytes = static_cast<const uint8_t*>(new_state.data());
   int64_t seed = 0, offset = 0;
   std::memcpy(&seed, bytes, sizeof(seed));
-  std::memcpy(&offset, bytes + sizeof(seed), sizeof(offset));
+  if (size == kStateBytes) std::memcpy(&offset, bytes + sizeof(seed), sizeof(offset));
   TORCH_CHECK(offset % 4 == 0, "RNG state offset must be a multiple of 4, got ", offset);
   state_->seed = static_cast<uint64_t>(seed);
   state_->offset = static_cast<uint64_t>(offset);
