@@ -197,6 +197,11 @@ class TestDeviceModule(TestCase):
         self.assertEqual(torch.openreg.current_device(), 1)
         with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 5"):
             torch.openreg.set_device(5)
+        # No index names no device to set: refused, as torch.cuda.set_device refuses it (it did nothing).
+        for unindexed in (None, "openreg", torch.device("openreg")):
+            with self.assertRaisesRegex(ValueError, "Expected an openreg device with a specified index, got: "):
+                torch.openreg.set_device(unindexed)
+        self.assertEqual(torch.openreg.current_device(), 1)
         self.assertTrue(torch.openreg.is_bf16_supported())
 
     def test_negative_index_means_the_current_device_for_streams_and_synchronize(self):
@@ -207,6 +212,7 @@ class TestDeviceModule(TestCase):
         self.assertEqual(o.current_stream(-1), o.current_stream(1))
         self.assertEqual(o.default_stream(-1), o.default_stream(1))
         self.assertEqual(o.current_raw_stream(-1), o.current_raw_stream(1))
+        self.assertEqual(o.Stream(device=-1).device, torch.device("openreg:1"))  # as torch.cuda.Stream (it raised)
         x = torch.ones(4, device="openreg:1") * 3
         o.synchronize(torch.ones(1).get_device())
         self.assertEqual(x.cpu().tolist(), [3.0] * 4)
@@ -648,6 +654,27 @@ class TestExit(TestCase):
             r = run_python(code)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertNotIn("terminate called", r.stderr)
+
+    def test_exit_settle_launches_no_kernel(self):
+        # The settle is core's own work: under the user's strict mode, or with a fault armed for a
+        # kernel the program never reached, it failed (zeros and mul), warned at exit naming an
+        # 'aten::zero_' the program never called, and left the device threads unsettled.
+        code = """
+            import torch
+            x = torch.randn(4, 4, device="openreg", requires_grad=True)
+            (x * x).sum().backward()
+            torch.openreg.set_strict_mode(True)
+            torch.openreg._inject_faults("kernel:aten::mul")
+            counters = torch.openreg._runtime_counters
+            before = counters()["kernels_launched"]
+            torch.openreg.reset_fallback_op_counts()
+            torch.openreg._C._settle_autograd_device_threads(torch.openreg.device_count())
+            print(counters()["kernels_launched"] - before, torch.openreg.fallback_op_counts())
+        """
+        r = run_python(code)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["0", "{}"])
+        self.assertNotIn("Warning", r.stderr)  # the settle at exit is refused nothing either
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ _registered = False
 
 
 def _device(device) -> torch.device:
-    """``torch.openreg``'s device argument as an indexed openreg device (None: the current one).
-    Core's ``_device_index`` does this through a binding Dynamo cannot trace."""
+    """``torch.openreg``'s device argument as an indexed openreg device (None or a negative index:
+    the current one, as eager ``synchronize`` and ``current_stream`` take them; a negative index
+    failed the compile). Core's ``_device_index`` does this through a binding Dynamo cannot trace."""
     if isinstance(device, int):
-        return torch.device(DEVICE, device)
+        return torch.device(DEVICE, device) if device >= 0 else _current_device()
     device = torch.device(DEVICE if device is None else device)
     if device.type != DEVICE:
         raise ValueError(f"Expected an openreg device, got {device}")

@@ -451,6 +451,25 @@ class TestDeviceCallsInTheRegion(TestCase):
             torch.openreg.set_device(0)
         self.assertTrue(waited, "torch.openreg.synchronize() did not wait for openreg:1 after set_device(1)")
 
+    def test_a_negative_index_is_the_current_device(self):
+        # As eagerly (a CPU tensor's get_device() is -1, and code passes it on): the stand-ins made
+        # torch.device("openreg", -1) of it, and the compile failed.
+        def f(x):
+            y = x * 2
+            torch.openreg.synchronize(-1)
+            return y, torch.openreg.current_stream(-1)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="eager", fullgraph=True)
+        try:
+            torch.openreg.set_device(1)
+            x = torch.ones(4, device="openreg:1")
+            for fn in (f, compiled):
+                y, stream = fn(x)
+                self.assertEqual((y.cpu().tolist(), stream), ([2.0] * 4, torch.openreg.current_stream(1)))
+        finally:
+            torch.openreg.set_device(0)
+
     def test_current_stream_inside_a_stream_context_of_another_device(self):
         # A stream context makes the stream's device current: torch.openreg.current_stream() inside
         # `with s1:` is s1, as eagerly. The stand-in read the device at trace time and answered

@@ -23,7 +23,7 @@ class Stream(torch.Stream):
     def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
         if kwargs.get("stream_id") is not None:  # re-wrapping an existing stream
             return super().__new__(cls, **kwargs)
-        index = _device_index(device)
+        index = _device_index(device, negative_is_current=True)  # -1: the current device, as torch.cuda.Stream
         # Clamped here: torch.Stream narrows the value to 32 bits first, so 2**31 wrapped around to
         # a high priority and -2**40 to a low one.
         least, greatest = _C._stream_priority_range()
