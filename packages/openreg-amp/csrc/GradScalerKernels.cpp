@@ -67,9 +67,10 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
     TORCH_CHECK(g.device() == device, "every scaled grad must be on ", device, " (where found_inf is), got one on ",
                 g.device(), ".");
     TORCH_CHECK(g.layout() == at::kStrided, "scaled grads must be strided tensors, got ", g.layout(), ".");
-    TORCH_CHECK(at::isFloatingType(g.scalar_type()), "scaled grads must be floating point, got ", g.scalar_type(), ".");
-    // The kernel's types, checked here as the CPU's dispatch checks them at the call: a float8
-    // grad failed in the kernel and surfaced at a later, unrelated synchronisation.
+    // The kernel's types, checked here as the CPU's dispatch checks them at the call, with its
+    // exception type (an integer or complex grad raised RuntimeError here, NotImplementedError on
+    // the CPU and CUDA): a float8 grad failed in the kernel and surfaced at a later, unrelated
+    // synchronisation.
     const at::ScalarType type = g.scalar_type();
     TORCH_CHECK_NOT_IMPLEMENTED(type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16,
                                 "\"_amp_foreach_non_finite_check_and_unscale_\" not implemented for '",

@@ -32,6 +32,8 @@ class TestPluginLoading(TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stdout.strip(), "0.1.0 False torch.float32 True 2.0", spec)
             self.assertIn("torch.autocast has no effect without the openreg-amp plugin", r.stderr)
+            # What to do, for this case: the plugin is installed (the advice was a pip install).
+            self.assertIn("it is installed but OPENREG_PLUGINS left it out: import openreg_amp", r.stderr)
 
     def test_selected_by_openreg_plugins(self):
         r = run_python(PROBE, env={"OPENREG_PLUGINS": "amp"})

@@ -315,7 +315,8 @@ class TestCoreVersions(TestCase):
         )
         message = (
             f"openreg-test-zzfuture 1.2.3 requires openreg-core<10,>=9.0, but openreg-core {core} is installed; "
-            "skipped (install a matching pair, e.g. pip install 'openreg-core[zzfuture]')"
+            "skipped (install a matching pair, e.g. from one `nox -s build` wheelhouse: "
+            "pip install --find-links dist 'openreg-core[zzfuture]')"
         )
         self.assertEqual(error, f"incompatible: {message}")
         self.assertEqual(warned, str([f"openreg plugin 'zzfuture' not loaded: {message}"]))

@@ -265,10 +265,12 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Set the current openreg device of this thread (a negative index does nothing, as in torch.cuda)."""
+    """Set the current openreg device of this thread (a negative index does nothing, as in torch.cuda).
+    A device without an index (``None``, ``"openreg"``) is refused, as torch.cuda refuses it: it
+    names no device to set."""
     if isinstance(device, int) and device < 0:
         return
-    index = _device_index(device)
+    index = _device_index(device, optional=False)
     _C._set_device(index)
 
 
@@ -363,9 +365,19 @@ def get_amp_supported_dtype() -> List[torch.dtype]:
         "aten::mm", "AutocastPrivateUse1"
     ):
         _warned_autocast_without_amp = True
+        amp = plugins().get("amp")
+        if amp is None:  # not on the package index: from the repository or a `nox -s build` wheelhouse
+            how = (
+                "install it: pip install --no-build-isolation ./packages/openreg-amp, or "
+                "pip install --find-links dist 'openreg-core[amp]'"
+            )
+        elif amp["error"]:
+            how = f"it is installed but did not load: {amp['error']}"
+        else:
+            how = "it is installed but OPENREG_PLUGINS left it out: import openreg_amp"
         warnings.warn(
             "openreg: torch.autocast has no effect without the openreg-amp plugin: operators run in "
-            "their input dtype (pip install openreg-amp; see torch.openreg.plugins())",
+            f"their input dtype ({how}; see torch.openreg.plugins())",
             UserWarning,
             stacklevel=3,
         )

@@ -132,7 +132,8 @@ def _incompatibility(name: str, dist: Optional[metadata.Distribution]) -> Option
     plugin = f"{dist.metadata['Name']} {dist.version}"
     return (
         f"{plugin} requires openreg-core{spec}, but openreg-core {core} is installed; "
-        f"skipped (install a matching pair, e.g. pip install 'openreg-core[{name}]')"
+        f"skipped (install a matching pair, e.g. from one `nox -s build` wheelhouse: "
+        f"pip install --find-links dist 'openreg-core[{name}]')"
     )
 
 
