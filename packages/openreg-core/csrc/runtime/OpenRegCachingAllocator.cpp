@@ -215,22 +215,8 @@ class DeviceCache {
       }
       return size;
     }
-    if (!block->stream_uses.empty()) {
-      // Not reusable until the other streams' work queued so far is done. This runs in a tensor's
-      // deleter, which must not throw (the process would end): if the runtime refuses the events,
-      // the block is never reused (a hold nothing gives back), as nothing tells when those streams
-      // are done with it. That is every such free in a child forked after the parent used the
-      // device (lazy-init-fork.md): its exit freed the inherited tensors and aborted.
-      try {
-        insert_events(block);
-      } catch (const c10::Error& e) {
-        block->pending_events++;
-        if (!forked_child())
-          TORCH_WARN(
-              "openreg allocator: a freed block used on other streams (record_stream) could not wait for "
-              "them and is not reused: ",
-              e.what_without_backtrace());
-      }
+    if (!block->stream_uses.empty()) {  // not reusable until the other streams' work queued so far is done
+      insert_events_or_hold(block);
       return size;
     }
     deactivate(block);
@@ -282,6 +268,24 @@ class DeviceCache {
     if (block->pending_events == 0) {  // its streams were all destroyed: nothing to wait for
       deactivate(block);
       release_to_pool(block);
+    }
+  }
+
+  // insert_events for a caller that must not throw: a tensor's deleter (the process would end) or
+  // release_graph (midway through its blocks). If the runtime refuses the events, the block is
+  // never reused (a hold nothing gives back), as nothing tells when those streams are done with
+  // it. That is every such free in a child forked after the parent used the device
+  // (lazy-init-fork.md): its exit freed the inherited tensors and aborted.
+  void insert_events_or_hold(Block* block) noexcept {
+    try {
+      insert_events(block);
+    } catch (const c10::Error& e) {
+      block->pending_events++;
+      if (!forked_child())
+        TORCH_WARN(
+            "openreg allocator: a freed block used on other streams (record_stream) could not wait for "
+            "them and is not reused: ",
+            e.what_without_backtrace());
     }
   }
 
@@ -355,11 +359,7 @@ class DeviceCache {
       // without a graph and without a wait, and a stream of another device may have used the
       // block: the streams that used it (record_stream) get events, as at any free.
       if (!block->stream_uses.empty()) {
-        try {
-          insert_events(block);
-        } catch (const c10::Error&) {  // as in free(): never reused rather than a throw mid-release
-          block->pending_events++;
-        }
+        insert_events_or_hold(block);
         continue;
       }
       deactivate(block);
