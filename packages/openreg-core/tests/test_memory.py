@@ -268,6 +268,110 @@ class TestCachingAllocator(TestCase):
         self.assertEqual((torch.ones(4, device="openreg") * 2).sum().item(), 8.0)
 
 
+class TestAllocatorSettings(TestCase):
+    """PYTORCH_ALLOC_CONF, which torch parses for every accelerator (AcceleratorAllocatorConfig), and
+    torch._C._accelerator_setAllocatorSettings, which changes it at run time: openreg's allocator
+    follows the settings CUDA's does (it read none of them)."""
+
+    PROBE = """
+        import torch, warnings
+        warnings.simplefilter("always")
+        MiB = 1 << 20
+        o = torch.openreg
+
+        def state(label):
+            s = o.memory_stats()
+            print(label, s["max_split_size"], s["oversize_allocations.current"], s["oversize_segments.current"],
+                  o.memory_reserved() // MiB, o.memory_allocated())
+
+        def empty(n):
+            return torch.empty(n, dtype=torch.uint8, device="openreg")
+
+        a = empty(100 * MiB)
+        state("a")
+        del a
+        b = empty(10 * MiB)  # not from the cached 100 MiB block when that is above max_split_size
+        state("b")
+        c = empty(90 * MiB)  # the cached 100 MiB block, whole (within max_non_split_rounding, 20 MiB)
+        state("c")
+        del c
+        d = empty(70 * MiB)  # not the 100 MiB block: 30 MiB more than asked
+        state("d")
+        del b, d
+        o.empty_cache()
+        state("empty")
+        e = empty(1258291)  # 1.2 MiB
+        print("rounded", o.memory_allocated())
+    """
+
+    def run_with(self, conf, code=PROBE):
+        r = run_python(code, env={"PYTORCH_ALLOC_CONF": conf})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.splitlines(), r.stderr
+
+    def test_defaults_split_and_round_to_512_bytes(self):
+        lines, stderr = self.run_with("")
+        MiB = 1 << 20
+        self.assertEqual(
+            lines,
+            [
+                f"a -1 0 0 100 {100 * MiB}",  # max_split_size -1: none, as CUDA reports it
+                f"b -1 0 0 100 {10 * MiB}",  # split from the cached 100 MiB block
+                f"c -1 0 0 100 {100 * MiB}",
+                f"d -1 0 0 100 {80 * MiB}",  # with b
+                "empty -1 0 0 0 0",
+                "rounded 1258496",
+            ],
+        )
+        self.assertNotIn("Warning", stderr)
+
+    def test_max_split_size(self):
+        lines, _ = self.run_with("max_split_size_mb:64")
+        MiB = 1 << 20
+        self.assertEqual(
+            lines,
+            [
+                f"a {64 * MiB} 1 1 100 {100 * MiB}",
+                f"b {64 * MiB} 0 1 110 {10 * MiB}",  # a segment of its own
+                f"c {64 * MiB} 1 1 110 {110 * MiB}",  # the whole 100 MiB block, not split
+                f"d {64 * MiB} 1 2 180 {80 * MiB}",
+                f"empty {64 * MiB} 0 0 0 0",
+                "rounded 1258496",
+            ],
+        )
+
+    def test_roundup_power2_divisions(self):
+        lines, _ = self.run_with("roundup_power2_divisions:4")
+        MiB = 1 << 20
+        # 100 MiB: the next quarter step between 64 and 128 MiB; 1.2 MiB: between 1 and 2 MiB.
+        self.assertEqual(lines[0], f"a -1 0 0 112 {112 * MiB}")
+        self.assertEqual(lines[-1], f"rounded {MiB + MiB // 4}")
+
+    def test_settings_changed_at_run_time(self):
+        code = """
+            import torch
+            MiB = 1 << 20
+            a = torch.empty(100 * MiB, dtype=torch.uint8, device="openreg")
+            del a
+            torch._C._accelerator_setAllocatorSettings("max_split_size_mb:64")
+            b = torch.empty(10 * MiB, dtype=torch.uint8, device="openreg")
+            print(torch.openreg.memory_reserved() // MiB, torch.openreg.memory_stats()["max_split_size"] // MiB)
+        """
+        lines, _ = self.run_with("", code)
+        self.assertEqual(lines, ["110 64"])
+
+    def test_unimplemented_settings_warn_once(self):
+        code = """
+            import torch, warnings
+            warnings.simplefilter("always")
+            for _ in range(2):
+                torch.empty(30 << 20, dtype=torch.uint8, device="openreg")  # a new segment each time
+        """
+        _, stderr = self.run_with("expandable_segments:True,garbage_collection_threshold:0.5", code)
+        for setting in ("garbage_collection_threshold", "expandable_segments (it has none)"):
+            self.assertEqual(stderr.count(f"openreg's allocator ignores PYTORCH_ALLOC_CONF's {setting}"), 1, stderr)
+
+
 class TestNegativeSizes(TestCase):
     def test_a_negative_storage_size_is_refused(self):
         # It arrived as a huge size_t whose rounding overflowed: a 0-byte block at the address of the

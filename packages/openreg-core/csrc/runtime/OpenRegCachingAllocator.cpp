@@ -7,6 +7,11 @@
 // (the large pool). A segment is split into blocks; a block's tail is split
 // off when the remainder is worth keeping, and free neighbours coalesce.
 //
+// PYTORCH_ALLOC_CONF (read by torch: c10::CachingAllocator::AcceleratorAllocatorConfig, which
+// torch.accelerator's allocator settings change at run time) applies as on CUDA: max_split_size_mb,
+// max_non_split_rounding_mb, roundup_power2_divisions and large_segment_size_mb. The others
+// (garbage_collection_threshold, expandable_segments) are not implemented: a warning says so once.
+//
 // Pools are keyed by stream: a block freed on stream S is only reused by
 // allocations on S, whose work is ordered after the free. A block that was
 // used on other streams too (record_stream) is only returned to its pool
@@ -22,8 +27,10 @@
 // raised with the requested, allocated, reserved and capacity sizes.
 #include "OpenRegCachingAllocator.h"
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
+#include <c10/util/llvmMathExtras.h>
 
 #include <atomic>
 #include <chrono>
@@ -45,6 +52,7 @@ namespace c10::openreg::allocator {
 
 namespace {
 
+using c10::CachingAllocator::AcceleratorAllocatorConfig;
 using c10::CachingAllocator::Stat;
 using c10::CachingAllocator::StatArray;
 using c10::CachingAllocator::StatType;
@@ -66,9 +74,11 @@ struct Block {
   bool small;
   bool allocated = false;
   int pending_events = 0;
-  uint64_t graph = 0;     // allocated during the capture of this graph: kept until the graph is reset
-  bool pooled = false;    // freed, in its graph's pool (graph_free_): captures into that pool may reuse it
-  Block* prev = nullptr;  // neighbours inside the same segment
+  uint64_t graph = 0;             // allocated during the capture of this graph: kept until the graph is reset
+  bool pooled = false;            // freed, in its graph's pool (graph_free_): captures into that pool may reuse it
+  bool oversize = false;          // allocated at max_split_size or above (counted in oversize_allocations)
+  bool oversize_segment = false;  // a segment's head, counted in oversize_segments
+  Block* prev = nullptr;          // neighbours inside the same segment
   Block* next = nullptr;
   std::vector<c10::Stream> stream_uses;
   Block(c10::DeviceIndex d, orStream_t s, size_t sz, char* p, bool sm)
@@ -85,12 +95,37 @@ struct BlockOrder {
 };
 using Pool = std::set<Block*, BlockOrder>;
 
-size_t round_size(size_t n) { return n < kMinBlock ? kMinBlock : (n + kMinBlock - 1) / kMinBlock * kMinBlock; }
+// Up to the next of `divisions` equal steps between the powers of two around n
+// (roundup_power2_divisions: fewer distinct sizes, so freed blocks fit later requests more often).
+size_t next_division(size_t n, size_t divisions) {
+  if (c10::llvm::isPowerOf2_64(n)) return n;
+  const size_t floor = size_t{1} << (63 - c10::llvm::countLeadingZeros(static_cast<uint64_t>(n)));
+  const size_t step = floor >> (63 - c10::llvm::countLeadingZeros(static_cast<uint64_t>(divisions)));
+  if (step == 0) return floor << 1;
+  const size_t down = n & ~(step - 1);
+  return down == n ? n : down + step;
+}
+
+size_t round_size(size_t n) {
+  if (n < kMinBlock) return kMinBlock;
+  const size_t divisions = AcceleratorAllocatorConfig::roundup_power2_divisions(n);
+  if (divisions > 1 && n > kMinBlock * divisions) return next_division(n, divisions);
+  return (n + kMinBlock - 1) / kMinBlock * kMinBlock;
+}
 
 size_t segment_size(size_t n) {
   if (n <= kSmallSize) return kSmallSegment;
-  if (n < kMinLargeAlloc) return kLargeSegment;
-  return (n + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+  const size_t rounded = (n + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+  if (n < kMinLargeAlloc) return std::max(AcceleratorAllocatorConfig::large_segment_size(), rounded);
+  return rounded;
+}
+
+// The settings openreg's allocator does not implement, named once when set.
+void warn_unimplemented_settings() {
+  if (AcceleratorAllocatorConfig::garbage_collection_threshold() > 0)
+    TORCH_WARN_ONCE("openreg's allocator ignores PYTORCH_ALLOC_CONF's garbage_collection_threshold");
+  if (AcceleratorAllocatorConfig::use_expandable_segments())
+    TORCH_WARN_ONCE("openreg's allocator ignores PYTORCH_ALLOC_CONF's expandable_segments (it has none)");
 }
 
 // The free-memory callbacks (registerFreeMemoryCallback). They free tensors, which takes a cache's
@@ -178,6 +213,8 @@ class DeviceCache {
     }
     block->allocated = true;
     block->requested = requested;
+    block->oversize = block->size >= AcceleratorAllocatorConfig::max_split_size();
+    if (block->oversize) stats_.oversize_allocations.increase(1);
     update(stats_.allocation, small, +1);
     update(stats_.active, small, +1);
     update(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
@@ -198,6 +235,7 @@ class DeviceCache {
     const size_t size = block->size;
     live_.erase(it);
     block->allocated = false;
+    if (block->oversize) stats_.oversize_allocations.decrease(1);
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     update(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
@@ -410,6 +448,8 @@ class DeviceCache {
     std::lock_guard<std::mutex> lock(mu_);
     settle();
     recount_inactive_split();
+    // As CUDA reports it: the setting, -1 for none (SIZE_MAX).
+    stats_.max_split_size = static_cast<int64_t>(AcceleratorAllocatorConfig::max_split_size());
     return stats_;
   }
 
@@ -463,6 +503,7 @@ class DeviceCache {
 
  private:
   Block* new_segment(size_t size, orStream_t stream, bool small) {
+    warn_unimplemented_settings();  // here, on the slow path: settings may change at run time
     const size_t bytes = segment_size(size);
     void* ptr = nullptr;
     const auto previous = exchange_device(device_);
@@ -521,6 +562,8 @@ class DeviceCache {
     update(stats_.segment, small, +1);
     update(stats_.reserved_bytes, small, static_cast<int64_t>(bytes));
     Block* block = new_block(stream, bytes, static_cast<char*>(ptr), small);
+    block->oversize_segment = bytes >= AcceleratorAllocatorConfig::max_split_size();
+    if (block->oversize_segment) stats_.oversize_segments.increase(1);
     segments_.insert(block);
     return block;
   }
@@ -554,13 +597,18 @@ class DeviceCache {
     return b != nullptr && !b->allocated && b->pending_events == 0 && b->graph == 0 && b != recent_;
   }
 
-  // The smallest cached block of the stream that fits, or a new segment; split.
+  // The smallest cached block of the stream that fits, or a new segment; split. With
+  // max_split_size (M) set, as CUDA's: a request below M takes no cached block of M or more, one of
+  // M or more takes a cached block at most max_non_split_rounding larger, and neither splits one.
   Block* best_fit(size_t size, orStream_t stream, bool small) {
     Pool& pool = small ? small_pool_ : large_pool_;
     Block key(device_, stream, size, nullptr, small);
     Block* block = nullptr;
+    const size_t max_split = AcceleratorAllocatorConfig::max_split_size();
     auto it = pool.lower_bound(&key);
-    if (it != pool.end() && (*it)->stream == stream) {
+    if (it != pool.end() && (*it)->stream == stream &&
+        (size < max_split ? (*it)->size < max_split
+                          : (*it)->size < size + AcceleratorAllocatorConfig::max_non_split_rounding_size())) {
       block = *it;
       take(pool, it);
     } else {
@@ -568,7 +616,7 @@ class DeviceCache {
     }
     // Split off the tail when it is big enough to be useful on its own.
     const size_t remaining = block->size - size;
-    if ((small && remaining >= kMinBlock) || (!small && remaining > kSmallSize)) {
+    if ((small && remaining >= kMinBlock) || (!small && size < max_split && remaining > kSmallSize)) {
       Block* rest = new_block(stream, remaining, block->ptr + size, small);
       rest->prev = block;
       rest->next = block->next;
@@ -655,6 +703,7 @@ class DeviceCache {
       out.push_back(block->ptr);
       bytes += block->size;
       stats_.num_device_free++;
+      if (block->oversize_segment) stats_.oversize_segments.decrease(1);
       update(stats_.segment, block->small, -1);
       update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
       recycle(block);
