@@ -85,7 +85,14 @@ void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device
   // take any layout, moved in memory order. occl refused anything but is_contiguous(), and takes dense
   // tensors only for p2p (NCCL reads numel() elements from data_ptr() whatever the gaps).
   if (layout == Layout::kAnyWritten) at::assert_no_internal_overlap(t);  // ATen's message, as Gloo's
+  // A list member's values are copied in and out by value (logical()), as NCCL and Gloo copy them.
   if (layout == Layout::kAny || layout == Layout::kAnyWritten) return;
+  // A collective's own tensor moves as its memory, which a lazy conj() or neg() view does not hold
+  // (its values are the memory's conjugate or negation): refused here, where it failed in the kernel
+  // (Tensor.view of a conjugate view) and the async error handling ended every rank.
+  TORCH_CHECK_VALUE(!t.is_conj() && !t.is_neg(), "occl ", op,
+                    ": a tensor with its conjugate or negative bit set (a lazy conj() or neg() view) cannot be "
+                    "sent as its memory: pass t.resolve_conj() or t.resolve_neg()");
   if (layout == Layout::kDense) {
     TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), "occl ", op,
                       ": tensors must be dense (no gaps or overlaps between elements), got sizes ", t.sizes(),
@@ -227,9 +234,13 @@ Args member_args_of(const std::vector<at::Tensor>& ts) {
   return args;
 }
 
+// A member's values, without a lazy conjugate or negative bit: a copy of such a member (its memory
+// holds the conjugate or the negation of its values). The kernel read its memory and failed.
+at::Tensor logical(const at::Tensor& t) { return t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t; }
+
 // A member's elements in logical order, as one 1-D tensor the transport can carry (the member itself
 // when it is contiguous, else a copy).
-at::Tensor flat_member(const at::Tensor& t) { return carried(t.contiguous()); }
+at::Tensor flat_member(const at::Tensor& t) { return carried(logical(t).contiguous()); }
 
 // Writes a carried 1-D tensor into a member, element by element in logical order.
 void copy_into_member(const at::Tensor& member, const at::Tensor& flat) {
@@ -237,12 +248,15 @@ void copy_into_member(const at::Tensor& member, const at::Tensor& flat) {
   member.copy_(typed.view(member.sizes()));
 }
 
-// Where the transport writes a member: the member itself when it is contiguous, else a buffer that
-// copy_back() then copies into it.
+// Where the transport writes a member: the member itself when it is contiguous (and holds its values
+// as they are, see logical()), else a buffer that copy_back() then copies into it.
 struct MemberOutput {
   at::Tensor member, buffer;
   explicit MemberOutput(at::Tensor m)
-      : member(std::move(m)), buffer(member.is_contiguous() ? member : at::empty(member.sizes(), member.options())) {}
+      : member(std::move(m)),
+        buffer(member.is_contiguous() && !member.is_conj() && !member.is_neg()
+                   ? member
+                   : at::empty(member.sizes(), member.options())) {}
   at::Tensor carried_buffer() const { return carried(buffer); }
   void copy_back() const {
     if (!buffer.is_same(member)) member.copy_(buffer);
@@ -1590,7 +1604,8 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
           Started st;
           std::vector<at::Tensor> copies;
           for (size_t i = 0; i < in.size(); ++i) {
-            copies.push_back(r.scaled(reduced_view(in[i].materialize().contiguous()).clone(), /*in_place=*/true));
+            copies.push_back(
+                r.scaled(reduced_view(logical(in[i].materialize()).contiguous()).clone(), /*in_place=*/true));
             st.works.push_back(t->reduce(copies.back(), static_cast<int>(i), r.op, timeout));
           }
           st.post = [copies, out, r, me] {
@@ -1608,7 +1623,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
       c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
       [t, in = member_args_of(ins), out = member_args_of(outputs), r, timeout] {
         std::vector<at::Tensor> parts;
-        for (const auto& x : views(in)) parts.push_back(reduced_view(x.contiguous()));
+        for (const auto& x : views(in)) parts.push_back(reduced_view(logical(x).contiguous()));
         at::Tensor staging = r.scaled(at::cat(parts), /*in_place=*/true);
         const MemberOutput mine(out[0].materialize());  // in logical order, as the inputs' parts
         at::Tensor o = reduced_view(mine.buffer);

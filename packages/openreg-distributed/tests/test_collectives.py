@@ -317,6 +317,45 @@ class TestCollectives(OcclTestCase):
             torch.arange(12.0).view(1, 3, 2, 2) + torch.tensor([0.0, 100.0]).view(2, 1, 1, 1),
         )
 
+    def test_list_members_with_a_lazy_conjugate(self):
+        """A list member that is a lazy conj() or neg() view is copied by value, as NCCL and Gloo copy
+        members: occl's kernel read its memory and failed, and the async error handling ended every
+        rank. A collective's own tensor with the bit moves as memory: refused at the call."""
+        me, d = self.rank, self.device
+
+        def base(r):  # rank r's values: (r + 1) * [1+1j, 2-2j, 3+3j, 4-4j]
+            return torch.tensor([1 + 1j, 2 - 2j, 3 + 3j, 4 - 4j], dtype=torch.complex64) * (r + 1)
+
+        total = base(0) + base(1)
+        got = torch.zeros(2, dtype=torch.complex64, device=d)
+        dist.reduce_scatter(got, [x.conj() for x in base(me).to(d).split(2)])
+        self.assertEqual(got.cpu(), total.conj()[2 * me : 2 * me + 2])
+        sizes = [1, 3]  # uneven: rank r gets sizes[r] elements
+        got = torch.zeros(sizes[me], dtype=torch.complex64, device=d)
+        dist.reduce_scatter(got, [x.conj() for x in base(me).to(d).split(sizes)])
+        self.assertEqual(got.cpu(), total.conj().split(sizes)[me])
+        # torch.distributed views the other list forms' complex members as real at the call (which
+        # refuses a conjugate view, on every backend); a real member with the negative bit (the
+        # imaginary part of a conjugate) reaches occl.
+        got = torch.zeros(2, device=d)
+        dist.reduce_scatter(got, [x.conj().imag for x in base(me).to(d).split(2)])
+        self.assertTrue(base(me).conj().imag.is_neg())
+        self.assertEqual(got.cpu(), -total.imag[2 * me : 2 * me + 2])
+        outs = [torch.zeros(4, dtype=torch.complex64, device=d).conj() for _ in range(2)] if me == 0 else None
+        dist.gather(base(me).to(d), gather_list=outs, dst=0)  # written through the bit
+        if me == 0:
+            self.assertEqual([o.cpu().resolve_conj() for o in outs], [base(0), base(1)])
+        # torch.distributed's calls go through the dispatcher, whose conjugate and negative fallbacks
+        # hand occl a resolved copy of such a tensor (torch writes no result back into it, on every
+        # backend); a direct call of the backend reaches occl, which refuses it.
+        x = base(me).to(d)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        with self.assertRaisesRegex(ValueError, "occl broadcast: a tensor with its conjugate or negative bit set"):
+            self.pg._get_backend(d).broadcast([x.conj().imag], opts)
+        dist.broadcast(x, src=0)  # the group goes on
+        self.assertEqual(x.cpu(), base(0))
+
     def test_all_gather_into_tensor_coalesced(self):
         ins = [ramp(self.rank, torch.float32, n).to(self.device) for n in (2, 3)]
         outs = [torch.empty(2 * n, device=self.device) for n in (2, 3)]
