@@ -274,6 +274,101 @@ class TestCustomOps(TestCase):
         self.assertEqual(f(x.to("openreg")).cpu(), 2.0 * x * x + 1)
 
 
+class TestCustomOpGenerators(TestCase):
+    def test_a_generator_argument_draws_from_the_openreg_generator(self):
+        # `Generator` (not `Generator?`) in a custom op's schema was passed on to the CPU kernel as the
+        # openreg generator, which it refused ("Expected a 'cpu' device type for generator ... (in
+        # aten::normal_)"); `Generator?` got the kernel's per-launch CPU generator.
+        lib = torch.library.Library("openreg_gen_test", "DEF")
+        self.addCleanup(lib._destroy)
+        for name in ("noise", "noise_opt"):
+            lib.define(f"{name}(Tensor x, Generator{'?' if name == 'noise_opt' else ''} gen) -> Tensor")
+            lib.impl(name, lambda x, gen: x + torch.randn(x.shape, generator=gen, dtype=x.dtype), "CPU")
+            lib.impl(name, lambda x, gen: torch.empty_like(x), "Meta")
+        ops = torch.ops.openreg_gen_test
+        for op in (ops.noise, ops.noise_opt):
+            x = torch.zeros(64, device="openreg")
+            a = op(x, torch.Generator("openreg").manual_seed(3)).cpu()
+            b = op(x, torch.Generator("openreg").manual_seed(3)).cpu()
+            c = op(x, torch.Generator("openreg").manual_seed(4)).cpu()
+            self.assertEqual(a, b)
+            self.assertNotEqual(a, c)
+            self.assertTrue(0.5 < a.std().item() < 1.5)
+        self.assertEqual(
+            ops.noise(x, torch.Generator("openreg").manual_seed(3)).cpu(),
+            ops.noise_opt(x, torch.Generator("openreg").manual_seed(3)).cpu(),
+        )
+
+
+class TestResultsElsewhere(TestCase):
+    def test_a_result_the_meta_kernel_puts_on_the_cpu_is_refused(self):
+        # The generic path returns every result on openreg: an op whose fake kernel returns a CPU
+        # tensor (its Device argument says "cpu") gave an openreg tensor, against FakeTensorMode and
+        # torch.compile, which say CPU.
+        lib = torch.library.Library("openreg_elsewhere_test", "DEF")
+        self.addCleanup(lib._destroy)
+        lib.define("summary(Tensor x, Device dev) -> Tensor")
+        lib.impl("summary", lambda x, dev: torch.stack([x.min(), x.max()]).to(dev), "CPU")
+        lib.impl("summary", lambda x, dev: torch.empty(2, dtype=x.dtype, device=dev), "Meta")
+        op = torch.ops.openreg_elsewhere_test.summary
+        x = torch.arange(4.0, device="openreg")
+        with self.assertRaisesRegex(
+            NotImplementedError,
+            "'openreg_elsewhere_test::summary' returns a tensor on cpu \\(its meta kernel says so\\), and openreg's "
+            "generic path returns its results on openreg",
+        ):
+            op(x, torch.device("cpu"))
+        got = op(x, torch.device("openreg"))  # on openreg: as before
+        self.assertEqual((got.device, got.cpu().tolist()), (x.device, [0.0, 3.0]))
+
+
+class TestRedefinedOperators(TestCase):
+    def test_an_operator_defined_again_gets_fresh_state(self):
+        # The generic path keyed what it learns of an operator (its facts, meta results, call count) by
+        # the schema's address, which an operator removed (_scoped_library, as PyTorch's own tests
+        # define theirs) and defined again often reuses: the new one ran with the old one's state.
+        # A functional op then a mutating one: the mutation was never launched ([0, 0, 0]); the other
+        # order: a segfault; the count of a removed op: read from its freed schema (bad_alloc).
+        r = run_python(
+            """
+            import torch
+            from torch.library import _scoped_library
+
+            def functional():
+                with _scoped_library("openreg_redef", "FRAGMENT") as lib:
+                    lib.define("op(Tensor x) -> Tensor")
+                    lib.impl("op", lambda x: x + 1, "CPU")
+                    lib.impl("op", lambda x: torch.empty_like(x), "Meta")
+                    x = torch.zeros(3, device="openreg")
+                    torch.ops.openreg_redef.op(x)
+                    return torch.ops.openreg_redef.op(x).cpu().tolist()
+
+            def mutating():
+                with _scoped_library("openreg_redef", "FRAGMENT") as lib:
+                    lib.define("op(Tensor(a!) x) -> ()")
+                    lib.impl("op", lambda x: [x.add_(5)] and None, "CPU")
+                    lib.impl("op", lambda x: None, "Meta")
+                    x = torch.zeros(3, device="openreg")
+                    torch.ops.openreg_redef.op(x)
+                    torch.ops.openreg_redef.op(x)
+                    counts = torch.openreg.fallback_op_counts()
+                    return x.cpu().tolist(), counts.get("openreg_redef::op")
+
+            for run in (functional, mutating, functional, mutating):
+                print(run())
+            junk = [torch.library.Library(f"openreg_junk{j}", "DEF") for j in range(20)]  # reuses freed memory
+            for j, lib in enumerate(junk):
+                lib.define(f"some_long_operator_name_{j}(Tensor x, Tensor y) -> (Tensor, Tensor)")
+            print(sorted(k for k in torch.openreg.fallback_op_counts() if not k.startswith("aten::")))
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(
+            r.stdout.splitlines(),
+            ["[1.0, 1.0, 1.0]", "([10.0, 10.0, 10.0], 2)", "[1.0, 1.0, 1.0]", "([10.0, 10.0, 10.0], 2)", "[]"],
+        )
+
+
 class TestAutogradFunction(TestCase):
     """OpenRegAutogradFunctions.cpp: C++ torch::autograd::Function for AutogradPrivateUse1."""
 

@@ -72,8 +72,21 @@ using torch::jit::Stack;
 // One counter per operator; each thread keeps its own map to the counters so
 // that counting costs a thread-local lookup and a relaxed atomic increment.
 // Never destroyed (as the meta cache below): ops may run during interpreter shutdown.
+//
+// Per-operator state here is keyed by the address of the operator's schema. An operator removed
+// (torch.library._scoped_library, Library._destroy) and defined again often gets the same address
+// with another schema, and ran with the state of the old one: a segfault, a mutation never
+// launched, a count read from a freed schema. Removal drops that state (forget_operator), and bumps
+// g_registry_epoch, at which each thread drops its map of OpFacts.
+struct Counter {
+  std::string name;
+  std::atomic<int64_t> calls{0};
+};
 std::mutex& g_stats_mu = *new std::mutex();
-auto& g_counts = *new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<std::atomic<int64_t>>>();
+auto& g_counts = *new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Counter>>();
+// Counters of removed operators: threads may still hold pointers to them, so they are never freed.
+auto& g_retired_counts = *new std::vector<std::unique_ptr<Counter>>();
+std::atomic<uint64_t> g_registry_epoch{0};
 std::atomic<bool> g_strict{false};
 
 const c10::OperatorHandle* out_overload(const c10::OperatorHandle& op);
@@ -103,6 +116,15 @@ struct OpFacts {
 
 const OpFacts& facts_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> mine;
+  // The map before the last removal of an operator: kept for a caller up the stack that still
+  // holds a reference into it (a kernel that removed an operator and then called another one).
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> before;
+  thread_local uint64_t epoch = 0;
+  if (const uint64_t now = g_registry_epoch.load(std::memory_order_acquire); now != epoch) {
+    before = std::move(mine);
+    mine = {};
+    epoch = now;
+  }
   const auto& schema = op.schema();
   auto it = mine.find(&schema);
   if (it != mine.end()) return it->second;
@@ -110,8 +132,11 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   {
     std::lock_guard<std::mutex> lock(g_stats_mu);
     auto& counter = g_counts[&schema];
-    if (!counter) counter = std::make_unique<std::atomic<int64_t>>(0);
-    f.calls = counter.get();
+    if (!counter) {
+      counter = std::make_unique<Counter>();
+      counter->name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+    }
+    f.calls = &counter->calls;
   }
   for (const auto& r : schema.returns()) {
     auto kind = r.type()->kind();
@@ -453,9 +478,14 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
   const auto& arguments = schema.arguments();
   int64_t values = -1;  // how many values the op may draw: its largest tensor argument (computed on demand)
   for (size_t i = 0; i < arguments.size(); ++i) {
-    if (arguments[i].type()->kind() != c10::TypeKind::OptionalType ||
-        arguments[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() != c10::TypeKind::GeneratorType)
-      continue;
+    // Generator? (ATen's) or Generator (a custom op's; it was passed on as the openreg generator,
+    // which the CPU kernel refused, naming an op it called inside).
+    const c10::TypePtr& type = arguments[i].type();
+    const bool generator =
+        type->kind() == c10::TypeKind::GeneratorType ||
+        (type->kind() == c10::TypeKind::OptionalType &&
+         type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType);
+    if (!generator) continue;
     at::Generator gen = args[i].isNone() ? default_generator(device) : args[i].toGenerator();
     // torch's own check's words (at::check_generator), which the CPU's kernels raise.
     TORCH_CHECK(gen.device().type() == c10::DeviceType::PrivateUse1, "Expected a '", c10::DeviceType::PrivateUse1,
@@ -756,6 +786,17 @@ std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::Arr
     result->data_dependent = true;
     return result;
   }
+  // A result on another device (a custom op whose Device argument names the CPU, the devices of
+  // openreg being the only ones replaced by meta above): the generic path makes every result an
+  // openreg tensor, against the op's fake kernel (FakeTensorMode, torch.compile, opcheck say CPU).
+  for (const c10::IValue& r : meta)
+    for_each_tensor(r, [&](const at::Tensor& t) {
+      TORCH_CHECK_NOT_IMPLEMENTED(!t.defined() || t.is_meta(), "'", op.operator_name(), "' returns a tensor on ",
+                                  t.device(),
+                                  " (its meta kernel says so), and openreg's generic path returns its results on "
+                                  "openreg: register an openreg kernel for it (e.g. torch.library.custom_op with "
+                                  "device_types=\"openreg\") to return a tensor elsewhere");
+    });
   const auto& schema = op.schema();
   for (size_t i = 0; i < meta.size(); ++i) {
     const c10::IValue& r = meta[i];
@@ -1882,17 +1923,49 @@ std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
   std::vector<std::pair<std::string, int64_t>> out;
   for (const auto& [schema, counter] : g_counts) {
-    const int64_t n = counter->load(std::memory_order_relaxed);
-    if (n == 0) continue;
-    out.emplace_back(schema->name() + (schema->overload_name().empty() ? "" : "." + schema->overload_name()), n);
+    const int64_t n = counter->calls.load(std::memory_order_relaxed);
+    if (n != 0) out.emplace_back(counter->name, n);  // not schema->name(): see forget_operator
   }
   return out;
 }
 
 void reset_fallback_counts() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
-  for (auto& [schema, counter] : g_counts) counter->store(0, std::memory_order_relaxed);  // threads keep pointers
+  for (auto& [schema, counter] : g_counts) counter->calls.store(0, std::memory_order_relaxed);  // threads keep pointers
 }
+
+namespace {
+// Drops what the generic path keeps for an operator being removed (see g_counts).
+void forget_operator(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema* schema = &op.schema();
+  {
+    std::lock_guard<std::mutex> lock(g_stats_mu);
+    if (auto it = g_counts.find(schema); it != g_counts.end()) {
+      g_retired_counts.push_back(std::move(it->second));
+      g_counts.erase(it);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    auto drop = [&](auto& cache) {
+      for (auto it = cache.begin(); it != cache.end();) it = it->first.op == schema ? cache.erase(it) : std::next(it);
+    };
+    drop(g_meta_cache);
+    drop(g_checks);
+  }
+  out_overloads().erase(schema);
+  g_registry_epoch.fetch_add(1, std::memory_order_release);
+}
+
+struct ForgetRemovedOperators final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle& op) override { forget_operator(op); }
+};
+
+// Registered when the library loads; kept for the life of the process.
+[[maybe_unused]] const auto* g_forget_listener = new c10::RegistrationHandleRAII(
+    c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<ForgetRemovedOperators>()));
+}  // namespace
 
 int64_t generic_launches_alive() { return Launch::alive().load(); }
 
