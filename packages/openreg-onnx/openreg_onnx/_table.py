@@ -38,6 +38,7 @@ _QUANTIZE = "quantized_decomposed::quantize_per_tensor"
 _QUANTIZE_TENSOR = "quantized_decomposed::quantize_per_tensor.tensor"
 _DEQUANTIZE = "quantized_decomposed::dequantize_per_tensor"
 _DEQUANTIZE_TENSOR = "quantized_decomposed::dequantize_per_tensor.tensor"
+_DEQUANTIZE_CHANNEL = "quantized_decomposed::dequantize_per_channel"
 # The schemas the translations implement (torch op name -> str(schema) without the name).
 SIGNATURES = {
     "openreg::custom_abs": "(Tensor input) -> Tensor",
@@ -54,6 +55,8 @@ SIGNATURES = {
     _DEQUANTIZE: "(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, "
     "ScalarType? out_dtype=None) -> Tensor",
     _DEQUANTIZE_TENSOR: "(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, "
+    "ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
+    _DEQUANTIZE_CHANNEL: "(Tensor input, Tensor scales, Tensor? zero_points, int axis, int quant_min, int quant_max, "
     "ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
 }
 
@@ -378,18 +381,53 @@ def _dequantize_arithmetic(input, scale, zero_point, to):
     """The decomposition's ``(input.to(out_dtype) - zero_point) * scale`` where DequantizeLinear
     cannot stand for it: data of 16-bit or 32-bit integers (onnxruntime refused the model at the
     default opset), or an ``out_dtype`` other than float32 (DequantizeLinear then a Cast rounded
-    differently): float64 in double; float16/bfloat16 each step rounded to the dtype, computed in float32 as
-    torch's CPU kernels do (only Casts touch the 16-bit type: onnxruntime has no 16-bit Sub/Mul)."""
+    differently): float64 in double; float16/bfloat16 in float32, as torch's CPU kernels compute
+    them, with the data, the zero point and each step's result rounded to the 16-bit type (the
+    scale is not); only Casts touch the 16-bit type: onnxruntime has no 16-bit Sub or Mul."""
     math = ir.DataType.DOUBLE if to == ir.DataType.DOUBLE else ir.DataType.FLOAT
     scalar = _int64([])
 
     def rounded(value):  # to the output dtype and back to the arithmetic's
         return value if to == math else op.Cast(op.Cast(value, to=to), to=math)
 
-    zero_point = op.Cast(op.Reshape(zero_point, scalar), to=math)
+    zero_point = rounded(op.Cast(op.Reshape(zero_point, scalar), to=math))  # 2049 is 2048 in float16
     scale = op.Cast(op.Reshape(scale, scalar), to=math)
     shifted = rounded(op.Sub(rounded(op.Cast(input, to=math)), zero_point))
     return op.Cast(op.Mul(shifted, scale), to=to)
+
+
+def dequantize_per_channel(
+    input,
+    scales,
+    zero_points,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+    dtype: int,
+    out_dtype: Optional[int] = None,
+):
+    """torchlib's translation is DequantizeLinear (float32) then a Cast: onnxruntime refused int16
+    and int32 data at the default opset, and float64 scales or outputs lost bits. DequantizeLinear
+    stays for uint8/int8 data with float32 scales to float32; otherwise the decomposition's own
+    ``((input - zero_points) * scales).to(out_dtype)``, in its types: the difference in int64 (or
+    in a floating zero point's type), the product in the scales' type (the wider of the two floating
+    types)."""
+    to = ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+    scale_type = scales.dtype or ir.DataType.FLOAT
+    if ir.DataType(dtype) in _QDQ_TYPES and scale_type == ir.DataType.FLOAT and to == ir.DataType.FLOAT:
+        zero = None if zero_points is None else op.Cast(zero_points, to=ir.DataType(dtype))
+        return op.DequantizeLinear(input, scales, zero, axis=axis)
+    rank = len(input.shape)
+    shape = _int64([-1 if d == axis % rank else 1 for d in range(rank)])  # scales along `axis`
+    x = op.Cast(input, to=ir.DataType.INT64)
+    if zero_points is not None:
+        zp_type = zero_points.dtype or ir.DataType.INT64
+        diff_type = zp_type if zp_type in _FLOATING else ir.DataType.INT64
+        x = op.Sub(op.Cast(input, to=diff_type), op.Reshape(op.Cast(zero_points, to=diff_type), shape))
+        if diff_type == ir.DataType.DOUBLE:  # promoted with the scales
+            scale_type = ir.DataType.DOUBLE
+    product = op.Mul(op.Cast(x, to=scale_type), op.Reshape(scales, shape))
+    return product if to == scale_type else op.Cast(product, to=to)
 
 
 _TRANSLATIONS = {
@@ -406,6 +444,7 @@ _TRANSLATIONS = {
     _QUANTIZE_TENSOR: (quantize_per_tensor_tensor, quantize_per_tensor_tensor),
     _DEQUANTIZE: (dequantize_per_tensor, dequantize_per_tensor),
     _DEQUANTIZE_TENSOR: (dequantize_per_tensor_tensor, dequantize_per_tensor_tensor),
+    _DEQUANTIZE_CHANNEL: (dequantize_per_channel, dequantize_per_channel),
 }
 
 

@@ -95,7 +95,8 @@ def test_other_dtypes_quantize_as_eager(quant_min, quant_max, dtype, overload):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("dtype, zero_point", [(torch.int8, 3), (torch.int16, -7), (torch.int32, 5)])
+# Zero points a 16-bit float cannot hold (2049, -4097): eager rounds them to out_dtype first.
+@pytest.mark.parametrize("dtype, zero_point", [(torch.int8, 3), (torch.int16, 2049), (torch.int32, -4097)])
 @pytest.mark.parametrize("overload", ["default", "tensor"])
 def test_dequantize_out_dtype_is_computed_in_it(overload, out_dtype, dtype, zero_point):
     # The decomposition computes (q.to(out_dtype) - zero_point) * scale in out_dtype; torchlib's
@@ -128,6 +129,46 @@ def test_dequantize_out_dtype_is_computed_in_it(overload, out_dtype, dtype, zero
     )
     linear = "DequantizeLinear" in [n.op_type for n in result.onnx_program.model_proto.graph.node]
     assert linear == (out_dtype == torch.float32 and dtype == torch.int8)
+
+
+@pytest.mark.parametrize(
+    "dtype, scale_dtype, out_dtype, with_zero_points",
+    [
+        (torch.int8, torch.float32, None, True),  # DequantizeLinear, what onnxruntime fuses
+        (torch.int8, torch.float32, None, False),
+        (torch.int16, torch.float32, None, True),
+        (torch.int32, torch.float32, torch.float16, False),
+        (torch.int8, torch.float64, None, True),
+        (torch.uint8, torch.float32, torch.float64, True),
+    ],
+)
+def test_per_channel_dequantize_as_eager(dtype, scale_dtype, out_dtype, with_zero_points):
+    # torchlib's translation (DequantizeLinear then a Cast): onnxruntime refused int16/int32 data at
+    # the default opset (verify fell back to the reference evaluator), float64 scales lost bits.
+    bounds = (0, 255) if dtype == torch.uint8 else (-128, 127)
+
+    class Dequantize(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scales", torch.tensor([0.1, 0.0123456789, 3.3], dtype=scale_dtype))
+            self.register_buffer("zero_points", torch.tensor([3, -1, 0]) if with_zero_points else None)
+
+        def forward(self, q):
+            return qd.dequantize_per_channel(q, self.scales, self.zero_points, 1, *bounds, dtype, out_dtype=out_dtype)
+
+    q = torch.randint(0 if dtype == torch.uint8 else -128, 128, (4, 3, 5), generator=torch.Generator().manual_seed(0))
+    model, q = Dequantize().to("openreg"), q.to(dtype).to("openreg")
+    decomposed = torch.ao.quantization.fx._decomposed.dequantize_per_channel
+    zero_points = model.zero_points.cpu() if with_zero_points else None
+    expected = decomposed(q.cpu(), model.scales.cpu(), zero_points, 1, *bounds, dtype, out_dtype=out_dtype)
+    assert torch.equal(model(q).cpu(), expected)  # eager as the decomposition
+    exact = {t: (0.0, 0.0) for t in (torch.float16, torch.float32, torch.float64)}
+    result = openreg_onnx.verify(model, (q,), tolerances=exact)
+    assert result.ok, result.report()
+    assert result.backend == "onnxruntime", result.fallback_reason
+    ops = [n.op_type for n in result.onnx_program.model_proto.graph.node]
+    linear = dtype == torch.int8 and scale_dtype == torch.float32 and out_dtype is None
+    assert ("DequantizeLinear" in ops) == linear, ops
 
 
 def test_a_16_bit_input_is_quantized_from_float32():
