@@ -664,7 +664,7 @@ class TestExit(TestCase):
             x = torch.randn(4, 4, device="openreg", requires_grad=True)
             (x * x).sum().backward()
             torch.openreg.set_strict_mode(True)
-            torch.openreg._inject_faults("kernel:aten::mul")
+            torch.openreg._inject_faults("kernel:aten::mul,alloc:1:100")  # no kernel, no allocation
             counters = torch.openreg._runtime_counters
             before = counters()["kernels_launched"]
             torch.openreg.reset_fallback_op_counts()

@@ -340,6 +340,19 @@ class TestAllocatorSettings(TestCase):
             ],
         )
 
+    def test_peak_and_accumulated_oversize_counts_reset(self):
+        code = """
+            import torch
+            t = torch.empty(100 << 20, dtype=torch.uint8, device="openreg")
+            del t
+            torch.openreg.reset_peak_memory_stats()
+            torch.openreg.reset_accumulated_memory_stats()
+            s = torch.openreg.memory_stats()
+            print([s[f"oversize_{k}.{f}"] for k in ("allocations", "segments") for f in ("peak", "allocated", "freed")])
+        """
+        lines, _ = self.run_with("max_split_size_mb:64", code)
+        self.assertEqual(lines, ["[0, 0, 0, 1, 0, 0]"])  # the cached segment is still current: its peak
+
     def test_roundup_power2_divisions(self):
         lines, _ = self.run_with("roundup_power2_divisions:4")
         MiB = 1 << 20

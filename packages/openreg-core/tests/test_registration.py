@@ -369,6 +369,45 @@ class TestRedefinedOperators(TestCase):
         )
 
 
+class TestOperatorsRemovedDuringACall(TestCase):
+    def test_a_meta_kernel_that_removes_operators(self):
+        # The generic path read the outer operator's facts through a reference into a thread-local map
+        # that two removals of operators (each dropping the map) inside its meta kernel freed: the
+        # mutation was skipped, then a segfault.
+        r = run_python(
+            """
+            import torch
+            from torch.library import Library, _scoped_library
+
+            lib = Library("openreg_removing", "DEF")
+            lib.define("bump(Tensor(a!) t) -> ()")
+            lib.impl("bump", lambda t: [t.add_(5)] and None, "CPU")
+
+            def churn():  # an operator that reached the generic path, removed
+                with _scoped_library("openreg_removing_tmp", "FRAGMENT") as tmp:
+                    tmp.define("f(Tensor x) -> Tensor")
+                    tmp.impl("f", lambda x: x + 1, "CPU")
+                    torch.ops.openreg_removing_tmp.f(torch.ones(2, device="openreg"))
+
+            def meta(t):
+                for op in (torch.sin, torch.cos):
+                    churn()
+                    op(torch.ones(3, device="openreg"))
+                for k in range(40):
+                    torch.exp(torch.ones(k + 1, device="openreg"))
+
+            lib.impl("bump", meta, "Meta")
+            churn()
+            x = torch.zeros(3, device="openreg")
+            for _ in range(2):
+                torch.ops.openreg_removing.bump(x)
+            print(x.cpu().tolist())
+            """
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split("\n")[0], "[10.0, 10.0, 10.0]")
+
+
 class TestAutogradFunction(TestCase):
     """OpenRegAutogradFunctions.cpp: C++ torch::autograd::Function for AutogradPrivateUse1."""
 

@@ -786,11 +786,16 @@ std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::Arr
     result->data_dependent = true;
     return result;
   }
-  // A result on another device (a custom op whose Device argument names the CPU, the devices of
-  // openreg being the only ones replaced by meta above): the generic path makes every result an
-  // openreg tensor, against the op's fake kernel (FakeTensorMode, torch.compile, opcheck say CPU).
+  // A result on another device because a Device argument names it (a custom op's "cpu": only
+  // openreg's devices are replaced by meta above): the generic path makes every result an openreg
+  // tensor, against the op's fake kernel (FakeTensorMode, torch.compile, opcheck say CPU). A result
+  // that follows a CPU scalar argument (bucketize of a 0-dim CPU tensor) is left as it was.
+  const bool names_another_device = std::any_of(meta_args.begin(), meta_args.end(), [](const c10::IValue& v) {
+    return v.isDevice() && v.toDevice().type() != c10::kMeta;
+  });
   for (const c10::IValue& r : meta)
     for_each_tensor(r, [&](const at::Tensor& t) {
+      if (!names_another_device) return;
       TORCH_CHECK_NOT_IMPLEMENTED(!t.defined() || t.is_meta(), "'", op.operator_name(), "' returns a tensor on ",
                                   t.device(),
                                   " (its meta kernel says so), and openreg's generic path returns its results on "
@@ -1626,7 +1631,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   const auto& schema = op.schema();
   check_not_strict(schema);
   if (answer_zero_tensors(op, stack, schema.arguments().size())) return;
-  const OpFacts& facts = facts_of(op);
+  // A copy: the kernels below may remove operators (a meta kernel that defines and destroys a
+  // library), after which facts_of drops the map this would refer to.
+  const OpFacts facts = facts_of(op);
   facts.calls->fetch_add(1, std::memory_order_relaxed);
   // The arguments stay on the stack until the launch takes them.
   const size_t num_args = schema.arguments().size();
@@ -1936,14 +1943,17 @@ void reset_fallback_counts() {
 
 namespace {
 // Drops what the generic path keeps for an operator being removed (see g_counts).
+// An operator that never reached the generic path has nothing here (a counter comes first): every
+// library's operators are removed at exit, and scanning the meta cache for each cost a quarter of a
+// second there. out_overloads (aten's structured operators, read without a lock) is left alone.
 void forget_operator(const c10::OperatorHandle& op) {
   const c10::FunctionSchema* schema = &op.schema();
   {
     std::lock_guard<std::mutex> lock(g_stats_mu);
-    if (auto it = g_counts.find(schema); it != g_counts.end()) {
-      g_retired_counts.push_back(std::move(it->second));
-      g_counts.erase(it);
-    }
+    auto it = g_counts.find(schema);
+    if (it == g_counts.end()) return;
+    g_retired_counts.push_back(std::move(it->second));
+    g_counts.erase(it);
   }
   {
     std::lock_guard<std::mutex> lock(g_meta_mu);
@@ -1953,7 +1963,6 @@ void forget_operator(const c10::OperatorHandle& op) {
     drop(g_meta_cache);
     drop(g_checks);
   }
-  out_overloads().erase(schema);
   g_registry_epoch.fetch_add(1, std::memory_order_release);
 }
 

@@ -429,17 +429,19 @@ PYBIND11_MODULE(_C, m) {
   // A one-element backward per device, queued behind what autograd's device threads still hold of
   // earlier passes (see torch_openreg/openreg/__init__.py::_finish_queued_work_at_exit). Built in
   // C++, without the GIL, so that none of its tensors has a Python object for a device thread to
-  // release in turn. Of a view, over uninitialised memory: it launches no kernel, so the user's
-  // strict mode and armed faults (core's own work at exit is not theirs) cannot refuse it; with
-  // zeros and mul it failed under strict mode, naming an 'aten::zero_' the program never called.
+  // release in turn. Of a view of an empty tensor: it allocates nothing and launches no kernel, so
+  // the user's strict mode and armed faults (core's own work at exit is not theirs) cannot refuse
+  // it; with zeros and mul it failed under strict mode, naming an 'aten::zero_' the program never
+  // called.
   m.def("_settle_autograd_device_threads", [](int count) {
     py::gil_scoped_release no_gil;
     c10::InferenceMode no_inference(false);
     at::AutoGradMode grad(true);
+    const std::vector<int64_t> empty{0};
     for (int d = 0; d < count; ++d) {
-      at::Tensor leaf =
-          at::empty({}, at::TensorOptions().device(c10::DeviceType::PrivateUse1, device_index(d))).requires_grad_(true);
-      at::Tensor out = leaf.view(at::IntArrayRef());
+      at::Tensor leaf = at::empty(empty, at::TensorOptions().device(c10::DeviceType::PrivateUse1, device_index(d)))
+                            .requires_grad_(true);
+      at::Tensor out = leaf.view(empty);
       torch::autograd::backward({out}, {at::empty_like(out)});
     }
   });

@@ -599,7 +599,7 @@ class DeviceCache {
 
   // The smallest cached block of the stream that fits, or a new segment; split. With
   // max_split_size (M) set, as CUDA's: a request below M takes no cached block of M or more, one of
-  // M or more takes a cached block at most max_non_split_rounding larger, and neither splits one.
+  // M or more takes a cached block less than max_non_split_rounding larger, and neither splits one.
   Block* best_fit(size_t size, orStream_t stream, bool small) {
     Pool& pool = small ? small_pool_ : large_pool_;
     Block key(device_, stream, size, nullptr, small);
@@ -797,6 +797,8 @@ class DeviceCache {
          {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split, &stats_.allocated_bytes,
           &stats_.reserved_bytes, &stats_.active_bytes, &stats_.inactive_split_bytes, &stats_.requested_bytes})
       for (Stat& s : *a) f(s);
+    f(stats_.oversize_allocations);  // one Stat each, not one per pool
+    f(stats_.oversize_segments);
   }
 
   c10::DeviceIndex device_;
