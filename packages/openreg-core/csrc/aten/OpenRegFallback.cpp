@@ -116,13 +116,10 @@ struct OpFacts {
 
 const OpFacts& facts_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> mine;
-  // The map before the last removal of an operator: kept for a caller up the stack that still
-  // holds a reference into it (a kernel that removed an operator and then called another one).
-  thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> before;
   thread_local uint64_t epoch = 0;
+  // An operator was removed: drop them all (callers copy what they keep, see fallback).
   if (const uint64_t now = g_registry_epoch.load(std::memory_order_acquire); now != epoch) {
-    before = std::move(mine);
-    mine = {};
+    mine.clear();
     epoch = now;
   }
   const auto& schema = op.schema();
