@@ -69,6 +69,9 @@ std::atomic<size_t> next_pg_id{0};
 // at the call: accepted, its copy-out failed on the comm stream and took both processes down.
 enum class Layout { kContiguous, kDense, kAny, kAnyWritten };
 
+// A lazy conj() or neg() view: its memory holds the conjugate or the negation of its values.
+bool has_lazy_bit(const at::Tensor& t) { return t.is_conj() || t.is_neg(); }
+
 void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device> device = std::nullopt,
                   Layout layout = Layout::kContiguous) {
   TORCH_CHECK_VALUE(t.defined(), "occl ", op, ": got an undefined tensor");
@@ -90,7 +93,7 @@ void check_tensor(const char* op, const at::Tensor& t, std::optional<c10::Device
   // A collective's own tensor moves as its memory, which a lazy conj() or neg() view does not hold
   // (its values are the memory's conjugate or negation): refused here, where it failed in the kernel
   // (Tensor.view of a conjugate view) and the async error handling ended every rank.
-  TORCH_CHECK_VALUE(!t.is_conj() && !t.is_neg(), "occl ", op,
+  TORCH_CHECK_VALUE(!has_lazy_bit(t), "occl ", op,
                     ": a tensor with its conjugate or negative bit set (a lazy conj() or neg() view) cannot be "
                     "sent as its memory: pass t.resolve_conj() or t.resolve_neg()");
   if (layout == Layout::kDense) {
@@ -234,9 +237,9 @@ Args member_args_of(const std::vector<at::Tensor>& ts) {
   return args;
 }
 
-// A member's values, without a lazy conjugate or negative bit: a copy of such a member (its memory
-// holds the conjugate or the negation of its values). The kernel read its memory and failed.
-at::Tensor logical(const at::Tensor& t) { return t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t; }
+// A member's values, without a lazy conjugate or negative bit (see has_lazy_bit): a copy of such a
+// member, the member itself otherwise. The kernel read its memory and failed.
+at::Tensor logical(const at::Tensor& t) { return t.resolve_conj().resolve_neg(); }
 
 // A member's elements in logical order, as one 1-D tensor the transport can carry (the member itself
 // when it is contiguous, else a copy).
@@ -254,9 +257,8 @@ struct MemberOutput {
   at::Tensor member, buffer;
   explicit MemberOutput(at::Tensor m)
       : member(std::move(m)),
-        buffer(member.is_contiguous() && !member.is_conj() && !member.is_neg()
-                   ? member
-                   : at::empty(member.sizes(), member.options())) {}
+        buffer(member.is_contiguous() && !has_lazy_bit(member) ? member : at::empty(member.sizes(), member.options())) {
+  }
   at::Tensor carried_buffer() const { return carried(buffer); }
   void copy_back() const {
     if (!buffer.is_same(member)) member.copy_(buffer);

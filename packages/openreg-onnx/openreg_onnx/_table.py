@@ -355,10 +355,15 @@ def quantize_per_tensor_tensor(input, scale, zero_point, quant_min: int, quant_m
     return _quantize(input, scale, zero_point, quant_min, quant_max, dtype)
 
 
+def _out_type(out_dtype: Optional[int]) -> ir.DataType:
+    """A dequantize's ``out_dtype`` (None: float32, as the decomposition's default)."""
+    return ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+
+
 def dequantize_per_tensor(
     input, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: int, out_dtype: Optional[int] = None
 ):
-    to = ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+    to = _out_type(out_dtype)
     if to != ir.DataType.FLOAT or ir.DataType(dtype) not in _QDQ_TYPES:
         scale_value = op.Constant(value=ir.tensor(scale, dtype=ir.DataType.DOUBLE))  # torch's double
         return _dequantize_arithmetic(input, scale_value, _int64(zero_point), to)
@@ -370,7 +375,7 @@ def dequantize_per_tensor_tensor(
     input, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: Optional[int] = None
 ):
     # torchlib's passed the zero-point tensor where it takes a number and failed on every such node.
-    to = ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+    to = _out_type(out_dtype)
     if to != ir.DataType.FLOAT or ir.DataType(dtype) not in _QDQ_TYPES:
         return _dequantize_arithmetic(input, scale, zero_point, to)
     scale, zero_point = _tensor_qparams(scale, zero_point, dtype)
@@ -412,20 +417,20 @@ def dequantize_per_channel(
     ``((input - zero_points) * scales).to(out_dtype)``, in its types: the difference in int64 (or
     in a floating zero point's type), the product in the scales' type (the wider of the two floating
     types)."""
-    to = ir.DataType.FLOAT if out_dtype in (None, -1) else ir.DataType(out_dtype)
+    to = _out_type(out_dtype)
     scale_type = scales.dtype or ir.DataType.FLOAT
     if ir.DataType(dtype) in _QDQ_TYPES and scale_type == ir.DataType.FLOAT and to == ir.DataType.FLOAT:
         zero = None if zero_points is None else op.Cast(zero_points, to=ir.DataType(dtype))
         return op.DequantizeLinear(input, scales, zero, axis=axis)
     rank = len(input.shape)
     shape = _int64([-1 if d == axis % rank else 1 for d in range(rank)])  # scales along `axis`
-    x = op.Cast(input, to=ir.DataType.INT64)
+    zp_type = ir.DataType.INT64 if zero_points is None else zero_points.dtype or ir.DataType.INT64
+    diff_type = zp_type if zp_type in _FLOATING else ir.DataType.INT64
+    x = op.Cast(input, to=diff_type)
     if zero_points is not None:
-        zp_type = zero_points.dtype or ir.DataType.INT64
-        diff_type = zp_type if zp_type in _FLOATING else ir.DataType.INT64
-        x = op.Sub(op.Cast(input, to=diff_type), op.Reshape(op.Cast(zero_points, to=diff_type), shape))
-        if diff_type == ir.DataType.DOUBLE:  # promoted with the scales
-            scale_type = ir.DataType.DOUBLE
+        x = op.Sub(x, op.Reshape(op.Cast(zero_points, to=diff_type), shape))
+    if diff_type == ir.DataType.DOUBLE:  # promoted with the scales
+        scale_type = ir.DataType.DOUBLE
     product = op.Mul(op.Cast(x, to=scale_type), op.Reshape(scales, shape))
     return product if to == scale_type else op.Cast(product, to=to)
 

@@ -131,7 +131,7 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
     auto& counter = g_counts[&schema];
     if (!counter) {
       counter = std::make_unique<Counter>();
-      counter->name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+      counter->name = c10::toString(schema.operator_name());
     }
     f.calls = &counter->calls;
   }
@@ -790,15 +790,15 @@ std::shared_ptr<MetaResult> compute_meta(const c10::OperatorHandle& op, c10::Arr
   const bool names_another_device = std::any_of(meta_args.begin(), meta_args.end(), [](const c10::IValue& v) {
     return v.isDevice() && v.toDevice().type() != c10::kMeta;
   });
-  for (const c10::IValue& r : meta)
-    for_each_tensor(r, [&](const at::Tensor& t) {
-      if (!names_another_device) return;
-      TORCH_CHECK_NOT_IMPLEMENTED(!t.defined() || t.is_meta(), "'", op.operator_name(), "' returns a tensor on ",
-                                  t.device(),
-                                  " (its meta kernel says so), and openreg's generic path returns its results on "
-                                  "openreg: register an openreg kernel for it (e.g. torch.library.custom_op with "
-                                  "device_types=\"openreg\") to return a tensor elsewhere");
-    });
+  if (names_another_device)
+    for (const c10::IValue& r : meta)
+      for_each_tensor(r, [&](const at::Tensor& t) {
+        TORCH_CHECK_NOT_IMPLEMENTED(!t.defined() || t.is_meta(), "'", op.operator_name(), "' returns a tensor on ",
+                                    t.device(),
+                                    " (its meta kernel says so), and openreg's generic path returns its results on "
+                                    "openreg: register an openreg kernel for it (e.g. torch.library.custom_op with "
+                                    "device_types=\"openreg\") to return a tensor elsewhere");
+      });
   const auto& schema = op.schema();
   for (size_t i = 0; i < meta.size(); ++i) {
     const c10::IValue& r = meta[i];
