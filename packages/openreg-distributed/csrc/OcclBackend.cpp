@@ -595,18 +595,25 @@ OcclBackend::~OcclBackend() {
   stop_hooks();
   for (auto& [route, tail] : tails_) events().put(tail.event);
   // The in-flight works go with the backend (a Work the user still holds keeps its own tensors).
-  // The idle comm streams are destroyed (the runtime recycles a destroyed stream with its worker
-  // thread for the next stream created: a program that makes and destroys groups, one per test or
-  // per checkpoint, kept up to three threads per group before). A busy one is left to the runtime:
-  // destroying it waits for its queued work, which may be a collective that a dead peer will never
-  // complete (until the transport's timeout).
-  for (auto& [device, set] : streams_) {
-    std::vector<orStream_t> all{set.coll, set.recv_any};
-    for (const auto* by_peer : {&set.peer, &set.send_done, &set.batch_recv})
-      for (const auto& [peer, stream] : *by_peer) all.push_back(stream);
-    for (orStream_t stream : all)
-      if (stream != nullptr && orStreamQuery(stream) == orSuccess) orStreamDestroy(stream);
-  }
+  // The comm streams are destroyed (the runtime recycles a destroyed stream with its worker thread
+  // for the next stream created: a program that makes and destroys groups, one per test or per
+  // checkpoint, kept up to three threads per group before). Destroying a stream waits for its
+  // queued work: once every kernel of the backend ran, that is event records and waits (the
+  // allocator records one on a stream when it frees a tensor used there), and each stream is
+  // destroyed. While a kernel is left, only the idle streams are: the kernel may be a collective
+  // that a dead peer never completes (until the transport's timeout), and its stream is left to
+  // the runtime. (Only idle ones were destroyed before: a record of a tensor freed just before the
+  // destructor, not run yet on a loaded machine, left its stream behind.)
+  const bool kernels_left = kernels_queued_->load(std::memory_order_acquire) != 0;
+  without_gil([&] {  // a stream's worker may need the GIL to drop a tensor's Python object
+    for (auto& [device, set] : streams_) {
+      std::vector<orStream_t> all{set.coll, set.recv_any};
+      for (const auto* by_peer : {&set.peer, &set.send_done, &set.batch_recv})
+        for (const auto& [peer, stream] : *by_peer) all.push_back(stream);
+      for (orStream_t stream : all)
+        if (stream != nullptr && (!kernels_left || orStreamQuery(stream) == orSuccess)) orStreamDestroy(stream);
+    }
+  });
 }
 
 std::chrono::milliseconds OcclBackend::effective(std::chrono::milliseconds t) const {
@@ -971,28 +978,39 @@ namespace {
 // Travels in a collective's kernel: when the runtime discards the kernel without running it (a
 // device error, or a fault injected by OPENREG_FAULTS), the collective and its group fail at once,
 // as when its body raises, instead of the Work reporting success (and its peer timing out alone).
+// It also counts the backend's kernels not yet run or discarded (kernels_queued_), itself included.
 struct UnrunKernel {
   std::shared_ptr<WorkOutcome> outcome;
   std::shared_ptr<GroupError> group;
   std::string what;
+  std::shared_ptr<std::atomic<int64_t>> queued;
   // The second kernel of a send (it ran once the operation finished), and what it would have waited
   // for: the transport may still read the data, so that is waited for before the failure is told.
   bool finishes = false;
   std::function<void()> drain;
-  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w, bool f = false,
-              std::function<void()> d = {})
-      : outcome(std::move(o)), group(std::move(g)), what(std::move(w)), finishes(f), drain(std::move(d)) {}
+  UnrunKernel(std::shared_ptr<WorkOutcome> o, std::shared_ptr<GroupError> g, std::string w,
+              std::shared_ptr<std::atomic<int64_t>> q, bool f = false, std::function<void()> d = {})
+      : outcome(std::move(o)),
+        group(std::move(g)),
+        what(std::move(w)),
+        queued(std::move(q)),
+        finishes(f),
+        drain(std::move(d)) {
+    queued->fetch_add(1, std::memory_order_relaxed);
+  }
   UnrunKernel(UnrunKernel&&) = default;
   UnrunKernel(const UnrunKernel&) = delete;
   ~UnrunKernel() {
-    if (!outcome) return;                                                                           // moved from
-    if ((finishes ? outcome->finished : outcome->started).load(std::memory_order_acquire)) return;  // it ran
-    if (drain) drain();
-    outcome->error.set(what + (finishes ? " not waited for: the device failed its kernel before it completed"
-                                        : " not run: the device failed its kernel before it started"));
-    group->set(outcome->error.message());
-    outcome->finished_at = std::chrono::steady_clock::now();
-    outcome->finished.store(true, std::memory_order_release);  // over: the watchdog retires it
+    if (!outcome) return;                                                                      // moved from
+    if (!(finishes ? outcome->finished : outcome->started).load(std::memory_order_acquire)) {  // not run
+      if (drain) drain();
+      outcome->error.set(what + (finishes ? " not waited for: the device failed its kernel before it completed"
+                                          : " not run: the device failed its kernel before it started"));
+      group->set(outcome->error.message());
+      outcome->finished_at = std::chrono::steady_clock::now();
+      outcome->finished.store(true, std::memory_order_release);  // over: the watchdog retires it
+    }
+    queued->fetch_sub(1, std::memory_order_release);
   }
 };
 
@@ -1137,7 +1155,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   if (done == comm) {
     OPENREG_CHECK(::openreg::launch(comm, kernel,
                                     [begin = std::move(begin), finish = std::move(finish), run,
-                                     unrun = UnrunKernel{outcome, error_, what}]() mutable {
+                                     unrun = UnrunKernel{outcome, error_, what, kernels_queued_}]() mutable {
                                       run(/*last=*/true, [&] {
                                         begin();
                                         finish();
@@ -1146,7 +1164,9 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   } else {
     OPENREG_CHECK(::openreg::launch(
         comm, kernel,
-        [begin = std::move(begin), run, unrun = UnrunKernel{outcome, error_, what}]() mutable { run(false, begin); }));
+        [begin = std::move(begin), run, unrun = UnrunKernel{outcome, error_, what, kernels_queued_}]() mutable {
+          run(false, begin);
+        }));
     orEvent_t started = events().get();
     OPENREG_CHECK(orEventRecord(started, comm));
     OPENREG_CHECK(orStreamWaitEvent(done, started, 0));
@@ -1160,12 +1180,13 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
         }
       }
     };
-    OPENREG_CHECK(::openreg::launch(done, "occl::send_wait",
-                                    [finish = std::move(finish), run, outcome,
-                                     unrun = UnrunKernel{outcome, error_, what, /*finishes=*/true, std::move(drain)}] {
-                                      // A start that failed ended the operation: nothing to wait for.
-                                      if (!outcome->finished.load(std::memory_order_acquire)) run(true, finish);
-                                    }));
+    OPENREG_CHECK(::openreg::launch(
+        done, "occl::send_wait",
+        [finish = std::move(finish), run, outcome,
+         unrun = UnrunKernel{outcome, error_, what, kernels_queued_, /*finishes=*/true, std::move(drain)}] {
+          // A start that failed ended the operation: nothing to wait for.
+          if (!outcome->finished.load(std::memory_order_acquire)) run(true, finish);
+        }));
   }
 
   // 3. Its end, and a future completed on the comm stream (as NCCL's: callbacks and waits are

@@ -398,6 +398,10 @@ class OcclBackend : public c10d::Backend {
 
   std::mutex streams_mu_;
   std::map<c10::DeviceIndex, CommStreams> streams_;
+  // The backend's kernels queued or running on its streams (each kernel's UnrunKernel counts itself
+  // until the runtime ran or discarded it). None left: what the streams still hold are event records
+  // and waits, which the destructor can drain (see ~OcclBackend).
+  std::shared_ptr<std::atomic<int64_t>> kernels_queued_ = std::make_shared<std::atomic<int64_t>>(0);
   // Per route (lane, peer): the stream its last operation started on and an event recorded after
   // its kernel there (a send's start; a receive or collective whole). Gloo pairs a group's
   // operations by the order each rank starts them on a route, and one transport serves all the

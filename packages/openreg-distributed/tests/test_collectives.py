@@ -1028,6 +1028,56 @@ class TestCollectives(OcclTestCase):
         dist.all_reduce(y)
         self.assertEqual(y.cpu(), torch.full((1 << 16,), 2.0))
 
+    def test_a_group_destroyed_as_its_tensors_are_freed_gives_its_streams_back(self):
+        # Freeing a tensor a comm stream used records an event on that stream (the allocator's, as
+        # CUDA's). The backend destroyed only its idle streams: such a record not run yet when it
+        # went (on a loaded machine; here every item on the device starts late) left its stream
+        # behind, one for good per group. Once all of its kernels ran, it drains them and destroys all.
+        d, peer = self.device, 1 - self.rank
+
+        def alive():
+            counters = torch.openreg._runtime_counters()
+            return counters["streams_created"] - counters["streams_destroyed"]
+
+        def group_with_used_tensors():
+            group = dist.new_group(backend="occl")
+            x = torch.full((256,), float(self.rank + 1), device=d)
+            dist.all_reduce(x, group=group)
+            got = torch.empty(64, device=d)
+            ops = [dist.P2POp(dist.isend, x[:64].clone(), peer, group), dist.P2POp(dist.irecv, got, peer, group)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            self.assertEqual((x.cpu(), got.cpu()), (torch.full((256,), 3.0), torch.full((64,), 3.0)))
+            # The backend lets go of ended operations (and their tensors) when the next one comes.
+            dist.all_reduce(torch.zeros(1, device=d), group=group)
+            torch.openreg.synchronize()
+            return group, [x, got, ops]
+
+        def wait_for(count):  # the backend goes with its last reference, which a thread may hold a while
+            deadline = time.monotonic() + 30
+            while alive() != count and time.monotonic() < deadline:
+                gc.collect()
+                time.sleep(0.05)
+            return alive()
+
+        torch.openreg.Stream(device=d)  # the device's stream pool is made once, at its first use
+        before = alive()
+        group, used = group_with_used_tensors()
+        self.assertGreater(alive(), before)
+        destroyed = torch.openreg._runtime_counters()["streams_destroyed"]
+        try:
+            torch.openreg._inject_faults(f"slow@{d.index}:1000")
+            del used  # the records of their frees wait on the comm streams
+            dist.destroy_process_group(group)
+            del group
+            deadline = time.monotonic() + 30
+            while torch.openreg._runtime_counters()["streams_destroyed"] == destroyed and time.monotonic() < deadline:
+                gc.collect()
+                time.sleep(0.05)
+        finally:
+            torch.openreg._inject_faults("")
+        self.assertEqual(wait_for(before), before)
+
     def test_a_refused_operation_ends_its_coalescing_block(self):
         # torch's coalescing manager never ends a block whose body raised: occl stayed in it and kept
         # the outputs of every later operation of the group (and routed its receives to the block's
