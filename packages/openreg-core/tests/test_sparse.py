@@ -282,6 +282,33 @@ class TestSparseAutograd(SparseTestCase):
             self.assertDenseEqual(dev_b, cpu_b)
 
 
+class TestSparseParameters(SparseTestCase):
+    def test_module_to_and_a_coo_parameter(self):
+        # torch 2.13 lets a sparse COO tensor take another's data only between its own backends
+        # (TensorImpl::has_compatible_shallow_copy_type, which SparseTensorImpl::shallow_copy_from
+        # asserts: no dispatcher call openreg could answer), so Module.to("openreg") makes a new
+        # Parameter for a COO one, and an optimizer built before the move would update the old one.
+        # With swap_module_params_on_conversion (swap_tensors) the Parameter object is kept.
+        i, v = torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0])
+        with self.assertRaisesRegex(RuntimeError, "incompatible tensor type"):
+            torch.sparse_coo_tensor(i, v, (2, 2)).data = torch.sparse_coo_tensor(i, v, (2, 2)).to("openreg")
+        previous = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            module = torch.nn.Module()
+            module.p = torch.nn.Parameter(torch.sparse_coo_tensor(i, v, (2, 2)).coalesce())
+            kept = module.p
+            opt = torch.optim.SGD(module.parameters(), lr=0.1)
+            module.to("openreg")
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(previous)
+        self.assertIs(module.p, kept)
+        self.assertEqual(kept.device, torch.device("openreg:0"))
+        torch.sparse.mm(module.p, torch.ones(2, 3, device="openreg")).sum().backward()
+        opt.step()
+        self.assertEqual(kept.detach().coalesce().values().cpu(), torch.tensor([0.7, 1.7]))
+
+
 class TestSparseSerialization(SparseTestCase):
     def test_save_and_load(self):
         coo = coo_sample()
@@ -352,6 +379,21 @@ class TestSparseErrors(SparseTestCase):
             torch.sparse.sampled_addmm(csr.to("openreg"), a.to("openreg"), b.to("openreg"))
         with self.assertRaisesRegex(RuntimeError, "Cannot get indices on an uncoalesced tensor"):
             coo_sample().to("openreg").indices()
+
+    def test_members_on_two_devices_are_refused_at_the_call(self):
+        # ATen checks this only for CUDA's COO tensors: an internal assert ("please report a bug to
+        # PyTorch") fired instead.
+        i, v = torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0])
+        message = r"^device of indices \(openreg:1\) must match device of values \(openreg:0\)"
+        with self.assertRaisesRegex(RuntimeError, message):
+            torch.sparse_coo_tensor(i.to("openreg:1"), v.to("openreg:0"), (2, 2))
+        with self.assertRaisesRegex(RuntimeError, message):
+            torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(
+                2, 0, (2, 2), i.to("openreg:1"), v.to("openreg:0"), dtype=torch.float32, layout=torch.sparse_coo
+            )
+        t = torch.sparse_coo_tensor(i.to("openreg:1"), v.to("openreg:1"), (2, 2))
+        self.assertEqual(t.device, torch.device("openreg:1"))
+        self.assertEqual(t.to_dense().cpu(), torch.sparse_coo_tensor(i, v, (2, 2)).to_dense())
 
     def test_strict_mode_names_the_operator(self):
         d = coo_sample().to("openreg")
