@@ -2,6 +2,7 @@
 
 import torch
 from torch.testing._internal.common_utils import TestCase
+from torch_openreg.utils.testing import StreamHold
 
 UNSCALE = torch._amp_foreach_non_finite_check_and_unscale_
 UPDATE = torch._amp_update_scale_
@@ -102,17 +103,14 @@ class TestNativeKernels(TestCase):
         self.assertEqual(tracker.item(), 1)
 
     def test_kernels_run_on_the_current_stream_without_host_sync(self):
-        # Queue a slow kernel on a side stream, then unscale there: the host returns before the
-        # side stream reaches the unscale, and the default stream never sees the work.
+        # Hold a side stream, then unscale there: the host returns before the side stream reaches
+        # the unscale, and the default stream never sees the work.
         side = torch.openreg.Stream()
         found = torch.zeros(1, device="openreg")
         grads = [torch.full((4,), 8.0, device="openreg")]
-        a = torch.randn(1024, 1024, device="openreg")
-        with torch.openreg.stream(side):
-            for _ in range(8):
-                a = a @ a.clamp(-1e-3, 1e-3)  # keeps the stream busy
+        with torch.openreg.stream(side), StreamHold():  # a call that waited would block until the hold times out
             UNSCALE(grads, found, torch.full((1,), 0.5, device="openreg"))
-            self.assertFalse(side.query())  # still running: the call did not wait
+            self.assertFalse(side.query())  # still held: the call did not wait
         side.synchronize()
         self.assertEqual(grads[0].cpu().tolist(), [4.0] * 4)
 

@@ -155,9 +155,13 @@ class TestStreams(TestCase):
 
     def test_work_is_asynchronous_and_query(self):
         s = torch.openreg.Stream()
-        with torch.openreg.stream(s):
+        slow_work(512)  # a signature's first call is synchronous: made before the hold
+        torch.openreg.synchronize()
+        # Held, so that the check does not depend on the device being slower than the host: a call
+        # that waited for the device would block until the hold times out, and the stream be idle.
+        with torch.openreg.stream(s), StreamHold():
             a = slow_work(512)
-        self.assertFalse(s.query())  # the host got here before the device finished
+            self.assertFalse(s.query())  # the host got here before the device finished
         s.synchronize()
         self.assertTrue(s.query())
         self.assertTrue(torch.isfinite(a).all().item())
@@ -169,11 +173,13 @@ class TestStreams(TestCase):
         with torch.openreg.stream(s):
             a = torch.randn(256, 256, device="openreg")
             a = a @ a / 256  # a signature's first call is synchronous; the ones below are queued
-            for _ in range(200):
-                a = a @ a / 256  # far longer in all than the host spins (2 ms at most): it sleeps
-        before = torch.openreg._runtime_counters()["wait_wakeups"]
-        s.synchronize()
-        woken = torch.openreg._runtime_counters()["wait_wakeups"] - before
+            with StreamHold() as held:  # released far later than the host spins (2 ms at most): it sleeps
+                for _ in range(200):
+                    a = a @ a / 256
+                threading.Timer(0.5, held.release).start()
+                before = torch.openreg._runtime_counters()["wait_wakeups"]
+                s.synchronize()
+                woken = torch.openreg._runtime_counters()["wait_wakeups"] - before
         self.assertTrue(s.query())
         self.assertGreaterEqual(woken, 1)  # the host did go to sleep
         self.assertLessEqual(woken, 3)  # once, plus the odd spurious wake-up; not about 400
@@ -520,9 +526,9 @@ class TestEvents(TestCase):
     def test_query_unrecorded_and_record(self):
         e = torch.openreg.Event()
         self.assertTrue(e.query())
-        slow_work(512)
-        e.record()
-        self.assertFalse(e.query())
+        with StreamHold():  # the record cannot run before the hold ends
+            e.record()
+            self.assertFalse(e.query())
         e.synchronize()
         self.assertTrue(e.query())
 

@@ -55,14 +55,19 @@ def sgd_step(model, opt, x, y):
 TIMEOUT = timedelta(seconds=3)
 
 
-def fault_group(handling: str, **env: str):
-    """A group of its own with a short timeout, created under TORCH_OCCL_ASYNC_ERROR_HANDLING=handling
-    (and `env`): the backend reads its controls when it is made."""
+def fault_group(handling: str, timeout: timedelta = TIMEOUT, **env: str):
+    """A group of its own whose operations time out after `timeout`, created under
+    TORCH_OCCL_ASYNC_ERROR_HANDLING=handling (and `env`): the backend reads its controls when it is
+    made. It is made with a long timeout, lowered once made: the transport's rendezvous in new_group
+    waits for the other rank, which a loaded machine may hold back longer than the operations'
+    timeout (no test is about the rendezvous)."""
     env = dict(env, TORCH_OCCL_ASYNC_ERROR_HANDLING=handling)
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return dist.new_group(backend="occl", timeout=TIMEOUT)
+        group = dist.new_group(backend="occl", timeout=timedelta(seconds=60))
+        dist.distributed_c10d._set_pg_timeout(timeout, group)  # reaches occl (openreg_distributed/_backend.py)
+        return group
     finally:
         for k, v in old.items():
             if v is None:

@@ -97,7 +97,12 @@ class TestFaults(OcclTestCase):
     def test_wait_with_a_timeout_blocks_and_raises(self):
         # As NCCL's: given a timeout, wait() blocks the host until the operation ended, and raises
         # once the timeout expired, failing the operation and its group (NCCL aborts its communicator).
-        group = fault_group("0")
+        # The group's own timeout (60 s) is not the one under test: rank 1 joins once rank 0's wait
+        # expired (told through the store, not a sleep that a loaded machine could outlast), and rank
+        # 0's collective, failed but still in the transport, pairs with it.
+        group = fault_group("0", timeout=timedelta(seconds=60))
+        store = dist.distributed_c10d._get_default_store()
+        expired_key = f"test_wait_with_a_timeout/{group.group_name}/expired"
         x = torch.full((4,), float(self.rank + 1), device=self.device)
         work = dist.all_reduce(x, group=group, async_op=True)
         self.assertTrue(work.wait(timeout=timedelta(seconds=30)))
@@ -105,18 +110,19 @@ class TestFaults(OcclTestCase):
         self.assertEqual(work.get_future_result().wait(), int(WorkResult.SUCCESS))
         self.assertEqual(x.cpu(), torch.full((4,), 3.0))
         if self.rank == 0:
-            work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 joins 1 s late
+            work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 joins after the wait expired
             t0 = time.monotonic()
             expired = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) failed: Work.wait\(timeout=300 ms\) expired"
             with self.assertRaisesRegex(dist.DistBackendError, expired):
                 work.wait(timeout=timedelta(milliseconds=300))
             self.assertGreaterEqual(time.monotonic() - t0, 0.3)
+            store.set(expired_key, "1")
             self.assertTrue(work.is_completed())
             self.assertFalse(work.is_success())
             with self.assertRaisesRegex(dist.DistBackendError, "the process group failed earlier: " + expired):
                 dist.broadcast(x, src=0, group=group)
         else:
-            time.sleep(1)
+            store.wait([expired_key])
             dist.all_reduce(x, group=group)  # pairs with rank 0's, still in the transport
             self.assertEqual(x.cpu(), torch.full((4,), 6.0))
         dist.barrier()
@@ -323,7 +329,10 @@ import os, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
-dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=5))
+# Made with a long timeout (two interpreters importing torch on a loaded machine may meet far apart),
+# then lowered for the operations, through both of the group's backends.
+dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
 x = torch.ones(4, device="openreg")
 dist.all_reduce(x)
 if rank == 1:
@@ -361,7 +370,10 @@ import os, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
-dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=5))
+# Made with a long timeout (two interpreters importing torch on a loaded machine may meet far apart),
+# then lowered for the operations, through both of the group's backends.
+dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
 x = torch.ones(4 * (rank + 1), device="openreg")
 t0 = time.monotonic()
 work = dist.all_reduce(x, async_op=True)  # asynchronous: see DEAD_PEER

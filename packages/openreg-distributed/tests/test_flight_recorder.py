@@ -15,7 +15,7 @@ def entries_of(group, dump):
     return [e for e in dump.get("entries", []) if e["process_group"][0] == group.group_name]
 
 
-def retired(group, limit=10.0):
+def retired(group, limit=30.0):
     """The group's entries once the watchdog has retired them all (it looks every 100 ms)."""
     t0 = time.monotonic()
     while True:

@@ -4,6 +4,7 @@ within the group's timeout instead of hanging; a send whose completion kernel fa
 delivered."""
 
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -65,7 +66,10 @@ class TestInjectedKernelFailure(OcclTestCase):
     def test_failed_kernel_is_reported_to_the_peer(self):
         # TORCH_OCCL_PROPAGATE_ERROR: the peer's collective fails with rank 0's cause, read from the
         # group's store, rather than with a timeout of its own that says nothing about rank 0.
-        group = fault_group("2", TORCH_OCCL_PROPAGATE_ERROR="1")
+        # Rank 0's report travels through its watchdog, the store and rank 1's watchdog (100 ms
+        # polls) and must come before rank 1's own timeout: 8 s, so that a loaded machine's stalls
+        # do not turn it into a timeout (rank 1's transport still waits that long for rank 0).
+        group = fault_group("2", timeout=timedelta(seconds=8), TORCH_OCCL_PROPAGATE_ERROR="1")
         x = torch.ones(4, device=self.device)
         dist.all_reduce(x, group=group)
         dist.barrier()

@@ -118,7 +118,7 @@ class TestP2P(OcclTestCase):
                 if n == 16:
                     # Staged: its Work ends once its start ran (polled: an unstaged one would end
                     # only after the barrier, and a synchronize would then wait until the timeout).
-                    self.assertTrue(ends_within(w, 5.0))
+                    self.assertTrue(ends_within(w, 30.0))
                     w.wait()
                     x.fill_(-1.0)  # ordered after the Work's end on the current stream
                 else:
@@ -148,17 +148,19 @@ class TestP2P(OcclTestCase):
         if self.rank == 0:
             xs = [torch.full((n,), float(i), device=self.device) for i in range(count)]
             works = [dist.isend(x, dst=1) for x in xs]
-            to_rank2 = ends_within(dist.isend(xs[1], dst=2), 5.0)
+            to_rank2 = ends_within(dist.isend(xs[1], dst=2), 30.0)
             last = ends_within(works[-1], 1.0)
-            pending = [i for i, w in enumerate(works) if not w.is_completed()]
+            staged_ended = all(ends_within(w, 30.0) for w in works[:staged])  # end without a receive
+            pending = [i for i, w in enumerate(works) if not w.is_completed()]  # the rest: only after the barrier
             dist.barrier()
             for w in works:
                 w.wait()
             torch.openreg.synchronize(self.device)  # the send completions: the reservations are freed
-            again = ends_within(dist.isend(xs[0], dst=1), 5.0)  # before rank 1's receive (the barrier)
+            again = ends_within(dist.isend(xs[0], dst=1), 30.0)  # before rank 1's receive (the barrier)
             dist.barrier()
             self.assertTrue(to_rank2, "a small send to rank 2 was not staged")
             self.assertFalse(last)
+            self.assertTrue(staged_ended, "the first 4 MiB of sends were not staged")
             self.assertEqual(pending, list(range(staged, count)))  # only the first 4 MiB were copied
             self.assertTrue(again, "the next small send after delivery was not staged")
         else:

@@ -24,7 +24,7 @@ release = threading.Event()
 
 @torch.library.custom_op("openreg_inductor_test::hold_stream", mutates_args=(), device_types="cpu")
 def hold_stream(x: torch.Tensor) -> torch.Tensor:
-    release.wait(10)
+    release.wait(60)
     return x.clone()
 
 
