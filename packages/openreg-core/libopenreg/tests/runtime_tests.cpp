@@ -156,6 +156,30 @@ struct Gate {
   void release() { open.store(true, std::memory_order_release); }
 };
 
+namespace wait_hooks {
+std::atomic<int> begun{0}, ended{0};
+int token = 7;
+void* begin() {
+  begun.fetch_add(1);
+  return &token;
+}
+void end(void* t) {
+  if (t == &token) ended.fetch_add(1);
+}
+}  // namespace wait_hooks
+
+// Opens `gate` once a host thread is waiting for the device (the blocking-wait hooks' begin ran;
+// the test installs wait_hooks), or after 20 s: a test about what a waiting host does then does
+// not depend on a sleep outlasting the host's way to its wait on a loaded machine.
+std::thread open_once_the_host_waits(Gate& gate) {
+  const int begun = wait_hooks::begun.load();
+  return std::thread([&gate, begun] {
+    const auto deadline = Clock::now() + 20s;
+    while (wait_hooks::begun.load() == begun && Clock::now() < deadline) std::this_thread::yield();
+    gate.release();
+  });
+}
+
 // A one-shot barrier for host threads (C++17 has no std::barrier).
 class Latch {
  public:
@@ -574,12 +598,11 @@ TEST(memory_blocking_copy_on_an_idle_stream_runs_on_the_caller) {
   Gate gate;
   CHECK_OK(openreg::launch(s, "test::gate", [&] { gate.wait(); }));
   CHECK_OK(orMemsetAsync(d, 0x5a, n, s));
-  std::thread opener([&] {
-    std::this_thread::sleep_for(20ms);
-    gate.release();
-  });
+  CHECK_OK(orSetBlockingWaitHooks(&wait_hooks::begin, &wait_hooks::end));
+  std::thread opener = open_once_the_host_waits(gate);
   CHECK_OK(orMemcpyAsync(out.data(), d, n, orMemcpyDeviceToHost, s));  // waits for the gate and the memset
   opener.join();
+  CHECK_OK(orSetBlockingWaitHooks(nullptr, nullptr));
   CHECK(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0x5a; }));
   CHECK_OK(orGetCounters(&c2));
   CHECK_EQ(c2.memcpyOnCaller - c1.memcpyOnCaller, uint64_t{0});
@@ -954,18 +977,6 @@ TEST(stream_launch_returns_before_work_ran) {
   CHECK_OK(orStreamDestroy(s));
 }
 
-namespace wait_hooks {
-std::atomic<int> begun{0}, ended{0};
-int token = 7;
-void* begin() {
-  begun.fetch_add(1);
-  return &token;
-}
-void end(void* t) {
-  if (t == &token) ended.fetch_add(1);
-}
-}  // namespace wait_hooks
-
 // A host thread that sleeps waiting for the device calls the hooks around the sleep (an
 // interpreter releases its lock there), with begin's token, and only then.
 TEST(stream_blocking_wait_hooks) {
@@ -973,9 +984,13 @@ TEST(stream_blocking_wait_hooks) {
   CHECK_OK(orSetBlockingWaitHooks(&wait_hooks::begin, &wait_hooks::end));
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
-  CHECK_OK(openreg::launch(s, "test::sleep", [] { std::this_thread::sleep_for(20ms); }));
-  CHECK_OK(orStreamSynchronize(s));  // longer than the spin: sleeps
-  CHECK(wait_hooks::begun.load() >= 1);
+  const int first = wait_hooks::begun.load();
+  Gate gate;
+  CHECK_OK(openreg::launch(s, "test::gate", [&] { gate.wait(); }));
+  std::thread opener = open_once_the_host_waits(gate);  // after 20 s if no hook ran
+  CHECK_OK(orStreamSynchronize(s));
+  opener.join();
+  CHECK(wait_hooks::begun.load() > first);
   CHECK_EQ(wait_hooks::begun.load(), wait_hooks::ended.load());
   const int before = wait_hooks::begun.load();
   CHECK_OK(orStreamSynchronize(s));  // nothing queued: no sleep, no hooks
@@ -1390,12 +1405,11 @@ TEST(stream_synchronize_is_woken_once) {
   }
   orRuntimeCounters before{}, after{};
   CHECK_OK(orGetCounters(&before));
-  std::thread opener([&gate] {
-    std::this_thread::sleep_for(50ms);  // the synchronize below is asleep by then (spin: 2 ms at most)
-    gate.release();
-  });
+  CHECK_OK(orSetBlockingWaitHooks(&wait_hooks::begin, &wait_hooks::end));
+  std::thread opener = open_once_the_host_waits(gate);  // the 200 items then outlast the host's spin
   CHECK_OK(orStreamSynchronize(s));
   opener.join();
+  CHECK_OK(orSetBlockingWaitHooks(nullptr, nullptr));
   CHECK_OK(orGetCounters(&after));
   check_ran_in_order(seen, n);
   // One wake-up at the end of the queue, a couple more if the condition variable wakes spuriously;
@@ -2081,28 +2095,43 @@ TEST(stream_waiter_spins_while_cpus_are_free) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
   // One thread's kernel: on two CPUs or more, the host keeps one.
+  // Each kernel waits until the host is in its wait (the hook's begin), so that a late host does not
+  // find it done already.
   lc::host_value = 1;
   uint64_t before = wait_wakeups();
   int begun = wait_hooks::begun.load();
-  CHECK_OK(openreg::launch(s, "test::narrow", [] { std::this_thread::sleep_for(30ms); }));
+  Gate narrow;
+  CHECK_OK(openreg::launch(s, "test::narrow", [&] { narrow.wait(); }));
+  std::thread opener = open_once_the_host_waits(narrow);
   CHECK_OK(orStreamSynchronize(s));
+  opener.join();
   CHECK(cpus >= 2 ? wait_wakeups() == before : wait_wakeups() > before);
   CHECK_EQ(wait_hooks::begun.load(), begun + 1);
   CHECK_EQ(wait_hooks::ended.load(), wait_hooks::begun.load());
-  // A kernel as wide as the machine: the host sleeps until it completes.
+  // A kernel as wide as the machine: the host sleeps until it completes (30 ms after the host's
+  // wait began, for its way from the hook to its sleep).
   lc::host_value = static_cast<uint64_t>(cpus);
   before = wait_wakeups();
-  CHECK_OK(openreg::launch(s, "test::wide", [] { std::this_thread::sleep_for(30ms); }));
+  Gate wide;
+  CHECK_OK(openreg::launch(s, "test::wide", [&] {
+    wide.wait();
+    std::this_thread::sleep_for(30ms);
+  }));
+  opener = open_once_the_host_waits(wide);
   CHECK_OK(orStreamSynchronize(s));
+  opener.join();
   CHECK(wait_wakeups() - before >= 1);
   // An event wait behaves alike; a copy (no launch context) is one thread wide.
   lc::host_value = 1;
   orEvent_t ev = nullptr;
   CHECK_OK(orEventCreateWithFlags(&ev, orEventDisableTiming));
   before = wait_wakeups();
-  CHECK_OK(openreg::launch(s, "test::narrow", [] { std::this_thread::sleep_for(30ms); }));
+  Gate narrow_again;
+  CHECK_OK(openreg::launch(s, "test::narrow", [&] { narrow_again.wait(); }));
   CHECK_OK(orEventRecord(ev, s));
+  opener = open_once_the_host_waits(narrow_again);
   CHECK_OK(orEventSynchronize(ev));
+  opener.join();
   CHECK(cpus >= 2 ? wait_wakeups() == before : wait_wakeups() > before);
   CHECK_OK(orEventDestroy(ev));
   CHECK_OK(orSetLaunchContextHooks(nullptr, nullptr));
