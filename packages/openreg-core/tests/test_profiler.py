@@ -26,7 +26,7 @@ def _workload(a, side):
 
 class TestKinetoProfiler(TestCase):
     def setUp(self):
-        self.a = torch.randn(128, 128, device="openreg")
+        self.a = torch.randn(512, 512, device="openreg")  # its mm far longer than its add, even on a loaded machine
         self.side = torch.openreg.Stream()
         _workload(self.a, self.side)  # first calls verify their meta kernels synchronously: not in the trace
         torch.openreg.synchronize()

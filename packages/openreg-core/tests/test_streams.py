@@ -445,7 +445,7 @@ class TestStreams(TestCase):
             x = torch.zeros(1, device="openreg")
             _sleep_on_device(x, 0.0).cpu()  # a signature's first call is synchronous
             before = torch.openreg._runtime_counters()["wait_wakeups"]
-            _sleep_on_device(x, 0.2)  # one thread's kernel (a small one)
+            _sleep_on_device(x, 0.05)  # one thread's kernel (a small one), far shorter than the spin
             t0 = time.perf_counter()
             torch.openreg.synchronize()
             took = time.perf_counter() - t0
@@ -455,7 +455,7 @@ class TestStreams(TestCase):
         r = run_python(code, env={"OPENREG_WAIT_SPIN_US": "1000000"})
         self.assertEqual(r.returncode, 0, r.stderr)
         cpus, woken, took = r.stdout.split()
-        self.assertGreaterEqual(float(took), 0.15)  # it did wait for the kernel
+        self.assertGreaterEqual(float(took), 0.04)  # it did wait for the kernel
         self.assertLess(float(took), 0.9)  # and the kernel ran during the spin
         if int(cpus) >= 2:
             self.assertEqual(int(woken), 0)  # spun: never went to sleep
