@@ -426,6 +426,40 @@ void without_gil(const std::function<void()>& fn) {
     fn();
 }
 
+// Comm streams of backends that went while a kernel of theirs was still queued (see ~OcclBackend),
+// with that backend's kernel count: destroyed by a later backend's construction or destruction, on a
+// host thread, once those kernels ran (a group destroyed right after an operation, without waiting
+// for it, kept its streams and their worker threads for good otherwise).
+struct OrphanStreams {
+  std::shared_ptr<std::atomic<int64_t>> kernels_queued;
+  std::vector<orStream_t> streams;
+};
+struct Orphans {
+  std::mutex mu;
+  std::vector<OrphanStreams> list;
+};
+Orphans& orphans() {  // never destroyed: a backend may go during the interpreter's exit
+  static auto* o = new Orphans();
+  return *o;
+}
+
+void destroy_orphans_whose_kernels_ran() {
+  std::vector<orStream_t> ready;
+  {
+    std::lock_guard<std::mutex> g(orphans().mu);
+    auto& list = orphans().list;
+    for (auto it = list.begin(); it != list.end();) {
+      if (it->kernels_queued->load(std::memory_order_acquire) == 0) {
+        ready.insert(ready.end(), it->streams.begin(), it->streams.end());
+        it = list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (orStream_t stream : ready) orStreamDestroy(stream);  // event records left at most: drained at once
+}
+
 // One pool per process: events outlive groups (a Work may outlive its backend).
 EventPool& events() {
   static EventPool* pool = new EventPool();  // never destroyed: works may be freed at exit
@@ -587,6 +621,7 @@ OcclBackend::OcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int si
       dump_on_failure_(env_flag("TORCH_OCCL_DUMP_ON_TIMEOUT")),
       propagate_error_(env_flag("TORCH_OCCL_PROPAGATE_ERROR")),
       pg_id_(next_pg_id++) {
+  without_gil(destroy_orphans_whose_kernels_ran);
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
@@ -602,16 +637,28 @@ OcclBackend::~OcclBackend() {
   // allocator records one on a stream when it frees a tensor used there), and each stream is
   // destroyed. While a kernel is left, only the idle streams are: the kernel may be a collective
   // that a dead peer never completes (until the transport's timeout), and its stream is left to
-  // the runtime. (Only idle ones were destroyed before: a record of a tensor freed just before the
+  // the next backend made or destroyed once the kernels ran (see OrphanStreams). (Only idle ones
+  // were destroyed before, and the others never: a record of a tensor freed just before the
   // destructor, not run yet on a loaded machine, left its stream behind.)
   const bool kernels_left = kernels_queued_->load(std::memory_order_acquire) != 0;
   without_gil([&] {  // a stream's worker may need the GIL to drop a tensor's Python object
+    destroy_orphans_whose_kernels_ran();
+    std::vector<orStream_t> busy;
     for (auto& [device, set] : streams_) {
       std::vector<orStream_t> all{set.coll, set.recv_any};
       for (const auto* by_peer : {&set.peer, &set.send_done, &set.batch_recv})
         for (const auto& [peer, stream] : *by_peer) all.push_back(stream);
-      for (orStream_t stream : all)
-        if (stream != nullptr && (!kernels_left || orStreamQuery(stream) == orSuccess)) orStreamDestroy(stream);
+      for (orStream_t stream : all) {
+        if (stream == nullptr) continue;
+        if (!kernels_left || orStreamQuery(stream) == orSuccess)
+          orStreamDestroy(stream);
+        else
+          busy.push_back(stream);
+      }
+    }
+    if (!busy.empty()) {
+      std::lock_guard<std::mutex> g(orphans().mu);
+      orphans().list.push_back({kernels_queued_, std::move(busy)});
     }
   });
 }

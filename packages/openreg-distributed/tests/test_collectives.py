@@ -1079,6 +1079,47 @@ class TestCollectives(OcclTestCase):
             torch.openreg._inject_faults("")
         self.assertEqual(wait_for(before), before)
 
+    def test_a_group_destroyed_with_its_operation_still_queued_gives_its_streams_back_later(self):
+        # Destroyed right after an operation, not waited for: its kernel still queued, its stream is
+        # busy, and destroying it would wait for the kernel (a dead peer's collective waits for the
+        # transport's timeout). It was kept for good; now the next group made or destroyed destroys it
+        # once the kernel ran.
+        d = self.device
+
+        def alive():
+            counters = torch.openreg._runtime_counters()
+            return counters["streams_created"] - counters["streams_destroyed"]
+
+        torch.openreg.Stream(device=d)  # the device's stream pool is made once, at its first use
+        before = alive()
+        group = dist.new_group(backend="occl")
+        # An exchange first, on streams of its own that are idle when the group goes: their
+        # destruction tells that the backend went (its tensors are kept: no frees to record).
+        sent, got = torch.full((4,), float(self.rank), device=d), torch.empty(4, device=d)
+        ops = [dist.P2POp(dist.isend, sent, 1 - self.rank, group), dist.P2POp(dist.irecv, got, 1 - self.rank, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        self.assertEqual(got.cpu(), torch.full((4,), float(1 - self.rank)))
+        destroyed = torch.openreg._runtime_counters()["streams_destroyed"]
+        x = torch.ones(1 << 10, device=d)
+        try:
+            torch.openreg._inject_faults(f"slow@{d.index}:60000")  # the collective's kernel waits
+            dist.all_reduce(x, group=group)
+            dist.destroy_process_group(group)
+            del group, work, ops  # a P2POp holds its group
+            deadline = time.monotonic() + 30
+            while torch.openreg._runtime_counters()["streams_destroyed"] == destroyed and time.monotonic() < deadline:
+                gc.collect()
+                time.sleep(0.05)
+        finally:
+            torch.openreg._inject_faults("")  # the waits end at once
+        self.assertEqual(x.cpu(), torch.full((1 << 10,), 2.0))  # the operation ran to its end
+        torch.openreg.synchronize()
+        self.assertGreater(alive(), before)  # its stream was left busy
+        other = dist.new_group(backend="occl")  # made: destroys what the kernels left
+        self.assertEqual(alive(), before)
+        dist.destroy_process_group(other)
+
     def test_a_refused_operation_ends_its_coalescing_block(self):
         # torch's coalescing manager never ends a block whose body raised: occl stayed in it and kept
         # the outputs of every later operation of the group (and routed its receives to the block's

@@ -113,10 +113,12 @@ class TestFaults(OcclTestCase):
             work = dist.all_reduce(x, group=group, async_op=True)  # rank 1 joins after the wait expired
             t0 = time.monotonic()
             expired = r"occl ALLREDUCE \(seq 2, rank 0 of 2\) failed: Work.wait\(timeout=300 ms\) expired"
-            with self.assertRaisesRegex(dist.DistBackendError, expired):
-                work.wait(timeout=timedelta(milliseconds=300))
-            self.assertGreaterEqual(time.monotonic() - t0, 0.3)
-            store.set(expired_key, "1")
+            try:
+                with self.assertRaisesRegex(dist.DistBackendError, expired):
+                    work.wait(timeout=timedelta(milliseconds=300))
+                self.assertGreaterEqual(time.monotonic() - t0, 0.3)
+            finally:
+                store.set(expired_key, "1")  # also when the test fails here: rank 1 then ends with it
             self.assertTrue(work.is_completed())
             self.assertFalse(work.is_success())
             with self.assertRaisesRegex(dist.DistBackendError, "the process group failed earlier: " + expired):

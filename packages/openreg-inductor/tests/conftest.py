@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch_openreg.utils.testing import run_python as _run_python  # noqa: E402
 
-# A kernel that keeps its stream busy until `release` is set (at most 10 s): a compiled call made
+# A kernel that keeps its stream busy until `release` is set (at most 60 s): a compiled call made
 # meanwhile that returns before it was set did not wait for the device; captured into a graph, it
 # holds every replay of it.
 release = threading.Event()
