@@ -31,6 +31,33 @@ def ramp(rank, dtype, n=6):
     return (torch.arange(1, n + 1) * (rank + 1)).to(dtype)
 
 
+def streams_alive():
+    counters = torch.openreg._runtime_counters()
+    return counters["streams_created"] - counters["streams_destroyed"]
+
+
+def streams_destroyed():
+    return torch.openreg._runtime_counters()["streams_destroyed"]
+
+
+def wait_for_streams_alive(count):
+    """A backend goes when its last reference does, which a thread completing its works' results may
+    hold a little longer: waited for (30 s at most), not timed. Returns the streams alive then."""
+    deadline = time.monotonic() + 30
+    while streams_alive() != count and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    return streams_alive()
+
+
+def wait_for_streams_destroyed_beyond(count):
+    """Until a stream more than `count` was destroyed (a backend's destructor ran), 30 s at most."""
+    deadline = time.monotonic() + 30
+    while streams_destroyed() == count and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+
+
 class TestCollectives(OcclTestCase):
     def run_op(self, fn, async_op):
         """Runs fn(async_op) and, asynchronously, waits on the Work it returns."""
@@ -990,42 +1017,38 @@ class TestCollectives(OcclTestCase):
         self.assertEqual(calls, [1, 2, 3])
         dist.destroy_process_group(group)
 
+    def _group_with_used_tensors(self):
+        """A group of its own, after an all-reduce and an exchange, its tensors (and the list of
+        P2POps, which holds the group) handed back; its operations have ended."""
+        d, peer = self.device, 1 - self.rank
+        group = dist.new_group(backend="occl")
+        x = torch.full((256,), float(self.rank + 1), device=d)
+        dist.all_reduce(x, group=group)
+        got = torch.empty(64, device=d)
+        ops = [dist.P2POp(dist.isend, x[:64].clone(), peer, group), dist.P2POp(dist.irecv, got, peer, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        self.assertEqual((x.cpu(), got.cpu()), (torch.full((256,), 3.0), torch.full((64,), 3.0)))
+        # The backend lets go of ended operations (and their tensors) when the next one comes.
+        dist.all_reduce(torch.zeros(1, device=d), group=group)
+        torch.openreg.synchronize()
+        return group, [x, got, ops]
+
     def test_a_destroyed_group_gives_its_streams_back(self):
         # Each group made its comm streams (a worker thread each) and left them to the runtime when it
         # went: a program that made and destroyed groups (one per test, per checkpoint) kept up to three
         # threads per group. Tensors the group recorded on those streams are freed afterwards, and their
         # blocks go back to the cache (a block whose streams were all destroyed hung the next free).
-        d, peer = self.device, 1 - self.rank
-
-        def alive():
-            counters = torch.openreg._runtime_counters()
-            return counters["streams_created"] - counters["streams_destroyed"], counters["streams_destroyed"]
-
-        torch.openreg.Stream(device=d)  # the device's stream pool is made once, at its first use
-        before = alive()
+        torch.openreg.Stream(device=self.device)  # the device's stream pool is made once, at its first use
+        before, destroyed = streams_alive(), streams_destroyed()
         for _ in range(3):
-            group = dist.new_group(backend="occl")
-            x = torch.full((256,), float(self.rank + 1), device=d)
-            dist.all_reduce(x, group=group)
-            got = torch.empty(64, device=d)
-            ops = [dist.P2POp(dist.isend, x[:64].clone(), peer, group), dist.P2POp(dist.irecv, got, peer, group)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-            self.assertEqual((x.cpu(), got.cpu()), (torch.full((256,), 3.0), torch.full((64,), 3.0)))
-            torch.openreg.synchronize()
+            group, used = self._group_with_used_tensors()
             dist.destroy_process_group(group)
-            del group, x, got, ops, work
+            del group, used
             gc.collect()
-        # A backend goes when its last reference does, which a thread completing its works' results
-        # may hold a little longer: waited for, not timed.
-        deadline = time.monotonic() + 30
-        while alive()[0] != before[0] and time.monotonic() < deadline:
-            gc.collect()
-            time.sleep(0.05)
-        after = alive()
-        self.assertEqual(after[0], before[0])  # as many streams alive as before the three groups
-        self.assertGreater(after[1], before[1])
-        y = torch.ones(1 << 16, device=d)  # the cache still serves, and the default group still runs
+        self.assertEqual(wait_for_streams_alive(before), before)  # as many as before the three groups
+        self.assertGreater(streams_destroyed(), destroyed)
+        y = torch.ones(1 << 16, device=self.device)  # the cache still serves, and the default group still runs
         dist.all_reduce(y)
         self.assertEqual(y.cpu(), torch.full((1 << 16,), 2.0))
 
@@ -1034,50 +1057,20 @@ class TestCollectives(OcclTestCase):
         # CUDA's). The backend destroyed only its idle streams: such a record not run yet when it
         # went (on a loaded machine; here every item on the device starts late) left its stream
         # behind, one for good per group. Once all of its kernels ran, it drains them and destroys all.
-        d, peer = self.device, 1 - self.rank
-
-        def alive():
-            counters = torch.openreg._runtime_counters()
-            return counters["streams_created"] - counters["streams_destroyed"]
-
-        def group_with_used_tensors():
-            group = dist.new_group(backend="occl")
-            x = torch.full((256,), float(self.rank + 1), device=d)
-            dist.all_reduce(x, group=group)
-            got = torch.empty(64, device=d)
-            ops = [dist.P2POp(dist.isend, x[:64].clone(), peer, group), dist.P2POp(dist.irecv, got, peer, group)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-            self.assertEqual((x.cpu(), got.cpu()), (torch.full((256,), 3.0), torch.full((64,), 3.0)))
-            # The backend lets go of ended operations (and their tensors) when the next one comes.
-            dist.all_reduce(torch.zeros(1, device=d), group=group)
-            torch.openreg.synchronize()
-            return group, [x, got, ops]
-
-        def wait_for(count):  # the backend goes with its last reference, which a thread may hold a while
-            deadline = time.monotonic() + 30
-            while alive() != count and time.monotonic() < deadline:
-                gc.collect()
-                time.sleep(0.05)
-            return alive()
-
-        torch.openreg.Stream(device=d)  # the device's stream pool is made once, at its first use
-        before = alive()
-        group, used = group_with_used_tensors()
-        self.assertGreater(alive(), before)
-        destroyed = torch.openreg._runtime_counters()["streams_destroyed"]
+        torch.openreg.Stream(device=self.device)
+        before = streams_alive()
+        group, used = self._group_with_used_tensors()
+        self.assertGreater(streams_alive(), before)
+        destroyed = streams_destroyed()
         try:
-            torch.openreg._inject_faults(f"slow@{d.index}:1000")
+            torch.openreg._inject_faults(f"slow@{self.device.index}:1000")
             del used  # the records of their frees wait on the comm streams
             dist.destroy_process_group(group)
             del group
-            deadline = time.monotonic() + 30
-            while torch.openreg._runtime_counters()["streams_destroyed"] == destroyed and time.monotonic() < deadline:
-                gc.collect()
-                time.sleep(0.05)
+            wait_for_streams_destroyed_beyond(destroyed)
         finally:
             torch.openreg._inject_faults("")
-        self.assertEqual(wait_for(before), before)
+        self.assertEqual(wait_for_streams_alive(before), before)
 
     def test_a_group_destroyed_with_its_operation_still_queued_gives_its_streams_back_later(self):
         # Destroyed right after an operation, not waited for: its kernel still queued, its stream is
@@ -1085,39 +1078,26 @@ class TestCollectives(OcclTestCase):
         # transport's timeout). It was kept for good; now the next group made or destroyed destroys it
         # once the kernel ran.
         d = self.device
-
-        def alive():
-            counters = torch.openreg._runtime_counters()
-            return counters["streams_created"] - counters["streams_destroyed"]
-
-        torch.openreg.Stream(device=d)  # the device's stream pool is made once, at its first use
-        before = alive()
-        group = dist.new_group(backend="occl")
-        # An exchange first, on streams of its own that are idle when the group goes: their
-        # destruction tells that the backend went (its tensors are kept: no frees to record).
-        sent, got = torch.full((4,), float(self.rank), device=d), torch.empty(4, device=d)
-        ops = [dist.P2POp(dist.isend, sent, 1 - self.rank, group), dist.P2POp(dist.irecv, got, 1 - self.rank, group)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        self.assertEqual(got.cpu(), torch.full((4,), float(1 - self.rank)))
-        destroyed = torch.openreg._runtime_counters()["streams_destroyed"]
+        torch.openreg.Stream(device=d)
+        before = streams_alive()
+        # The exchange's streams are idle when the group goes: their destruction tells that the
+        # backend went (its tensors are kept: no frees to record).
+        group, used = self._group_with_used_tensors()
+        destroyed = streams_destroyed()
         x = torch.ones(1 << 10, device=d)
         try:
             torch.openreg._inject_faults(f"slow@{d.index}:60000")  # the collective's kernel waits
             dist.all_reduce(x, group=group)
             dist.destroy_process_group(group)
-            del group, work, ops  # a P2POp holds its group
-            deadline = time.monotonic() + 30
-            while torch.openreg._runtime_counters()["streams_destroyed"] == destroyed and time.monotonic() < deadline:
-                gc.collect()
-                time.sleep(0.05)
+            del group, used[2]  # a P2POp holds its group
+            wait_for_streams_destroyed_beyond(destroyed)
         finally:
             torch.openreg._inject_faults("")  # the waits end at once
         self.assertEqual(x.cpu(), torch.full((1 << 10,), 2.0))  # the operation ran to its end
         torch.openreg.synchronize()
-        self.assertGreater(alive(), before)  # its stream was left busy
+        self.assertGreater(streams_alive(), before)  # its stream was left busy
         other = dist.new_group(backend="occl")  # made: destroys what the kernels left
-        self.assertEqual(alive(), before)
+        self.assertEqual(streams_alive(), before)
         dist.destroy_process_group(other)
 
     def test_a_refused_operation_ends_its_coalescing_block(self):
