@@ -88,19 +88,10 @@ void on_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   // A COO tensor's members on two devices: ATen checks this only for CUDA's (SparseTensorImpl's
   // set_indices_and_values_unsafe), and an internal assert ("please report a bug") fired instead.
   if (op.schema().name() == "aten::_sparse_coo_tensor_with_dims_and_tensors") {
-    const c10::IValue* indices = nullptr;
-    const c10::IValue* values = nullptr;
-    for (size_t i = 0; i < n; ++i) {
-      const std::string& name = op.schema().arguments()[i].name();
-      if (name == "indices") indices = &torch::jit::peek(*stack, i, n);
-      if (name == "values") values = &torch::jit::peek(*stack, i, n);
-    }
-    if (indices != nullptr && values != nullptr && indices->isTensor() && values->isTensor()) {
-      const at::Tensor& idx = indices->toTensor();
-      const at::Tensor& val = values->toTensor();
-      TORCH_CHECK(idx.device() == val.device(), "device of indices (", idx.device(), ") must match device of values (",
-                  val.device(), ")");
-    }
+    const at::Tensor& idx = torch::jit::peek(*stack, *op.schema().argumentIndexWithName("indices"), n).toTensor();
+    const at::Tensor& val = torch::jit::peek(*stack, *op.schema().argumentIndexWithName("values"), n).toTensor();
+    TORCH_CHECK(idx.device() == val.device(), "device of indices (", idx.device(), ") must match device of values (",
+                val.device(), ")");
   }
   c10::OptionalDeviceGuard guard;
   if (device && device->is_privateuseone() && device->has_index()) guard.reset_device(*device);
