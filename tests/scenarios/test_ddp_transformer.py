@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -54,7 +53,9 @@ def loss_of(model, x, y):
 
 dev = torch.device("openreg", rank)
 torch.openreg.set_device(dev)
-dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=world, device_id=dev)
+dist.init_process_group(
+    "cpu:gloo,openreg:occl", init_method=os.environ["INIT_METHOD"], rank=rank, world_size=world, device_id=dev
+)
 torch.manual_seed(0)
 ref = TinyTransformer().to(dev)
 model = DDP(copy.deepcopy(ref), device_ids=[rank])
@@ -91,15 +92,10 @@ if rank == 0:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ddp_transformer_equals_single_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREG_")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    # A file store, not a free port found here: another process could take that port first.
+    env.update(INIT_METHOD=(tmp_path / "store").as_uri())
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RANK_SCRIPT],

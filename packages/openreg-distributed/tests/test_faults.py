@@ -5,12 +5,12 @@ stays usable; a dead peer, and the modes that take the process down, in processe
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -333,7 +333,13 @@ import torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
 # Made with a long timeout (two interpreters importing torch on a loaded machine may meet far apart),
 # then lowered for the operations, through both of the group's backends.
-dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+dist.init_process_group(
+    "cpu:gloo,openreg:occl",
+    init_method=os.environ["INIT_METHOD"],
+    rank=rank,
+    world_size=2,
+    timeout=timedelta(seconds=60),
+)
 dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
 x = torch.ones(4, device="openreg")
 dist.all_reduce(x)
@@ -374,7 +380,13 @@ import torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
 # Made with a long timeout (two interpreters importing torch on a loaded machine may meet far apart),
 # then lowered for the operations, through both of the group's backends.
-dist.init_process_group("cpu:gloo,openreg:occl", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+dist.init_process_group(
+    "cpu:gloo,openreg:occl",
+    init_method=os.environ["INIT_METHOD"],
+    rank=rank,
+    world_size=2,
+    timeout=timedelta(seconds=60),
+)
 dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
 x = torch.ones(4 * (rank + 1), device="openreg")
 t0 = time.monotonic()
@@ -397,24 +409,24 @@ print(f"ALLREDUCE (seq 1, rank {rank} of 2) failed" in first, "failed earlier" i
 def run_dead_peer(handling, script=DEAD_PEER, survivor=0):
     """Both ranks of `script` under TORCH_OCCL_ASYNC_ERROR_HANDLING=handling (None: unset); returns
     the survivor's (returncode, stdout, stderr)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    env.pop("TORCH_OCCL_ASYNC_ERROR_HANDLING", None)
-    if handling is not None:
-        env["TORCH_OCCL_ASYNC_ERROR_HANDLING"] = handling
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script],
-            env=dict(env, RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
+    # The ranks meet in a file store: a free port found here could be taken by another process
+    # before rank 0 listens on it.
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, INIT_METHOD=Path(tmp, "store").as_uri())
+        env.pop("TORCH_OCCL_ASYNC_ERROR_HANDLING", None)
+        if handling is not None:
+            env["TORCH_OCCL_ASYNC_ERROR_HANDLING"] = handling
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script],
+                env=dict(env, RANK=str(r)),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in (0, 1)
+        ]
+        outs = [p.communicate(timeout=120) for p in procs]
     return procs[survivor].returncode, *outs[survivor]
 
 
@@ -443,8 +455,7 @@ class TestDeadPeer(TestCase):
 
 HOOK_AT_EXIT = """
 import os, torch, torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
-dist.init_process_group("cpu:gloo,openreg:occl", rank=0, world_size=1)
+dist.init_process_group("cpu:gloo,openreg:occl", init_method=os.environ["INIT_METHOD"], rank=0, world_size=1)
 seen = []
 dist.group.WORLD._register_on_completion_hook(lambda info: seen.append(info.seq))
 x = torch.ones(1 << 16, device="openreg")
@@ -458,17 +469,15 @@ class TestHookAtExit(TestCase):
         # The hook thread called the Python hook while the interpreter finalized: "Fatal Python
         # error: PyThreadState_Get" (or a segfault) at every exit. It stops at exit, as occl's
         # other threads' releases do (stop_foreign_releases).
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         for _ in range(3):
-            r = subprocess.run(
-                [sys.executable, "-c", HOOK_AT_EXIT],
-                env=dict(os.environ, PORT=str(port)),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            with tempfile.TemporaryDirectory() as tmp:  # a fresh store each time: the process exits without destroy
+                r = subprocess.run(
+                    [sys.executable, "-c", HOOK_AT_EXIT],
+                    env=dict(os.environ, INIT_METHOD=Path(tmp, "store").as_uri()),
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
             self.assertEqual((r.returncode, r.stdout), (0, "exiting\n"), r.stderr)
 
 

@@ -39,9 +39,27 @@ class TestTorchrun(TestCase):
         )
 
     def _two_nodes(self, node_envs):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        # torchrun's nodes meet at a TCP port: one found free here may be taken by another process
+        # before node 0 listens on it. Tried again on another port then.
+        for _ in range(3):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            nodes, outs = self._run_nodes(node_envs, port)
+            if "EADDRINUSE" not in outs[0][1]:  # node 0 listens: "... name: EADDRINUSE, message: ..."
+                break
+        for p, (_, err) in zip(nodes, outs):
+            self.assertEqual(p.returncode, 0, err[-2000:])
+        # The ranks of a node share its stdout, where other libraries write too (Gloo's connection
+        # messages): each result is looked for anywhere in it, not only at the start of a line.
+        lines = sorted(m for out, _ in outs for m in re.findall(r"rank \d+/\d+ local \d+ \w+: \[[^\]]*\]", out))
+        self.assertEqual(
+            lines,
+            [f"rank {r}/4 local {r % 2} occl: [10.0, 10.0, 10.0, 10.0]" for r in range(4)],
+            msg="\n---\n".join(out for out, _ in outs),
+        )
+
+    def _run_nodes(self, node_envs, port):
         with tempfile.TemporaryDirectory() as tmp:
             script = os.path.join(tmp, "train.py")
             with open(script, "w") as f:
@@ -57,17 +75,10 @@ class TestTorchrun(TestCase):
                 )
                 for n in (0, 1)
             ]
-            outs = [p.communicate(timeout=180) for p in nodes]
-        for p, (_, err) in zip(nodes, outs):
-            self.assertEqual(p.returncode, 0, err[-2000:])
-        # The ranks of a node share its stdout, where other libraries write too (Gloo's connection
-        # messages): each result is looked for anywhere in it, not only at the start of a line.
-        lines = sorted(m for out, _ in outs for m in re.findall(r"rank \d+/\d+ local \d+ \w+: \[[^\]]*\]", out))
-        self.assertEqual(
-            lines,
-            [f"rank {r}/4 local {r % 2} occl: [10.0, 10.0, 10.0, 10.0]" for r in range(4)],
-            msg="\n---\n".join(out for out, _ in outs),
-        )
+            first = nodes[0].communicate(timeout=180)
+            if "EADDRINUSE" in first[1]:  # node 1 would wait for its rendezvous until it timed out
+                nodes[1].kill()
+            return nodes, [first, nodes[1].communicate(timeout=180)]
 
 
 if __name__ == "__main__":
