@@ -459,6 +459,16 @@ class TestPerToken(QuantTestCase):
                         deq = qd.dequantize_per_token(want, s, z, -128, 127, torch.int8, out_dtype)
                         self.assertSame(qd.dequantize_per_token(got, ds, dz, -128, 127, torch.int8, out_dtype), deq)
 
+    def test_a_0_dim_input_is_one_token(self):
+        # The decomposition's amax(-1, keepdim=True) gives 0-dim parameters; openreg refused the input.
+        for x in (torch.tensor(2.5), torch.tensor(-0.75, dtype=torch.bfloat16)):
+            for choose in (qd.choose_qparams_per_token, qd.choose_qparams_per_token_asymmetric):
+                s, z = choose(x, torch.int8)
+                ds, dz = choose(x.to("openreg"), torch.int8)
+                self.assertEqual(ds.shape, torch.Size([]), f"{choose} {x.dtype}")
+                self.assertSame(ds, s, f"{choose} {x.dtype}")
+                self.assertSame(dz, z, f"{choose} {x.dtype}")
+
     def test_uint8_and_int16_outputs(self):
         # The parameters chosen for int8 (the only type the choose op takes), used with other ranges.
         torch.manual_seed(0)

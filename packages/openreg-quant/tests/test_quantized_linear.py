@@ -5,6 +5,7 @@ naming the op; one launch, no host wait; deepcopy and torch.save/torch.load of o
 
 import copy
 import io
+import re
 
 import torch
 import torch.ao.nn.quantized as nnq
@@ -79,6 +80,56 @@ class TestQuantizedLinear(TestCase):
         want = ops.linear(x, packed_cpu, 0.05, 100)
         self.assertSameQ(ops.linear(x.to("openreg"), packed, 0.05, 100), want)
         del reused
+
+    def test_two_streams_packing_again_for_their_own_bias_memory(self):
+        # Kernels of two streams on one packed weight whose bias is given new memory before each call:
+        # each kernel packs again for the bias it was given. packed() returned the form by reference:
+        # one stream's kernel freed the form the other's was applying (a segfault in the CPU's kernel).
+        n, k = 512, 512
+        w, b = weight(n, k, True), {1: torch.randn(n), 2: torch.randn(n)}
+        x = activation(256, k)
+        want = {i: ops.linear(x, ops.linear_prepack(w, b[i]), 0.05, 7) for i in b}
+        on_device = {i: b[i].to("openreg") for i in b}
+        bias = on_device[1].clone()
+        packed = ops.linear_prepack(w.to("openreg"), bias)
+        xd = x.to("openreg")
+        streams = {i: torch.openreg.Stream() for i in b}
+        torch.openreg.synchronize()
+        outs = []
+        for _ in range(100):
+            for i in b:
+                bias.data = on_device[i]
+                with torch.openreg.stream(streams[i]):
+                    outs.append((i, ops.linear(xd, packed, 0.05, 7)))
+        torch.openreg.synchronize()
+        for n_call, (i, out) in enumerate(outs):
+            self.assertSameQ(out, want[i], f"call {n_call} (stream {i})")
+
+    def test_the_engine_refuses_a_weight_at_the_call_as_on_the_cpu(self):
+        # oneDNN packs only symmetric weights: the CPU refuses a per-tensor zero point of 2 at the call;
+        # openreg refused it in the packing kernel, reported by the next synchronising call.
+        w = torch.quantize_per_tensor(torch.randn(8, 16) * 0.1, 0.01, 2, torch.qint8)
+        engine = torch.backends.quantized.engine
+        self.addCleanup(setattr, torch.backends.quantized, "engine", engine)
+        refused = 0
+        for name in torch.backends.quantized.supported_engines:
+            torch.backends.quantized.engine = name
+            try:
+                ops.linear_prepack(w, None)
+            except RuntimeError as e:
+                refused += 1
+                message = str(e).splitlines()[0]
+                with self.assertRaisesRegex(RuntimeError, "^" + re.escape(message)):
+                    ops.linear_prepack(w.to("openreg"), None)
+            else:
+                packed = ops.linear_prepack(w.to("openreg"), None)
+                x = activation(3, 16)
+                self.assertSameQ(
+                    ops.linear(x.to("openreg"), packed, 0.05, 7),
+                    ops.linear(x, ops.linear_prepack(w, None), 0.05, 7),
+                    name,
+                )
+        self.assertEqual(refused, int("onednn" in torch.backends.quantized.supported_engines))
 
     def test_nn_quantized_linear_on_openreg(self):
         torch.manual_seed(0)

@@ -90,13 +90,14 @@ std::tuple<at::Tensor, at::Tensor> choose_qparams_symmetric(const at::Tensor& in
 
 // ---- per token: one pair per row of the last dimension ----
 
+// A 0-dim input is one token: 0-dim qparams, as the decomposition's amax(-1, keepdim=True) gives.
 std::vector<int64_t> token_shape(const at::Tensor& input, const char* name) {
-  TORCH_CHECK(input.dim() >= 1, name, ": input must have at least one dimension.");
-  TORCH_CHECK(input.size(-1) > 0 || input.numel() > 0, "amax(): Expected reduction dim -1 to have non-zero size.");
+  TORCH_CHECK(input.dim() == 0 || input.size(-1) > 0 || input.numel() > 0,
+              "amax(): Expected reduction dim -1 to have non-zero size.");
   TORCH_CHECK(c10::isFloatingType(input.scalar_type()), name, ": input must be floating point, got ",
               py_dtype(input.scalar_type()), ".");
   std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
-  shape.back() = 1;
+  if (!shape.empty()) shape.back() = 1;
   return shape;
 }
 

@@ -17,6 +17,7 @@
 // Unpickling (copy.deepcopy, torch.load of a module) rebuilds packed parameters
 // with the class's __setstate__, which torch binds to the CPU engine's prepack;
 // for openreg weights it is routed to the dispatcher here (see the end of the file).
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
@@ -63,9 +64,9 @@ const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>
 // on the CPU (a copy of it was packed, and unpack() returned the changed bias while the calls used
 // the old one). The form reads the bias's memory only inside a call, whose own bias argument is that
 // memory; a bias given new memory (`bias.data = t`, set_) is packed again at its next call, as the
-// CPU's form follows its tensor to new memory.
-LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weight,
-                               const std::optional<KernelTensorArg>& bias) {
+// CPU's form follows its tensor to new memory. A reference of the caller's own: a kernel of another
+// stream may pack again (for a bias given new memory) while this one applies the form it got.
+PackedPtr packed(DeviceState& state, const KernelQTensorArg& weight, const std::optional<KernelTensorArg>& bias) {
   std::lock_guard<std::mutex> lock(state.mutex);
   const void* storage = bias ? bias->storage : nullptr;
   const int64_t offset = bias ? bias->offset : 0;
@@ -76,7 +77,7 @@ LinearPackedParamsBase& packed(DeviceState& state, const KernelQTensorArg& weigh
     state.bias_storage = storage;
     state.bias_offset = offset;
   }
-  return *state.cpu;
+  return state.cpu;
 }
 
 [[noreturn]] void unsupported(const char* op) {
@@ -140,9 +141,9 @@ struct OpenRegLinearPackedParams : LinearPackedParamsBase {
         stream_of(input), name,
         [x = KernelQTensorArg(input), w = KernelQTensorArg(weight_), b = bias_arg(),
          y = KernelTensorArg(plain_alias(out)), state = state_, output_scale, output_zero_point, relu] {
-          LinearPackedParamsBase& cpu = packed(*state, w, b);
-          at::Tensor r = relu ? cpu.apply_relu(x.materialize(), output_scale, output_zero_point)
-                              : cpu.apply(x.materialize(), output_scale, output_zero_point);
+          const PackedPtr cpu = packed(*state, w, b);
+          at::Tensor r = relu ? cpu->apply_relu(x.materialize(), output_scale, output_zero_point)
+                              : cpu->apply(x.materialize(), output_scale, output_zero_point);
           y.materialize().copy_(plain_alias(r).view(y.sizes));
         }));
     return out;
@@ -166,6 +167,13 @@ PackedPtr linear_prepack(at::Tensor weight, std::optional<at::Tensor> bias) {
   TORCH_CHECK(scheme == c10::kPerTensorAffine || (scheme == c10::kPerChannelAffine && weight.q_per_channel_axis() == 0),
               name, ": the weight must be quantized per tensor or per output channel (axis 0), got ",
               c10::toString(scheme), ".");
+  // The oneDNN engine's prepack refuses an asymmetric weight. Per tensor, its zero point is on the
+  // host: refused here, at the call, as on the CPU. Per channel, the zero points are in device
+  // memory: the packing kernel refuses them, and the next synchronising call reports it.
+  if (at::globalContext().qEngine() == at::QEngine::ONEDNN && scheme == c10::kPerTensorAffine)
+    TORCH_CHECK(weight.q_zero_point() == 0, name,
+                ": ONEDNN only supports symmetric quantization of weight, whose zero point must be 0, but got ",
+                weight.q_zero_point());
   if (bias && bias->defined()) {
     check_on_device(*bias, weight, "bias", name);
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == weight.size(0), name,
