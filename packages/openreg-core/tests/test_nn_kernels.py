@@ -1,5 +1,7 @@
 """Fused kernels nn modules need on an accelerator: RNN cells and scaled dot-product attention."""
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -195,6 +197,37 @@ class TestAttention(TestCase):
         dout.sum().backward()
         for c, d in zip(cpu_in, dev_in):
             self.assertEqual(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
+
+    def test_the_logsumexp_is_float32_as_the_fake_kernel_says(self):
+        # For float64 inputs too: the op returned a float64 logsumexp where its meta kernel says float32,
+        # and an Inductor graph that read it read the float64 bytes as float32.
+        torch.manual_seed(0)
+        q = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+        op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+        qd = q.to("openreg")
+        out, lse = op(qd, qd, qd)[:2]
+        with torch._subclasses.FakeTensorMode() as mode:
+            fq = mode.from_tensor(qd)
+            fake_lse = op(fq, fq, fq)[1]
+        self.assertEqual((lse.dtype, fake_lse.dtype), (torch.float32, torch.float32))
+        self.assertEqual(lse.cpu(), torch.logsumexp(q @ q.transpose(-2, -1) / 8**0.5, -1).float())
+        self.assertEqual(out.cpu(), F.scaled_dot_product_attention(q, q, q), atol=1e-12, rtol=1e-12)
+        compiled = torch.compile(lambda q: op(q, q, q)[1] * 2 + 1, backend="inductor")
+        self.assertEqual(compiled(qd).cpu(), lse.cpu() * 2 + 1)
+        torch._dynamo.reset()
+
+    def test_integer_inputs_are_refused_as_on_the_cpu(self):
+        # Integer inputs: the CPU's error, at the call and while tracing.
+        ints = torch.ones(2, 2, 4, 8, dtype=torch.long)
+        with self.assertRaises(RuntimeError) as cpu:
+            F.scaled_dot_product_attention(ints, ints, ints)
+        with self.assertRaisesRegex(RuntimeError, "^" + re.escape(str(cpu.exception).splitlines()[0])):
+            F.scaled_dot_product_attention(*(ints.to("openreg"),) * 3)
+        on_device = ints.to("openreg")
+        with torch._subclasses.FakeTensorMode() as mode:  # the fused op's meta kernel took them
+            fake = mode.from_tensor(on_device)
+            with self.assertRaisesRegex(RuntimeError, "expected scalar type"):
+                F.scaled_dot_product_attention(fake, fake, fake)
 
     def test_results_match_the_fake_kernel(self):
         # Compiled graphs are traced with the fake/meta kernel and assert the real results' sizes and

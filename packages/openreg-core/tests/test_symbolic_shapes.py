@@ -68,8 +68,72 @@ class TestExport(TestCase):
         layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
         self.check_export(layer.to("openreg").eval(), torch.randn(2, 8, 32, device="openreg"))
 
+    def test_gru_cell_with_a_dynamic_batch(self):
+        # On an accelerator nn.GRUCell calls aten::_thnn_fused_gru_cell, which torch 2.13 gives no
+        # shape function (the LSTM cell has one): the export failed (UnsupportedOperatorException).
+        torch.manual_seed(0)
+        cell = nn.GRUCell(8, 16).to("openreg")
+        x, h = torch.randn(3, 8, device="openreg"), torch.randn(3, 16, device="openreg")
+        batch = Dim("batch")
+        ep = torch.export.export(cell, (x, h), dynamic_shapes=({0: batch}, {0: batch}))
+        self.assertEqual(len(ep.range_constraints), 1)
+        targets = {str(n.target) for n in ep.run_decompositions().graph.nodes}
+        self.assertIn("aten._thnn_fused_gru_cell.default", targets)
+        for n in (1, 5):
+            x, h = torch.randn(n, 8, device="openreg"), torch.randn(n, 16, device="openreg")
+            self.assertEqual(ep.module()(x, h), cell(x, h), atol=1e-6, rtol=1e-6)
+
+    def test_attention_masks_are_checked_while_tracing(self):
+        # The CPU's MATH ops refuse, while tracing, a mask that does not broadcast to the scores, and
+        # relate a mask's dims to the key's length; openreg's exports took both and failed at run time.
+        class Attention(nn.Module):
+            def forward(self, q, k, v, mask):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        for device in ("cpu", "openreg"):
+            q = torch.randn(2, 2, 4, 8, device=device)
+            # (the CPU's words come from a Python reference, openreg's from ATen's infer_size)
+            with self.assertRaisesRegex(
+                RuntimeError, "Attempting to broadcast a dimension|must match the size", msg=device
+            ):
+                torch.export.export(Attention(), (q, q, q, torch.randn(3, 4, device=device)))
+            k = torch.randn(2, 2, 6, 8, device=device)
+            s, m = Dim("s"), Dim("m")
+            with self.assertRaisesRegex(torch._dynamo.exc.UserError, "Constraints violated \\(m\\)", msg=device):
+                torch.export.export(
+                    Attention(),
+                    (q, k, k, torch.zeros(4, 6, device=device)),
+                    dynamic_shapes=(None, {2: s}, {2: s}, {1: m}),
+                )
+
 
 class TestCompileDynamic(TestCase):
+    def test_gru_cell_training_compiles_once_for_three_batch_sizes(self):
+        # Without the GRU cell's shape functions the recompile for a dynamic batch failed, and every
+        # later batch size ran eagerly (one graph on openreg, two on the CPU).
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        cell = nn.GRUCell(8, 16).to("openreg")
+        graphs = []
+
+        def counting_backend(gm, example_inputs):
+            graphs.append(gm)
+            return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+        compiled = torch.compile(cell, backend=counting_backend, dynamic=True, fullgraph=True)
+        for n in (3, 5, 7):
+            x = torch.randn(n, 8, device="openreg")
+            h = torch.randn(n, 16, device="openreg", requires_grad=True)
+            out = compiled(x, h)
+            out.square().sum().backward()
+            ref_h = h.detach().clone().requires_grad_()
+            ref = cell(x, ref_h)
+            ref.square().sum().backward()
+            self.assertEqual(out, ref, atol=1e-6, rtol=1e-6)
+            self.assertEqual(h.grad, ref_h.grad, atol=1e-5, rtol=1e-5)
+        self.assertEqual(len(graphs), 1)
+        torch._dynamo.reset()
+
     def test_three_sequence_lengths_compile_once(self):
         torch._dynamo.reset()
         graphs = []

@@ -79,6 +79,8 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
     unsupported = "grouped-query attention";
   else if (query.is_nested() || key.is_nested() || value.is_nested())
     unsupported = "nested tensors";
+  else if (!at::isFloatingType(query.scalar_type()))  // MATH raises the CPU's error, under fake tensors too
+    unsupported = "inputs that are not floating point";
   else if (query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
     unsupported = "inputs that are not 4-D (batch, heads, sequence, head size)";
   else if (functorch(query) || functorch(key) || functorch(value) || (attn_mask.has_value() && functorch(*attn_mask)))
@@ -87,6 +89,17 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
            query.sym_size(1) != key.sym_size(1) || key.sym_size(1) != value.sym_size(1) ||
            query.sym_size(3) != key.sym_size(3))
     unsupported = "batch sizes, head counts or head sizes that differ between query, key and value";
+  // The mask must broadcast to the scores' shape, as the kernel checks at the call. Checked here with
+  // symbolic sizes too: under fake tensors the overrideable op's meta kernel checks nothing, and an
+  // export took a mask that does not broadcast, and left its dims unrelated to the key's length
+  // (the CPU's MATH ops raise, and guard each dim).
+  if (unsupported == nullptr && attn_mask.has_value() && attn_mask->defined()) {
+    auto scores = query.sym_sizes().vec();
+    scores.back() = key.sym_size(-2);
+    const auto shape = at::infer_size_symint(scores, attn_mask->sym_sizes());
+    TORCH_CHECK(c10::SymIntArrayRef(shape) == c10::SymIntArrayRef(scores), "output with shape ",
+                c10::SymIntArrayRef(scores), " doesn't match the broadcast shape ", c10::SymIntArrayRef(shape));
+  }
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (unsupported == nullptr && ctx.userEnabledOverrideableSDP())
     return static_cast<int64_t>(at::SDPBackend::overrideable);
@@ -191,7 +204,10 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   auto sizes = query.sizes().vec();
   sizes.back() = value.size(-1);
   at::Tensor out = empty_with_layout_of(query, sizes);
-  at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(accumulate_type(query)));
+  // float32, as the op's meta kernel says (compiled graphs read it as that), for float64 inputs too:
+  // computed in float64 and rounded, so float64 gradients carry float32's rounding of it (relative
+  // 1e-7; MATH, through torch.nn.attention.sdpa_kernel, keeps float64's precision throughout).
+  at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(at::kFloat));
   const double s = scale_of(query, scale);
   launch_cpu_function(
       "aten::_scaled_dot_product_fused_attention_overrideable", {query, key, value, attn_bias.value_or(at::Tensor())},
@@ -246,13 +262,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
                         if (flash_applies(q, k, v, bias)) {  // the forward ran the CPU's flash attention
                           auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
                               flash_input(dout), flash_input(q), flash_input(k), flash_input(v), flash_input(o),
-                              a[6].contiguous(), 0.0, is_causal, {}, s);
+                              a[6].to(accumulate_type(q)).contiguous(), 0.0, is_causal, {}, s);
                           return std::vector<at::Tensor>{dq, dk, dv, at::Tensor()};
                         }
                         const at::ScalarType acc = accumulate_type(q);
                         const at::Tensor qa = widened(q, acc), ka = widened(k, acc), da = widened(dout, acc);
                         at::Tensor p =
-                            probabilities(scores(qa, ka, widened(bias, acc), is_causal, s), a[6].unsqueeze(-1));
+                            probabilities(scores(qa, ka, widened(bias, acc), is_causal, s), a[6].to(acc).unsqueeze(-1));
                         at::Tensor dp = at::matmul(da, widened(v, acc).transpose(-2, -1));
                         at::Tensor ds = p * (dp - (da * widened(o, acc)).sum(-1, /*keepdim=*/true));
                         return std::vector<at::Tensor>{

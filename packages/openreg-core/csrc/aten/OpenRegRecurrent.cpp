@@ -34,20 +34,21 @@ void check_cell(const char* op, const at::Tensor& input_gates, const at::Tensor&
   TORCH_CHECK_NOT_IMPLEMENTED(
       dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16, "\"", op,
       "\" not implemented for '", dtype, "'");
-  TORCH_CHECK(state.dim() == 2, op, ": expected a 2-D state (batch, hidden), got sizes ", state.sizes());
-  const std::vector<int64_t> gates{state.size(0), n * state.size(1)};
+  TORCH_CHECK(state.dim() == 2, op, ": expected a 2-D state (batch, hidden), got sizes ", state.sym_sizes());
+  // Symbolic sizes: the meta kernels below check with this too (a guard per comparison under export).
+  const std::vector<c10::SymInt> gates{state.sym_size(0), n * state.sym_size(1)};
   for (const at::Tensor* t : {&input_gates, &hidden_gates}) {
-    TORCH_CHECK(t->sizes() == c10::IntArrayRef(gates), op, ": expected gates of sizes ", c10::IntArrayRef(gates),
-                " for a state of sizes ", state.sizes(), ", got ", t->sizes());
+    TORCH_CHECK(t->sym_sizes() == c10::SymIntArrayRef(gates), op, ": expected gates of sizes ",
+                c10::SymIntArrayRef(gates), " for a state of sizes ", state.sym_sizes(), ", got ", t->sym_sizes());
     TORCH_CHECK(t->scalar_type() == state.scalar_type() && t->device() == state.device(), op,
                 ": the gates and the state must have one dtype and device");
   }
   for (const auto* bias : {&ib, &hb})
     if (bias->has_value() && (*bias)->defined())
-      TORCH_CHECK((*bias)->dim() == 1 && (*bias)->size(0) == gates[1] && (*bias)->device() == state.device() &&
+      TORCH_CHECK((*bias)->dim() == 1 && (*bias)->sym_size(0) == gates[1] && (*bias)->device() == state.device() &&
                       (*bias)->scalar_type() == dtype,
                   op, ": expected a bias of ", gates[1], " elements of ", dtype, " on ", state.device(), ", got sizes ",
-                  (*bias)->sizes(), " of ", (*bias)->scalar_type(), " on ", (*bias)->device());
+                  (*bias)->sym_sizes(), " of ", (*bias)->scalar_type(), " on ", (*bias)->device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
@@ -138,7 +139,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_
   return {gi, gh, ghx, gib, ghb};
 }
 
+// Shape functions (the Meta key) for the GRU cell ops, which torch 2.13 lacks (it has the LSTM cell's,
+// in torch/_meta_registrations.py). Fake tensors (torch.export, torch.compile, FakeTensorMode) take
+// their results' shapes from these, symbolic sizes staying symbolic; without them an export with a
+// dynamic batch failed, and torch.compile ran every later batch size eagerly.
+std::tuple<at::Tensor, at::Tensor> gru_cell_meta(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+                                                 const at::Tensor& hx, const std::optional<at::Tensor>& ib,
+                                                 const std::optional<at::Tensor>& hb) {
+  check_cell("_thnn_fused_gru_cell", input_gates, hidden_gates, hx, ib, hb, 3);
+  return {at::empty_symint(hx.sym_sizes(), hx.options()),
+          at::empty_symint({hx.sym_size(0), hx.sym_size(1) * 5}, hx.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_backward_meta(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
+  TORCH_CHECK(grad_hy.dim() == 2 && workspace.dim() == 2 && workspace.sym_size(0) == grad_hy.sym_size(0) &&
+                  workspace.sym_size(1) == grad_hy.sym_size(1) * 5,
+              "_thnn_fused_gru_cell_backward: expected a workspace of sizes [batch, 5 * hidden] for a gradient of "
+              "sizes [batch, hidden], got ",
+              workspace.sym_sizes(), " and ", grad_hy.sym_sizes());
+  const c10::SymInt b = grad_hy.sym_size(0), h3 = grad_hy.sym_size(1) * 3;
+  const auto opts = grad_hy.options();
+  return {at::empty_symint({b, h3}, opts), at::empty_symint({b, h3}, opts), at::empty_symint(grad_hy.sym_sizes(), opts),
+          has_bias ? at::empty_symint({h3}, opts) : at::Tensor(),
+          has_bias ? at::empty_symint({h3}, opts) : at::Tensor()};
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("_thnn_fused_gru_cell", gru_cell_meta);
+  m.impl("_thnn_fused_gru_cell_backward", gru_cell_backward_meta);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_thnn_fused_lstm_cell", lstm_cell);
