@@ -101,6 +101,35 @@ class TestGraphs(TestCase):
         self.assertEqual(y.cpu(), (torch.arange(1000.0) + 1) * 3)
         g1.reset()
 
+    def test_a_graph_with_random_ops_is_not_replayed_inside_a_capture(self):
+        # Its random ops are re-seeded by the host at each replay: captured into another graph, the
+        # seeds became that graph's constants, and its replays repeated the same numbers. Refused, as
+        # CUDA refuses; a graph without random ops nests.
+        x, y = torch.empty(64, device="openreg"), torch.zeros(64, device="openreg")
+        s = torch.openreg.Stream()
+        warm_up(lambda: (x.normal_(), y.add_(1)), s)
+        random, plain = torch.accelerator.Graph(), torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            random.capture_begin()
+            x.normal_()
+            random.capture_end()
+            plain.capture_begin()
+            y.add_(1)
+            plain.capture_end()
+        outer = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            outer.capture_begin()
+            with self.assertRaisesRegex(RuntimeError, "Cannot prepare for replay during capturing stage"):
+                random.replay()
+            plain.replay()
+            outer.capture_end()
+        s.synchronize()
+        before = y.cpu()
+        outer.replay()
+        self.assertEqual(y.cpu(), before + 1)
+        for g in (outer, plain, random):
+            g.reset()
+
     def test_random_ops_draw_fresh_numbers_on_each_replay(self):
         """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the
         generator's current (seed, offset), so replays differ, and the sequence is reproducible."""

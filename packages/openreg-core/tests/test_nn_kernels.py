@@ -216,6 +216,34 @@ class TestAttention(TestCase):
         self.assertEqual(compiled(qd).cpu(), lse.cpu() * 2 + 1)
         torch._dynamo.reset()
 
+    def test_rows_masked_with_huge_values_match_math(self):
+        # P was exp(S - logsumexp(S)): a row masked with the dtype's lowest value has a logsumexp that
+        # rounds to it, and P was 1 everywhere (the sum of V, not the mean); float64 gradients were
+        # taken from the float32 logsumexp (off by up to e^32 for a -1e9 padding row). The CPU's own
+        # default (its flash kernel) is off for such rows too: compared with its MATH backend.
+        torch.manual_seed(0)
+        for dtype, low in (
+            (torch.float32, None),
+            (torch.float64, None),
+            (torch.float64, -1e9),
+            (torch.float64, -1e300),
+        ):
+            low = torch.finfo(dtype).min if low is None else low
+            q, k, v = (torch.randn(1, 2, n, 4, dtype=dtype) for n in (3, 5, 5))
+            mask = torch.zeros(3, 5, dtype=dtype)
+            mask[1] = low  # a row with no key left: uniform weights, as the softmax gives
+            mask[:, 4] = low  # a padded key
+            results = []
+            for device in ("cpu", "openreg"):
+                ins = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+                with sdpa_kernel(SDPBackend.MATH if device == "cpu" else SDPBackend.OVERRIDEABLE):
+                    out = F.scaled_dot_product_attention(*ins, attn_mask=mask.to(device))
+                out.square().sum().backward()
+                results.append([t.cpu() for t in (out.detach(), *(i.grad for i in ins))])
+            tol = 1e-5 if dtype == torch.float32 else 1e-12
+            for got, want in zip(results[1], results[0]):
+                self.assertEqual(got, want, atol=tol, rtol=tol, msg=f"{dtype} {low}")
+
     def test_integer_inputs_are_refused_as_on_the_cpu(self):
         # Integer inputs: the CPU's error, at the call and while tracing.
         ints = torch.ones(2, 2, 4, 8, dtype=torch.long)

@@ -9,10 +9,11 @@
 // backward as device kernels:
 //   S = scale * Q K^T + bias (causal: -inf above the diagonal), P = softmax(S), O = P V
 //   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q
-// The forward returns logsumexp(S) so the backward can rebuild P without
-// storing it. Without a mask (the common case: causal or none) and with one
-// head size for Q, K and V, both run the
-// CPU's own fused flash-attention kernels on the kernel views instead
+// The forward returns logsumexp(S), in float32 (the CPU's flash backward reads
+// it); the composed backward rebuilds P from the scores instead of storing it.
+// Without a mask (the common case: causal or none) and with one head size for
+// Q, K and V, both run the CPU's own fused flash-attention kernels on the
+// kernel views instead
 // (_scaled_dot_product_flash_attention_for_cpu and its backward, which return
 // the same logsumexp): 4-5x faster than the composed form above, which stays
 // for masks (whose gradient the flash backward does not give) and rows that
@@ -23,13 +24,13 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_safe_softmax.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/_transformer_encoder_layer_fwd_native.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
-#include <ATen/ops/exp.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
@@ -161,11 +162,12 @@ at::Tensor widened(const at::Tensor& t, at::ScalarType acc) {
   return t.defined() && t.is_floating_point() ? t.to(acc) : t;
 }
 
-// P = exp(S - logsumexp(S)). A row that the masks leave no position for (logsumexp -inf) is
-// all zeros, as the MATH backend's _safe_softmax makes it, not NaN.
-at::Tensor probabilities(const at::Tensor& s, const at::Tensor& lse) {
-  return at::exp(s - lse).masked_fill(lse == -std::numeric_limits<double>::infinity(), 0.0);
-}
+// P = softmax(S), as the MATH backend's _safe_softmax: a row that the masks leave no position for
+// is all zeros, not NaN. Not exp(S - logsumexp(S)): a row masked with the dtype's lowest value (a
+// padding mask of finfo.min) has a logsumexp that rounds to that value, and P was 1 everywhere
+// (the sum of V instead of its mean); and the backward would depend on the rounding of the
+// forward's float32 logsumexp (float64 gradients were off by up to e^32 for a row masked with -1e9).
+at::Tensor probabilities(const at::Tensor& s) { return at::_safe_softmax(s, -1); }
 
 // A direct call of the fused ops with sizes their kernels do not take (sdp_choice sends them to MATH).
 void check_sizes(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
@@ -204,9 +206,8 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   auto sizes = query.sizes().vec();
   sizes.back() = value.size(-1);
   at::Tensor out = empty_with_layout_of(query, sizes);
-  // float32, as the op's meta kernel says (compiled graphs read it as that), for float64 inputs too:
-  // computed in float64 and rounded, so float64 gradients carry float32's rounding of it (relative
-  // 1e-7; MATH, through torch.nn.attention.sdpa_kernel, keeps float64's precision throughout).
+  // float32, as the op's meta kernel says (compiled graphs read it as that), for float64 inputs too
+  // (computed in float64 and rounded; the backward does not read it for them).
   at::Tensor lse = at::empty(query.sizes().slice(0, 3), query.options().dtype(at::kFloat));
   const double s = scale_of(query, scale);
   launch_cpu_function(
@@ -219,9 +220,8 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
         }
         const at::ScalarType acc = accumulate_type(a[0]);
         at::Tensor sc = scores(widened(a[0], acc), widened(a[1], acc), widened(a[3], acc), is_causal, s);
-        at::Tensor l = at::logsumexp(sc, -1, /*keepdim=*/true);
-        at::Tensor o = at::matmul(probabilities(sc, l), widened(a[2], acc)).to(a[0].scalar_type());
-        return std::vector<at::Tensor>{o, l.squeeze(-1)};
+        at::Tensor o = at::matmul(probabilities(sc), widened(a[2], acc)).to(a[0].scalar_type());
+        return std::vector<at::Tensor>{o, at::logsumexp(sc, -1)};
       });
   // The other results as the meta kernel describes them (compiled graphs assert their sizes): no
   // cumulative sequence lengths and no debug mask (undefined), and 0-dim Philox seed and offset
@@ -259,16 +259,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
                       {grad_out, query, key, value, attn_bias, out, logsumexp}, {gq, gk, gv, gb},
                       [is_causal, s](const std::vector<at::Tensor>& a) {
                         const at::Tensor &dout = a[0], &q = a[1], &k = a[2], &v = a[3], &bias = a[4], &o = a[5];
-                        if (flash_applies(q, k, v, bias)) {  // the forward ran the CPU's flash attention
+                        const at::ScalarType acc = accumulate_type(q);
+                        // The flash backward reads the logsumexp: float32, exact for every input but
+                        // float64, whose backward recomputes P from the scores instead (below).
+                        if (flash_applies(q, k, v, bias) && acc == at::kFloat) {
                           auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
                               flash_input(dout), flash_input(q), flash_input(k), flash_input(v), flash_input(o),
-                              a[6].to(accumulate_type(q)).contiguous(), 0.0, is_causal, {}, s);
+                              a[6].contiguous(), 0.0, is_causal, {}, s);
                           return std::vector<at::Tensor>{dq, dk, dv, at::Tensor()};
                         }
-                        const at::ScalarType acc = accumulate_type(q);
                         const at::Tensor qa = widened(q, acc), ka = widened(k, acc), da = widened(dout, acc);
-                        at::Tensor p =
-                            probabilities(scores(qa, ka, widened(bias, acc), is_causal, s), a[6].to(acc).unsqueeze(-1));
+                        at::Tensor p = probabilities(scores(qa, ka, widened(bias, acc), is_causal, s));
                         at::Tensor dp = at::matmul(da, widened(v, acc).transpose(-2, -1));
                         at::Tensor ds = p * (dp - (da * widened(o, acc)).sum(-1, /*keepdim=*/true));
                         return std::vector<at::Tensor>{

@@ -78,6 +78,13 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   void replay() override {
     TORCH_CHECK(graph_ != nullptr, "replay() needs a captured graph: call capture_begin() and capture_end()");
     const orStream_t stream = getCurrentOpenRegStream(device_).handle();
+    // Its random ops are re-seeded by the host before each replay: captured into another graph, the
+    // seeds would be that graph's constants (the same numbers at every replay of it). CUDA refuses too.
+    int capturing = 0;
+    OPENREG_CHECK(orStreamIsCapturing(stream, &capturing));
+    TORCH_CHECK(capturing == 0 || random_ops_.empty(),
+                "Cannot prepare for replay during capturing stage: this graph has random operators, whose "
+                "numbers are chosen at each replay, and the current stream is being captured into another graph");
     reseed_for_replay(stream, random_ops_);  // fresh numbers for the captured random ops
     OPENREG_CHECK(orGraphLaunch(graph_, stream));
   }
