@@ -275,11 +275,16 @@ struct PackedArgs {
   // Device side, first in every kernel that uses the weight: checks the zero points (once) and, with
   // `pack`, returns oneDNN's form of the weight, made now unless made already (the exact path needs
   // none).
-  // `prepack`: this is the prepack's own kernel.
+  // `prepack`: this is the prepack's own kernel, which checks and packs every time it runs: replayed
+  // from a graph, it packs the weight copied in since (it kept the first replay's form).
   at::Tensor prepare(const char* name, bool pack, bool prepack = false) const {
     at::Tensor zero_points = w_zero_points.materialize();
     std::lock_guard<std::mutex> lock(form->mutex);
-    if (prepack) form->prepack_pending = false;
+    if (prepack) {
+      form->prepack_pending = false;
+      form->checked = false;
+      form->onednn = at::Tensor();  // a kernel applying the old form holds its own reference
+    }
     check_symmetric(*form, zero_points, name);
     if (!pack) return at::Tensor();
     if (form->onednn.defined()) return form->onednn;

@@ -66,11 +66,14 @@ const c10::TypedOperatorHandle<PackedPtr(at::Tensor, std::optional<at::Tensor>)>
 // memory; a bias given new memory (`bias.data = t`, set_) is packed again at its next call, as the
 // CPU's form follows its tensor to new memory. A reference of the caller's own: a kernel of another
 // stream may pack again (for a bias given new memory) while this one applies the form it got.
-PackedPtr packed(DeviceState& state, const KernelQTensorArg& weight, const std::optional<KernelTensorArg>& bias) {
+// `force`: the prepack's own kernel packs every time it runs (replayed from a graph, it packs the
+// weight copied in since: it kept the first replay's form).
+PackedPtr packed(DeviceState& state, const KernelQTensorArg& weight, const std::optional<KernelTensorArg>& bias,
+                 bool force = false) {
   std::lock_guard<std::mutex> lock(state.mutex);
   const void* storage = bias ? bias->storage : nullptr;
   const int64_t offset = bias ? bias->offset : 0;
-  if (!state.cpu || storage != state.bias_storage || offset != state.bias_offset) {
+  if (force || !state.cpu || storage != state.bias_storage || offset != state.bias_offset) {
     std::optional<at::Tensor> b;
     if (bias) b = bias->materialize();
     state.cpu = linear_prepack_op().call(weight.owned_copy(), b);
@@ -105,9 +108,9 @@ struct OpenRegLinearPackedParams : LinearPackedParamsBase {
   // One launch: packs on the device (unless packed already).
   void prepack() {
     if (weight_.numel() == 0) return;
-    OPENREG_CHECK(
-        ::openreg::launch(stream_of(weight_), "quantized::linear_prepack",
-                          [w = KernelQTensorArg(weight_), b = bias_arg(), state = state_] { packed(*state, w, b); }));
+    OPENREG_CHECK(::openreg::launch(
+        stream_of(weight_), "quantized::linear_prepack",
+        [w = KernelQTensorArg(weight_), b = bias_arg(), state = state_] { packed(*state, w, b, /*force=*/true); }));
   }
 
  private:
