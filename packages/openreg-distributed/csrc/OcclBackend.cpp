@@ -1110,6 +1110,14 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   // Where the Work ends: a staged send's once it started (its data copied), the others' once done.
   orStream_t ends_on = route.staged ? comm : done;
   orStream_t current = c10::openreg::current_stream_handle(device.index());
+  // Refused before it takes a sequence number (the ranks' numbers must stay in step). The runtime
+  // refused the ordering event's record, in words that named neither occl nor the operation.
+  int capturing = 0;
+  OPENREG_CHECK(orStreamIsCapturing(current, &capturing));
+  TORCH_CHECK(capturing == 0, "occl: ", c10d::opTypeToString(type),
+              " cannot be captured into a device graph: its operations run on occl's communication streams, "
+              "which a capture of the current stream does not record (NCCL's collectives can be captured; "
+              "occl's cannot yet)");
   const uint64_t seq = ++seq_;
   const bool p2p = route.lane != Lane::kColl;
   if (p2p)

@@ -1157,6 +1157,29 @@ class TestCollectives(OcclTestCase):
         rs = funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD)
         self.assertEqual(rs.cpu(), (ramp(0, torch.float32, 4) * 3)[2 * self.rank : 2 * self.rank + 2])
 
+    def test_a_collective_in_a_graph_capture_is_refused_at_the_call(self):
+        # The runtime refused the ordering event's record, in words naming neither occl nor the
+        # operation, after the operation had taken a sequence number.
+        s = torch.openreg.Stream(self.device)
+        x = torch.ones(8, device=self.device)
+        x.add_(1)  # warm-up: a first call of a signature runs synchronously, which a capture refuses
+        s.wait_stream(torch.openreg.current_stream(self.device))
+        backend = dist.group.WORLD._get_backend(self.device)
+        seq = backend._get_sequence_number_for_group()
+        graph = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            graph.capture_begin()
+            x.add_(1)
+            for async_op in (False, True):
+                with self.assertRaisesRegex(RuntimeError, "occl: ALLREDUCE cannot be captured into a device graph"):
+                    dist.all_reduce(x, async_op=async_op)
+            graph.capture_end()
+        self.assertEqual(backend._get_sequence_number_for_group(), seq)
+        graph.replay()  # 3 on each rank
+        graph.reset()
+        dist.all_reduce(x)  # the group goes on, in step
+        self.assertEqual(x.cpu(), torch.full((8,), 6.0))
+
     def test_errors_at_the_call(self):
         # Raised on every rank before anything is enqueued, so the group stays usable.
         d = self.device
