@@ -5,6 +5,7 @@ import tempfile
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch_openreg.utils.testing import run_python
 
 
 def warm_up(fn, stream):
@@ -100,6 +101,38 @@ class TestGraphs(TestCase):
             self.assertEqual(o.cpu(), torch.full((1000,), 7.0))
         self.assertEqual(y.cpu(), (torch.arange(1000.0) + 1) * 3)
         g1.reset()
+
+    def test_a_program_that_exits_with_a_capture_open_ends_cleanly(self):
+        # An uncaught error between capture_begin() and capture_end() left the capture open: the exit
+        # handler's synchronisation was refused, and the Python kernels still queued ran while the
+        # interpreter finalized ("Fatal Python error", status 134 or 139).
+        r = run_python(
+            """
+            import time, torch
+
+            @torch.library.custom_op("exit_test::slow", mutates_args=(), device_types="cpu")
+            def slow(x: torch.Tensor) -> torch.Tensor:
+                time.sleep(0.2)
+                return x + 1
+
+            @slow.register_fake
+            def _(x):
+                return torch.empty_like(x)
+
+            x = torch.zeros(4, device="openreg")
+            slow(x)
+            torch.openreg.synchronize()
+            queued = [slow(x) for _ in range(6)]
+            g = torch.accelerator.Graph()
+            with torch.openreg.stream(torch.openreg.Stream()):
+                g.capture_begin()
+                x.nonzero()  # refused in a capture: uncaught
+            """
+        )
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("RuntimeError: aten::nonzero", r.stderr)
+        self.assertIn("openreg: 1 graph capture(s) still open at exit were abandoned", r.stderr)
+        self.assertNotIn("Fatal Python error", r.stderr)
 
     def test_a_graph_with_random_ops_is_not_replayed_inside_a_capture(self):
         # Its random ops are re-seeded by the host at each replay: captured into another graph, the

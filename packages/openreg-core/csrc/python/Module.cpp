@@ -426,6 +426,10 @@ PYBIND11_MODULE(_C, m) {
     return static_cast<int>(exchange_device(device_index(d)));
   });
   m.def("_check_device_index", [](int64_t d) { check_device_index(d); });
+  m.def("_abandon_open_captures", [] {
+    py::gil_scoped_release no_gil;
+    return abandon_open_captures();
+  });
   // A one-element backward per device, queued behind what autograd's device threads still hold of
   // earlier passes (see torch_openreg/openreg/__init__.py::_finish_queued_work_at_exit). Built in
   // C++, without the GIL, so that none of its tensors has a Python object for a device thread to

@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <fstream>
+#include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "OpenRegCachingAllocator.h"
@@ -26,6 +28,19 @@ namespace c10::openreg {
 
 std::atomic<uint64_t> g_next_pool{1};
 
+struct OpenRegGraphImpl;
+
+// Graphs whose capture is open, for abandon_open_captures (at exit). The mutex also orders a
+// graph's own capture_begin / capture_end / reset against that.
+std::mutex& open_captures_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::unordered_set<OpenRegGraphImpl*>& open_captures() {
+  static auto* graphs = new std::unordered_set<OpenRegGraphImpl*>();
+  return *graphs;
+}
+
 struct OpenRegGraphImpl final : public at::GraphImplInterface {
   explicit OpenRegGraphImpl(const at::GraphImplArgs& args = {}) : keep_graph_(args.keep_graph) {}
   ~OpenRegGraphImpl() override {
@@ -36,6 +51,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   }
 
   void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode) override {
+    std::lock_guard<std::mutex> lock(open_captures_mu());
     TORCH_CHECK(graph_ == nullptr && !capturing_,
                 "This openreg graph has already been captured; call reset() before capturing again.");
     device_ = current_device();
@@ -50,13 +66,16 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     OPENREG_CHECK(st);
     begin_random_capture(stream_);
     capturing_ = true;
+    open_captures().insert(this);
   }
 
   void capture_end() override {
+    std::lock_guard<std::mutex> lock(open_captures_mu());
     TORCH_CHECK(capturing_, "capture_end() called without capture_begin()");
     TORCH_CHECK(getCurrentOpenRegStream(device_).handle() == stream_,
                 "capture_end() must be called on the stream capture_begin() was called on");
     capturing_ = false;
+    open_captures().erase(this);
     // The stream stops capturing first: the allocator then records the events that frees during
     // the capture put off (a capturing stream cannot record one).
     const orStatus st = orStreamEndCapture(stream_, &graph_);
@@ -90,14 +109,9 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   }
 
   void reset() override {
-    if (capturing_) {  // an abandoned capture: its blocks go back as a finished graph's do
-      orGraph_t abandoned = nullptr;
-      orStreamEndCapture(stream_, &abandoned);
-      end_random_capture(stream_);
-      allocator::endGraphCapture(device_, stream_);
-      if (abandoned) orGraphDestroy(abandoned);
-      capturing_ = false;
-      allocator::releaseGraph(device_, pool_);
+    {
+      std::lock_guard<std::mutex> lock(open_captures_mu());
+      abandon_capture_locked();
     }
     if (graph_ != nullptr) {
       OPENREG_CHECK(orGraphDestroy(graph_));
@@ -105,6 +119,20 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
       random_ops_.clear();
       allocator::releaseGraph(device_, pool_);
     }
+  }
+
+  // An abandoned capture (reset() before capture_end(), or a program that exits with its capture
+  // open): the stream stops capturing, and the blocks go back as a finished graph's do.
+  void abandon_capture_locked() {
+    if (!capturing_) return;
+    orGraph_t abandoned = nullptr;
+    orStreamEndCapture(stream_, &abandoned);
+    end_random_capture(stream_);
+    allocator::endGraphCapture(device_, stream_);
+    if (abandoned) orGraphDestroy(abandoned);
+    capturing_ = false;
+    open_captures().erase(this);
+    allocator::releaseGraph(device_, pool_);
   }
 
   at::MempoolId_t pool() const override { return {static_cast<at::CaptureId_t>(pool_), 0}; }
@@ -136,6 +164,13 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   uint64_t pool_ = 0;
   std::vector<CapturedRandomOp> random_ops_;  // re-seeded before each replay
 };
+
+size_t abandon_open_captures() {
+  std::lock_guard<std::mutex> lock(open_captures_mu());
+  const std::vector<OpenRegGraphImpl*> open(open_captures().begin(), open_captures().end());
+  for (OpenRegGraphImpl* graph : open) graph->abandon_capture_locked();
+  return open.size();
+}
 
 }  // namespace c10::openreg
 

@@ -172,6 +172,14 @@ def _finish_queued_work_at_exit() -> None:
     # returns only once the thread holds nothing of the user's passes.
     if not is_initialized():
         return
+    # A capture still open (an error between capture_begin() and capture_end() that nothing caught)
+    # would refuse the synchronisation below, and Python kernels queued before it would run while
+    # the interpreter finalizes (a fatal error): it is abandoned first, as reset() abandons one.
+    abandoned = _C._abandon_open_captures()
+    if abandoned:
+        warnings.warn(
+            f"openreg: {abandoned} graph capture(s) still open at exit were abandoned", RuntimeWarning, stacklevel=1
+        )
     try:
         _C._settle_autograd_device_threads(device_count())
     except Exception as e:  # a broken device: the synchronize below reports its error
