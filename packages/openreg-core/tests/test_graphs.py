@@ -298,6 +298,24 @@ class TestGraphs(TestCase):
         self.assertEqual(y.cpu(), torch.full((4,), 10.0))
         g.reset()
 
+    def test_an_operator_that_always_needs_the_host_is_refused_without_warm_up_advice(self):
+        # nonzero's result size depends on the data: warmed up three times, it was still refused with
+        # the advice to warm it up.
+        x = torch.tensor([0.0, 1.0, 0.0, 2.0], device="openreg")
+        s = torch.openreg.Stream()
+        for _ in range(3):
+            warm_up(lambda: x.nonzero(), s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            with self.assertRaisesRegex(RuntimeError, "aten::nonzero: this call needs the host at every call") as e:
+                x.nonzero()
+            self.assertNotIn("capture_begin", str(e.exception))
+            with self.assertRaises(RuntimeError):  # the refusal invalidated the capture
+                g.capture_end()
+        g.reset()
+        self.assertEqual(x.nonzero().cpu(), torch.tensor([[1], [3]]))
+
     def test_an_operator_not_warmed_up_is_refused_before_it_launches(self):
         # Its first call runs synchronously: the kernel was captured, then the wait for it refused
         # with a message about synchronising a stream that named no operator.

@@ -212,6 +212,14 @@ class TestAttention(TestCase):
         self.assertEqual((lse.dtype, fake_lse.dtype), (torch.float32, torch.float32))
         self.assertEqual(lse.cpu(), torch.logsumexp(q @ q.transpose(-2, -1) / 8**0.5, -1).float())
         self.assertEqual(out.cpu(), F.scaled_dot_product_attention(q, q, q), atol=1e-12, rtol=1e-12)
+        # float64 gradients through the flash backward: its logsumexp is recomputed in float64 (scores
+        # scaled up, so that a float32 one would put them off by ~1e-5)
+        ins = [(t * 30).requires_grad_() for t in (q, torch.randn_like(q), torch.randn_like(q))]
+        F.scaled_dot_product_attention(*ins, is_causal=True).square().sum().backward()
+        dev = [t.detach().to("openreg").requires_grad_() for t in ins]
+        F.scaled_dot_product_attention(*dev, is_causal=True).square().sum().backward()
+        for got, want in zip(dev, ins):
+            self.assertEqual(got.grad.cpu(), want.grad, atol=1e-9, rtol=1e-9)
         compiled = torch.compile(lambda q: op(q, q, q)[1] * 2 + 1, backend="inductor")
         self.assertEqual(compiled(qd).cpu(), lse.cpu() * 2 + 1)
         torch._dynamo.reset()

@@ -10,7 +10,8 @@
 //   S = scale * Q K^T + bias (causal: -inf above the diagonal), P = softmax(S), O = P V
 //   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q
 // The forward returns logsumexp(S), in float32 (the CPU's flash backward reads
-// it); the composed backward rebuilds P from the scores instead of storing it.
+// it, recomputed in float64 for float64 inputs); the composed backward rebuilds
+// P from the scores instead of storing it.
 // Without a mask (the common case: causal or none) and with one head size for
 // Q, K and V, both run the CPU's own fused flash-attention kernels on the
 // kernel views instead
@@ -260,12 +261,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
                       [is_causal, s](const std::vector<at::Tensor>& a) {
                         const at::Tensor &dout = a[0], &q = a[1], &k = a[2], &v = a[3], &bias = a[4], &o = a[5];
                         const at::ScalarType acc = accumulate_type(q);
-                        // The flash backward reads the logsumexp: float32, exact for every input but
-                        // float64, whose backward recomputes P from the scores instead (below).
-                        if (flash_applies(q, k, v, bias) && acc == at::kFloat) {
+                        // The flash backward reads the logsumexp: the forward's float32 one, exact for
+                        // every input but float64, whose logsumexp is recomputed here in float64.
+                        if (flash_applies(q, k, v, bias)) {
+                          const at::Tensor lse = acc == at::kFloat
+                                                     ? a[6].contiguous()
+                                                     : at::logsumexp(scores(q, k, at::Tensor(), is_causal, s), -1);
                           auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-                              flash_input(dout), flash_input(q), flash_input(k), flash_input(v), flash_input(o),
-                              a[6].contiguous(), 0.0, is_causal, {}, s);
+                              flash_input(dout), flash_input(q), flash_input(k), flash_input(v), flash_input(o), lse,
+                              0.0, is_causal, {}, s);
                           return std::vector<at::Tensor>{dq, dk, dv, at::Tensor()};
                         }
                         const at::Tensor qa = widened(q, acc), ka = widened(k, acc), da = widened(dout, acc);

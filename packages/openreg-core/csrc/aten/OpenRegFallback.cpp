@@ -881,10 +881,17 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
     int capturing = 0;
     OPENREG_CHECK(orStreamIsCapturing(stream, &capturing));
     if (capturing != 0) (void)orStreamSynchronize(stream);
+    // The first call of a signature (the caller passes `alerted`) is cured by a warm-up; the other
+    // callers' operators need the host at every call, and the warm-up advice sent users in circles.
+    if (alerted != nullptr)
+      TORCH_CHECK(capturing == 0, schema.name(),
+                  ": this call runs synchronously (the first call of an operator signature checks its result "
+                  "against the meta kernel) and cannot be captured into a graph: run the captured code once "
+                  "before capture_begin(), as on CUDA");
     TORCH_CHECK(capturing == 0, schema.name(),
-                ": this call runs synchronously (the first call of an operator signature checks its result "
-                "against the meta kernel; some operators always need the host) and cannot be captured into a "
-                "graph: run the captured code once before capture_begin(), as on CUDA");
+                ": this call needs the host at every call (its results' sizes depend on the data, or openreg "
+                "runs the operator synchronously), so it cannot be captured into a graph, warmed up or not; "
+                "CUDA refuses such operators (nonzero, masked_select, unique, ...) in a capture too");
   }
   struct State {
     Stack results;
