@@ -220,9 +220,6 @@ class TestAttention(TestCase):
         F.scaled_dot_product_attention(*dev, is_causal=True).square().sum().backward()
         for got, want in zip(dev, ins):
             self.assertEqual(got.grad.cpu(), want.grad, atol=1e-9, rtol=1e-9)
-        compiled = torch.compile(lambda q: op(q, q, q)[1] * 2 + 1, backend="inductor")
-        self.assertEqual(compiled(qd).cpu(), lse.cpu() * 2 + 1)
-        torch._dynamo.reset()
 
     def test_rows_masked_with_huge_values_match_math(self):
         # P was exp(S - logsumexp(S)): a row masked with the dtype's lowest value has a logsumexp that

@@ -51,17 +51,24 @@ class TestKinetoProfiler(TestCase):
                 return json.load(f)
 
     def test_device_activity_is_timed_and_attributed_to_its_op(self):
-        prof = self._profile([ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])
-        device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
-        names = sorted(e.name for e in device_events)
-        self.assertEqual(names, ["aten::add", "aten::mm", "aten::mul", "openreg::memcpy"])
-        for e in device_events:
-            self.assertGreater(e.time_range.elapsed_us(), 0, e.name)
-        rows = {r.key: r for r in prof.key_averages()}
-        for op in ("aten::mm", "aten::add", "aten::mul"):
-            self.assertGreater(rows[op].self_device_time_total, 0, op)
-            self.assertEqual(rows[op].count, 1, op)  # only the profiled region
-        self.assertGreater(rows["aten::mm"].self_device_time_total, rows["aten::add"].self_device_time_total)
+        # The matmul's kernel outlasts the add's, unless the stream's worker is preempted during the
+        # add (a loaded CI machine: 2.6 ms for the add against 1.2 ms for the matmul): a few tries.
+        times = []
+        for _ in range(3):
+            prof = self._profile([ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])
+            device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+            names = sorted(e.name for e in device_events)
+            self.assertEqual(names, ["aten::add", "aten::mm", "aten::mul", "openreg::memcpy"])
+            for e in device_events:
+                self.assertGreater(e.time_range.elapsed_us(), 0, e.name)
+            rows = {r.key: r for r in prof.key_averages()}
+            for op in ("aten::mm", "aten::add", "aten::mul"):
+                self.assertGreater(rows[op].self_device_time_total, 0, op)
+                self.assertEqual(rows[op].count, 1, op)  # only the profiled region
+            times.append((rows["aten::mm"].self_device_time_total, rows["aten::add"].self_device_time_total))
+            if times[-1][0] > times[-1][1]:
+                break
+        self.assertGreater(*times[-1], msg=f"(mm, add) device times of each try: {times}")
 
     def test_chrome_trace_tracks_and_flows(self):
         trace = self._trace(self._profile([ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]))

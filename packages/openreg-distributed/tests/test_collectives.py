@@ -1098,6 +1098,9 @@ class TestCollectives(OcclTestCase):
         self.assertGreater(streams_alive(), before)  # its stream was left busy
         other = dist.new_group(backend="occl")  # made: destroys what the kernels left
         self.assertEqual(streams_alive(), before)
+        # Both ranks made it before either destroys it: rank 0 may finish its side of the transport's
+        # connections first, and its destroy closed them while rank 1 still connected (under load).
+        dist.barrier()
         dist.destroy_process_group(other)
 
     def test_a_refused_operation_ends_its_coalescing_block(self):
