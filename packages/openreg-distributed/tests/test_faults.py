@@ -324,9 +324,8 @@ class TestFaults(OcclTestCase):
         dist.destroy_process_group(group)
 
 
-# Each rank in a process of its own; rank 1 dies after the first collective. The survivor runs
-# under the TORCH_OCCL_ASYNC_ERROR_HANDLING of its environment.
-DEAD_PEER = """
+# What the two scripts below begin with: the two ranks meet in a file store (INIT_METHOD).
+RANKS_MEET = """
 import os, time
 from datetime import timedelta
 import torch, torch.distributed as dist
@@ -341,6 +340,13 @@ dist.init_process_group(
     timeout=timedelta(seconds=60),
 )
 dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
+"""
+
+# Each rank in a process of its own; rank 1 dies after the first collective. The survivor runs
+# under the TORCH_OCCL_ASYNC_ERROR_HANDLING of its environment.
+DEAD_PEER = (
+    RANKS_MEET
+    + """
 x = torch.ones(4, device="openreg")
 dist.all_reduce(x)
 if rank == 1:
@@ -368,26 +374,15 @@ elapsed = time.monotonic() - t0
 dist.destroy_process_group()  # returns: nothing hangs
 print("ALLREDUCE (seq 2, rank 0 of 2) failed" in first, "failed earlier" in later, elapsed < 20)
 """
+)
 
 
 # Rank 0 all-reduces 4 elements, rank 1 8: Gloo's I/O thread on the rank that receives more than
 # it expects aborts that process ("Received data size doesn't match expected size"), which occl
 # cannot catch; the other rank sees a dead peer and gets a clear error.
-SIZE_MISMATCH = """
-import os, time
-from datetime import timedelta
-import torch, torch.distributed as dist
-rank = int(os.environ["RANK"])
-# Made with a long timeout (two interpreters importing torch on a loaded machine may meet far apart),
-# then lowered for the operations, through both of the group's backends.
-dist.init_process_group(
-    "cpu:gloo,openreg:occl",
-    init_method=os.environ["INIT_METHOD"],
-    rank=rank,
-    world_size=2,
-    timeout=timedelta(seconds=60),
-)
-dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
+SIZE_MISMATCH = (
+    RANKS_MEET
+    + """
 x = torch.ones(4 * (rank + 1), device="openreg")
 t0 = time.monotonic()
 work = dist.all_reduce(x, async_op=True)  # asynchronous: see DEAD_PEER
@@ -404,6 +399,7 @@ except dist.DistBackendError as e:
 dist.destroy_process_group()
 print(f"ALLREDUCE (seq 1, rank {rank} of 2) failed" in first, "failed earlier" in later, time.monotonic() - t0 < 20)
 """
+)
 
 
 def run_dead_peer(handling, script=DEAD_PEER, survivor=0):

@@ -15,10 +15,10 @@ c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex device);
 c10::DeviceIndex exchange_device(c10::DeviceIndex device);
 // Raises a clear error unless 0 <= device < device_count().
+void check_device_index(int64_t device);  // wide: an index from Python is checked before any narrowing
 // Ends every graph capture still open (their streams stop capturing, as reset() of each would),
 // so that a program exiting with one open can wait for its queued work (OpenRegGraph.cpp). Returns
 // how many there were.
 size_t abandon_open_captures();
-void check_device_index(int64_t device);  // wide: an index from Python is checked before any narrowing
 
 }  // namespace c10::openreg
