@@ -38,6 +38,25 @@ class TestMoves(TestCase):
         self.assertEqual(moved.device, torch.device("openreg", 1))
         self.assertEqual(padded(moved), padded(nested("cpu")))
 
+    def test_moves_and_copies_between_devices_go_where_asked(self):
+        # On the nested path the result stayed on its source's device, and copy_ between two devices
+        # was refused as a mix of devices; CUDA registers ATen's device-generic functions for them.
+        x = nested("openreg:0")
+        for target in ("openreg:1", "cpu"):
+            moved = x.to(target)
+            self.assertEqual(moved.device, torch.device(target))
+            self.assertEqual(padded(moved), padded(nested("cpu")))
+            self.assertEqual(torch.empty_like(x, device=target).device, torch.device(target))
+        self.assertEqual(x.to("openreg:1", torch.float64).dtype, torch.float64)
+        with torch.openreg.device(1):
+            self.assertEqual(x.to("openreg").device, torch.device("openreg", 1))
+        with self.assertRaisesRegex(RuntimeError, "Invalid openreg device index 7"):
+            x.to("openreg:7")
+        for dst, src in (("openreg:1", "openreg:0"), ("openreg:0", "cpu"), ("cpu", "openreg:0")):
+            target = torch.nested.nested_tensor([torch.zeros(2, 4), torch.zeros(3, 4)], device=dst)
+            target.copy_(nested(src))
+            self.assertEqual(padded(target), padded(nested("cpu")), msg=f"{src} -> {dst}")
+
     def test_save_and_load(self):
         import io
 
