@@ -51,6 +51,17 @@ namespace c10::openreg {
 
 namespace {
 
+// The mask must broadcast to the scores' shape (not the scores to a larger one), as the CPU's
+// in-place add into the scores requires. With symbolic sizes: the backend choice checks with it under
+// fake tensors too (a guard per dim, as the CPU's MATH ops install).
+void check_mask_broadcasts(const at::Tensor& query, const at::Tensor& key, const at::Tensor& mask) {
+  auto scores = query.sym_sizes().vec();
+  scores.back() = key.sym_size(-2);
+  const auto shape = at::infer_size_symint(scores, mask.sym_sizes());
+  TORCH_CHECK(c10::SymIntArrayRef(shape) == c10::SymIntArrayRef(scores), "output with shape ",
+              c10::SymIntArrayRef(scores), " doesn't match the broadcast shape ", c10::SymIntArrayRef(shape));
+}
+
 int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
@@ -91,17 +102,11 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
            query.sym_size(1) != key.sym_size(1) || key.sym_size(1) != value.sym_size(1) ||
            query.sym_size(3) != key.sym_size(3))
     unsupported = "batch sizes, head counts or head sizes that differ between query, key and value";
-  // The mask must broadcast to the scores' shape, as the kernel checks at the call. Checked here with
-  // symbolic sizes too: under fake tensors the overrideable op's meta kernel checks nothing, and an
-  // export took a mask that does not broadcast, and left its dims unrelated to the key's length
-  // (the CPU's MATH ops raise, and guard each dim).
-  if (unsupported == nullptr && attn_mask.has_value() && attn_mask->defined()) {
-    auto scores = query.sym_sizes().vec();
-    scores.back() = key.sym_size(-2);
-    const auto shape = at::infer_size_symint(scores, attn_mask->sym_sizes());
-    TORCH_CHECK(c10::SymIntArrayRef(shape) == c10::SymIntArrayRef(scores), "output with shape ",
-                c10::SymIntArrayRef(scores), " doesn't match the broadcast shape ", c10::SymIntArrayRef(shape));
-  }
+  // Checked here too, as the kernel checks it at the call: under fake tensors the overrideable op's
+  // meta kernel checks nothing, and an export took a mask that does not broadcast, and left its dims
+  // unrelated to the key's length (the CPU's MATH ops raise, and guard each dim).
+  if (unsupported == nullptr && attn_mask.has_value() && attn_mask->defined())
+    check_mask_broadcasts(query, key, *attn_mask);
   const auto& ctx = at::globalContext();  // torch.nn.attention.sdpa_kernel selects the allowed backends
   if (unsupported == nullptr && ctx.userEnabledOverrideableSDP())
     return static_cast<int64_t>(at::SDPBackend::overrideable);
@@ -194,15 +199,7 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   // later synchronising call.
   TORCH_CHECK(at::isFloatingType(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
   check_sizes(query, key, value);
-  if (attn_bias.has_value() && attn_bias->defined()) {
-    // The mask must broadcast to the scores' shape (not the scores to a larger one), as the CPU's
-    // in-place add into the scores requires.
-    auto scores = query.sizes().vec();
-    scores.back() = key.size(-2);
-    const auto shape = at::infer_size(scores, attn_bias->sizes());
-    TORCH_CHECK(c10::IntArrayRef(shape) == c10::IntArrayRef(scores), "output with shape ", c10::IntArrayRef(scores),
-                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
-  }
+  if (attn_bias.has_value() && attn_bias->defined()) check_mask_broadcasts(query, key, *attn_bias);
   c10::DeviceGuard guard(query.device());
   auto sizes = query.sizes().vec();
   sizes.back() = value.size(-1);

@@ -869,8 +869,7 @@ void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntA
 // call has the same strides whether it ran here or on the asynchronous path).
 // Returns the dtypes and sizes of the tensors it returned, in order.
 std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack* stack, Stack args, c10::Device device,
-                                           const MetaResult* meta = nullptr, bool results_on_host = false,
-                                           bool* alerted = nullptr) {
+                                           const MetaResult* meta = nullptr, bool* alerted = nullptr) {
   const auto& schema = op.schema();
   {
     // Refused before anything is launched or seeded: the kernel was captured, then the wait for it
@@ -1072,7 +1071,7 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
     size_t j = 0;  // which tensor of return i
     stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
       const size_t index = j++;
-      if (!host.defined() || results_on_host) return host;
+      if (!host.defined()) return host;
       check_not_quantized(host.scalar_type(), schema);
       if (sparse::is_sparse(host) || nested::is_nested(host)) return to_device(host);
       at::Tensor out;
@@ -1675,7 +1674,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   if (check == Check::unverified) {
     bool alerted = false;
     const std::vector<ResultShape> got =
-        run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get(), false, &alerted);
+        run_synchronously(op, stack, take_arguments(stack, num_args), device, meta.get(), &alerted);
     // A kernel that warned about its nondeterminism (warn_only) stays on the synchronous path, where
     // the host issues the warning at every call, as the CPU does; the asynchronous path would drop it.
     std::vector<c10::ScalarType> dtypes;
@@ -1896,23 +1895,11 @@ void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   nested::check_cpu_kernel(op);
   Stack args = take_arguments(stack, schema.arguments().size());
   count(op);
-  // .to(): of a nested openreg tensor to the CPU, the CPU kernel's copy, made on the device into
-  // host memory, is the result; of a nested CPU tensor to openreg, the copy goes to the device asked for.
-  bool to_host = false;
-  std::optional<c10::Device> target;
-  if (schema.name() == "aten::_to_copy")
-    for (size_t i = 0; i < args.size(); ++i)
-      if (schema.arguments()[i].name() == "device" && args[i].isDevice()) {
-        to_host = args[i].toDevice().is_cpu();
-        if (args[i].toDevice().is_privateuseone() && !args[0].toTensor().is_privateuseone()) {
-          target = args[i].toDevice();
-          if (!target->has_index()) target = c10::Device(c10::DeviceType::PrivateUse1, current_device());
-          check_device_index(target->index());
-        }
-      }
-  const c10::Device device = target ? *target : common_device(schema, args);
+  // (_to_copy, empty_like and copy_ never come here: ATen's device-generic nested kernels serve
+  // them, OpenRegNested.cpp)
+  const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
-  run_synchronously(op, stack, std::move(args), device, nullptr, to_host);
+  run_synchronously(op, stack, std::move(args), device);
 }
 
 std::vector<std::string> shadowed_by_composite(c10::DispatchKey cpu_key, c10::DispatchKey own_key,
