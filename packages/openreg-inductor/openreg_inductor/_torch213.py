@@ -448,6 +448,33 @@ def _stream_var_getattr(original):
     return var_getattr
 
 
+# 25. torch/_dynamo/variables/streams.py, StreamVariable.call_method() and EventVariable.call_method(),
+#     ``name == "query"``: the call becomes a graph node wrapped as a ConstantVariable, whose value is
+#     the one the query gave while Dynamo traced. Code after it branches on that constant, and every
+#     later call of the compiled region returned it: a region that returned ``s.query()`` answered
+#     True for a stream still busy (CUDA's streams take the same path; no upstream issue found). A
+#     query is a question to the device at that moment, so an openreg stream's or event's query breaks
+#     the graph and runs eagerly, between the two graphs (an error under ``fullgraph=True``, naming it).
+#     Test: tests/test_streams.py::TestQuery::test_query_answers_at_each_call.
+def _query_breaks_the_graph(original, device_of):
+    @functools.wraps(original)
+    def call_method(self, tx, name, args, kwargs):
+        device = device_of(self)
+        if name == "query" and device is not None and torch.device(device).type == DEVICE:
+            from torch._dynamo.exc import unimplemented
+
+            unimplemented(
+                gb_type="openreg stream or event query",
+                context=f"{type(self.value).__name__}.query()",
+                explanation="An openreg stream's or event's query() answers for the moment it is "
+                "called; traced, it would give every call the answer of the trace.",
+                hints=["Call query() outside the compiled region, or allow the graph break."],
+            )
+        return original(self, tx, name, args, kwargs)
+
+    return call_method
+
+
 # 20. torch/_subclasses/fake_tensor.py, FakeTensorMode._prep_args_for_hash(): FakeTensorMode's
 #     dispatch cache is shared by every fake mode, and its key holds a device argument as written.
 #     A factory without an index (``torch.ones(2, device="openreg")``) traced inside
@@ -651,7 +678,7 @@ def apply() -> None:
 
 
 def apply_dynamo() -> None:
-    """Installs workarounds 17 to 20, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
+    """Installs workarounds 17 to 20 and 25, Dynamo's: at Dynamo's import, because Dynamo traces a frame before
     Inductor (and ``apply()``) is first imported. Idempotent. On another torch it does nothing
     rather than fail Dynamo's import: only Inductor runs a region's streams apart, and ``apply()``
     refuses that torch at the first Inductor compile."""
@@ -671,6 +698,9 @@ def apply_dynamo() -> None:
     device_context.exit = _device_context_exit(dynamo_contexts.GenericDeviceVariable.exit)
     stream = dynamo_streams.StreamVariable
     stream.var_getattr = _stream_var_getattr(stream.var_getattr)
+    stream.call_method = _query_breaks_the_graph(stream.call_method, lambda v: v.device)
+    event = dynamo_streams.EventVariable
+    event.call_method = _query_breaks_the_graph(event.call_method, lambda v: getattr(v.value, "device", None))
     fake_mode = fake_tensor.FakeTensorMode
     fake_mode._prep_args_for_hash = _prep_args_for_hash(
         fake_mode._prep_args_for_hash, fake_tensor.FakeTensor._normalize_fake_device

@@ -823,6 +823,39 @@ class TestDeviceContexts(TestCase):
         self.assertEqual((index, y.cpu()), (1, torch.full((4,), 2.0)))
 
 
+class TestQuery(TestCase):
+    def tearDown(self):
+        release.set()
+        super().tearDown()
+
+    def test_query_answers_at_each_call(self):
+        def f(x, s, e):
+            return x + 1, s.query(), e.query()
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f)
+        x = torch.randn(4, device="openreg")
+        s, e = torch.openreg.Stream(), torch.openreg.Event()
+        e.record(s)
+        out, *answers = compiled(x, s, e)  # traced while s is idle
+        self.assertEqual(answers, [True, True])
+        self.assertEqual(out.cpu(), x.cpu() + 1)
+        with torch.openreg.stream(s):
+            held = hold()
+            e.record()
+        out, *answers = compiled(x, s, e)
+        self.assertEqual(answers, [False, False], "query() gave the answer of the trace")
+        self.assertEqual(answers, list(f(x, s, e)[1:]))
+        release.set()
+        s.synchronize()
+        del held
+        self.assertEqual(compiled(x, s, e)[1:], (True, True))
+
+        torch._dynamo.reset()  # else the region's cached graphs answer
+        with self.assertRaisesRegex(torch._dynamo.exc.Unsupported, "openreg stream or event query"):
+            torch.compile(f, fullgraph=True)(x, s, e)
+
+
 class TestKernelFailures(TestCase):
     def test_integer_division_by_zero(self):
         f = torch.compile(lambda a, b: (a // b) + 1)
