@@ -47,6 +47,10 @@ class TestMoves(TestCase):
             self.assertEqual(moved.device, torch.device(target))
             self.assertEqual(padded(moved), padded(nested("cpu")))
             self.assertEqual(torch.empty_like(x, device=target).device, torch.device(target))
+            for like in (torch.ones_like, torch.zeros_like):
+                made = like(x, device=target)
+                self.assertEqual(made.device, torch.device(target), msg=like.__name__)
+                self.assertEqual(padded(made), padded(like(nested("cpu"))), msg=like.__name__)
         self.assertEqual(x.to("openreg:1", torch.float64).dtype, torch.float64)
         with torch.openreg.device(1):
             self.assertEqual(x.to("openreg").device, torch.device("openreg", 1))

@@ -21,6 +21,7 @@
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/native_dropout_native.h>
+#include <ATen/ops/ones_like_native.h>
 #include <torch/library.h>
 
 #include <string>
@@ -103,10 +104,11 @@ TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   // Host-side too, as CUDA's (device-generic ATen functions): a copy to another device or dtype is
   // an empty nested tensor of the target's options plus a copy of the buffer, a dense tensor that
   // openreg's copy moves between devices. On the nested path the result stayed on the source's
-  // device (x.to("openreg:1"), empty_like(x, device="cpu")), and a copy_ between two devices was
-  // refused as a mix of devices.
+  // device (x.to("openreg:1"), empty_like(x, device="cpu"), ones_like(x, device="openreg:1")), and
+  // a copy_ between two devices was refused as a mix of devices.
   m.impl("_to_copy", TORCH_FN(at::native::_to_copy_nested));
   m.impl("empty_like", TORCH_FN(at::native::empty_like_nested));
+  m.impl("ones_like", TORCH_FN(at::native::ones_like));
   m.impl("copy_", TORCH_FN(at::native::copy_nested_));
 }
 
