@@ -25,6 +25,12 @@ CXX_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp"}
 # Leftovers of a build or a checkout that must not ship in either distribution.
 FORBIDDEN_DIRS = {"build", "CMakeFiles", "__pycache__", ".git"}
 FORBIDDEN_FILES = {"CMakeCache.txt", "build.ninja", "cmake_install.cmake", "install_manifest.txt"}
+# A Python extension's and a shared library's file names on this platform.
+EXTENSION = ".pyd" if sys.platform == "win32" else ".so"
+
+
+def shared_library(name: str) -> str:
+    return {"win32": f"{name}.dll", "darwin": f"lib{name}.dylib"}.get(sys.platform, f"lib{name}.so")
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +111,9 @@ def test_wheel_has_the_python_package(wheel_files: list[str]):
 
 
 def test_wheel_has_the_binaries(wheel_files: list[str]):
-    assert len(fnmatch.filter(wheel_files, "torch_openreg/_C*.so")) == 1, (
-        f"expected one torch_openreg/_C*.so, wheel has {fnmatch.filter(wheel_files, 'torch_openreg/*.so')}"
-    )
-    for lib in ("torch_openreg/lib/libopenreg.so", "torch_openreg/lib/libtorch_openreg.so"):
+    extensions = fnmatch.filter(wheel_files, f"torch_openreg/_C*{EXTENSION}")
+    assert len(extensions) == 1, f"expected one torch_openreg/_C*{EXTENSION}, wheel has {extensions}"
+    for lib in (f"torch_openreg/lib/{shared_library(name)}" for name in ("openreg", "torch_openreg")):
         assert lib in wheel_files, f"{lib} missing from the wheel"
 
 
@@ -219,7 +224,7 @@ def test_amp_wheel(dist_dir: Path):
     wheel = _one(dist_dir, "openreg_amp-*.whl")
     files = _zip_names(wheel)
     assert "openreg_amp/__init__.py" in files
-    assert len(fnmatch.filter(files, "openreg_amp/_C*.so")) == 1, files
+    assert len(fnmatch.filter(files, f"openreg_amp/_C*{EXTENSION}")) == 1, files
     [entry_points] = fnmatch.filter(files, "openreg_amp-*.dist-info/entry_points.txt")
     parser = configparser.ConfigParser()
     with zipfile.ZipFile(wheel) as zf:
@@ -242,7 +247,7 @@ def test_amp_sdist(dist_dir: Path):
     )
     missing = sorted(set(wanted) - set(names))
     assert not missing, f"sources of packages/openreg-amp missing from its sdist (see its MANIFEST.in): {missing}"
-    assert not _leftovers(names, {".so", ".o", ".a"}), names
+    assert not _leftovers(names, {".so", ".o", ".a", ".obj", ".dylib", ".dll", ".pyd"}), names
 
 
 ONNX = ROOT / "packages" / "openreg-onnx"

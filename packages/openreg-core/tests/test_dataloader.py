@@ -18,7 +18,7 @@ class _PointerAttributes(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("base", ctypes.c_void_p), ("size", ctypes.c_size_t)]
 
 
-_libopenreg = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libopenreg.so"))
+_libopenreg = ctypes.CDLL(torch_openreg.library_file("openreg"))
 
 
 def pointer_attributes(ptr: int) -> _PointerAttributes:

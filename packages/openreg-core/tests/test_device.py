@@ -53,7 +53,24 @@ class TestRegistration(TestCase):
         self.assertTrue(os.path.isfile(os.path.join(include, "openreg", "runtime.h")))
         self.assertTrue(os.path.isfile(os.path.join(include, "torch_openreg", "runtime", "OpenRegStream.h")))
         (lib,) = torch_openreg.library_paths()
-        self.assertTrue(any(n.startswith("libtorch_openreg") for n in os.listdir(lib)), os.listdir(lib))
+        for name in ("openreg", "torch_openreg"):  # under the platform's file name, in that folder
+            self.assertEqual(os.path.dirname(torch_openreg.library_file(name)), lib)
+            self.assertTrue(os.path.isfile(torch_openreg.library_file(name)), os.listdir(lib))
+
+    def test_imports_without_fork(self):
+        # Windows has no os.register_at_fork: the package's fork handlers are POSIX's only.
+        r = run_python(
+            """
+            import os
+            import torch
+            del os.register_at_fork
+            import torch_openreg
+            print(torch.ones(2, device="openreg").add(1).cpu().tolist())
+            """,
+            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        )
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "[2.0, 2.0]")
 
     def test_plugin_extension_flags(self):
         """OpenRegExtension: core's headers and libraries, no debug information by default (Python's

@@ -3,6 +3,7 @@
 import importlib
 import importlib.abc
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -202,6 +203,7 @@ class TestWhenImported(TestCase):
 
     def setUp(self):
         self.root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.root, True)
         sys.path.insert(0, self.root)
         self.addCleanup(sys.path.remove, self.root)
 

@@ -110,11 +110,10 @@ class TestStreams(TestCase):
         """The runtime handle that compiled code launches on: per stream, per device, following the
         thread's current stream; the C ABI (openregCurrentStream) answers the same, NULL for a bad device."""
         import ctypes
-        import os
 
         import torch_openreg
 
-        lib = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libtorch_openreg.so"))
+        lib = ctypes.CDLL(torch_openreg.library_file("torch_openreg"))
         lib.openregCurrentStream.restype = ctypes.c_void_p
         lib.openregCurrentStream.argtypes = [ctypes.c_int]
         default0 = torch.openreg.default_stream(0).openreg_stream

@@ -13,6 +13,7 @@ through the PrivateUse1 mechanism.
 """
 
 import os
+import sys
 from typing import List
 
 
@@ -25,6 +26,9 @@ def _autoload() -> None:
 
 
 import torch  # noqa: E402
+
+if sys.platform == "win32":  # no rpath: _C's libraries are found through the process's DLL folders
+    os.add_dll_directory(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 
 from . import _C  # noqa: E402, F401  (registers the backend in C++)
 
@@ -43,6 +47,13 @@ def library_paths() -> List[str]:
     """Folders of core's shared libraries (``libopenreg``, ``libtorch_openreg``): link plugins
     against these so that the process has one device runtime and one allocator."""
     return [os.path.join(_PACKAGE_DIR, "lib")]
+
+
+def library_file(name: str) -> str:
+    """Path of one of core's shared libraries, ``"openreg"`` or ``"torch_openreg"``, under the file
+    name the platform gives it (for ctypes: the C API of a library the process already loaded)."""
+    file = {"win32": f"{name}.dll", "darwin": f"lib{name}.dylib"}.get(sys.platform, f"lib{name}.so")
+    return os.path.join(library_paths()[0], file)
 
 
 def _register() -> None:

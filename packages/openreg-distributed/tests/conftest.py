@@ -10,6 +10,16 @@ from torch.testing._internal.common_distributed import MultiProcContinuousTest
 from torch_openreg.utils.testing import run_python  # noqa: F401  (used by the tests)
 
 
+def loopback_interface() -> str:
+    """The network interface that carries 127.0.0.1: "lo" on Linux, "lo0" on macOS."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addresses):
+            return name
+    raise RuntimeError("no network interface carries 127.0.0.1")
+
+
 class OcclTestCase(MultiProcContinuousTest):
     """Two ranks spawned once per class; rank r uses openreg:r, in a default group that carries CPU
     tensors over Gloo and openreg tensors over occl (``cpu:gloo,openreg:occl``), bound to its device."""

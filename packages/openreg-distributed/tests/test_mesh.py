@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.tensor as dtensor
 import torch.nn as nn
-from conftest import OcclTestCase, sgd_step
+from conftest import OcclTestCase, loopback_interface, sgd_step
 from openreg_distributed import OcclOptions, flight_recorder
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -144,7 +144,8 @@ class TestMesh(FSDPTraining, OcclTestCase):
     def test_group_options_choose_the_transport(self):
         # pg_options, an OcclOptions, say where the group's private Gloo transport connects; the
         # groups split from it keep them (the split makes its transport with the same options).
-        group = dist.new_group([0, 1], backend="occl", pg_options=OcclOptions(interface="lo", threads=1))
+        options = OcclOptions(interface=loopback_interface(), threads=1)
+        group = dist.new_group([0, 1], backend="occl", pg_options=options)
         x = torch.full((2,), float(self.rank + 1), device=self.device)
         dist.all_reduce(x, group=group)
         self.assertEqual(x.cpu(), torch.full((2,), 3.0))
@@ -222,27 +223,29 @@ class TestMesh(FSDPTraining, OcclTestCase):
         model, _ = self.fsdp_train()
         path = [tempfile.mkdtemp(prefix="occl-dcp-") if self.rank == 0 else None]
         dist.broadcast_object_list(path, src=0)
-        dcp.save({"model": model.state_dict()}, checkpoint_id=path[0])
-        # Back into a fresh FSDP2 model of other values, sharded the same way.
-        fresh, _ = self.fsdp_train()
-        for p in fresh.parameters():
-            p.data.zero_()
-        state = {"model": fresh.state_dict()}
-        dcp.load(state, checkpoint_id=path[0])
-        fresh.load_state_dict(state["model"])
-        for p, q in zip(fresh.parameters(), model.parameters()):
-            self.assertEqual(p.full_tensor().cpu(), q.full_tensor().cpu())
-        # And on the CPU, without any process group: a plain torch.save file.
-        full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
-        if self.rank == 0:
-            dcp_to_torch_save(path[0], os.path.join(path[0], "model.pt"))
-            loaded = torch.load(os.path.join(path[0], "model.pt"))["model"]
-            self.assertEqual(set(loaded), set(full))
-            for k, v in full.items():
-                self.assertEqual(loaded[k], v)
-        dist.barrier()
-        if self.rank == 0:
-            shutil.rmtree(path[0])
+        try:  # MultiProcContinuousTest's ranks run no addCleanup
+            dcp.save({"model": model.state_dict()}, checkpoint_id=path[0])
+            # Back into a fresh FSDP2 model of other values, sharded the same way.
+            fresh, _ = self.fsdp_train()
+            for p in fresh.parameters():
+                p.data.zero_()
+            state = {"model": fresh.state_dict()}
+            dcp.load(state, checkpoint_id=path[0])
+            fresh.load_state_dict(state["model"])
+            for p, q in zip(fresh.parameters(), model.parameters()):
+                self.assertEqual(p.full_tensor().cpu(), q.full_tensor().cpu())
+            # And on the CPU, without any process group: a plain torch.save file.
+            full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+            if self.rank == 0:
+                dcp_to_torch_save(path[0], os.path.join(path[0], "model.pt"))
+                loaded = torch.load(os.path.join(path[0], "model.pt"))["model"]
+                self.assertEqual(set(loaded), set(full))
+                for k, v in full.items():
+                    self.assertEqual(loaded[k], v)
+            dist.barrier()
+        finally:
+            if self.rank == 0:
+                shutil.rmtree(path[0], ignore_errors=True)
 
     def test_fsdp2_meta_device_init(self):
         model, ref = self.fsdp_train(meta=True)

@@ -56,9 +56,11 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as
     dist.all_reduce(x)
     y = x * 2
     torch.openreg.synchronize()
-path = os.path.join(tempfile.mkdtemp(), "trace.json")
-prof.export_chrome_trace(path)
-events = json.load(open(path))["traceEvents"]
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
 kernels = {e["name"]: e for e in events if e.get("cat") == "kernel"}
 comms = [e for e in events if e.get("name") == "record_param_comms"]
 kernel = kernels.get("occl::all_reduce", {})

@@ -11,13 +11,15 @@ import sys
 import tempfile
 import textwrap
 
+from conftest import loopback_interface
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 SCRIPT = """
 import os, torch, torch.distributed as dist
 from openreg_distributed import OcclOptions
 local = int(os.environ["LOCAL_RANK"])
-options = OcclOptions(interface="lo") if os.environ.get("USE_OCCL_OPTIONS") else None
+interface = os.environ.get("OCCL_OPTIONS_INTERFACE")
+options = OcclOptions(interface=interface) if interface else None
 dist.init_process_group(device_id=torch.device("openreg", local), pg_options=options)
 x = torch.full((4,), float(dist.get_rank() + 1), device="openreg")
 dist.all_reduce(x)
@@ -33,8 +35,8 @@ class TestTorchrun(TestCase):
         env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
         self._two_nodes(
             [
-                dict(env, OPENREG_DEVICE_COUNT="2", GLOO_SOCKET_IFNAME="lo"),
-                dict(env, OPENREG_DEVICE_COUNT="2", USE_OCCL_OPTIONS="1"),
+                dict(env, OPENREG_DEVICE_COUNT="2", GLOO_SOCKET_IFNAME=loopback_interface()),
+                dict(env, OPENREG_DEVICE_COUNT="2", OCCL_OPTIONS_INTERFACE=loopback_interface()),
             ]
         )
 

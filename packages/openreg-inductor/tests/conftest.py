@@ -2,15 +2,17 @@
 
 Compiles dominate the suite's time, so every test process shares one Inductor cache: the
 nox session sets TORCHINDUCTOR_CACHE_DIR to a per-session folder; run by hand, a temporary
-folder is made once per pytest run.
+folder is made once per pytest run, and removed at its end.
 """
 
 import os
+import shutil
 import tempfile
 import threading
 
+_own_cache = None  # the folder this process made (xdist's workers inherit the variable: they make none)
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="openreg-inductor-cache-")
+    _own_cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="openreg-inductor-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -52,6 +54,11 @@ LONGEST_FIRST = (
     "test_codegen.py::TestPointwise::test_dtypes",
     "test_plugin.py::TestPluginLoading::test_register_called_before_inductor_is_imported",
 )
+
+
+def pytest_unconfigure(config):
+    if _own_cache is not None:
+        shutil.rmtree(_own_cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

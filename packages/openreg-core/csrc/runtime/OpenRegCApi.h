@@ -6,13 +6,19 @@
 
 #include "openreg/runtime.h"
 
+#if defined(_WIN32)
+#define OPENREG_TORCH_C_API  // exported with every symbol of the library (CMakeLists.txt)
+#else
+#define OPENREG_TORCH_C_API __attribute__((visibility("default")))
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // The runtime handle of the calling thread's current stream on `device` (-1: the current device),
 // for orLaunchKernel; NULL (never a valid handle here: it is resolved) if `device` is not a device.
-__attribute__((visibility("default"))) orStream_t openregCurrentStream(int device);
+OPENREG_TORCH_C_API orStream_t openregCurrentStream(int device);
 
 #ifdef __cplusplus
 }

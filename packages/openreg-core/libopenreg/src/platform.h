@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#if defined(_MSC_VER)
+#include <intrin.h>
+#endif
 
 namespace openreg::platform {
 
@@ -57,7 +60,11 @@ int hardware_threads();  // the CPUs this process may run on (its affinity where
 uint64_t now_ns();       // monotonic clock
 uint64_t thread_id();    // the calling thread's OS id (what profilers show)
 inline void cpu_relax() {
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+  _mm_pause();
+#elif defined(_MSC_VER) && defined(_M_ARM64)
+  __yield();
+#elif defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");

@@ -114,10 +114,14 @@ def _case_env(case: str) -> dict[str, str]:
 
 
 def died_by_signal(returncode: int, sig: int) -> bool:
-    """True when a subprocess's return code says it was killed by `sig`."""
+    """True when a subprocess's return code says it was killed by `sig`. A memory fault (SIGSEGV) is
+    SIGBUS too on macOS, which may deliver either for a protection fault (mprotect(2))."""
+    segv = getattr(signal, "SIGSEGV", 11)
     if sys.platform == "win32":
         # No POSIX signals: an access violation ends the process with 0xC0000005.
-        return sig == getattr(signal, "SIGSEGV", 11) and (returncode & 0xFFFFFFFF) == 0xC0000005
+        return sig == segv and (returncode & 0xFFFFFFFF) == 0xC0000005
+    if sig == segv and sys.platform == "darwin":
+        return returncode in (-segv, -signal.SIGBUS)
     return returncode == -sig
 
 

@@ -116,7 +116,8 @@ def _new_opening_lock() -> None:
 
 
 _new_opening_lock()
-os.register_at_fork(after_in_child=_new_opening_lock)
+if hasattr(os, "register_at_fork"):  # POSIX only
+    os.register_at_fork(after_in_child=_new_opening_lock)
 
 
 def open_ipc_handle(h: IpcHandle) -> torch.Tensor:

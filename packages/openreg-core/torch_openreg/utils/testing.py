@@ -25,6 +25,16 @@ def run_python(
     )
 
 
+def died_of_memory_fault(returncode: int) -> bool:
+    """Whether a child process's return code says it died of a memory access fault: SIGSEGV (or
+    SIGBUS, which macOS may deliver for a protection fault), an access violation on Windows."""
+    import signal
+
+    if sys.platform == "win32":
+        return (returncode & 0xFFFFFFFF) == 0xC0000005
+    return returncode in (-signal.SIGSEGV, -getattr(signal, "SIGBUS", signal.SIGSEGV))
+
+
 def raw_kernel_team_size() -> int:
     """The intra-op thread count that a kernel launched with ``orLaunchKernel`` itself (as compiled
     code launches, counting no tensor) runs with on the current stream's worker: the host's count,
@@ -36,7 +46,7 @@ def raw_kernel_team_size() -> int:
 
     import torch_openreg
 
-    lib = ctypes.CDLL(os.path.join(torch_openreg.library_paths()[0], "libopenreg.so"))
+    lib = ctypes.CDLL(torch_openreg.library_file("openreg"))
     kernel_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
     seen = []
 
@@ -72,8 +82,8 @@ def compile_probe(name: str, source: str, folder: str) -> Any:
         extra_include_paths=ext.include_dirs,
         extra_ldflags=[
             *ext.extra_link_args,
-            *(f"-L{d}" for d in ext.library_dirs),
-            *(f"-l{lib}" for lib in ext.libraries),
+            *(f"/LIBPATH:{d}" if sys.platform == "win32" else f"-L{d}" for d in ext.library_dirs),
+            *(f"{lib}.lib" if sys.platform == "win32" else f"-l{lib}" for lib in ext.libraries),
         ],
         build_directory=folder,
         is_python_module=False,

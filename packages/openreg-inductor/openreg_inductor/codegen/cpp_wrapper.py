@@ -84,7 +84,7 @@ class OpenRegCppWrapper(_torch213.WrapperFixes, CppWrapperCpu):
         super().__init__()
         self.needs_vec_isa = True  # the kernels are Inductor's CPU C++
         self._shims_defined: set[str] = set()
-        for flag in (*launch.link_flags(), "-ltorch_openreg"):
+        for flag in (*launch.link_flags(), launch.library_flag("torch_openreg")):
             self.external_kernel_libs.add(flag)
 
     @staticmethod
