@@ -234,17 +234,25 @@ class TestFaultInjection(FaultTestCase):
 
     def test_copy_to_the_device_fails_at_the_next_synchronisation(self):
         host = torch.arange(1000.0)
+        pinned = host.pin_memory()
         x = torch.zeros(1000, device="openreg:0")
         y = torch.zeros(1000, device="openreg:1")
         for d in (0, 1):
             torch.openreg.synchronize(d)
         torch.openreg._inject_faults("copy@0:1")
         y.copy_(host)  # device 1: copies
-        x.copy_(host)  # returns: the copy fails on the device
+        x.copy_(pinned, non_blocking=True)  # returns: the copy fails on the device
         self.assertEqual(y.cpu(), host)
         with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg::memcpy' failed on openreg device 0"):
             torch.openreg.synchronize(0)
         self.assertEqual(x.cpu(), torch.zeros(1000))  # not written
+        # From pageable memory the copy is done when the call returns (as on CUDA), and so reports its
+        # failure there, non_blocking or not.
+        torch.openreg._inject_faults("copy@0:1")
+        with self.assertRaisesRegex(RuntimeError, r"kernel 'openreg::memcpy' failed on openreg device 0"):
+            x.copy_(host, non_blocking=True)
+        torch.openreg.synchronize(0)  # reported once
+        self.assertEqual(x.cpu(), torch.zeros(1000))
         x.copy_(host)
         self.assertEqual(x.cpu(), host)
         del x, y

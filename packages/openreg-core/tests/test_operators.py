@@ -1040,6 +1040,65 @@ class TestGenericPath(TestCase):
         self.assertNotIn("Exception raised from", message)
         self.assertNotIn("frame #", message)
 
+    def failed_index_select(self):
+        """An index_select that fails on the device (unreported yet) and its output."""
+        d = torch.arange(4.0, device="openreg")
+        d.index_select(0, torch.tensor([1], device="openreg"))  # a signature's first call runs synchronously
+        torch.openreg.synchronize()
+        return d.index_select(0, torch.tensor([1, 10], device="openreg"))
+
+    def test_a_query_reports_a_pending_kernel_failure(self):
+        # As CUDA's queries return the pending error: a program that polls before it reads a copy's
+        # result learns that it holds a failed kernel's output. Reported once, by either query.
+        pinned = torch.empty(2).pin_memory()
+        for query in ("event", "stream"):
+            stream = torch.openreg.current_stream()
+            pinned.copy_(self.failed_index_select(), non_blocking=True)
+            event = torch.openreg.Event()
+            event.record()
+            with self.assertRaisesRegex(RuntimeError, "kernel 'aten::index_select' failed on openreg device 0: index"):
+                while not (event.query() if query == "event" else stream.query()):
+                    pass
+            self.assertTrue(event.query() and stream.query(), query)
+            torch.openreg.synchronize()  # nothing left to report
+        self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))
+
+    def test_a_copy_into_pageable_memory_reports_a_pending_kernel_failure(self):
+        # Done when the call returns, non_blocking or not (as on CUDA), so it reports the failure.
+        host = torch.zeros(2)
+        with self.assertRaisesRegex(RuntimeError, "kernel 'aten::index_select' failed on openreg device 0: index"):
+            host.copy_(self.failed_index_select(), non_blocking=True)
+        torch.openreg.synchronize()
+
+    def test_launch_blocking_reports_at_the_failing_call(self):
+        # The failure is raised by a later synchronising call, and its message says how to have it
+        # raised at the failing call instead: OPENREG_LAUNCH_BLOCKING=1, as CUDA_LAUNCH_BLOCKING.
+        code = """
+            import torch
+            i = torch.tensor([1], device="openreg")
+            w = torch.randn(10, 3, device="openreg")
+            torch.nn.functional.embedding(i, w)  # a signature's first call runs synchronously
+            torch.openreg.synchronize()
+            try:
+                y = torch.nn.functional.embedding(torch.tensor([12], device="openreg"), w)
+                print("launched", flush=True)
+                y.sum().item()
+            except RuntimeError as e:
+                print("raised:", str(e).replace("\\n", " | "))
+        """
+        deferred = run_python(code)
+        self.assertEqual(deferred.returncode, 0, deferred.stderr)
+        self.assertIn("launched\nraised: orErrorLaunchFailure: kernel 'aten::index_select' failed", deferred.stdout)
+        self.assertIn("set OPENREG_LAUNCH_BLOCKING=1 to report them at the launch", deferred.stdout)
+        blocking = run_python(code, env={"OPENREG_LAUNCH_BLOCKING": "1"})
+        self.assertEqual(blocking.returncode, 0, blocking.stderr)
+        self.assertNotIn("launched", blocking.stdout)
+        self.assertIn("raised: orErrorLaunchFailure: kernel 'aten::index_select' failed", blocking.stdout)
+        self.assertNotIn("OPENREG_LAUNCH_BLOCKING", blocking.stdout)
+        bad = run_python("import torch; torch.zeros(1, device='openreg')", env={"OPENREG_LAUNCH_BLOCKING": "yes"})
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("OPENREG_LAUNCH_BLOCKING='yes' is not a whole number from 0 to 1", bad.stderr)
+
 
 class TestErrorsAtTheCall(TestCase):
     """Errors the CPU (and CUDA) raise at the call, raised there on openreg too after a good call of

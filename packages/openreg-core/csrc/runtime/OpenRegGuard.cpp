@@ -82,6 +82,9 @@ bool OpenRegGuardImpl::queryEvent(void* event) const {
   orStatus st = orEventQuery(static_cast<orEvent_t>(event));
   if (st == orErrorNotReady) return false;
   OPENREG_CHECK(st);
+  int device = -1;  // a failure pending on the record's device is reported, as OpenRegStream::query does
+  OPENREG_CHECK(orEventGetDevice(static_cast<orEvent_t>(event), &device));
+  if (device >= 0) OPENREG_CHECK(orDeviceTakeError(device));
   return true;
 }
 

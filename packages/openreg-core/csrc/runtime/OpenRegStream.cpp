@@ -198,10 +198,15 @@ int OpenRegStream::priority() const {
   return priority;
 }
 
+// A query that finds the work done reports a kernel failure of the device not yet reported, as
+// CUDA's does (cudaStreamQuery returns the pending error): a program that polls before it reads a
+// copy's result learns that the result is a failed kernel's. The runtime's own query leaves the
+// failure to such calls (the allocators and occl poll with it).
 bool OpenRegStream::query() const {
   orStatus st = orStreamQuery(handle());
   if (st == orErrorNotReady) return false;
   OPENREG_CHECK(st);
+  OPENREG_CHECK(orDeviceTakeError(device_index()));
   return true;
 }
 

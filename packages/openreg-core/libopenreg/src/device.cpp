@@ -110,6 +110,9 @@ Runtime* create_runtime() {
   long wait_spin_us = kDefaultWaitSpinUs;
   read_whole_env("OPENREG_WAIT_SPIN_US", 0, kMaxSpinUs, " of microseconds", &wait_spin_us, &rt->config_error);
   rt->wait_spin_ns = static_cast<uint64_t>(wait_spin_us) * 1000;
+  long launch_blocking = 0;
+  read_whole_env("OPENREG_LAUNCH_BLOCKING", 0, 1, "", &launch_blocking, &rt->config_error);
+  rt->launch_blocking = launch_blocking != 0;
   faults_from_env(rt->device_count, &rt->config_error);
   rt->devices.reset(new Device[rt->device_count]);
   for (int i = 0; i < rt->device_count; ++i) rt->devices[i].index = i;
@@ -145,11 +148,15 @@ orStatus check_runtime() {
   return check_config();
 }
 
+orStatus check_device_index(int index) {
+  if (index >= 0 && index < runtime().device_count) return orSuccess;
+  return fail(orErrorInvalidDevice, "device index " + std::to_string(index) + " is out of range: there are " +
+                                        std::to_string(runtime().device_count) + " openreg devices");
+}
+
 orStatus get_device(int index, Device** out) {
   Runtime& rt = runtime();
-  if (index < 0 || index >= rt.device_count)
-    return fail(orErrorInvalidDevice, "device index " + std::to_string(index) + " is out of range: there are " +
-                                          std::to_string(rt.device_count) + " openreg devices");
+  if (orStatus st = check_device_index(index)) return st;
   Device& dev = rt.devices[index];
   if (!dev.ready.load(std::memory_order_acquire)) {
     std::call_once(dev.init_once, [&] {
@@ -190,9 +197,25 @@ void record_kernel_error(int device, const char* kernel, const char* message) {
   Device& dev = runtime().devices[device];
   std::lock_guard<std::mutex> lock(dev.error_mu);
   if (dev.has_error.load()) return;  // keep the first failure
+  std::string text = message ? message : "no message";
+  // As CUDA's hint (CUDA_LAUNCH_BLOCKING): the failure is raised by a later call than the launch. A
+  // c10::Error's what() ends in a C++ backtrace, which the PyTorch layer cuts off: the hint goes first.
+  if (!runtime().launch_blocking) {
+    const size_t backtrace = text.find("\nException raised from ");
+    text.insert(backtrace == std::string::npos ? text.size() : backtrace,
+                "\nopenreg kernel failures are reported by a later synchronizing call, so the traceback may point "
+                "past the failing call; set OPENREG_LAUNCH_BLOCKING=1 to report them at the launch");
+  }
   dev.error = "kernel '" + std::string(kernel ? kernel : "<unnamed>") + "' failed on openreg device " +
-              std::to_string(device) + ": " + (message ? message : "no message");
+              std::to_string(device) + ": " + text;
   dev.has_error.store(true);
+}
+
+orStatus peek_device_error(Device& dev) {
+  if (!dev.has_error.load(std::memory_order_acquire)) return orSuccess;
+  std::lock_guard<std::mutex> lock(dev.error_mu);
+  if (!dev.has_error.load()) return orSuccess;
+  return fail(orErrorLaunchFailure, dev.error);
 }
 
 orStatus take_device_error(Device& dev) {
@@ -260,10 +283,8 @@ orStatus orGetDevice(int* device) {
 orStatus orGetDeviceProperties(orDeviceProp* prop, int device) {
   if (prop == nullptr) return fail(orErrorInvalidValue, "prop is NULL");
   if (orStatus st = check_runtime()) return st;
+  if (orStatus st = check_device_index(device)) return st;
   Runtime& rt = runtime();
-  if (device < 0 || device >= rt.device_count)
-    return fail(orErrorInvalidDevice, "device index " + std::to_string(device) + " is out of range: there are " +
-                                          std::to_string(rt.device_count) + " openreg devices");
   std::memset(prop, 0, sizeof(*prop));
   std::snprintf(prop->name, sizeof(prop->name), "OpenReg Emulated Device");
   prop->totalGlobalMem = rt.capacity;
@@ -288,6 +309,18 @@ orStatus orDeviceSynchronize(void) {
   }
   if (refused != orSuccess) return refused;
   return synchronize_device(*dev);
+}
+
+orStatus orDeviceTakeError(int device) {
+  if (orStatus st = check_runtime()) return st;
+  if (orStatus st = check_device_index(device)) return st;
+  return take_device_error(runtime().devices[device]);
+}
+
+orStatus orDevicePeekError(int device) {
+  if (orStatus st = check_runtime()) return st;
+  if (orStatus st = check_device_index(device)) return st;
+  return peek_device_error(runtime().devices[device]);
 }
 
 int orPointerGetDevice(const void* ptr) {

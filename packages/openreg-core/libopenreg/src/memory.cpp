@@ -193,7 +193,7 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
       !g_tracing.load(std::memory_order_relaxed)) {
     if (str->run_if_idle([&] { std::memcpy(to, from, count); })) {
       c.copies_on_caller.fetch_add(1, std::memory_order_relaxed);
-      return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
+      return blocking ? take_device_error(runtime().devices[str->device]) : orSuccess;
     }
   }
   WorkItem item;
@@ -209,7 +209,7 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
   uint64_t seq = str->enqueue(item);
   if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   if (blocking) str->completed.wait_for(seq);
-  return sync ? take_device_error(runtime().devices[str->device]) : orSuccess;
+  return blocking ? take_device_error(runtime().devices[str->device]) : orSuccess;
 }
 
 orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool sync) {

@@ -333,8 +333,9 @@ struct Import {
 struct Runtime {
   int device_count = 0;
   size_t capacity = 0;
-  uint64_t spin_ns = 0;       // how long an idle worker spins before it sleeps (OPENREG_SPIN_US)
-  uint64_t wait_spin_ns = 0;  // how long a waiting thread spins before it sleeps (OPENREG_WAIT_SPIN_US)
+  uint64_t spin_ns = 0;          // how long an idle worker spins before it sleeps (OPENREG_SPIN_US)
+  uint64_t wait_spin_ns = 0;     // how long a waiting thread spins before it sleeps (OPENREG_WAIT_SPIN_US)
+  bool launch_blocking = false;  // each launch returns once its work is done (OPENREG_LAUNCH_BLOCKING)
   std::string config_error;
   std::unique_ptr<Device[]> devices;
   HandleTable<Stream> streams;
@@ -378,6 +379,10 @@ orStatus resolve_event(orEvent_t handle, Event** out);
 void record_kernel_error(int device, const char* kernel, const char* message);
 // Returns and clears the device's pending kernel error (orSuccess if none).
 orStatus take_device_error(Device& dev);
+orStatus peek_device_error(Device& dev);  // as take_device_error, leaving the failure to be reported
+// What a launch returns: under OPENREG_LAUNCH_BLOCKING, once the work queued as `seq` on `s` is done,
+// with the device's failure (0: recorded into a graph; from a kernel: it is not waited for).
+orStatus finish_launch(Stream& s, uint64_t seq);
 orStatus synchronize_device(Device& dev);
 // Waits until every stream of the device (or of every initialised device) has run the work
 // queued so far. Unlike synchronize_device, leaves pending kernel errors for the user.

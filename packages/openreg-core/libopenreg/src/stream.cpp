@@ -402,6 +402,12 @@ orStatus refuse_wait_from_kernel(const char* call, const Stream* target, int dev
                                        "kernel, which never ends while it waits: wait on the host instead");
 }
 
+orStatus finish_launch(Stream& s, uint64_t seq) {
+  if (!runtime().launch_blocking || seq == 0 || t_running_stream != nullptr) return orSuccess;
+  s.completed.wait_for(seq);
+  return take_device_error(runtime().devices[s.device]);
+}
+
 orStatus refuse_while_capturing(Stream& s, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -687,6 +693,15 @@ orStatus orEventQuery(orEvent_t event) {
   return event_done(*e) ? orSuccess : orErrorNotReady;
 }
 
+orStatus orEventGetDevice(orEvent_t event, int* device) {
+  if (device == nullptr) return fail(orErrorInvalidValue, "device is NULL");
+  if (orStatus st = check_runtime()) return st;
+  Event* e = nullptr;
+  if (orStatus st = resolve_event(event, &e)) return st;
+  *device = e->device.load();
+  return orSuccess;
+}
+
 orStatus orEventSynchronize(orEvent_t event) {
   if (orStatus st = check_runtime()) return st;
   Event* e = nullptr;
@@ -748,9 +763,10 @@ orStatus orLaunchKernel(orStream_t stream, const char* name, orKernelFn fn, void
   item.deleter = deleter;
   item.name = name;
   item.context = context;
-  if (s->enqueue(item) == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
+  const uint64_t seq = s->enqueue(item);
+  if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   runtime().counters.kernels.fetch_add(1, std::memory_order_relaxed);
-  return orSuccess;
+  return finish_launch(*s, seq);
 }
 
 orStatus orKernelPointer(const void* dev_ptr, void** kernel_ptr) {
@@ -854,14 +870,16 @@ orStatus orGraphLaunch(orGraph_t graph, orStream_t stream) {
       s->capture->children.push_back(g);
     }
   }
+  uint64_t seq = 0;
   for (const WorkItem& captured : g->items) {
     WorkItem item = captured;
     item.deleter = nullptr;  // the graph keeps owning the arguments
-    if (s->enqueue(item) == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
+    seq = s->enqueue(item);
+    if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   }
   runtime().counters.graphs.fetch_add(1, std::memory_order_relaxed);
   runtime().counters.graph_items.fetch_add(g->items.size(), std::memory_order_relaxed);
-  return orSuccess;
+  return finish_launch(*s, seq);
 }
 
 orStatus orGraphGetNodeCount(orGraph_t graph, size_t* count) {

@@ -2023,6 +2023,107 @@ TEST(error_kernel_fail_reported_once) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+// A failure the device holds can be asked for without waiting: peeked (left for the next
+// synchronising call) or taken (reported now). A copy that returns once it is done (to pageable
+// memory, even asynchronous) reports it as a synchronous copy does. The message says how to have
+// it reported at the launch.
+TEST(error_take_and_peek_without_waiting) {
+  if (std::getenv("OPENREG_LAUNCH_BLOCKING")) skip_now("OPENREG_LAUNCH_BLOCKING is set");
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  auto fail_and_finish = [&](const char* name) {
+    CHECK_OK(orLaunchKernel(s, name, [](void*) { return orKernelFail("boom"); }, nullptr, nullptr));
+    while (orStreamQuery(s) == orErrorNotReady) std::this_thread::yield();  // the runtime's query reports nothing
+  };
+  CHECK_OK(orDevicePeekError(0));
+  CHECK_OK(orDeviceTakeError(0));
+  fail_and_finish("test::held");
+  CHECK_OK(orDevicePeekError(1));  // another device's
+  for (int i = 0; i < 2; ++i) {
+    CHECK_STATUS(orErrorLaunchFailure, orDevicePeekError(0));
+    CHECK_MESSAGE_HAS("kernel 'test::held' failed on openreg device 0: boom");
+    CHECK_MESSAGE_HAS("set OPENREG_LAUNCH_BLOCKING=1 to report them at the launch");
+  }
+  CHECK_STATUS(orErrorLaunchFailure, orDeviceTakeError(0));
+  CHECK_MESSAGE_HAS("test::held");
+  CHECK_OK(orDeviceTakeError(0));  // reported once
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_STATUS(orErrorInvalidDevice, orDeviceTakeError(64));
+  CHECK_MESSAGE_HAS("device index 64 is out of range");
+  CHECK_STATUS(orErrorInvalidDevice, orDevicePeekError(-1));
+
+  const size_t n = 64;
+  std::vector<unsigned char> host(n, 7);
+  void* d = nullptr;
+  CHECK_OK(orMalloc(&d, n));
+  fail_and_finish("test::before_a_pageable_copy");
+  CHECK_STATUS(orErrorLaunchFailure, orMemcpyAsync(host.data(), d, n, orMemcpyDeviceToHost, s));
+  CHECK_MESSAGE_HAS("test::before_a_pageable_copy");
+  fail_and_finish("test::before_a_pageable_upload");
+  CHECK_STATUS(orErrorLaunchFailure, orMemcpyAsync(d, host.data(), n, orMemcpyHostToDevice, s));
+  CHECK_OK(orStreamSynchronize(s));
+  void* pinned = nullptr;
+  CHECK_OK(orMallocHost(&pinned, n));
+  fail_and_finish("test::before_a_pinned_copy");
+  CHECK_OK(orMemcpyAsync(pinned, d, n, orMemcpyDeviceToHost, s));  // asynchronous: left to the sync
+  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  CHECK_MESSAGE_HAS("test::before_a_pinned_copy");
+
+  // The device of an event's last record (-1 before any).
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreate(&e));
+  int device = 0;
+  CHECK_OK(orEventGetDevice(e, &device));
+  CHECK_EQ(device, -1);
+  CHECK_OK(orSetDevice(1));
+  CHECK_OK(orEventRecord(e, nullptr));
+  CHECK_OK(orSetDevice(0));
+  CHECK_OK(orEventGetDevice(e, &device));
+  CHECK_EQ(device, 1);
+  CHECK_STATUS(orErrorInvalidValue, orEventGetDevice(e, nullptr));
+  CHECK_OK(orEventSynchronize(e));
+  CHECK_OK(orEventDestroy(e));
+  CHECK_STATUS(orErrorInvalidResourceHandle, orEventGetDevice(e, &device));
+  CHECK_OK(orFreeHost(pinned));
+  CHECK_OK(orFree(d));
+  CHECK_OK(orStreamDestroy(s));
+}
+
+// OPENREG_LAUNCH_BLOCKING=1 (test_runtime.py sets it): each launch returns once its work is done,
+// with the failure of the device, so the caller that launched a failing kernel gets the error.
+// A launch recorded into a graph, or made from a kernel, does not wait.
+TEST(launch_blocking_reports_at_the_launch) {
+  const char* env = std::getenv("OPENREG_LAUNCH_BLOCKING");
+  if (!env || std::string(env) != "1") skip_now("needs OPENREG_LAUNCH_BLOCKING=1 (test_runtime.py sets it)");
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  std::atomic<int> ran{0};
+  CHECK_OK(openreg::launch(s, "test::slow", [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ++ran;
+  }));
+  CHECK_EQ(ran.load(), 1);  // done when the launch returned
+  CHECK_STATUS(orErrorLaunchFailure,
+               orLaunchKernel(s, "test::failing", [](void*) { return orKernelFail("at once"); }, nullptr, nullptr));
+  CHECK_MESSAGE_HAS("kernel 'test::failing' failed on openreg device 0: at once");
+  CHECK(!contains(orGetLastErrorMessage(), "OPENREG_LAUNCH_BLOCKING"));  // no hint: it is reported at the launch
+  CHECK_OK(orStreamSynchronize(s));                                      // reported once
+  // A graph: capturing returns at once, a replay once it ran, with its failure.
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_OK(orLaunchKernel(s, "test::captured", [](void*) { return orKernelFail("replayed"); }, nullptr, nullptr));
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g));
+  CHECK_STATUS(orErrorLaunchFailure, orGraphLaunch(g, s));
+  CHECK_MESSAGE_HAS("test::captured");
+  CHECK_OK(orGraphDestroy(g));
+  // A kernel launching on its own stream does not wait for itself.
+  std::atomic<int> inner{0};
+  CHECK_OK(openreg::launch(s, "test::outer", [&] { CHECK_OK(openreg::launch(s, "test::inner", [&] { ++inner; })); }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(inner.load(), 1);
+  CHECK_OK(orStreamDestroy(s));
+}
+
 TEST(error_kernel_exception) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
@@ -2190,6 +2291,7 @@ TEST(config_device_memory_overflow) { check_config_rejected("OPENREG_DEVICE_MEMO
 // It used to be read as 0 (no spinning).
 TEST(config_invalid_spin) { check_config_rejected("OPENREG_SPIN_US", "abc"); }
 TEST(config_invalid_wait_spin) { check_config_rejected("OPENREG_WAIT_SPIN_US", "-1"); }
+TEST(config_invalid_launch_blocking) { check_config_rejected("OPENREG_LAUNCH_BLOCKING", "2"); }
 
 // ===========================================================================
 // Thread safety stress: host threads x streams, kernels with per-stream
@@ -2682,15 +2784,16 @@ TEST(faults_copy_fails_on_the_device) {
   CHECK(std::all_of(back.begin(), back.end(), [](unsigned char c) { return c == 0; }));
   CHECK_OK(orMemcpy(back.data(), d, n, orMemcpyDeviceToHost));  // copy 3 works
   CHECK(back == host);
-  // Asynchronous, on a targeted stream: reported at the next synchronisation.
+  // On a targeted stream.
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
   CHECK_OK(orInjectFaults(("copy@" + hex_handle(s) + ":1").c_str()));
   CHECK_OK(orMemcpyAsync(d2, d, n, orMemcpyDeviceToDevice, nullptr));  // another stream: copies
   CHECK_OK(orStreamSynchronize(nullptr));
-  CHECK_OK(orMemcpyAsync(d2, host.data(), 16, orMemcpyHostToDevice, s));  // fails on s
-  CHECK_STATUS(orErrorLaunchFailure, orStreamSynchronize(s));
+  // From pageable memory the copy is done when the call returns, which reports its failure.
+  CHECK_STATUS(orErrorLaunchFailure, orMemcpyAsync(d2, host.data(), 16, orMemcpyHostToDevice, s));
   CHECK_MESSAGE_HAS("openreg::memcpy");
+  CHECK_OK(orStreamSynchronize(s));
   CHECK_OK(orMemcpy(back.data(), d2, n, orMemcpyDeviceToHost));
   CHECK(back == host);  // the D2D copy landed, the failed H2D did not overwrite it
   CHECK_OK(orInjectFaults(""));

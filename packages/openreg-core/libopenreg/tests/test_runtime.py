@@ -40,6 +40,8 @@ CASE_ENV: dict[str, dict[str, str]] = {
     "config_invalid_spin": {"OPENREG_SPIN_US": "abc"},
     "config_invalid_wait_spin": {"OPENREG_WAIT_SPIN_US": "-1"},
     "config_invalid_faults": {"OPENREG_FAULTS": "alloc:zero"},
+    "config_invalid_launch_blocking": {"OPENREG_LAUNCH_BLOCKING": "2"},
+    "launch_blocking_reports_at_the_launch": {"OPENREG_LAUNCH_BLOCKING": "1"},
     "faults_from_environment": {"OPENREG_FAULTS": "alloc@0:1,kernel:test::from_env"},
 }
 

@@ -154,6 +154,12 @@ OPENREG_API orStatus orSetDevice(int device);
 OPENREG_API orStatus orGetDevice(int* device);
 OPENREG_API orStatus orGetDeviceProperties(orDeviceProp* prop, int device);
 OPENREG_API orStatus orDeviceSynchronize(void);
+/* A kernel failure on `device` that no synchronizing call has reported yet: orErrorLaunchFailure
+ * with its message, else orSuccess. Neither waits for the device. orDeviceTakeError reports it, as a
+ * synchronizing call does (stream and event queries of the PyTorch layer report it this way);
+ * orDevicePeekError leaves it to be reported (a collective refusing to send a failed kernel's output). */
+OPENREG_API orStatus orDeviceTakeError(int device);
+OPENREG_API orStatus orDevicePeekError(int device);
 
 /* ---- memory ---- */
 OPENREG_API orStatus orMalloc(void** ptr, size_t size);
@@ -233,6 +239,8 @@ OPENREG_API orStatus orEventCreateWithFlags(orEvent_t* event, unsigned int flags
 OPENREG_API orStatus orEventDestroy(orEvent_t event);
 OPENREG_API orStatus orEventRecord(orEvent_t event, orStream_t stream);
 OPENREG_API orStatus orEventQuery(orEvent_t event); /* orSuccess if never recorded */
+/* The device of the event's last record, -1 if it was never recorded. */
+OPENREG_API orStatus orEventGetDevice(orEvent_t event, int* device);
 OPENREG_API orStatus orEventSynchronize(orEvent_t event);
 /* Times of the events' last records (an earlier record that runs later does not change it). */
 OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
