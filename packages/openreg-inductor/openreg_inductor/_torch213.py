@@ -608,6 +608,33 @@ def _where_copies_cpu_scalars(original, maybe_copy_cpu_scalar, tensor_box):
     return where
 
 
+# 26. torch/_inductor/codegen/wrapper.py, buffer_reuse_key(): the key that pairs a freed buffer with
+#     a later allocation (AllocateLine/FreeIfNotReusedLine.plan) holds the buffer's stream as
+#     ``Scheduler.get_buf_stream`` gives it, through ``mutation_renames``; Dynamo orders a join
+#     (``cur.wait_stream(s)``) by having ``streams.wait_stream`` "mutate" the buffers it orders, so a
+#     buffer made and last read on one stream was keyed as the other's. In a fork/join region the
+#     current stream's freed temporary became ``buf6 = buf4  # reuse`` inside ``with stream1:``, and
+#     s wrote into it while the current stream's kernel was still to read it (hunt32a: 9 to 25 wrong
+#     results of 30 calls; none with allow_buffer_reuse=False). CUDA's streams take the same path.
+#     An openreg buffer of a graph with user streams is keyed by the stream it was allocated on
+#     (``codegen/wrapper.py::_home_stream``), so a block is reused on its own stream only.
+#     Test: tests/test_streams.py::TestCrossStreamBuffers::test_a_temporary_is_not_reused_across_a_join.
+def _buffer_reuse_key(original):
+    @functools.wraps(original)
+    def buffer_reuse_key(node):
+        key = original(node)
+        from torch._inductor.virtualized import V
+
+        scheduler = V.graph.scheduler
+        if key[0].type != DEVICE or not scheduler._has_multi_stream_nodes():
+            return key
+        from .codegen.wrapper import _home_stream
+
+        return (*key[:-1], _home_stream(node.get_name(), scheduler))
+
+    return buffer_reuse_key
+
+
 # 21. torch/utils/_config_module.py, ConfigModule.__setattr__(): an assignment to an Inductor option
 #     is a user override held in a ContextVar, so it holds in the assigning thread only (a new
 #     thread starts without it). The graph policy graphs.install() assigned at import then held in
@@ -626,7 +653,7 @@ _applied_dynamo = False
 
 
 def apply() -> None:
-    """Installs workarounds 1-4, 6-11, 13, 14 and 16 (5 and 12 are in the wrapper classes; 15 is a source fix
+    """Installs workarounds 1-4, 6-11, 13, 14, 16 and 26 (5 and 12 are in the wrapper classes; 15 is a source fix
     that OpenRegScheduling.define_kernel applies to each kernel). Idempotent."""
     global _applied
     if _applied:
@@ -643,6 +670,7 @@ def apply() -> None:
     import torch._inductor.codegen.common as common
     import torch._inductor.codegen.cpp_template as cpp_template
     import torch._inductor.codegen.cpp_template_kernel as cpp_template_kernel
+    import torch._inductor.codegen.wrapper as wrapper
     import torch._inductor.ir as ir
     import torch._inductor.kernel.mm_common as mm_common
     import torch._inductor.lowering as lowering
@@ -667,6 +695,8 @@ def apply() -> None:
     selector = select_algorithm.AlgorithmSelectorCache
     selector.__call__ = _selector_call(selector.__call__)
     ir.is_cpu = functools.partial(_ir_is_cpu, ir.is_cpu, ir.get_device_type)
+    # AllocateLine/FreeIfNotReusedLine and the scheduler look it up in the module at each call.
+    wrapper.buffer_reuse_key = _buffer_reuse_key(wrapper.buffer_reuse_key)
     codecache.FxGraphHashDetails.__init__ = _hash_details_init(codecache.FxGraphHashDetails.__init__)
     template_kernel = cpp_template_kernel.CppTemplateKernel
     template_kernel.store_output = _store_output(template_kernel.store_output)

@@ -11,7 +11,7 @@ import sys
 from torch.utils._config_module import install_config_module
 
 # Bump when the generated code (launch.py, scheduling.py, wrapper.py) changes shape.
-codegen_version: int = 16
+codegen_version: int = 17
 
 # Elements per thread below which an openreg pointwise kernel runs its loops on the stream's worker alone
 # instead of opening an OpenMP parallel region (Inductor's ``cpp.min_chunk_size``, 512, for openreg

@@ -342,6 +342,39 @@ class TestCrossStreamBuffers(TestCase):
         s.wait_stream(torch.openreg.current_stream())  # the inputs' copies
         self.assert_compiled_as_eager(f, args, expected, torch.openreg.current_stream(), s, "default_stream")
 
+    def test_a_temporary_is_not_reused_across_a_join(self):
+        # Fork and join (s.wait_stream(cur) ... cur.wait_stream(s)): Dynamo orders a join by having
+        # streams.wait_stream "mutate" the buffers it orders, and 2.13's reuse key takes a buffer's
+        # stream through that rename, so t, made and last read on the current stream, was given to
+        # s's next buffer of its size while the current stream was still to read it (workaround 26).
+        s = torch.openreg.Stream()
+
+        def f(x, w):
+            cur = torch.accelerator.current_stream()
+            s.wait_stream(cur)
+            t = x * 2
+            c = hold_stream(t) @ w  # t's last use: the current stream holds until released
+            with s:
+                b = (x @ w).cos()  # s's buffers of t's size
+            cur.wait_stream(s)
+            return b + c
+
+        x, w = torch.randn(self.N, self.N), torch.randn(self.N, self.N) / 30
+        expected = (x @ w).cos() + (x * 2) @ w
+        args = (x.to("openreg"), w.to("openreg"))
+        for reuse in (True, False):
+            with self.subTest(allow_buffer_reuse=reuse):
+                compiled, _ = self.compile(f, reuse, *args)
+                for fn in (f, compiled):
+                    fn(*args)  # an op signature's first call is synchronous
+                    torch.openreg.synchronize()
+                    torch.openreg.empty_cache()
+                    release.clear()
+                    out = fn(*args)
+                    s.synchronize()  # s's work is done; the current stream still holds t unread
+                    release.set()
+                    self.assertEqual(out.cpu(), expected, rtol=1e-4, atol=1e-3, msg=fn.__name__)
+
     def test_kernels_of_two_streams_stay_apart(self):
         # C++ kernels are grouped until a flush; a stream switch must end the group, or the side
         # stream's reduction runs in the current stream's kernel.
