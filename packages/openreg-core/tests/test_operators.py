@@ -36,6 +36,18 @@ def outcome(call, device: str):
 
 
 class TestNativeOps(TestCase):
+    def test_kaiser_window(self):
+        # Its composite kernel calls a DispatchStub directly, which no fallback sees: an internal
+        # assert ("DispatchStub: missing kernel for openreg") until openreg filled the stub.
+        cases = ((8, True, 12.0, torch.float32), (5, False, 8.0, torch.float64), (1, True, 1.0, torch.float32))
+        for device in ("openreg:0", "openreg:1"):
+            for n, periodic, beta, dtype in cases:
+                got = torch.kaiser_window(n, periodic, beta, device=device, dtype=dtype)
+                self.assertEqual(got.device, torch.device(device))
+                self.assertEqual(got.cpu(), torch.kaiser_window(n, periodic, beta, dtype=dtype))
+        with torch.device("openreg"):  # a factory the default device applies to
+            self.assertEqual(torch.kaiser_window(6).cpu(), torch.kaiser_window(6, device="cpu"))
+
     def test_factories_and_copies(self):
         x = torch.empty(3, 4, device="openreg")
         self.assertEqual(x.shape, (3, 4))

@@ -91,6 +91,27 @@ class TestFaults(OcclTestCase):
         self.assert_default_group_usable()
         dist.destroy_process_group(group)
 
+    def test_a_failure_of_another_groups_collective_is_not_this_ones(self):
+        # Rank 0's collective of a group of its own times out (rank 1 skips it) and its failure is
+        # pending on the device, unreported. A collective of the default group on good data follows
+        # no failed work of its caller's stream: it runs. The first check refused it for any
+        # pending failure of the device (review32), and the default group died with it.
+        group = fault_group("2")
+        if self.rank == 0:
+            work = dist.all_reduce(torch.ones(4, device=self.device), group=group, async_op=True)
+            # Timed out by the watchdog or by the transport, whichever comes first.
+            self.assertRegex(wait_until_failed(work), r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed: .*[Tt]imed out")
+        dist.barrier()
+        y = torch.full((2,), float(self.rank + 1), device=self.device)
+        dist.all_reduce(y)
+        if self.rank == 0:  # the timed-out collective's failure, at the next synchronisation
+            with self.assertRaisesRegex(RuntimeError, r"occl ALLREDUCE \(seq 1, rank 0 of 2\) failed: .*[Tt]imed out"):
+                torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.full((2,), 3.0))
+        dist.barrier()
+        self.assert_default_group_usable()
+        dist.destroy_process_group(group)
+
     def test_timeout_counts_from_enqueue(self):
         # As NCCL's watchdog: an operation that has not even started (its comm stream waits for
         # compute that does not end) times out `timeout` after it was enqueued.

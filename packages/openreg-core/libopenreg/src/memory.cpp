@@ -208,8 +208,9 @@ orStatus copy(void* dst, const void* src, size_t count, orMemcpyKind kind, orStr
     }
   uint64_t seq = str->enqueue(item);
   if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
-  if (blocking) str->completed.wait_for(seq);
-  return blocking ? take_device_error(runtime().devices[str->device]) : orSuccess;
+  if (!blocking) return finish_launch(*str, seq);  // OPENREG_LAUNCH_BLOCKING: a copy too
+  str->completed.wait_for(seq);
+  return take_device_error(runtime().devices[str->device]);
 }
 
 orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool sync) {
@@ -231,7 +232,7 @@ orStatus set(void* dev_ptr, int value, size_t count, orStream_t stream, bool syn
   item.name = "openreg::memset";
   uint64_t seq = str->enqueue(item);
   if (seq == Stream::kRefused) return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
-  if (!sync) return orSuccess;
+  if (!sync) return finish_launch(*str, seq);
   str->completed.wait_for(seq);
   return take_device_error(runtime().devices[str->device]);
 }

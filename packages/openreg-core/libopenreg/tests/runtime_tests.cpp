@@ -2044,9 +2044,22 @@ TEST(error_take_and_peek_without_waiting) {
     CHECK_MESSAGE_HAS("kernel 'test::held' failed on openreg device 0: boom");
     CHECK_MESSAGE_HAS("set OPENREG_LAUNCH_BLOCKING=1 to report them at the launch");
   }
+  // A stream's failure, before or after a point of the stream (peeked, as the device's).
+  uint64_t before = 0, after = 0;
+  CHECK_OK(orStreamGetLastSequence(s, &after));
+  CHECK_STATUS(orErrorLaunchFailure, orStreamPeekError(s, after));
+  CHECK_MESSAGE_HAS("kernel 'test::held' failed");
+  CHECK_OK(orStreamPeekError(s, after - 1));  // the work before the failed kernel did not fail
+  orStream_t other = nullptr;
+  CHECK_OK(orStreamCreate(&other));
+  CHECK_OK(orStreamGetLastSequence(other, &before));
+  CHECK_OK(orStreamPeekError(other, before));  // nothing of its own failed
   CHECK_STATUS(orErrorLaunchFailure, orDeviceTakeError(0));
   CHECK_MESSAGE_HAS("test::held");
-  CHECK_OK(orDeviceTakeError(0));  // reported once
+  CHECK_OK(orDeviceTakeError(0));         // reported once
+  CHECK_OK(orStreamPeekError(s, after));  // and no longer pending on its stream
+  CHECK_STATUS(orErrorInvalidValue, orStreamGetLastSequence(s, nullptr));
+  CHECK_OK(orStreamDestroy(other));
   CHECK_OK(orStreamSynchronize(s));
   CHECK_STATUS(orErrorInvalidDevice, orDeviceTakeError(64));
   CHECK_MESSAGE_HAS("device index 64 is out of range");
@@ -2116,6 +2129,19 @@ TEST(launch_blocking_reports_at_the_launch) {
   CHECK_STATUS(orErrorLaunchFailure, orGraphLaunch(g, s));
   CHECK_MESSAGE_HAS("test::captured");
   CHECK_OK(orGraphDestroy(g));
+  // Asynchronous copies and memsets too: a copy that fails on the device fails its call.
+  void* a = nullptr;
+  void* b = nullptr;
+  CHECK_OK(orMalloc(&a, 256));
+  CHECK_OK(orMalloc(&b, 256));
+  CHECK_OK(orMemsetAsync(a, 1, 256, s));
+  CHECK_OK(orInjectFaults("copy:1"));
+  CHECK_STATUS(orErrorLaunchFailure, orMemcpyAsync(b, a, 256, orMemcpyDeviceToDevice, s));
+  CHECK_MESSAGE_HAS("kernel 'openreg::memcpy' failed");
+  CHECK_OK(orInjectFaults(""));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_OK(orFree(a));
+  CHECK_OK(orFree(b));
   // A kernel launching on its own stream does not wait for itself.
   std::atomic<int> inner{0};
   CHECK_OK(openreg::launch(s, "test::outer", [&] { CHECK_OK(openreg::launch(s, "test::inner", [&] { ++inner; })); }));

@@ -149,8 +149,8 @@ def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, 
     the message."""
     over = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     key = _C._ipc_keep(over)
-    while key is None:  # every slot is taken
-        _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64).share_memory_())
+    while key is None:  # every slot is taken; a CPU slab whatever the default device is
+        _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64, device="cpu").share_memory_())
         key = _C._ipc_keep(over)
     slab, slot, generation = key
     return _C._ipc_slab(slab), slot, (os.getpid(), slab), generation
