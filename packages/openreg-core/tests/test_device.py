@@ -418,6 +418,61 @@ class TestDeviceModule(TestCase):
         self.assertEqual(torch.openreg.get_amp_supported_dtype(), [torch.float16, torch.bfloat16])
 
 
+class TestDefaultDevice(TestCase):
+    """openreg as the default device (``with torch.device(...)``, ``torch.set_default_device``):
+    factories and module construction land on it, with the CPU's values."""
+
+    def test_factories_and_modules_under_a_device_context(self):
+        factories = {
+            "zeros": lambda: torch.zeros(2, 3),
+            "full": lambda: torch.full((2,), 7.0),
+            "arange": lambda: torch.arange(5),
+            "linspace": lambda: torch.linspace(0, 1, 5),
+            "eye": lambda: torch.eye(3),
+            "tensor": lambda: torch.tensor([[1.0, 2.0]]),
+            "as_tensor": lambda: torch.as_tensor([1, 2, 3]),
+            "kaiser_window": lambda: torch.kaiser_window(6),
+        }
+        with torch.device("openreg:1"):
+            self.assertEqual(torch.get_default_device(), torch.device("openreg", 1))
+            made = {name: make() for name, make in factories.items()}
+            randn = torch.randn(4)
+            linear = torch.nn.Linear(3, 2)
+            norm = torch.nn.LayerNorm(2)
+        self.assertEqual(torch.get_default_device(), torch.device("cpu"))  # the context ended
+        for name, t in made.items():
+            self.assertEqual(t.device, torch.device("openreg", 1), msg=name)
+            self.assertEqual(t.cpu(), factories[name](), msg=name)
+        self.assertEqual(randn.device, torch.device("openreg", 1))
+        params = [*linear.parameters(), *norm.parameters()]
+        self.assertEqual({p.device for p in params}, {torch.device("openreg", 1)})
+        reference = torch.nn.Linear(3, 2)
+        reference.load_state_dict({k: v.cpu() for k, v in linear.state_dict().items()})
+        x = torch.randn(4, 3)
+        self.assertEqual(norm(linear(x.to("openreg:1"))).cpu(), torch.nn.LayerNorm(2)(reference(x)))
+
+    def test_set_default_device_and_meta_initialisation(self):
+        import numpy as np
+
+        torch.set_default_device("openreg")
+        try:
+            self.assertEqual(torch.ones(2).device, torch.device("openreg", 0))
+            self.assertEqual(torch.from_numpy(np.ones(2)).device.type, "cpu")  # data that is already on the host
+            inits = []
+            for _ in range(2):
+                with torch.device("meta"):
+                    model = torch.nn.Linear(8, 4)
+                model.to_empty(device="openreg")
+                torch.manual_seed(0)
+                model.reset_parameters()
+                inits.append(model.weight.detach().cpu())
+            self.assertEqual(inits[0], inits[1])  # initialised on openreg, reproducibly
+            self.assertEqual(model.weight.device, torch.device("openreg", 0))
+        finally:
+            torch.set_default_device(None)
+        self.assertEqual(torch.ones(1).device, torch.device("cpu"))
+
+
 class TestAccelerator(TestCase):
     def test_accelerator_api(self):
         self.assertEqual(torch.accelerator.current_accelerator(), torch.device("openreg"))
