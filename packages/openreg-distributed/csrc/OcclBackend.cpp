@@ -1130,8 +1130,6 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   //    batch's receive stream).
   orEvent_t ready = events().get();
   OPENREG_CHECK(orEventRecord(ready, current));
-  uint64_t ready_seq = 0;  // the caller's work the collective follows: up to this item (see begin)
-  OPENREG_CHECK(orStreamGetLastSequence(current, &ready_seq));
   OPENREG_CHECK(orStreamWaitEvent(comm, ready, 0));
   events().put(ready);
   const std::pair<int, int> route_key{static_cast<int>(route.lane), route.peer};
@@ -1166,7 +1164,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   // The kernel: it starts the transport's operations, waits for them and finishes the result. A
   // send's kernel only starts them; a second kernel, on the send's completion stream, waits.
   auto running = std::make_shared<Started>();  // what the start began, for the wait
-  auto begin = [start = std::move(start), outcome, running, group = error_, what, current, ready_seq] {
+  auto begin = [start = std::move(start), outcome, running, group = error_, what, index = device.index()] {
     if (outcome->points) outcome->points->start.mark();
     outcome->started_at = std::chrono::steady_clock::now();
     outcome->started.store(true, std::memory_order_release);
@@ -1176,16 +1174,20 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
       outcome->error.set(msg);
       throw std::runtime_error(msg);
     }
-    // A kernel the collective follows on the caller's stream failed and no call has reported it
-    // yet: its output may be among the inputs, which the peers must not receive as data (they
-    // summed it in silence). The operation fails, and with it the group, as a CUDA error stops
-    // NCCL's kernels; the failure itself is left for the user's next synchronising call. Failures
-    // of later work, of other streams (occl's own among them) are not this operation's.
-    if (orStreamPeekError(current, ready_seq) == orErrorLaunchFailure)
-      throw std::runtime_error(
-          "not run: a kernel failed earlier on the device, and its output may be among this "
-          "operation's inputs: " +
-          c10::openreg::last_error_message());
+    // A kernel of the device failed and no call has reported it yet: its output may be among the
+    // inputs (made on any stream the caller's waited for), which the peers must not receive as
+    // data (they summed it in silence). The operation fails, and with it the group, as NCCL's
+    // kernels do not run after a CUDA error; the failure itself is left for the user's next
+    // synchronising call. A failure of occl's own kernels (another group's timed-out operation) is
+    // its group's, not this operation's.
+    if (orDevicePeekError(index) == orErrorLaunchFailure) {
+      std::string failure = c10::openreg::last_error_message();
+      if (failure.find("kernel 'occl::") != failure.find("kernel '"))
+        throw std::runtime_error(
+            "not run: a kernel failed earlier on the device, and its output may be among "
+            "this operation's inputs: " +
+            failure);
+    }
     *running = start();
   };
   auto finish = [outcome, running] {

@@ -65,31 +65,39 @@ class TestFaults(OcclTestCase):
     def test_a_failed_kernels_output_is_not_sent(self):
         # Rank 0's index_select fails on the device, and its output is the all_reduce's input. The
         # collective ran on it, and rank 1 summed rank 0's undefined data in silence. It is not run:
-        # it fails, and with it the group, as NCCL's kernels stop at a CUDA error; rank 1's fails too
-        # (the failure propagated, or its timeout); the kernel's own failure is left to rank 0's
-        # next synchronisation.
-        group = fault_group("2", TORCH_OCCL_PROPAGATE_ERROR="1")
+        # it fails, and with it the group, as NCCL's kernels do not run after a CUDA error; rank
+        # 1's fails too (the failure propagated, or its timeout); the kernel's own failure is left
+        # to rank 0's next synchronisation. The input may come from another stream that the
+        # caller's waited for (review32b: a check of the caller's stream alone let it through).
         x = torch.arange(15.0, device=self.device).view(5, 3)
         x.index_select(0, torch.tensor([0, 1], device=self.device))  # a signature's first call is synchronous
         torch.openreg.synchronize()
-        y = x.index_select(0, torch.tensor([0, 10] if self.rank == 0 else [0, 1], device=self.device))
-        work = dist.all_reduce(y, group=group, async_op=True)
-        mine = rf"occl ALLREDUCE \(seq 1, rank {self.rank} of 2\) failed"
-        if self.rank == 0:
-            self.assertRegex(
-                wait_until_failed(work),
-                mine + ": not run: a kernel failed earlier on the device, and its output may be among this "
-                r"operation's inputs: .*kernel 'aten::index_select' failed on openreg device 0: index out of range",
-            )
-            with self.assertRaisesRegex(RuntimeError, "^orErrorLaunchFailure: kernel 'aten::index_select' failed"):
-                torch.openreg.synchronize()
-        else:
-            self.assertRegex(wait_until_failed(work), mine)
-            with self.assertRaisesRegex(RuntimeError, mine):
-                torch.openreg.synchronize()
-        dist.barrier()
+        side = torch.openreg.Stream()
+        for made_on in ("the caller's stream", "a side stream"):
+            group = fault_group("2", TORCH_OCCL_PROPAGATE_ERROR="1")
+            index = torch.tensor([0, 10] if self.rank == 0 else [0, 1], device=self.device)
+            side.wait_stream(torch.openreg.current_stream())
+            with torch.openreg.stream(side if made_on == "a side stream" else torch.openreg.current_stream()):
+                y = x.index_select(0, index)
+            torch.openreg.current_stream().wait_stream(side)
+            work = dist.all_reduce(y, group=group, async_op=True)
+            mine = rf"occl ALLREDUCE \(seq 1, rank {self.rank} of 2\) failed"
+            if self.rank == 0:
+                self.assertRegex(
+                    wait_until_failed(work),
+                    mine + ": not run: a kernel failed earlier on the device, and its output may be among this "
+                    r"operation's inputs: .*kernel 'aten::index_select' failed on openreg device 0: index out of range",
+                    msg=made_on,
+                )
+                with self.assertRaisesRegex(RuntimeError, "^orErrorLaunchFailure: kernel 'aten::index_select' failed"):
+                    torch.openreg.synchronize()
+            else:
+                self.assertRegex(wait_until_failed(work), mine, msg=made_on)
+                with self.assertRaisesRegex(RuntimeError, mine):
+                    torch.openreg.synchronize()
+            dist.barrier()
+            dist.destroy_process_group(group)
         self.assert_default_group_usable()
-        dist.destroy_process_group(group)
 
     def test_a_failure_of_another_groups_collective_is_not_this_ones(self):
         # Rank 0's collective of a group of its own times out (rank 1 skips it) and its failure is

@@ -193,15 +193,6 @@ Device* device_of(const void* ptr) {
   return nullptr;
 }
 
-namespace {
-// A snapshot of the device's streams. Stream objects are never freed (their slots are recycled),
-// so the pointers stay valid after the lock is released.
-std::vector<Stream*> streams_of(Device& dev) {
-  std::lock_guard<std::mutex> lock(dev.streams_mu);
-  return dev.streams;
-}
-}  // namespace
-
 void record_kernel_error(int device, const char* kernel, const char* message) {
   Device& dev = runtime().devices[device];
   std::lock_guard<std::mutex> lock(dev.error_mu);
@@ -229,8 +220,6 @@ orStatus peek_device_error(Device& dev) {
 
 orStatus take_device_error(Device& dev) {
   if (!dev.has_error.load(std::memory_order_acquire)) return orSuccess;
-  // Reported: the streams' failures are no longer pending (orStreamPeekError).
-  for (Stream* s : streams_of(dev)) s->failed_seq.store(0, std::memory_order_release);
   std::lock_guard<std::mutex> lock(dev.error_mu);
   if (!dev.has_error.load()) return orSuccess;
   std::string message = std::move(dev.error);
@@ -238,6 +227,15 @@ orStatus take_device_error(Device& dev) {
   dev.has_error.store(false);
   return fail(orErrorLaunchFailure, message);
 }
+
+namespace {
+// A snapshot of the device's streams. Stream objects are never freed (their slots are recycled),
+// so the pointers stay valid after the lock is released.
+std::vector<Stream*> streams_of(Device& dev) {
+  std::lock_guard<std::mutex> lock(dev.streams_mu);
+  return dev.streams;
+}
+}  // namespace
 
 void wait_for_streams(Device& dev) {
   for (Stream* s : streams_of(dev)) s->synchronize();

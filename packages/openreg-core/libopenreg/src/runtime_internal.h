@@ -230,9 +230,6 @@ struct Stream {
 
   alignas(64) std::atomic<uint64_t> submitted{0};  // published items: written by launching threads
   alignas(64) Progress completed;                  // written by the worker
-  // The first item of this stream that failed since the device's failure was last reported (0:
-  // none): orStreamPeekError tells a failure of the work before a point of the stream from later ones.
-  std::atomic<uint64_t> failed_seq{0};
 
   // Returns the item's sequence number; while capturing, records the item instead and returns 0.
   // `forward` (for an event record) receives what the item waits for on this stream. A stream being
@@ -263,7 +260,6 @@ struct Stream {
     device = dev;
     priority = prio;
     is_default = default_stream;
-    failed_seq.store(0);
     std::lock_guard<std::mutex> lock(mu);
     dying = false;
   }

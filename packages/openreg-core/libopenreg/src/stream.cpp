@@ -319,11 +319,8 @@ void Stream::worker_loop() {
     t_in_kernel = false;
     t_running_stream = nullptr;
     if (item.traced) trace_record(*this, item, start_ns, platform::now_ns());
-    if (st != orSuccess) {
-      uint64_t none = 0;
-      failed_seq.compare_exchange_strong(none, item.seq);
+    if (st != orSuccess)
       record_kernel_error(device, item.name, t_kernel_error.empty() ? orGetErrorName(st) : t_kernel_error.c_str());
-    }
     if (item.deleter) item.deleter(item.args);
     completed.advance_to(item.seq);
   }
@@ -547,24 +544,6 @@ orStatus orStreamQuery(orStream_t stream) {
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
   return s->idle() ? orSuccess : orErrorNotReady;
-}
-
-orStatus orStreamGetLastSequence(orStream_t stream, uint64_t* seq) {
-  if (seq == nullptr) return fail(orErrorInvalidValue, "seq is NULL");
-  if (orStatus st = check_runtime()) return st;
-  Stream* s = nullptr;
-  if (orStatus st = resolve_stream(stream, &s)) return st;
-  *seq = s->submitted.load(std::memory_order_acquire);
-  return orSuccess;
-}
-
-orStatus orStreamPeekError(orStream_t stream, uint64_t seq) {
-  if (orStatus st = check_runtime()) return st;
-  Stream* s = nullptr;
-  if (orStatus st = resolve_stream(stream, &s)) return st;
-  const uint64_t failed = s->failed_seq.load(std::memory_order_acquire);
-  if (failed == 0 || failed > seq) return orSuccess;
-  return peek_device_error(runtime().devices[s->device]);
 }
 
 orStatus orStreamSynchronize(orStream_t stream) {

@@ -157,7 +157,7 @@ OPENREG_API orStatus orDeviceSynchronize(void);
 /* A kernel failure on `device` that no synchronizing call has reported yet: orErrorLaunchFailure
  * with its message, else orSuccess. Neither waits for the device. orDeviceTakeError reports it, as a
  * synchronizing call does (stream and event queries of the PyTorch layer report it this way);
- * orDevicePeekError leaves it to be reported (a collective refusing to send a failed kernel's output). */
+ * orDevicePeekError leaves it to be reported (occl: a collective refusing to send a failed kernel's output). */
 OPENREG_API orStatus orDeviceTakeError(int device);
 OPENREG_API orStatus orDevicePeekError(int device);
 
@@ -205,13 +205,6 @@ OPENREG_API orStatus orStreamCreateWithPriority(orStream_t* stream, unsigned int
  * launches on the stream (from other threads) are refused with orErrorInvalidResourceHandle. */
 OPENREG_API orStatus orStreamDestroy(orStream_t stream);
 OPENREG_API orStatus orStreamQuery(orStream_t stream);
-/* The sequence number of the last item queued on the stream so far (0: none). */
-OPENREG_API orStatus orStreamGetLastSequence(orStream_t stream, uint64_t* seq);
-/* orErrorLaunchFailure, with the device's pending failure, if an item of the stream numbered up to
- * `seq` failed and no call has reported the device's failure since; else orSuccess. Does not wait
- * and reports nothing: occl checks, before it sends data, that the work the collective follows on
- * the caller's stream did not fail (later work failing is not its concern). */
-OPENREG_API orStatus orStreamPeekError(orStream_t stream, uint64_t seq);
 OPENREG_API orStatus orStreamSynchronize(orStream_t stream);
 OPENREG_API orStatus orStreamWaitEvent(orStream_t stream, orEvent_t event, unsigned int flags);
 OPENREG_API orStatus orStreamGetDevice(orStream_t stream, int* device);
