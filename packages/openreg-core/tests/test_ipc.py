@@ -394,24 +394,6 @@ class TestMultiprocessing(TestCase):
         self.assertEqual(s.data_ptr(), t.untyped_storage().data_ptr())
         self.assertEqual(_kept_count(), kept)
 
-    def test_the_first_send_under_an_openreg_default_device(self):
-        # The shared slab in which receivers count themselves is made at a process's first send: it was
-        # made on the default device, so with openreg as the default the send failed ("_ipc_add_slab: a
-        # slab is a contiguous 1-D int64 CPU tensor"). A fresh process: the slab is made once.
-        r = run_python(
-            """
-            import pickle
-            from multiprocessing.reduction import ForkingPickler
-            import torch
-            x = torch.arange(4.0, device="openreg")
-            with torch.device("openreg"):
-                back = pickle.loads(ForkingPickler.dumps(x))
-            print(back.device, back.cpu().tolist())
-            """
-        )
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.strip(), "openreg:0 [0.0, 1.0, 2.0, 3.0]")
-
     def test_a_message_read_twice_gives_one_storage(self):
         # As torch's shared_cache does for the storages it shares: a message read again while a
         # tensor read from it lives gives that tensor's storage. Before, each reading opened the
