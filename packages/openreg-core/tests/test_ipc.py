@@ -70,6 +70,15 @@ def _holding_reader(queue, results, go):
     results.put(t[:2].cpu().tolist())
 
 
+def _holding_reader_of_tensors(queue, results, go):
+    """Runs in a spawned process: receives a tensor, reports its first values, and reports them
+    again once the sender has freed its storage and allocated again."""
+    t = queue.get(timeout=60)
+    results.put(t[:2].cpu().tolist())
+    go.wait(timeout=60)
+    results.put(t[:2].cpu().tolist())
+
+
 def _twice_reading_consumer(queue, results, go):
     """Runs in a spawned process: gets a message's bytes (pickled under the file_system strategy,
     which lets them be read more than once), reads them twice, drops the first tensor, and reads
@@ -324,6 +333,48 @@ class TestMultiprocessing(TestCase):
         slab[slot] = 0  # what the receiver's storage does when it dies
         torch.accelerator.empty_cache()
         self.assertEqual((_kept_count(), torch.accelerator.memory_allocated()), (kept, base))
+
+    def test_a_storage_resized_after_its_send_keeps_its_memory_for_the_receiver(self):
+        # A sender that resizes a storage it sent (untyped_storage().resize_(0), as FSDP frees
+        # memory, or a growing resize_) let go of the memory the receiver maps: the allocator gave it
+        # to the sender's next tensor. It stays allocated now until the receiver releases the send,
+        # as CUDA's sharing parks it; memory the send did not share is freed as usual.
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch_openreg.openreg.ipc import _kept_count
+
+        torch.accelerator.empty_cache()
+        kept, base = _kept_count(), torch.accelerator.memory_allocated()
+        shrunk, grown = torch.ones(1000, device="openreg"), torch.ones(1000, device="openreg")
+        reduce = ForkingPickler._extra_reducers[torch.Tensor]
+        slots = [reduce(t)[1][3:5] for t in (shrunk, grown)]  # (slab, slot) of each send
+        shrunk.untyped_storage().resize_(0)
+        grown.resize_(2000)
+        grown.resize_(3000)  # the memory of the first resize was not sent: freed
+        torch.accelerator.empty_cache()
+        self.assertEqual(_kept_count(), kept + 2)
+        self.assertEqual(torch.accelerator.memory_allocated() - base, 4096 + 4096 + 12288)  # sent + grown
+        for slab, slot in slots:
+            slab[slot] = 0  # what the receiver's storage does when it dies
+        torch.accelerator.empty_cache()
+        self.assertEqual(_kept_count(), kept)
+        self.assertEqual(torch.accelerator.memory_allocated() - base, 12288)
+        del shrunk, grown
+        self.assertEqual(torch.accelerator.memory_allocated(), base)
+
+    def test_a_receiver_reads_what_was_sent_after_the_sender_freed_the_storage(self):
+        # The same, end to end: the receiver's tensor keeps its values after the sender's
+        # resize_(0) and new allocations (which took the freed block before).
+        with spawned(_holding_reader_of_tensors) as (queue, results, go, proc):
+            t = torch.full((1024,), 7.0, device="openreg")
+            queue.put(t)
+            self.assertEqual(results.get(timeout=120), [7.0, 7.0])
+            t.untyped_storage().resize_(0)
+            others = reuse_freed_memory()
+            go.set()
+            self.assertEqual(results.get(timeout=60), [7.0, 7.0])
+            del others
+        self.assertEqual(proc.exitcode, 0)
 
     def test_an_allocation_frees_what_receivers_released_before_it_reports_out_of_memory(self):
         # As CUDA's allocator runs its free-memory callbacks (the IPC collect) before an

@@ -151,6 +151,37 @@ class TestNativeOps(TestCase):
         f = torch.empty(0, device="openreg").set_(d)
         self.assertEqual(f.data_ptr(), d.data_ptr())
 
+    def test_a_tensor_its_storage_no_longer_holds_is_refused_at_the_call(self):
+        # untyped_storage().resize_(0) frees a tensor's memory (FSDP frees parameters so). The tensor
+        # used before its storage grows back computed silently on uninitialised host memory (w + 1
+        # gave ones, w.sum() zero) on the first (synchronous) and later (asynchronous) calls; the
+        # CPU reads freed memory and CUDA faults. Refused at the call now, on every path; the storage
+        # grown back works as before.
+        w = torch.arange(10.0, device="openreg")
+        storage = w.untyped_storage()
+        storage.resize_(0)
+        message = r"an openreg tensor of size \[10\] needs 40 bytes of its storage, which holds 0"
+        for _ in range(2):  # the first call of a signature runs the generic path, the next the fast one
+            for call in (
+                lambda: w + 1,
+                lambda: w.sum(),
+                lambda: torch.cat([w, w]),
+                lambda: w.cpu(),
+                lambda: w.copy_(torch.ones(10)),
+                lambda: torch.ones(10, device="openreg").copy_(w),
+                lambda: w.mul_(2),
+                lambda: torch._foreach_add([w], 1.0),
+            ):
+                with self.assertRaisesRegex(RuntimeError, message):
+                    call()
+        storage.resize_(8)  # grown, but not enough
+        with self.assertRaisesRegex(RuntimeError, "needs 40 bytes of its storage, which holds 8"):
+            w.neg()
+        storage.resize_(40)
+        w.copy_(torch.arange(10.0))
+        self.assertEqual((w + 1).cpu(), torch.arange(10.0) + 1)
+        torch.openreg.synchronize()  # nothing failed on the device
+
     def test_resize_to_the_same_shape_keeps_strides(self):
         # resize_ used to make every tensor contiguous, so a transposed tensor's values moved.
         cpu = torch.arange(6.0).reshape(2, 3).t()

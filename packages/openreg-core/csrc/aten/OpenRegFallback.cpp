@@ -916,7 +916,9 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
   c10::SmallVector<LaunchBytes, 4> counted;  // sizes the kernel's thread team (OpenRegStream.h)
   for (const c10::IValue& v : args)
     for_each_tensor(v, [&](const at::Tensor& t) {
-      if (t.defined() && t.layout() == c10::kStrided && !t.is_nested()) counted.emplace_back(t.nbytes());
+      if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) return;
+      if (t.is_privateuseone()) check_storage_holds(t);  // as KernelTensorArg checks on the fast path
+      counted.emplace_back(t.nbytes());
     });
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {

@@ -5,6 +5,7 @@
 // so CPU kernels read and write device memory in place, with no copy.
 #pragma once
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
@@ -16,6 +17,19 @@
 
 namespace c10::openreg {
 
+// Host side, at launch: refuses a tensor its storage no longer holds (the storage was resized
+// smaller after the tensor was made; untyped_storage().resize_(0) frees it, as FSDP does). Its
+// kernel would compute on memory that is not the tensor's: a storage without memory used to give
+// the kernel uninitialised host memory, silently (CUDA faults, the CPU reads freed memory).
+inline void check_storage_holds(const at::Tensor& t) {
+  const auto& storage = t.storage();
+  const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(), t.storage_offset());
+  TORCH_CHECK(needed <= storage.nbytes() && (needed == 0 || storage.data() != nullptr), "an openreg tensor of size ",
+              t.sizes(), " needs ", needed, " bytes of its storage, which holds ", storage.nbytes(),
+              ": the storage was resized after the tensor was made (untyped_storage().resize_(0) frees it); "
+              "resize the storage back before using the tensor");
+}
+
 // Host side, at launch: an openreg tensor over the same memory that does not
 // own it. Kernels capture these, so a tensor the user drops while its kernel
 // is still queued is freed at once, as on CUDA: the caching allocator only
@@ -23,6 +37,7 @@ namespace c10::openreg {
 // bytes toward the launch (OpenRegStream.h): its caller does.
 inline at::Tensor launch_tensor(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
+  check_storage_holds(t);
   const auto& storage = t.storage();
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
                      c10::DataPtr(const_cast<void*>(storage.data()), storage.device()), /*allocator=*/nullptr,
@@ -70,7 +85,10 @@ struct KernelTensorArg {
 
   // uncounted: for a tensor no launch takes (made on the device side, kernel_tensor below).
   enum Uncounted { uncounted };
-  explicit KernelTensorArg(const at::Tensor& t) : KernelTensorArg(t, uncounted) { counted = LaunchBytes(t.nbytes()); }
+  explicit KernelTensorArg(const at::Tensor& t) : KernelTensorArg(t, uncounted) {
+    check_storage_holds(t);
+    counted = LaunchBytes(t.nbytes());
+  }
   KernelTensorArg(const at::Tensor& t, Uncounted)
       : storage(t.storage().data()),
         nbytes(t.storage().nbytes()),

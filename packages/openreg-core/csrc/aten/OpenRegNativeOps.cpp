@@ -35,6 +35,10 @@
 
 namespace c10::openreg {
 
+namespace {
+std::atomic<SharedMemoryKeeper> shared_memory_keeper{nullptr};
+}
+
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
   TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
   const size_t old_bytes = storage->nbytes();
@@ -45,9 +49,15 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
   if (keep > 0 && storage->data() != nullptr)
     OPENREG_CHECK(orMemcpyAsync(data.get(), storage->data(), keep, orMemcpyDeviceToDevice,
                                 current_stream_handle(device.index())));
-  storage->set_data_ptr_noswap(std::move(data));
+  c10::DataPtr old = storage->set_data_ptr(std::move(data));
   storage->set_nbytes(new_bytes);
+  if (old) {
+    auto keeper = shared_memory_keeper.load(std::memory_order_acquire);
+    if (keeper != nullptr) keeper(storage, old);  // takes `old` if other processes map it
+  }
 }
+
+void set_shared_memory_keeper(SharedMemoryKeeper keeper) { shared_memory_keeper.store(keeper); }
 
 namespace {
 
@@ -299,6 +309,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (is_same_data(dst, src)) return dst;
   at::assert_no_partial_overlap(dst, src);
   if (src.is_privateuseone() || dst.is_privateuseone()) check_copy(dst, src);
+  if (src.is_privateuseone()) check_storage_holds(src);
+  if (dst.is_privateuseone()) check_storage_holds(dst);
   if (src.is_privateuseone() && dst.is_privateuseone())
     copy_device_to_device(dst, src);
   else if (dst.is_privateuseone())

@@ -32,6 +32,7 @@
 #include "runtime/OpenRegException.h"
 #include "runtime/OpenRegFunctions.h"
 #include "runtime/OpenRegGenerator.h"
+#include "runtime/OpenRegHooks.h"
 #include "runtime/OpenRegHostAllocator.h"
 #include "runtime/OpenRegStream.h"
 #include "tensor/OpenRegBackendMeta.h"
@@ -296,7 +297,7 @@ class SentStorages {
   // full (add_slab, then again). The slot holds the generation while the storage is kept: a message
   // read after its slot went to a later send finds another number there (_ipc_open, take).
   std::optional<std::tuple<int64_t, int64_t, int64_t>> keep(c10::Storage storage) {
-    std::vector<c10::Storage> released;
+    std::vector<Kept> released;
     std::lock_guard<std::mutex> lock(mu_);
     released = take_released();
     if (free_.empty()) return std::nullopt;
@@ -304,7 +305,8 @@ class SentStorages {
     free_.pop_back();
     const int64_t generation = ++generation_;
     slot(key).store(ipc_slot::kept(generation), std::memory_order_relaxed);  // read by receivers after the message
-    kept_.emplace(key, Kept{std::move(storage), generation});
+    const void* memory = storage.data();
+    kept_.emplace(key, Kept{std::move(storage), generation, memory, nullptr});
     count_.store(kept_.size(), std::memory_order_relaxed);
     return std::make_tuple(key.first, key.second, generation);
   }
@@ -330,6 +332,7 @@ class SentStorages {
   // reading's storage shares it), and the sender's tensor dying frees nothing under the receiver.
   // Nothing when the slot was released since, or went to a later send.
   std::optional<c10::Storage> take(int64_t slab, int64_t index, int64_t generation) {
+    std::shared_ptr<c10::DataPtr> parked;  // freed after the lock
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kept_.find({slab, index});
     if (it == kept_.end() || it->second.generation != generation) return std::nullopt;
@@ -340,6 +343,7 @@ class SentStorages {
       return it->second.storage;                                     // a receiver holds it: still kept for it
     }
     c10::Storage storage = std::move(it->second.storage);
+    parked = std::move(it->second.parked);
     kept_.erase(it);
     count_.store(kept_.size(), std::memory_order_relaxed);
     free_.emplace_back(slab, index);
@@ -348,7 +352,7 @@ class SentStorages {
 
   // Whether anything was dropped.
   bool collect() {
-    std::vector<c10::Storage> released;
+    std::vector<Kept> released;
     {
       std::lock_guard<std::mutex> lock(mu_);
       released = take_released();
@@ -358,11 +362,29 @@ class SentStorages {
 
   size_t size() const { return count_.load(std::memory_order_relaxed); }
 
+  // The sender resized a storage (resize_storage_bytes): the memory it let go of stays allocated
+  // while a send of it is kept, and is freed with the last such send. Before, the allocator took the
+  // block back at once and gave it to the sender's next tensor, which the receivers then read and
+  // wrote. Only the memory a send shared is parked (a storage sent, resized and sent again parks its
+  // first memory for the first send).
+  void park(const c10::StorageImpl* storage, c10::DataPtr& memory) {
+    if (size() == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<c10::DataPtr> parked;
+    for (auto& [key, kept] : kept_) {
+      if (kept.storage.unsafeGetStorageImpl() != storage || kept.memory != memory.get()) continue;
+      if (!parked) parked = std::make_shared<c10::DataPtr>(std::move(memory));
+      kept.parked = parked;
+    }
+  }
+
  private:
   using Key = std::pair<int64_t, int64_t>;
   struct Kept {
     c10::Storage storage;
     int64_t generation;
+    const void* memory;                    // what the send shared
+    std::shared_ptr<c10::DataPtr> parked;  // that memory, once the storage let go of it (park)
   };
 
   std::atomic<int64_t>& slot(Key key) {
@@ -370,11 +392,11 @@ class SentStorages {
     return *reinterpret_cast<std::atomic<int64_t>*>(slabs_[key.first].data_ptr<int64_t>() + key.second);
   }
 
-  std::vector<c10::Storage> take_released() {
-    std::vector<c10::Storage> out;
+  std::vector<Kept> take_released() {
+    std::vector<Kept> out;
     for (auto it = kept_.begin(); it != kept_.end();) {
       if (slot(it->first).load(std::memory_order_acquire) == 0) {  // the receiver's deleter is done
-        out.push_back(std::move(it->second.storage));
+        out.push_back(std::move(it->second));
         free_.push_back(it->first);
         it = kept_.erase(it);
       } else {
@@ -409,6 +431,8 @@ PYBIND11_MODULE(_C, m) {
   OPENREG_CHECK(orSetBlockingWaitHooks(&release_gil_while_waiting, &take_gil_back));
   allocator::registerFreeMemoryCallback(
       {+[] { return sent_storages().size() > 0; }, +[] { return sent_storages().collect(); }});
+  set_shared_memory_keeper(
+      +[](const c10::StorageImpl* storage, c10::DataPtr& memory) { sent_storages().park(storage, memory); });
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
   // devices
