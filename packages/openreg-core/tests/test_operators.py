@@ -182,6 +182,37 @@ class TestNativeOps(TestCase):
         self.assertEqual((w + 1).cpu(), torch.arange(10.0) + 1)
         torch.openreg.synchronize()  # nothing failed on the device
 
+    def test_a_write_to_a_lazy_clone_leaves_its_original_alone(self):
+        # torch._lazy_clone shares memory copy-on-write: the CPU's and CUDA's kernels copy it when
+        # they take a mutable pointer. openreg's launch sites took the device pointer without that,
+        # so every write to the clone (add_, out=, fill_, a kernel-written copy) wrote the original
+        # too. A clone of a tensor a queued kernel is still writing copies what the kernel wrote.
+        def writes(device):
+            x = torch.arange(8.0, device=device)
+            results = []
+            for write in (
+                lambda t: t.add_(1),  # the first call of a signature: the generic path
+                lambda t: t.add_(1),  # then the fast path
+                lambda t: torch.mul(t, 3, out=t),
+                lambda t: t.fill_(7),
+                lambda t: t.index_put_((torch.tensor([1], device=device),), torch.tensor(-1.0, device=device)),
+                lambda t: t.view(2, 4).t().copy_(torch.ones(4, 2, device=device)),  # a strided copy kernel
+                lambda t: t.copy_(torch.zeros(8)),
+            ):
+                clone = torch._lazy_clone(x)
+                write(clone)
+                results += [clone.cpu(), x.cpu()]
+            read = torch._lazy_clone(x)
+            results.append((read * 2).cpu())
+            queued = torch.ones(1 << 16, device=device).cumsum(0)  # still queued on openreg
+            late = torch._lazy_clone(queued)
+            late.zero_()
+            results += [queued.cpu()[-3:], late.cpu()[-3:]]
+            return results
+
+        for cpu, dev in zip(writes("cpu"), writes("openreg"), strict=True):
+            self.assertEqual(dev, cpu)
+
     def test_resize_to_the_same_shape_keeps_strides(self):
         # resize_ used to make every tensor contiguous, so a transposed tensor's values moved.
         cpu = torch.arange(6.0).reshape(2, 3).t()

@@ -917,7 +917,7 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
   for (const c10::IValue& v : args)
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) return;
-      if (t.is_privateuseone()) check_storage_holds(t);  // as KernelTensorArg checks on the fast path
+      if (t.is_privateuseone()) ready_for_launch(t);  // as KernelTensorArg does on the fast path
       counted.emplace_back(t.nbytes());
     });
   auto stream = getCurrentOpenRegStream(device.index());

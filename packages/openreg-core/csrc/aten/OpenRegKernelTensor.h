@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/COW.h>
 
 #include <type_traits>
 
@@ -17,17 +18,25 @@
 
 namespace c10::openreg {
 
-// Host side, at launch: refuses a tensor its storage no longer holds (the storage was resized
-// smaller after the tensor was made; untyped_storage().resize_(0) frees it, as FSDP does). Its
-// kernel would compute on memory that is not the tensor's: a storage without memory used to give
-// the kernel uninitialised host memory, silently (CUDA faults, the CPU reads freed memory).
-inline void check_storage_holds(const at::Tensor& t) {
+// Host side, at launch, for each device tensor a kernel or copy takes:
+// - refuses a tensor its storage no longer holds (the storage was resized smaller after the tensor
+//   was made; untyped_storage().resize_(0) frees it, as FSDP does). Its kernel used to compute on
+//   memory that is not the tensor's: a storage without memory gave it uninitialised host memory,
+//   silently (CUDA faults, the CPU reads freed memory);
+// - gives a copy-on-write storage (torch._lazy_clone) its own memory, as the CPU's and CUDA's
+//   kernels do when they take a mutable pointer on the host. Kernels take the device pointer on
+//   the host without that, so a write to a lazy clone used to write its original too. Reads copy
+//   as well: which arguments a kernel writes is the kernel's business.
+inline const at::Tensor& ready_for_launch(const at::Tensor& t) {
   const auto& storage = t.storage();
   const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(), t.storage_offset());
   TORCH_CHECK(needed <= storage.nbytes() && (needed == 0 || storage.data() != nullptr), "an openreg tensor of size ",
               t.sizes(), " needs ", needed, " bytes of its storage, which holds ", storage.nbytes(),
               ": the storage was resized after the tensor was made (untyped_storage().resize_(0) frees it); "
               "resize the storage back before using the tensor");
+  if (C10_UNLIKELY(c10::impl::cow::is_cow_data_ptr(storage.data_ptr())))
+    storage.unsafeGetStorageImpl()->mutable_data();  // materializes (a device-to-device copy)
+  return t;
 }
 
 // Host side, at launch: an openreg tensor over the same memory that does not
@@ -37,7 +46,7 @@ inline void check_storage_holds(const at::Tensor& t) {
 // bytes toward the launch (OpenRegStream.h): its caller does.
 inline at::Tensor launch_tensor(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
-  check_storage_holds(t);
+  ready_for_launch(t);
   const auto& storage = t.storage();
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
                      c10::DataPtr(const_cast<void*>(storage.data()), storage.device()), /*allocator=*/nullptr,
@@ -85,8 +94,8 @@ struct KernelTensorArg {
 
   // uncounted: for a tensor no launch takes (made on the device side, kernel_tensor below).
   enum Uncounted { uncounted };
-  explicit KernelTensorArg(const at::Tensor& t) : KernelTensorArg(t, uncounted) {
-    check_storage_holds(t);
+  // Readied (ready_for_launch) before the memory is taken.
+  explicit KernelTensorArg(const at::Tensor& t) : KernelTensorArg(ready_for_launch(t), uncounted) {
     counted = LaunchBytes(t.nbytes());
   }
   KernelTensorArg(const at::Tensor& t, Uncounted)

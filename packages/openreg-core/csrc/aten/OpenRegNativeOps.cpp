@@ -309,8 +309,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (is_same_data(dst, src)) return dst;
   at::assert_no_partial_overlap(dst, src);
   if (src.is_privateuseone() || dst.is_privateuseone()) check_copy(dst, src);
-  if (src.is_privateuseone()) check_storage_holds(src);
-  if (dst.is_privateuseone()) check_storage_holds(dst);
+  if (src.is_privateuseone()) ready_for_launch(src);
+  if (dst.is_privateuseone()) ready_for_launch(dst);
   if (src.is_privateuseone() && dst.is_privateuseone())
     copy_device_to_device(dst, src);
   else if (dst.is_privateuseone())
