@@ -27,14 +27,14 @@ def _autoload() -> None:
 
 import torch  # noqa: E402
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
 if sys.platform == "win32":  # no rpath: _C's libraries are found through the process's DLL folders
-    os.add_dll_directory(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+    os.add_dll_directory(os.path.join(_PACKAGE_DIR, "lib"))
 
 from . import _C  # noqa: E402, F401  (registers the backend in C++)
 
 __version__ = "0.1.0"
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def include_paths() -> List[str]:

@@ -50,6 +50,16 @@ def openmp_flags() -> List[str]:
     return ["-fopenmp"] if sys.platform.startswith("linux") and torch.backends.openmp.is_available() else []
 
 
+def link_flag(name: str) -> str:
+    """The linker's argument for one of core's libraries, ``"openreg"`` or ``"torch_openreg"``, for
+    builds that take raw flags (torch's ``load()``, Inductor's kernel libraries): ``-l<name>`` (with
+    ``-L`` of :func:`torch_openreg.library_paths`), or on Windows the import library by path, which
+    needs no ``/LIBPATH`` (Inductor puts extra flags before cl's ``/link``)."""
+    if sys.platform == "win32":
+        return os.path.join(library_paths()[0], f"{name}.lib")
+    return f"-l{name}"
+
+
 def unity_source(name: str, sources: List[str], folder: str) -> str:
     """Writes `folder`/unity/`name`.cpp, which includes `sources` (absolute paths, in order), and
     returns its path. An unchanged file is not rewritten, so an incremental build stays one."""

@@ -70,7 +70,7 @@ def compile_probe(name: str, source: str, folder: str) -> Any:
 
     from torch.utils.cpp_extension import load
 
-    from .cpp_extension import OpenRegExtension
+    from .cpp_extension import OpenRegExtension, link_flag
 
     ext = OpenRegExtension(f"{name}._C", [f"{name}.cpp"])
     path = Path(folder, f"{name}.cpp")
@@ -82,8 +82,8 @@ def compile_probe(name: str, source: str, folder: str) -> Any:
         extra_include_paths=ext.include_dirs,
         extra_ldflags=[
             *ext.extra_link_args,
-            *(f"/LIBPATH:{d}" if sys.platform == "win32" else f"-L{d}" for d in ext.library_dirs),
-            *(f"{lib}.lib" if sys.platform == "win32" else f"-l{lib}" for lib in ext.libraries),
+            *(f"-L{d}" for d in ext.library_dirs if sys.platform != "win32"),
+            *(link_flag(lib) for lib in ext.libraries),
         ],
         build_directory=folder,
         is_python_module=False,

@@ -29,6 +29,7 @@ import re
 
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.virtualized import V
+from torch_openreg.utils.cpp_extension import link_flag
 
 from .. import _torch213
 from . import launch, shims
@@ -84,7 +85,7 @@ class OpenRegCppWrapper(_torch213.WrapperFixes, CppWrapperCpu):
         super().__init__()
         self.needs_vec_isa = True  # the kernels are Inductor's CPU C++
         self._shims_defined: set[str] = set()
-        for flag in (*launch.link_flags(), launch.library_flag("torch_openreg")):
+        for flag in (*launch.link_flags(), link_flag("torch_openreg")):
             self.external_kernel_libs.add(flag)
 
     @staticmethod

@@ -24,21 +24,14 @@ flags and full optimisation (Inductor compiles any other device type at -O1, see
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 from collections.abc import Sequence
 
 import torch_openreg
+from torch_openreg.utils.cpp_extension import link_flag
 
 KERNEL_BODY = "openreg_body"
-
-
-def library_flag(name: str) -> str:
-    """The linker's argument for one of core's libraries, "openreg" or "torch_openreg"."""
-    if sys.platform == "win32":  # Inductor puts extra flags before cl's /link: the import library by path
-        return os.path.join(torch_openreg.library_paths()[0], f"{name}.lib")
-    return f"-l{name}"
 
 
 @functools.cache
@@ -47,9 +40,9 @@ def link_flags() -> tuple[str, ...]:
     (include,) = torch_openreg.include_paths()
     (libdir,) = torch_openreg.library_paths()
     if sys.platform == "win32":
-        return (f"/I{include}", library_flag("openreg"))
+        return (f"/I{include}", link_flag("openreg"))
     rpath = f"-Wl,-rpath,{libdir}"
-    flags = (f"-I{include}", f"-L{libdir}", library_flag("openreg"), rpath)
+    flags = (f"-I{include}", f"-L{libdir}", link_flag("openreg"), rpath)
     from torch._inductor.cpp_builder import is_gcc
 
     # GCC makes an inline variable of a shared library a GNU unique symbol, one for the whole
