@@ -398,6 +398,10 @@ class TestNegativeSizes(TestCase):
                 with self.assertRaisesRegex(RuntimeError, message):
                     storage.resize_(-1)
                 self.assertEqual(storage.nbytes(), 16)  # unchanged
+        pinned = torch.zeros(4, pin_memory=True).untyped_storage()  # openreg's host allocator: it hung
+        with self.assertRaisesRegex(RuntimeError, message):
+            pinned.resize_(-1)
+        self.assertEqual(pinned.nbytes(), 16)
         t = torch.zeros(4, device="openreg")
         self.assertEqual((t + 1).cpu(), torch.ones(4))
 

@@ -45,6 +45,11 @@ class HostCache final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &raw_delete, c10::Device(c10::DeviceType::CPU));
+    // A negative byte count (a pinned storage's resize_(-1)) arrives as a huge size_t: round_pow2's
+    // doubling overflowed to 0 and spun for ever, with the GIL held. Refused as the CPU's alloc_cpu
+    // and the device allocator refuse it.
+    TORCH_CHECK(static_cast<std::ptrdiff_t>(n) >= 0,
+                "openreg's pinned host allocator seems to have been called with a negative number of bytes: ", n);
     const size_t size = round_pow2(n);
     std::lock_guard<std::mutex> lock(mu_);
     HostBlock* block = nullptr;

@@ -45,8 +45,14 @@ void read_whole_env(const char* name, long lo, long hi, const char* unit, long* 
              " to " + std::to_string(hi);
 }
 
-// Parses "123", "512M", "4G", "64K" (binary units). Returns false when malformed.
+// The largest device: each device reserves its arena twice in the address space (device and
+// kernel views), and 64 devices of this size fit in the 128 TiB a 64-bit process has.
+constexpr size_t kMaxCapacity = size_t{1} << 40;
+
+// Parses "123", "512M", "4G", "64K" (binary units) up to kMaxCapacity. Returns false when malformed.
 bool parse_bytes(const char* text, size_t* out) {
+  // strtoull takes leading blanks and a sign: "-1" was 2^64 - 1 bytes, which wrapped to 0 pages.
+  if (*text < '0' || *text > '9') return false;
   char* end = nullptr;
   errno = 0;
   unsigned long long v = std::strtoull(text, &end, 10);
@@ -75,7 +81,7 @@ bool parse_bytes(const char* text, size_t* out) {
   }
   if (*end == 'i' || *end == 'B') ++end;
   if (*end == 'B') ++end;
-  if (*end != '\0' || v == 0 || v > (std::numeric_limits<size_t>::max() >> shift)) return false;
+  if (*end != '\0' || v == 0 || v > (kMaxCapacity >> shift)) return false;
   *out = static_cast<size_t>(v) << shift;
   return true;
 }
@@ -100,7 +106,8 @@ Runtime* create_runtime() {
   if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
     size_t bytes = 0;
     if (!parse_bytes(env, &bytes))
-      rt->config_error = "OPENREG_DEVICE_MEMORY='" + std::string(env) + "' is not a size such as 512M or 8G";
+      rt->config_error =
+          "OPENREG_DEVICE_MEMORY='" + std::string(env) + "' is not a size such as 512M or 8G (at most 1024G)";
     else
       rt->capacity = (bytes + platform::page_size() - 1) / platform::page_size() * platform::page_size();
   }
