@@ -426,6 +426,19 @@ class TestGraphs(TestCase):
         active = sum(b["size"] for seg in snapshot for b in seg["blocks"] if b["state"] != "inactive")
         self.assertEqual(active, torch.openreg.memory_stats(0)["active_bytes.all.current"])
         self.assertEqual(active, torch.openreg.memory_allocated())  # nothing freed is kept active
+        # The inactive-split statistics count them as the snapshot shows them (they were left out).
+        split = [
+            b["size"]
+            for seg in snapshot
+            if seg["device"] == 0 and len(seg["blocks"]) > 1
+            for b in seg["blocks"]
+            if b["state"] == "inactive"
+        ]
+        stats = torch.openreg.memory_stats(0)
+        self.assertGreater(len(split), 0)
+        self.assertEqual(
+            (stats["inactive_split.all.current"], stats["inactive_split_bytes.all.current"]), (len(split), sum(split))
+        )
         with torch.openreg.stream(s):
             outside = [torch.empty(1 << 18, device="openreg") for _ in range(2)]
         self.assertTrue(all(t.data_ptr() != y.data_ptr() for t in outside))

@@ -267,6 +267,16 @@ class TestCachingAllocator(TestCase):
         self.assertIn("tried to allocate 1048576.00 MiB", message)
         self.assertEqual((torch.ones(4, device="openreg") * 2).sum().item(), 8.0)
 
+    def test_out_of_memory_names_the_request_before_its_rounding(self):
+        # It named the rounded block as the request ("for a request of 0.50 KiB" for 40 bytes).
+        torch._C._accelerator_setAllocatorSettings("roundup_power2_divisions:4")
+        try:
+            with self.assertRaises(torch.OutOfMemoryError) as caught:
+                torch.empty(int(1.2 * (1 << 40)), dtype=torch.uint8, device="openreg")
+        finally:
+            torch._C._accelerator_setAllocatorSettings("roundup_power2_divisions:1")  # none, the default
+        self.assertIn("Tried to allocate 1280.00 GiB (for a request of 1228.80 GiB)", str(caught.exception))
+
 
 class TestAllocatorSettings(TestCase):
     """PYTORCH_ALLOC_CONF, which torch parses for every accelerator (AcceleratorAllocatorConfig), and

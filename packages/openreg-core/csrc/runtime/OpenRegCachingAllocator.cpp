@@ -209,7 +209,7 @@ class DeviceCache {
       std::swap(block, recent_);
     } else {
       settle();
-      block = best_fit(size, stream, small);
+      block = best_fit(size, requested, stream, small);
     }
     block->allocated = true;
     block->requested = requested;
@@ -502,7 +502,8 @@ class DeviceCache {
   }
 
  private:
-  Block* new_segment(size_t size, orStream_t stream, bool small) {
+  // `requested`: the caller's byte count, which the out-of-memory message names (`size` is rounded).
+  Block* new_segment(size_t size, size_t requested, orStream_t stream, bool small) {
     warn_unimplemented_settings();  // here, on the slow path: settings may change at run time
     const size_t bytes = segment_size(size);
     void* ptr = nullptr;
@@ -549,7 +550,7 @@ class DeviceCache {
           releasing == 0 ? std::string()
                          : format_size(releasing) + " being given back by another thread's empty_cache() (retry), ";
       TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
-                       ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(size),
+                       ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(requested),
                        "). Device capacity ", format_size(total), ", ", format_size(free_bytes), " free; ",
                        format_size(agg(stats_.allocated_bytes)), " allocated by PyTorch, ", graphs, released,
                        format_size(agg(stats_.reserved_bytes)),
@@ -600,7 +601,7 @@ class DeviceCache {
   // The smallest cached block of the stream that fits, or a new segment; split. With
   // max_split_size (M) set, as CUDA's: a request below M takes no cached block of M or more, one of
   // M or more takes a cached block less than max_non_split_rounding larger, and neither splits one.
-  Block* best_fit(size_t size, orStream_t stream, bool small) {
+  Block* best_fit(size_t size, size_t requested, orStream_t stream, bool small) {
     Pool& pool = small ? small_pool_ : large_pool_;
     Block key(device_, stream, size, nullptr, small);
     Block* block = nullptr;
@@ -612,7 +613,7 @@ class DeviceCache {
       block = *it;
       take(pool, it);
     } else {
-      block = new_segment(size, stream, small);
+      block = new_segment(size, requested, stream, small);
     }
     // Split off the tail when it is big enough to be useful on its own.
     const size_t remaining = block->size - size;
@@ -755,12 +756,17 @@ class DeviceCache {
   // Counted when stats are read, to keep malloc and free O(log n).
   void recount_inactive_split() {
     int64_t count[3] = {0, 0, 0}, bytes[3] = {0, 0, 0};
+    auto count_block = [&](const Block* b) {
+      if (b->is_segment()) return;
+      const size_t t = b->small ? 1 : 2;
+      count[0]++, count[t]++, bytes[0] += b->size, bytes[t] += b->size;
+    };
     for (Pool* pool : {&small_pool_, &large_pool_})
-      for (Block* b : *pool)
-        if (!b->is_segment()) {
-          const size_t t = b->small ? 1 : 2;
-          count[0]++, count[t]++, bytes[0] += b->size, bytes[t] += b->size;
-        }
+      for (Block* b : *pool) count_block(b);
+    // Freed blocks of graph pools too, as CUDA counts a private pool's (and the snapshot shows them
+    // inactive): they were left out.
+    for (const auto& [graph, blocks] : graph_free_)
+      for (const Block* b : blocks) count_block(b);
     set_current(stats_.inactive_split, count);
     set_current(stats_.inactive_split_bytes, bytes);
   }
