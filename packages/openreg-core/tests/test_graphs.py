@@ -397,6 +397,49 @@ class TestGraphs(TestCase):
         g.reset()
         del other, out
 
+    def test_replays_on_two_streams_are_ordered(self):
+        # As CUDA orders the launches of one graph exec: before, replays on two streams ran at once
+        # on the same memory, so read-modify-writes lost updates (hunt33b: 8 to 16 of 2^20 elements
+        # short), and a replay's re-seeding could run before the previous replay's random ops.
+        s, a, b = torch.openreg.Stream(), torch.openreg.Stream(), torch.openreg.Stream()
+        buf = torch.zeros(1 << 20, device="openreg")
+        warm_up(lambda: buf.add_(1).zero_(), s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            for _ in range(20):
+                buf.add_(1)
+            g.capture_end()
+        for _ in range(5):
+            for stream in (a, b):
+                with torch.openreg.stream(stream):
+                    g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(buf.cpu(), torch.full((1 << 20,), 200.0))
+        g.reset()
+
+        acc = torch.zeros(1 << 16, device="openreg")
+        warm_up(lambda: acc.add_(torch.randn(1 << 16, device="openreg")).zero_(), s)
+        noisy = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            noisy.capture_begin()
+            for _ in range(10):
+                acc.add_(torch.randn(1 << 16, device="openreg"))
+            noisy.capture_end()
+
+        def replays(streams):
+            acc.zero_()
+            torch.openreg.manual_seed(7)
+            for stream in streams:
+                stream.wait_stream(torch.openreg.current_stream())
+                with torch.openreg.stream(stream):
+                    noisy.replay()
+            torch.openreg.synchronize()
+            return acc.cpu()
+
+        self.assertEqual(replays((a, b, a, b)), replays((a, a, a, a)))
+        noisy.reset()
+
     def test_temporaries_freed_during_a_capture_are_reused_by_it(self):
         # As CUDA's private pools: a block freed during the capture goes to the graph's pool, where
         # the capture's later allocations on that stream take it (a replay runs in capture order).

@@ -104,8 +104,21 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     TORCH_CHECK(capturing == 0 || random_ops_.empty(),
                 "Cannot prepare for replay during capturing stage: this graph has random operators, whose "
                 "numbers are chosen at each replay, and the current stream is being captured into another graph");
+    // Replays are ordered, as CUDA orders the launches of one graph exec: a replay on another
+    // stream waits for the previous one, before its re-seeding too (which writes the seeds the
+    // previous replay's random ops read). Unordered, two replays on two streams ran at once on the
+    // same memory: read-modify-writes lost updates, and random ops drew the next replay's numbers.
+    // A replay captured into another graph is ordered by that graph's replays.
+    std::lock_guard<std::mutex> lock(replay_mu_);
+    if (capturing == 0 && last_replay_stream_ != nullptr && last_replay_stream_ != stream)
+      OPENREG_CHECK(orStreamWaitEvent(stream, last_replay_, 0));
     reseed_for_replay(stream, random_ops_);  // fresh numbers for the captured random ops
     OPENREG_CHECK(orGraphLaunch(graph_, stream));
+    if (capturing == 0) {
+      if (last_replay_ == nullptr) OPENREG_CHECK(orEventCreateWithFlags(&last_replay_, orEventDisableTiming));
+      OPENREG_CHECK(orEventRecord(last_replay_, stream));
+      last_replay_stream_ = stream;
+    }
   }
 
   void reset() override {
@@ -116,6 +129,9 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     if (graph_ != nullptr) {
       OPENREG_CHECK(orGraphDestroy(graph_));
       graph_ = nullptr;
+      if (last_replay_ != nullptr) orEventDestroy(last_replay_);
+      last_replay_ = nullptr;
+      last_replay_stream_ = nullptr;
       random_ops_.clear();
       allocator::releaseGraph(device_, pool_);
     }
@@ -163,6 +179,9 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   orGraph_t graph_ = nullptr;
   uint64_t pool_ = 0;
   std::vector<CapturedRandomOp> random_ops_;  // re-seeded before each replay
+  std::mutex replay_mu_;                      // replays from several threads are ordered too
+  orEvent_t last_replay_ = nullptr;           // recorded after the last replay (see replay)
+  orStream_t last_replay_stream_ = nullptr;
 };
 
 size_t abandon_open_captures() {
