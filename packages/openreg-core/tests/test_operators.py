@@ -1027,6 +1027,39 @@ class TestGenericPath(TestCase):
         self.assertEqual(y.stride(), (x * 2).stride())
         self.assertEqual(y.cpu(), x * 2)
 
+    def test_functional_copies_take_a_source_on_another_device(self):
+        # aten::copy and the *_scatter ops end in copy_(src), which copies from another device as on
+        # CUDA. Routed to the generic path, they refused a CPU or openreg:1 source: functionalization
+        # turns x[0] = cpu_tensor into aten::copy, so it failed under torch.func.functionalize and
+        # torch.compile(backend="aot_eager") where eager worked (hunt33a).
+        from torch.func import functionalize
+
+        def calls(device, src_device):
+            x = torch.arange(12.0, device=device).reshape(3, 4)
+            row = torch.tensor([9.0, 8.0, 7.0, 6.0], device=src_device)
+            return [
+                torch.ops.aten.copy(x, row.expand(3, 4)),
+                torch.slice_scatter(x, row[:2].expand(3, 2), dim=1, start=1, end=3),
+                torch.select_scatter(x, row, 0, 1),
+                torch.diagonal_scatter(x, row[:3]),
+                torch.as_strided_scatter(x, row[:2], (2,), (5,)),
+            ]
+
+        def setitem(x, row):
+            y = x.clone()
+            y[0] = row
+            y[1:, 2:].copy_(row[:2])
+            return y
+
+        x, row = torch.arange(12.0).reshape(3, 4), torch.tensor([9.0, 8.0, 7.0, 6.0])
+        want = setitem(x, row)
+        for src_device in ("cpu", "openreg:1"):
+            for got, cpu in zip(calls("openreg", src_device), calls("cpu", "cpu"), strict=True):
+                self.assertEqual(got.device, torch.device("openreg:0"))
+                self.assertEqual(got.cpu(), cpu)
+            for f in (functionalize(setitem), torch.compile(setitem, backend="aot_eager")):
+                self.assertEqual(f(x.to("openreg"), row.to(src_device)).cpu(), want)
+
     def test_index_select_runs_its_out_kernel_into_the_device_output(self):
         # index_select is not structured, but its CPU kernel allocates the result and runs the out=
         # kernel into it: on the device the out= kernel writes the device output (no result of the

@@ -50,6 +50,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../runtime/OpenRegCachingAllocator.h"
@@ -1840,6 +1841,13 @@ size_t route_structured_ops() {
             op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
           continue;                                      // not structured, or openreg has a kernel of its own
         if (op.hasTag(at::Tag::inplace_view)) continue;  // transpose_, as_strided_, ...: metadata only
+        // Ops whose composite ends in copy_(src), which copies from another device (the CPU, the
+        // other openreg device) as CUDA's does. Routed, the generic path's device check refused such
+        // a source: functionalization turns x[0] = cpu_tensor into aten::copy, so it failed under
+        // torch.func.functionalize and torch.compile(backend="aot_eager") where eager worked.
+        static const std::unordered_set<std::string> kCopiesAcrossDevices = {
+            "copy", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter"};
+        if (kCopiesAcrossDevices.count(base.substr(6)) != 0) continue;
         const auto& schema = op.schema();
         bool in_place = schema.returns().size() == 1 && is_written(schema.returns()[0]);
         bool tensor_returns = !schema.returns().empty();
