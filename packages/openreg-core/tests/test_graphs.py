@@ -397,6 +397,41 @@ class TestGraphs(TestCase):
         g.reset()
         del other, out
 
+    def test_a_stream_being_captured_refuses_a_query(self):
+        # It answered True (all work done) for work that runs only at replay, from the capturing
+        # thread and from others; CUDA refuses the query (hunt33b). The capture goes on.
+        import threading
+
+        x = torch.zeros(1000, device="openreg")
+        s = torch.openreg.Stream()
+        warm_up(lambda: x.add_(1), s)
+        message = "cannot query an openreg stream while it is being captured into a graph"
+        g = torch.accelerator.Graph()
+        errors = []
+
+        def query_elsewhere():
+            try:
+                s.query()
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            x.add_(1)
+            with self.assertRaisesRegex(RuntimeError, message):
+                s.query()
+            thread = threading.Thread(target=query_elsewhere)
+            thread.start()
+            thread.join()
+            g.capture_end()
+        self.assertEqual(len(errors), 1)
+        self.assertIn(message, errors[0])
+        self.assertTrue(s.query())
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(x.cpu(), torch.full((1000,), 2.0))  # the warm-up, then the captured add_ once
+        g.reset()
+
     def test_replays_on_two_streams_are_ordered(self):
         # As CUDA orders the launches of one graph exec: before, replays on two streams ran at once
         # on the same memory, so read-modify-writes lost updates (hunt33b: 8 to 16 of 2^20 elements

@@ -1845,8 +1845,8 @@ size_t route_structured_ops() {
         // other openreg device) as CUDA's does. Routed, the generic path's device check refused such
         // a source: functionalization turns x[0] = cpu_tensor into aten::copy, so it failed under
         // torch.func.functionalize and torch.compile(backend="aot_eager") where eager worked.
-        static const std::unordered_set<std::string> kCopiesAcrossDevices = {
-            "copy", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter"};
+        static const std::unordered_set<std::string> kCopiesAcrossDevices = {"copy", "slice_scatter", "select_scatter",
+                                                                             "diagonal_scatter", "as_strided_scatter"};
         if (kCopiesAcrossDevices.count(base.substr(6)) != 0) continue;
         const auto& schema = op.schema();
         bool in_place = schema.returns().size() == 1 && is_written(schema.returns()[0]);

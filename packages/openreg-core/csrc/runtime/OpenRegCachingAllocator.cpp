@@ -546,9 +546,11 @@ class DeviceCache {
       // Another thread's empty_cache gives segments back without the cache's lock (it waits for the
       // device meanwhile): this request found the device full before they were back.
       const size_t releasing = releasing_.load();
-      const std::string released =
-          releasing == 0 ? std::string()
-                         : format_size(releasing) + " being given back by another thread's empty_cache() (retry), ";
+      const std::string released = releasing == 0
+                                       ? std::string()
+                                       : format_size(releasing) +
+                                             " being given back to the device by another thread (its empty_cache() or "
+                                             "out-of-memory retry; retry), ";
       TORCH_CHECK_WITH(OutOfMemoryError, false, "openreg out of memory on device ", static_cast<int>(device_),
                        ". Tried to allocate ", format_size(bytes), " (for a request of ", format_size(requested),
                        "). Device capacity ", format_size(total), ", ", format_size(free_bytes), " free; ",

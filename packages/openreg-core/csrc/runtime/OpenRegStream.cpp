@@ -203,6 +203,14 @@ int OpenRegStream::priority() const {
 // copy's result learns that the result is a failed kernel's. The runtime's own query leaves the
 // failure to such calls (the allocators and occl poll with it).
 bool OpenRegStream::query() const {
+  // A stream being captured holds work that runs only at the graph's replays: "all done" was the
+  // wrong answer, and a thread polling for the captured outputs read them unwritten. Refused, as
+  // CUDA refuses the query (cudaErrorStreamCaptureUnsupported); the capture goes on.
+  int capturing = 0;
+  OPENREG_CHECK(orStreamIsCapturing(handle(), &capturing));
+  TORCH_CHECK(capturing == 0,
+              "cannot query an openreg stream while it is being captured into a graph: its captured work "
+              "runs when the graph is replayed; query after capture_end()");
   orStatus st = orStreamQuery(handle());
   if (st == orErrorNotReady) return false;
   OPENREG_CHECK(st);
