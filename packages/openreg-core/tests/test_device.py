@@ -190,10 +190,11 @@ class TestDeviceModule(TestCase):
             ("OPENREG_DEVICE_MEMORY", "17179869184G", "is not a size such as 512M or 8G"),  # wrapped to 0
             # strtoull's sign and a size beyond the address space: the first call failed to map the
             # device ("Invalid argument", naming nothing), and the process aborted at exit
-            ("OPENREG_DEVICE_MEMORY", "-1", "is not a size such as 512M or 8G (at most 1024G)"),
+            ("OPENREG_DEVICE_MEMORY", "-1", "is not a size such as 512M or 8G (at most 512G)"),
             ("OPENREG_DEVICE_MEMORY", "18446744073709551615", "is not a size such as 512M or 8G"),
             ("OPENREG_DEVICE_MEMORY", "200000G", "is not a size such as 512M or 8G"),
             ("OPENREG_SPIN_US", "abc", "is not a whole number of microseconds"),  # was read as 0
+            ("OPENREG_SPIN_US", "+5", "is not a whole number of microseconds"),  # strtol's sign
             ("OPENREG_WAIT_SPIN_US", "2000000", "is not a whole number of microseconds"),
             ("OPENREG_DEVICE_COUNT", "0", "is not a whole number from 1 to 64"),
         ):

@@ -362,6 +362,27 @@ class TestMultiprocessing(TestCase):
         del shrunk, grown
         self.assertEqual(torch.accelerator.memory_allocated(), base)
 
+    def test_a_sent_storage_sharing_its_memory_with_a_lazy_clone_keeps_it_too(self):
+        # review33: the resize first gave a copy-on-write storage its own copy (set_data_ptr
+        # materializes), kept that copy, and freed the sent memory with the lazy clone.
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch_openreg.openreg.ipc import _kept_count
+
+        torch.accelerator.empty_cache()
+        kept, base = _kept_count(), torch.accelerator.memory_allocated()
+        t = torch.ones(1000, device="openreg")
+        slab, slot = ForkingPickler._extra_reducers[torch.Tensor](t)[1][3:5]
+        clone = torch._lazy_clone(t)
+        t.untyped_storage().resize_(0)
+        self.assertEqual(torch.accelerator.memory_allocated() - base, 4096)  # no copy was made
+        del clone
+        torch.accelerator.empty_cache()
+        self.assertEqual(torch.accelerator.memory_allocated() - base, 4096)  # kept for the receiver
+        slab[slot] = 0
+        torch.accelerator.empty_cache()
+        self.assertEqual((_kept_count(), torch.accelerator.memory_allocated()), (kept, base))
+
     def test_a_receiver_reads_what_was_sent_after_the_sender_freed_the_storage(self):
         # The same, end to end: the receiver's tensor keeps its values after the sender's
         # resize_(0) and new allocations (which took the freed block before).

@@ -213,6 +213,64 @@ class TestNativeOps(TestCase):
         for cpu, dev in zip(writes("cpu"), writes("openreg"), strict=True):
             self.assertEqual(dev, cpu)
 
+    def test_a_lazy_clone_copies_on_its_own_device_after_its_queued_writers(self):
+        # review33: the copy-on-write copy took memory from the current device (openreg:0 for a
+        # tensor on openreg:1), ran synchronously on the default stream (the host waited for the
+        # device), and was not ordered with writes queued on a side stream: reads of a lazy clone
+        # gave what the queued writes had not yet written.
+        from torch_openreg.utils.testing import StreamHold
+
+        n = 1 << 18
+        want = torch.arange(n, dtype=torch.float32) + 20
+        torch.openreg.set_device(0)
+        try:
+            x = torch.arange(n, dtype=torch.float32, device="openreg:1")
+            for _ in range(20):
+                x.add_(1)  # queued on openreg:1
+            clone = torch._lazy_clone(x)
+            self.assertEqual(clone.cpu(), want)  # a read: the copy is made on openreg:1
+            self.assertEqual(clone.untyped_storage().device, torch.device("openreg:1"))
+            self.assertEqual(x.cpu(), want)
+
+            def work(t, zeros):
+                t.add_(zeros.sum())
+                for _ in range(20):
+                    t.add_(1)
+                c = torch._lazy_clone(t)
+                c.mul_(2)  # materializes on the current stream, after the queued adds
+                return c
+
+            side = torch.openreg.Stream(device=0)
+            y = torch.arange(n, dtype=torch.float32, device="openreg:0")
+            side.wait_stream(torch.openreg.current_stream(0))
+            with torch.openreg.stream(side):
+                work(torch.zeros(n, device="openreg:0"), torch.zeros(4, device="openreg:0"))  # first calls
+                with StreamHold() as held:  # the side stream is busy: a waiting host would block
+                    clone = work(y, held.output)  # queued behind the hold
+                    self.assertFalse(side.query())  # the host did not wait
+                torch.openreg.synchronize()
+            self.assertEqual(clone.cpu(), want * 2)
+            self.assertEqual(y.cpu(), want)
+        finally:
+            torch.openreg.set_device(0)
+
+    def test_sparse_members_are_checked_and_copied_on_write_at_launch(self):
+        # review33: the members of sparse compressed tensors skipped the launch checks: a lazy clone
+        # of CSR values was written through to its original, and values over a freed storage
+        # computed silently.
+        dense = torch.tensor([[1.0, 0.0], [2.0, 3.0]])
+        csr = dense.to_sparse_csr().to("openreg")
+        values = csr.values()
+        shared = torch.sparse_csr_tensor(
+            csr.crow_indices(), csr.col_indices(), torch._lazy_clone(values), (2, 2), device="openreg"
+        )
+        shared.mul_(2)
+        self.assertEqual(values.cpu(), torch.tensor([1.0, 2.0, 3.0]))
+        self.assertEqual(shared.to_dense().cpu(), dense * 2)
+        values.untyped_storage().resize_(0)
+        with self.assertRaisesRegex(RuntimeError, "needs 12 bytes of its storage, which holds 0"):
+            csr.mul_(2)
+
     def test_resize_to_the_same_shape_keeps_strides(self):
         # resize_ used to make every tensor contiguous, so a transposed tensor's values moved.
         cpu = torch.arange(6.0).reshape(2, 3).t()

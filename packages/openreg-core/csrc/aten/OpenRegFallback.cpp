@@ -917,9 +917,16 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
   c10::SmallVector<LaunchBytes, 4> counted;  // sizes the kernel's thread team (OpenRegStream.h)
   for (const c10::IValue& v : args)
     for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) return;
-      if (t.is_privateuseone()) ready_for_launch(t);  // as KernelTensorArg does on the fast path
-      counted.emplace_back(t.nbytes());
+      if (!t.defined()) return;
+      if (t.is_privateuseone()) {  // as KernelTensorArg does on the fast path; sparse and nested by member
+        if (sparse::is_sparse(t))
+          for (const at::Tensor& m : sparse::members(t)) ready_for_launch(m);
+        else if (t.is_nested())
+          ready_for_launch(nested::storage_as_tensor(t));
+        else if (t.layout() == c10::kStrided)
+          ready_for_launch(t);
+      }
+      if (t.layout() == c10::kStrided && !t.is_nested()) counted.emplace_back(t.nbytes());
     });
   auto stream = getCurrentOpenRegStream(device.index());
   OPENREG_CHECK(::openreg::launch(stream.handle(), schema.name().c_str(), [op, kernel_args, state]() mutable {

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/COW.h>
 
 #include <type_traits>
@@ -27,6 +28,8 @@ namespace c10::openreg {
 //   kernels do when they take a mutable pointer on the host. Kernels take the device pointer on
 //   the host without that, so a write to a lazy clone used to write its original too. Reads copy
 //   as well: which arguments a kernel writes is the kernel's business.
+// Sparse and nested tensors: their members (sparse::members, nested::storage_as_tensor) go through
+// this one by one.
 inline const at::Tensor& ready_for_launch(const at::Tensor& t) {
   const auto& storage = t.storage();
   const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(), t.storage_offset());
@@ -34,8 +37,12 @@ inline const at::Tensor& ready_for_launch(const at::Tensor& t) {
               t.sizes(), " needs ", needed, " bytes of its storage, which holds ", storage.nbytes(),
               ": the storage was resized after the tensor was made (untyped_storage().resize_(0) frees it); "
               "resize the storage back before using the tensor");
-  if (C10_UNLIKELY(c10::impl::cow::is_cow_data_ptr(storage.data_ptr())))
-    storage.unsafeGetStorageImpl()->mutable_data();  // materializes (a device-to-device copy)
+  if (C10_UNLIKELY(c10::impl::cow::is_cow_data_ptr(storage.data_ptr()))) {
+    // The copy's memory comes from the tensor's device, and the copy runs on that device's current
+    // stream after the work queued there, without the host waiting (the allocator's copy_data).
+    c10::DeviceGuard guard(storage.device());
+    storage.unsafeGetStorageImpl()->mutable_data();  // materializes
+  }
   return t;
 }
 

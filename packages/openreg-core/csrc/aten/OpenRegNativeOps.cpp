@@ -49,12 +49,13 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes) {
   if (keep > 0 && storage->data() != nullptr)
     OPENREG_CHECK(orMemcpyAsync(data.get(), storage->data(), keep, orMemcpyDeviceToDevice,
                                 current_stream_handle(device.index())));
-  c10::DataPtr old = storage->set_data_ptr(std::move(data));
-  storage->set_nbytes(new_bytes);
-  if (old) {
+  if (storage->data() != nullptr) {
     auto keeper = shared_memory_keeper.load(std::memory_order_acquire);
-    if (keeper != nullptr) keeper(storage, old);  // takes `old` if other processes map it
+    if (keeper != nullptr) keeper(storage);  // keeps the memory other processes map
   }
+  // No materialization of a copy-on-write storage (set_data_ptr would copy what is let go of).
+  storage->set_data_ptr_noswap(std::move(data));
+  storage->set_nbytes(new_bytes);
 }
 
 void set_shared_memory_keeper(SharedMemoryKeeper keeper) { shared_memory_keeper.store(keeper); }

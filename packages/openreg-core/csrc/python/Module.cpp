@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/impl/COW.h>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
@@ -306,7 +307,7 @@ class SentStorages {
     const int64_t generation = ++generation_;
     slot(key).store(ipc_slot::kept(generation), std::memory_order_relaxed);  // read by receivers after the message
     const void* memory = storage.data();
-    kept_.emplace(key, Kept{std::move(storage), generation, memory, nullptr});
+    kept_.emplace(key, Kept{std::move(storage), generation, memory, c10::Storage()});
     count_.store(kept_.size(), std::memory_order_relaxed);
     return std::make_tuple(key.first, key.second, generation);
   }
@@ -332,7 +333,7 @@ class SentStorages {
   // reading's storage shares it), and the sender's tensor dying frees nothing under the receiver.
   // Nothing when the slot was released since, or went to a later send.
   std::optional<c10::Storage> take(int64_t slab, int64_t index, int64_t generation) {
-    std::shared_ptr<c10::DataPtr> parked;  // freed after the lock
+    c10::Storage parked;  // dropped after the lock
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kept_.find({slab, index});
     if (it == kept_.end() || it->second.generation != generation) return std::nullopt;
@@ -362,18 +363,24 @@ class SentStorages {
 
   size_t size() const { return count_.load(std::memory_order_relaxed); }
 
-  // The sender resized a storage (resize_storage_bytes): the memory it let go of stays allocated
-  // while a send of it is kept, and is freed with the last such send. Before, the allocator took the
-  // block back at once and gave it to the sender's next tensor, which the receivers then read and
-  // wrote. Only the memory a send shared is parked (a storage sent, resized and sent again parks its
-  // first memory for the first send).
-  void park(const c10::StorageImpl* storage, c10::DataPtr& memory) {
+  // The sender resizes a storage (resize_storage_bytes, before the storage lets go of its memory):
+  // the memory stays allocated while a send of it is kept, and is freed with the last such send.
+  // Before, the allocator took the block back at once and gave it to the sender's next tensor,
+  // which the receivers then read and wrote. The memory is kept by a copy-on-write alias of the
+  // storage (c10's lazy clone: a reference to the memory, no copy), so a storage that shares its
+  // memory with a lazy clone of its own is kept right too. Only the memory a send shared is kept
+  // (a storage sent, resized and sent again keeps its first memory for the first send).
+  void park(c10::StorageImpl* storage) {
     if (size() == 0) return;
     std::lock_guard<std::mutex> lock(mu_);
-    std::shared_ptr<c10::DataPtr> parked;
+    c10::Storage parked;
     for (auto& [key, kept] : kept_) {
-      if (kept.storage.unsafeGetStorageImpl() != storage || kept.memory != memory.get()) continue;
-      if (!parked) parked = std::make_shared<c10::DataPtr>(std::move(memory));
+      if (kept.storage.unsafeGetStorageImpl() != storage || kept.memory != storage->data()) continue;
+      if (!parked) {
+        auto alias = c10::impl::cow::lazy_clone_storage(*storage);
+        TORCH_INTERNAL_ASSERT(alias, "openreg's device memory is a plain allocation: it has a lazy clone");
+        parked = c10::Storage(std::move(alias));
+      }
       kept.parked = parked;
     }
   }
@@ -383,8 +390,8 @@ class SentStorages {
   struct Kept {
     c10::Storage storage;
     int64_t generation;
-    const void* memory;                    // what the send shared
-    std::shared_ptr<c10::DataPtr> parked;  // that memory, once the storage let go of it (park)
+    const void* memory;   // what the send shared
+    c10::Storage parked;  // that memory, once the storage let go of it (park)
   };
 
   std::atomic<int64_t>& slot(Key key) {
@@ -431,8 +438,7 @@ PYBIND11_MODULE(_C, m) {
   OPENREG_CHECK(orSetBlockingWaitHooks(&release_gil_while_waiting, &take_gil_back));
   allocator::registerFreeMemoryCallback(
       {+[] { return sent_storages().size() > 0; }, +[] { return sent_storages().collect(); }});
-  set_shared_memory_keeper(
-      +[](const c10::StorageImpl* storage, c10::DataPtr& memory) { sent_storages().park(storage, memory); });
+  set_shared_memory_keeper(+[](c10::StorageImpl* storage) { sent_storages().park(storage); });
   m.doc() = "openreg runtime and PyTorch integration (internal; use torch.openreg)";
 
   // devices

@@ -873,9 +873,13 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
 
-  // Host code cannot touch device memory: copies go through the runtime.
+  // Host code cannot touch device memory: copies go through the runtime. torch calls it to give a
+  // copy-on-write storage its own memory (Allocator::clone): on the current stream (its caller,
+  // ready_for_launch, guards the storage's device), after the work queued there, as a kernel
+  // writing the storage would run. It was a synchronous orMemcpy: the host waited for the device,
+  // and the copy was not ordered with writes queued on a side stream.
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    OPENREG_CHECK(orMemcpy(dest, src, count, orMemcpyDeviceToDevice));
+    OPENREG_CHECK(orMemcpyAsync(dest, src, count, orMemcpyDeviceToDevice, current_stream_handle(current_device())));
   }
 
   bool initialized() override { return true; }

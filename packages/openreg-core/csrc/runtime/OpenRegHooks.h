@@ -11,9 +11,9 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_bytes);
 
 // The memory a resize lets go of may still be mapped by other processes: a storage this process
 // sent through torch.multiprocessing (Module.cpp::SentStorages), resized by its sender afterwards.
-// The keeper then takes `memory` (moves from it) and frees it once the receivers let go, as CUDA's
-// sharing parks a sent storage's memory (CudaIPCSentData); otherwise it leaves `memory` alone.
-using SharedMemoryKeeper = void (*)(const c10::StorageImpl* storage, c10::DataPtr& memory);
+// Called before the storage lets go of it, the keeper then keeps the memory until the receivers let
+// go, as CUDA's sharing parks a sent storage's memory (CudaIPCSentData); otherwise it does nothing.
+using SharedMemoryKeeper = void (*)(c10::StorageImpl* storage);
 void set_shared_memory_keeper(SharedMemoryKeeper keeper);
 
 }  // namespace c10::openreg

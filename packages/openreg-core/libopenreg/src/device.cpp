@@ -27,6 +27,7 @@ constexpr long kMaxSpinUs = 1000000;       // a second
 
 // Parses a whole number from `lo` to `hi`. Returns false when malformed or out of range.
 bool parse_whole(const char* text, long lo, long hi, long* out) {
+  if (*text < '0' || *text > '9') return false;  // strtol takes leading blanks and a sign
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(text, &end, 10);
@@ -46,8 +47,9 @@ void read_whole_env(const char* name, long lo, long hi, const char* unit, long* 
 }
 
 // The largest device: each device reserves its arena twice in the address space (device and
-// kernel views), and 64 devices of this size fit in the 128 TiB a 64-bit process has.
-constexpr size_t kMaxCapacity = size_t{1} << 40;
+// kernel views), and 64 devices of this size take half the 128 TiB a 64-bit process has (at 1 TiB,
+// device 63 found no room left to map).
+constexpr size_t kMaxCapacity = size_t{1} << 39;
 
 // Parses "123", "512M", "4G", "64K" (binary units) up to kMaxCapacity. Returns false when malformed.
 bool parse_bytes(const char* text, size_t* out) {
@@ -107,7 +109,7 @@ Runtime* create_runtime() {
     size_t bytes = 0;
     if (!parse_bytes(env, &bytes))
       rt->config_error =
-          "OPENREG_DEVICE_MEMORY='" + std::string(env) + "' is not a size such as 512M or 8G (at most 1024G)";
+          "OPENREG_DEVICE_MEMORY='" + std::string(env) + "' is not a size such as 512M or 8G (at most 512G)";
     else
       rt->capacity = (bytes + platform::page_size() - 1) / platform::page_size() * platform::page_size();
   }
