@@ -73,13 +73,19 @@ def _tensors_by_place(model, inputs) -> Dict[str, str]:
     return places
 
 
+def _some(names: list, shown: int = 6) -> str:
+    """The first `shown` names, and how many more there are (the list was cut without saying so)."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def check_devices(model, inputs) -> str:
     """The one device the model and its inputs live on; ``DeviceMismatchError`` naming the
     tensors on each device when there are several."""
     places = _tensors_by_place(model, inputs)
     devices = sorted(set(places.values()))
     if len(devices) > 1:
-        groups = "; ".join(f"{d}: {', '.join(sorted(k for k, v in places.items() if v == d)[:6])}" for d in devices)
+        groups = "; ".join(f"{d}: {_some(sorted(k for k, v in places.items() if v == d))}" for d in devices)
         raise DeviceMismatchError(
             f"the model and its inputs are on different devices ({groups}): move them to one device, "
             "e.g. model.to('openreg') and the inputs with .to('openreg'), before exporting"

@@ -385,6 +385,14 @@ class TestBadInputs(TestCase):
             openreg_onnx.export(model, (torch.randn(2, 8),))
         with self.assertRaisesRegex(DeviceMismatchError, r"\(openreg:0: .*; openreg:1: input 0\)"):
             openreg_onnx.verify(model, (torch.randn(2, 8, device="openreg:1"),))
+        # A long list says how many it leaves out (it was cut at six without saying so; hunt33d).
+        deep = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))  # 8 tensors on the CPU
+        with self.assertRaisesRegex(
+            DeviceMismatchError,
+            r"\(cpu: parameter 0.bias, parameter 0.weight, (parameter [0-9.a-z]+, ){3}"
+            r"parameter 2.weight and 2 more; openreg:0: input 0\)",
+        ):
+            openreg_onnx.export(deep, (torch.randn(2, 8, device="openreg"),))
 
     def test_mismatched_devices_name_buffers_and_a_programs_non_persistent_ones(self):
         class Scaled(torch.nn.Module):

@@ -383,6 +383,18 @@ class TestPerChannel(QuantTestCase):
                     for device in ("cpu", "openreg"):
                         with self.assertRaisesRegex(error, message, msg=f"{q_dtype} {z_dtype} {name} {n} {device}"):
                             call(device)
+        # Per tensor, the decomposition reads a zero point tensor as a number, but subtracts a bool
+        # one, which PyTorch refuses: openreg read it as 1 (hunt33e).
+        q, s, z = torch.tensor([0, 1, -3], dtype=torch.int8), torch.tensor(0.5), torch.tensor(True)
+        for device in ("cpu", "openreg"):
+            for call in (
+                lambda d: qd.dequantize_per_tensor.tensor(*(t.to(d) for t in (q, s, z)), -128, 127, torch.int8),
+                lambda d: qd.dequantize_per_tensor.tensor2(
+                    *(t.to(d) for t in (q, s, z)), torch.tensor(-128), torch.tensor(127), torch.int8
+                ),
+            ):
+                with self.assertRaisesRegex(RuntimeError, "^Subtraction, the `-` operator, with a bool tensor"):
+                    call(device)
         # A 0-dim zero point per token takes no part in the promotion: uint8 values with a uint16
         # one stay uint8 (and wrap), as in the decomposition.
         q, s, z = (

@@ -13,6 +13,14 @@ namespace {
 
 // ---- per tensor ----
 
+// The decomposition subtracts a bool zero point tensor, which PyTorch refuses: refused at the call
+// with its words (it was read as 1; hunt33e). Its other zero points it reads as numbers (.item()).
+void check_not_bool(const at::Tensor& zero_point) {
+  TORCH_CHECK(zero_point.scalar_type() != at::kBool,
+              "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a "
+              "mask, use the `~` or `logical_not()` operator instead.");
+}
+
 at::Tensor dequantize_per_tensor_impl(const at::Tensor& input, ScalarParam scale, ScalarParam zp, c10::ScalarType dtype,
                                       std::optional<c10::ScalarType> out_dtype, const char* name) {
   TORCH_CHECK(input.scalar_type() == dtype, "Expecting input to have dtype: ", py_dtype(dtype), ", but got ",
@@ -53,6 +61,7 @@ at::Tensor dequantize_per_tensor_tensor(const at::Tensor& input, const at::Tenso
                                         std::optional<at::ScalarType> out_dtype) {
   const char* name = "quantized_decomposed::dequantize_per_tensor.tensor";
   check_one_element(scale, zero_point);
+  check_not_bool(zero_point);
   // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
   // a call's arguments are evaluated is the compiler's).
   const ScalarParam s = ScalarParam::of(scale, input, "scale", name);
@@ -66,6 +75,7 @@ at::Tensor dequantize_per_tensor_tensor2(const at::Tensor& input, const at::Tens
                                          std::optional<at::ScalarType> out_dtype) {
   const char* name = "quantized_decomposed::dequantize_per_tensor.tensor2";
   check_one_element(scale, zero_point);
+  check_not_bool(zero_point);
   // Named, in the arguments' order: a refusal names the first wrong argument (the order in which
   // a call's arguments are evaluated is the compiler's).
   const ScalarParam s = ScalarParam::of(scale, input, "scale", name);
