@@ -471,6 +471,23 @@ class TestPerToken(QuantTestCase):
                         deq = qd.dequantize_per_token(want, s, z, -128, 127, torch.int8, out_dtype)
                         self.assertSame(qd.dequantize_per_token(got, ds, dz, -128, 127, torch.int8, out_dtype), deq)
 
+    def test_integer_scales_quantize_as_the_decomposition(self):
+        # The decomposition takes integer scales (its reciprocal is floating point); openreg refused
+        # them in quantize_per_token while dequantize_per_token took them (hunt33e).
+        x = torch.tensor([[0.4, 1.6, -2.5], [3.0, -7.2, 9.9]], dtype=torch.float32)
+        s, z = torch.tensor([[1], [2]]), torch.tensor([[0], [1]])
+        want = qd.quantize_per_token(x, s, z, -128, 127, torch.int8)
+        got = qd.quantize_per_token(*(t.to("openreg") for t in (x, s, z)), -128, 127, torch.int8)
+        self.assertSame(got, want)
+        with self.assertRaisesRegex(RuntimeError, "input must be floating point, got torch.int32"):
+            qd.quantize_per_token(
+                torch.ones(2, 3, dtype=torch.int32, device="openreg"),
+                *(t.to("openreg") for t in (s, z)),
+                -128,
+                127,
+                torch.int8,
+            )
+
     def test_a_0_dim_input_is_one_token(self):
         # The decomposition's amax(-1, keepdim=True) gives 0-dim parameters; openreg refused the input.
         for x in (torch.tensor(2.5), torch.tensor(-0.75, dtype=torch.bfloat16)):
