@@ -570,6 +570,44 @@ class TestFork(TestCase):
         self.assertEqual(r.stdout.strip(), "0 [2.0, 2.0] [2.0, 2.0]", r.stderr)
         self.assertNotIn("openreg allocator", r.stderr)  # the child's drop is silent
 
+    def test_a_child_forked_while_another_thread_holds_openreg_locks_frees_and_exits(self):
+        # A thread of the parent may hold the device cache's, the pinned cache's or the generic
+        # path's lock at the fork (it allocates, frees, runs an operator); in the child no thread
+        # ever releases it. The child froze freeing an inherited tensor (about 1 fork in 25 while
+        # threads used openreg), or at its exit, where every operator is removed and the generic
+        # path forgot each under its locks. Here the forking thread holds them, as such a thread
+        # would: the child's frees and operator removals must leave them alone.
+        r = run_python(
+            """
+            import os, sys, torch, torch_openreg
+            x = torch.ones(4, device="openreg")
+            kept = [x + 1, torch.ones(4).pin_memory()]  # a device tensor and a pinned one
+            torch.special.erfcx(x)  # the generic path (not a native kernel) has run
+            assert torch.openreg.fallback_op_counts().get("aten::special_erfcx") == 1
+            torch_openreg._C._hold_locks_for_fork_test(True)
+            pid = os.fork()
+            if pid == 0:
+                del kept[:]  # frees both inherited tensors
+                lib = torch.library.Library("fork_child", "FRAGMENT")
+                lib.define("f(Tensor x) -> Tensor")
+                del lib  # removes an operator, as the interpreter's exit removes them all
+                sys.exit(0)  # static destructors, as a child's normal exit runs them
+            torch_openreg._C._hold_locks_for_fork_test(False)
+            deadline = __import__("time").time() + 60
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    print(os.waitstatus_to_exitcode(status), kept[0].cpu().tolist(), kept[1].tolist())
+                    break
+                if __import__("time").time() > deadline:
+                    os.kill(pid, 9)
+                    print("child hung")
+                    break
+                __import__("time").sleep(0.01)
+            """
+        )
+        self.assertEqual(r.stdout.strip(), "0 [2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0]", r.stderr)
+
     def test_inherited_tensor_meets_the_runtime_guard(self):
         # a tensor made in the parent never passes torch's lazy initialisation in the child: the
         # runtime itself refuses the child's kernel (and its read-back) with orErrorForkedProcess

@@ -46,6 +46,9 @@ std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void reset_fallback_counts();
 // Launch records of the generic path that exist (queued, or kept by a thread for reuse).
 int64_t generic_launches_alive();
+// Takes (hold) or releases the generic path's locks, for a test that forks while another thread
+// would hold them (test_device.py::TestFork).
+void hold_locks_for_test(bool hold);
 // In strict mode an operator without a native openreg kernel raises.
 void set_strict_mode(bool strict);
 bool strict_mode();

@@ -606,6 +606,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("_native_meta_operators", [] { return native_meta_operators(); });
   m.def("_routed_out_overload", [](const std::string& name) { return routed_out_overload(name); });
   m.def("_generic_launches_alive", [] { return generic_launches_alive(); });
+  // For a test only: the locks a forked child must leave alone (lazy-init-fork.md), taken by this
+  // thread as if another thread held them at a fork; released by the same thread.
+  m.def("_hold_locks_for_fork_test", [](bool hold) {
+    if (hold) {
+      c10::openreg::allocator::hold_lock_for_test(0, true);
+      c10::openreg::host_allocator::hold_lock_for_test(true);
+      hold_locks_for_test(true);
+    } else {
+      hold_locks_for_test(false);
+      c10::openreg::host_allocator::hold_lock_for_test(false);
+      c10::openreg::allocator::hold_lock_for_test(0, false);
+    }
+  });
   m.def("_set_strict_mode", [](bool s) { set_strict_mode(s); });
   m.def("_get_strict_mode", [] { return strict_mode(); });
 

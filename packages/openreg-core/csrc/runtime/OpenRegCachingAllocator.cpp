@@ -167,12 +167,6 @@ bool run_free_memory_callbacks() {
   return freed;
 }
 
-// In a child forked after the parent used the runtime, which refuses every call there.
-bool forked_child() {
-  int device = 0;
-  return orGetDevice(&device) == orErrorForkedProcess;
-}
-
 std::string format_size(size_t bytes) {
   std::ostringstream os;
   os.precision(2);
@@ -187,6 +181,7 @@ std::string format_size(size_t bytes) {
 
 class DeviceCache {
  public:
+  std::mutex& mutex_for_test() { return mu_; }
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
   // The device's allocated and reserved bytes after a malloc or free, for the profiler's memory records.
@@ -319,7 +314,7 @@ class DeviceCache {
       insert_events(block);
     } catch (const c10::Error& e) {
       block->pending_events++;
-      if (!forked_child())
+      if (!in_forked_child())
         TORCH_WARN(
             "openreg allocator: a freed block used on other streams (record_stream) could not wait for "
             "them and is not reused: ",
@@ -943,7 +938,9 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 OpenRegCachingAllocator& g_allocator = *new OpenRegCachingAllocator();
 
 void OpenRegCachingAllocator::raw_delete(void* ptr) {
-  if (ptr == nullptr) return;
+  // A child's inherited tensor is the parent's memory: leave it, and the cache's lock, which a
+  // parent thread may have held at the fork, alone.
+  if (ptr == nullptr || in_forked_child()) return;
   const int device = orPointerGetDevice(ptr);
   TORCH_INTERNAL_ASSERT(device >= 0, "openreg allocator: freeing a pointer that is not device memory");
   DeviceCache::Usage usage;
@@ -973,6 +970,10 @@ c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device)
 void resetPeakStats(c10::DeviceIndex device) { g_allocator.resetPeakStats(device); }
 void resetAccumulatedStats(c10::DeviceIndex device) { g_allocator.resetAccumulatedStats(device); }
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot() { return g_allocator.segments(); }
+void hold_lock_for_test(c10::DeviceIndex device, bool hold) {
+  std::mutex& mu = g_allocator.cache(device).mutex_for_test();
+  hold ? mu.lock() : mu.unlock();
+}
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 

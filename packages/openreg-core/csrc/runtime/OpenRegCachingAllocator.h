@@ -32,5 +32,8 @@ c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device)
 void resetPeakStats(c10::DeviceIndex device);
 void resetAccumulatedStats(c10::DeviceIndex device);
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+// Takes (hold) or releases the lock of a device's cache, for a test that forks while another thread
+// would hold it (test_device.py::TestFork).
+void hold_lock_for_test(c10::DeviceIndex device, bool hold);
 
 }  // namespace c10::openreg::allocator

@@ -54,4 +54,9 @@ c10::DeviceIndex exchange_device(c10::DeviceIndex device) {
   return previous;
 }
 
+bool in_forked_child() noexcept {
+  int device = 0;
+  return orGetDevice(&device) == orErrorForkedProcess;
+}
+
 }  // namespace c10::openreg

@@ -20,5 +20,9 @@ void check_device_index(int64_t device);  // wide: an index from Python is check
 // so that a program exiting with one open can wait for its queued work (OpenRegGraph.cpp). Returns
 // how many there were.
 size_t abandon_open_captures();
+// In a child forked after the parent used the runtime, which refuses every call there. Such a
+// child must not take the PyTorch layer's locks either: a parent thread may have held one at the
+// fork, and nothing in the child will ever release it (lazy-init-fork.md).
+bool in_forked_child() noexcept;
 
 }  // namespace c10::openreg

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "OpenRegException.h"
+#include "OpenRegFunctions.h"
 
 namespace c10::openreg::host_allocator {
 
@@ -201,6 +202,8 @@ class HostCache final : public at::HostAllocator {
     failure.raise();
   }
 
+  void hold_lock_for_test(bool hold) { hold ? mu_.lock() : mu_.unlock(); }
+
  private:
   static void raw_delete(void* ptr);
 
@@ -238,7 +241,8 @@ class HostCache final : public at::HostAllocator {
 HostCache& g_host = *new HostCache();
 
 void HostCache::raw_delete(void* ptr) {
-  if (ptr != nullptr) g_host.free(ptr);
+  // As the device allocator's: a forked child leaves inherited pinned memory and its locks alone.
+  if (ptr != nullptr && !in_forked_child()) g_host.free(ptr);
 }
 
 }  // namespace
@@ -254,5 +258,6 @@ void record_stream(const void* ptr, void* ctx, OpenRegStream stream) { g_host.re
 
 REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_host);
 void empty_cache() { g_host.empty(); }
+void hold_lock_for_test(bool hold) { g_host.hold_lock_for_test(hold); }
 
 }  // namespace c10::openreg::host_allocator

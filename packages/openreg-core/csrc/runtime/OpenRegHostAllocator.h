@@ -15,5 +15,7 @@ bool is_pinned(const void* ptr);
 // caller wait for that work instead.
 void record_stream(const void* ptr, void* ctx, OpenRegStream stream);
 void empty_cache();
+// As allocator::hold_lock_for_test, for the pinned cache's lock.
+void hold_lock_for_test(bool hold);
 
 }  // namespace c10::openreg::host_allocator

@@ -25,9 +25,13 @@ constexpr long kDefaultSpinUs = 20;        // an idle worker, for the next launc
 constexpr long kDefaultWaitSpinUs = 2000;  // a host thread waiting for progress (synchronize, a copy)
 constexpr long kMaxSpinUs = 1000000;       // a second
 
+// strtol and strtoull take leading blanks and a sign ("-1" read as 2^64 - 1 bytes wrapped to 0
+// pages): a setting must start with a digit.
+bool starts_with_digit(const char* text) { return *text >= '0' && *text <= '9'; }
+
 // Parses a whole number from `lo` to `hi`. Returns false when malformed or out of range.
 bool parse_whole(const char* text, long lo, long hi, long* out) {
-  if (*text < '0' || *text > '9') return false;  // strtol takes leading blanks and a sign
+  if (!starts_with_digit(text)) return false;
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(text, &end, 10);
@@ -53,8 +57,7 @@ constexpr size_t kMaxCapacity = size_t{1} << 39;
 
 // Parses "123", "512M", "4G", "64K" (binary units) up to kMaxCapacity. Returns false when malformed.
 bool parse_bytes(const char* text, size_t* out) {
-  // strtoull takes leading blanks and a sign: "-1" was 2^64 - 1 bytes, which wrapped to 0 pages.
-  if (*text < '0' || *text > '9') return false;
+  if (!starts_with_digit(text)) return false;
   char* end = nullptr;
   errno = 0;
   unsigned long long v = std::strtoull(text, &end, 10);

@@ -1,14 +1,25 @@
 // Status names and the per-thread detailed error message.
+#include <algorithm>
+#include <cstring>
+
 #include "runtime_internal.h"
 
 namespace openreg::rt {
 
 namespace {
-thread_local std::string t_last_error;
-}
+// A plain buffer, not a std::string: the main thread's thread-locals are destroyed before the
+// static destructors run, and those may still call the runtime (a forked child's exit asks it
+// whether it is a forked child, which fails: c10::openreg::in_forked_child). Writing the destroyed
+// string corrupted the heap. Longer messages are cut.
+constexpr size_t kMaxMessage = 4096;
+thread_local char t_last_error[kMaxMessage];
+}  // namespace
 
 orStatus fail(orStatus status, const std::string& message) {
-  t_last_error = std::string(orGetErrorName(status)) + ": " + message;
+  const std::string full = std::string(orGetErrorName(status)) + ": " + message;
+  const size_t n = std::min(full.size(), kMaxMessage - 1);
+  std::memcpy(t_last_error, full.data(), n);
+  t_last_error[n] = '\0';
   return status;
 }
 
@@ -50,6 +61,6 @@ const char* orGetErrorName(orStatus status) {
   return "orErrorUnknown";
 }
 
-const char* orGetLastErrorMessage(void) { return openreg::rt::t_last_error.c_str(); }
+const char* orGetLastErrorMessage(void) { return openreg::rt::t_last_error; }
 
 }  // extern "C"

@@ -23,7 +23,8 @@
  *    make another stream wait for it, and measure time between two of them.
  *
  *  - Errors. Every call returns an orStatus; orGetLastErrorMessage() gives
- *    the detailed message of the calling thread's last failure. A kernel
+ *    the detailed message of the calling thread's last failure (at most
+ *    4095 bytes; valid until the thread's next failure). A kernel
  *    that fails leaves an error on its device which the next synchronising
  *    call on that device (stream/event/device synchronize, synchronous
  *    memcpy/memset) returns, naming the kernel.
