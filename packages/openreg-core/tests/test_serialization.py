@@ -189,6 +189,35 @@ class TestTensors(SerializationTestCase):
         self.assertEqual(loaded["b"].device, torch.device("openreg:1"))
         self.assertEqual(loaded["b"].add(1).cpu(), torch.full((2,), 2.0))
 
+    def test_storageless_tensors_that_require_grad_load_as_leaves(self):
+        # torch pickles them as a CPU copy made with autograd on, and its rebuild set requires_grad
+        # on the moved (non-leaf) copy: "you can only change requires_grad flags of leaf variables",
+        # for every map_location and for pickle (torch_openreg/openreg/_serialization.py).
+        dense = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+        layouts = {
+            "csr": lambda t: t.to_sparse_csr(),
+            "csc": lambda t: t.to_sparse_csc(),
+            "bsr": lambda t: t.to_sparse_bsr((1, 1)),
+        }
+        for name, make in layouts.items():
+            for requires_grad in (True, False):
+                t = make(dense).to("openreg:1").requires_grad_(requires_grad)
+                path = self.save({"t": t, "p": torch.nn.Parameter(make(dense).to("openreg"))}, f"{name}.pt")
+                for map_location, device in ((None, "openreg:1"), ("cpu", "cpu"), ("openreg:0", "openreg:0")):
+                    for weights_only in (True, False):
+                        with self.subTest(layout=name, grad=requires_grad, map_location=map_location, wo=weights_only):
+                            loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
+                            r, p = loaded["t"], loaded["p"]
+                            self.assertEqual((r.layout, r.device), (t.layout, torch.device(device)))
+                            self.assertEqual((r.requires_grad, r.is_leaf, r.grad_fn), (requires_grad, True, None))
+                            self.assertEqual(r.to_dense().cpu(), dense)
+                            self.assertIsInstance(p, torch.nn.Parameter)
+                            self.assertEqual((p.requires_grad, p.is_leaf), (True, True))
+                with self.subTest(layout=name, grad=requires_grad, via="pickle"):
+                    r = pickle.loads(pickle.dumps(t))
+                    self.assertEqual((r.device, r.requires_grad, r.is_leaf), (t.device, requires_grad, True))
+                    self.assertEqual(r.to_dense().cpu(), dense)
+
 
 class TestModulesAndOptimizers(SerializationTestCase):
     def make_model(self, device):

@@ -71,6 +71,9 @@ def _register() -> None:
     from .openreg import _byteswap  # UntypedStorage.byteswap on the device, not through host memory
 
     _byteswap.install()
+    from .openreg import _serialization  # storage-less tensors that require grad load as leaves
+
+    _serialization.install()
     openreg.random._register_graphsafe_rng()
     openreg._plugins.load_plugins()
 
