@@ -608,6 +608,39 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.stdout.strip(), "0 [2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0]", r.stderr)
 
+    def test_seeding_and_emptying_caches_in_a_child_of_an_initialised_parent_do_nothing(self):
+        # A DataLoader worker's worker_init_fn seeds, clean-up code empties the caches: in a child
+        # forked after initialisation torch.cuda's do nothing; openreg's manual_seed and seed raised
+        # the runtime's refusal, and empty_cache (torch.openreg's and torch.accelerator's) raised it
+        # once and then succeeded, having dropped the inherited blocks.
+        r = run_python(
+            """
+            import os, torch
+            x = torch.ones(1000, device="openreg") + 1
+            del x  # a cached block the child inherits
+            torch.ones(4).pin_memory()  # and a cached pinned one
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    torch.openreg.manual_seed(1)
+                    torch.openreg.seed()
+                    torch.manual_seed(1)
+                    for _ in range(2):
+                        torch.openreg.empty_cache()
+                        torch.accelerator.empty_cache()
+                    print("child: no error", flush=True)
+                    os._exit(0)
+                except Exception as e:
+                    print("child:", type(e).__name__, e, flush=True)
+                    os._exit(3)
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status), torch.openreg.memory_reserved() > 0)
+            torch.openreg.empty_cache()
+            print(torch.openreg.memory_reserved())
+            """
+        )
+        self.assertEqual(r.stdout.split("\n")[:3], ["child: no error", "0 True", "0"], r.stderr)
+
     def test_inherited_tensor_meets_the_runtime_guard(self):
         # a tensor made in the parent never passes torch's lazy initialisation in the child: the
         # runtime itself refuses the child's kernel (and its read-back) with orErrorForkedProcess
@@ -675,6 +708,46 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.split(), ["False", "True", "True", "True", "0"])
+
+    def test_seeding_and_memory_queries_before_first_use_leave_the_child_of_a_fork_usable(self):
+        # torch.openreg.manual_seed/seed asked the runtime for the current device, which counted as
+        # a use of it, and memory_stats() initialised openreg: a child forked afterwards was refused
+        # (torch.cuda's leave it usable: its memory_stats answers {} before initialisation).
+        r = run_python(
+            """
+            import os, torch
+            torch.openreg.manual_seed(3)
+            torch.openreg.seed()
+            print(torch.openreg.memory_stats(), torch.openreg.memory_allocated(), torch.openreg.max_memory_reserved())
+            print(torch.openreg.is_initialized())
+            pid = os.fork()
+            if pid == 0:
+                ok = (torch.ones(3, device="openreg") + 1).cpu().tolist() == [2.0, 2.0, 2.0]
+                os._exit(0 if ok else 3)
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status))
+            """
+        )
+        self.assertEqual(r.stdout.split("\n")[:3], ["{} 0 0", "False", "0"], r.stderr)
+
+    def test_default_generators_run_the_queued_seeds_first(self):
+        # torch.manual_seed before first use is queued; default_generators handed out the generators
+        # without running it, so a seed given to one (or a state restored into it) was replaced by
+        # the queued seed at initialisation. torch.cuda.default_generators exists only once CUDA is
+        # initialised: openreg's initialises first.
+        r = run_python(
+            """
+            import torch
+            torch.manual_seed(5)  # queued: openreg is not initialised
+            g = torch.openreg.default_generators[0]
+            print(torch.openreg.is_initialized())
+            g.manual_seed(7)
+            x = torch.rand(3, device="openreg").cpu()
+            torch.openreg.manual_seed(7)
+            print(torch.equal(x, torch.rand(3, device="openreg").cpu()), g.initial_seed())
+            """
+        )
+        self.assertEqual(r.stdout.split(), ["True", "True", "7"], r.stderr)
 
     def test_seeding_without_a_device_is_ignored(self):
         # torch.cuda documents manual_seed and seed as safe without a device (silently ignored).

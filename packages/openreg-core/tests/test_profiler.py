@@ -8,6 +8,7 @@ import tempfile
 import warnings
 
 import torch
+from conftest import run_python
 from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.common_utils import TestCase
 
@@ -193,3 +194,28 @@ class TestLegacyProfiler(TestCase):
         self.assertEqual(captured.device_time_total, 0)
         [mul] = [e for e in prof.function_events if e.name == "aten::mul_"]
         self.assertGreater(mul.device_time_total, 0)
+
+
+class TestWithoutADevice(TestCase):
+    def test_a_cpu_profile_with_the_default_activities(self):
+        # torch lists openreg's activity whenever the backend is registered, and ends every profile
+        # with torch.openreg.synchronize(): without a usable device a CPU-only profile failed there
+        # ("No openreg device is available") and left the profiler's callbacks half removed.
+        r = run_python(
+            """
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+            print(torch.openreg.is_available(), ProfilerActivity.PrivateUse1 in torch.profiler.supported_activities())
+            with profile() as prof:
+                torch.ones(8).sum()
+            print(any(e.name == "aten::sum" for e in prof.events()))
+            torch.openreg.synchronize()
+            try:
+                torch.openreg.synchronize(0)
+            except RuntimeError as e:
+                print(str(e).startswith("No openreg device is available"))
+            """,
+            env={"OPENREG_DEVICE_COUNT": "0"},
+        )
+        self.assertEqual(r.stdout.split(), ["False", "True", "True", "True"], r.stderr)
+        self.assertNotIn("callback is not found", r.stderr)

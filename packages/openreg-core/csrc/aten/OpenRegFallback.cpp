@@ -88,7 +88,6 @@ auto& g_counts = *new std::unordered_map<const c10::FunctionSchema*, std::unique
 // Counters of removed operators: threads may still hold pointers to them, so they are never freed.
 auto& g_retired_counts = *new std::vector<std::unique_ptr<Counter>>();
 std::atomic<uint64_t> g_registry_epoch{0};
-std::atomic<bool> g_counted{false};  // whether g_counts ever had an entry: see forget_operator
 std::atomic<bool> g_strict{false};
 
 const c10::OperatorHandle* out_overload(const c10::OperatorHandle& op);
@@ -134,7 +133,6 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
     if (!counter) {
       counter = std::make_unique<Counter>();
       counter->name = c10::toString(schema.operator_name());
-      g_counted.store(true, std::memory_order_relaxed);
     }
     f.calls = &counter->calls;
   }
@@ -1957,10 +1955,9 @@ namespace {
 // library's operators are removed at exit, and scanning the meta cache for each cost a quarter of a
 // second there. out_overloads (aten's structured operators, read without a lock) is left alone.
 // A forked child forgets nothing: a parent thread may have held these locks at the fork, and a
-// child's exit removes every operator (lazy-init-fork.md). The runtime is asked only once the
-// generic path has run, which used it: asking counts as use.
+// child's exit removes every operator (lazy-init-fork.md).
 void forget_operator(const c10::OperatorHandle& op) {
-  if (!g_counted.load(std::memory_order_relaxed) || c10::openreg::in_forked_child()) return;
+  if (c10::openreg::in_forked_child()) return;
   const c10::FunctionSchema* schema = &op.schema();
   {
     std::lock_guard<std::mutex> lock(g_stats_mu);

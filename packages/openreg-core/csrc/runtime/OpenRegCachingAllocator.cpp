@@ -880,6 +880,9 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t) override {
+    // A forked child's cache holds the parent's memory, which the runtime refuses to take back there:
+    // nothing to give, as torch.cuda.empty_cache() in a child does nothing (torch.accelerator's too).
+    if (in_forked_child()) return;
     run_free_memory_callbacks();
     FirstFailure failure;
     for (auto& c : caches_)

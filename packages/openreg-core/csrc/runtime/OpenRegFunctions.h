@@ -22,7 +22,7 @@ void check_device_index(int64_t device);  // wide: an index from Python is check
 size_t abandon_open_captures();
 // In a child forked after the parent used the runtime, which refuses every call there. Such a
 // child must not take the PyTorch layer's locks either: a parent thread may have held one at the
-// fork, and nothing in the child will ever release it (lazy-init-fork.md).
+// fork, and nothing in the child will ever release it (lazy-init-fork.md). Asking starts nothing.
 bool in_forked_child() noexcept;
 
 }  // namespace c10::openreg

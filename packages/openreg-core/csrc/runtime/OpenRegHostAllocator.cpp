@@ -168,7 +168,8 @@ class HostCache final : public at::HostAllocator {
   }
 
   void empty() {
-    FirstFailure failure;  // raised once the cache is empty
+    if (in_forked_child()) return;  // the parent's memory: as the device allocator's emptyCache
+    FirstFailure failure;           // raised once the cache is empty
     // From a kernel nothing is released: orFreeHost waits for every device, the kernel's own stream
     // included, and refuses (the blocks were dropped from the cache and leaked).
     if (orInKernel() != 0) return;

@@ -91,13 +91,15 @@ bool parse_bytes(const char* text, size_t* out) {
   return true;
 }
 
-// Whether any call but orGetDeviceCount has reached the runtime: from then on it may hold state of
-// the parent's (devices, pinned memory, events, locks another thread holds at the fork).
+// Whether any call but orGetDeviceCount and orGetDevice has reached the runtime: from then on it
+// may hold state of the parent's (devices, pinned memory, events, locks another thread holds at the
+// fork).
 std::atomic<bool> g_used{false};
 
 // In a forked child. A runtime the parent used is the parent's: the child's refuses every call. A
 // parent that had only read the configuration (the device count, as torch.openreg.device_count()
-// does) used nothing, and its child starts afresh, as CUDA's child after an NVML device count.
+// does) or its thread's current index (torch.openreg.manual_seed before first use) used nothing,
+// and its child starts afresh, as CUDA's child after an NVML device count.
 void mark_forked() {
   if (g_used.load()) g_forked.store(true);
 }
@@ -287,7 +289,7 @@ orStatus orSetDevice(int device) {
 
 orStatus orGetDevice(int* device) {
   if (device == nullptr) return fail(orErrorInvalidValue, "device is NULL");
-  if (orStatus st = check_runtime()) return st;
+  if (orStatus st = check_config()) return st;  // the thread's own index: no use (see mark_forked)
   *device = current_device_index();
   return orSuccess;
 }

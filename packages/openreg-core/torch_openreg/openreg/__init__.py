@@ -315,6 +315,11 @@ class device_of(device):
 
 def synchronize(device: _DeviceLike = None) -> None:
     """Wait for all work queued on all streams of an openreg device."""
+    # Without a usable device nothing was queued, and the current device is nothing to wait for:
+    # torch's profiler calls this at the end of every profile (it lists openreg's activity whenever
+    # the backend is registered), and a CPU-only profile failed with "No openreg device is available".
+    if device is None and not _initialized and not is_available():
+        return
     _C._synchronize(_device_index(device, negative_is_current=True))
 
 
@@ -428,9 +433,12 @@ def is_strict_mode() -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    # Computed at use, as torch.cuda.default_generators is filled at CUDA's initialisation.
+    # Computed at use, as torch.cuda.default_generators is filled at CUDA's initialisation. Handed
+    # out after it, so that the seeds queued before it (torch.manual_seed) have run: they ran later,
+    # and replaced a state restored directly into a generator (g.set_state) with the seed's.
     if name == "default_generators":
         from .random import _default_generators
 
+        _lazy_init()
         return _default_generators()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

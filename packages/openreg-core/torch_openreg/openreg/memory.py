@@ -6,32 +6,36 @@ The numbers come from the caching allocator (``csrc/runtime/OpenRegCachingAlloca
 from typing import Any, Dict, List, Tuple
 
 from .. import _C
-from ._utils import _device_index, _DeviceLike
+from ._utils import _device_index, _DeviceLike, _package
 
 
 def memory_stats(device: _DeviceLike = None) -> Dict[str, Any]:
-    """All caching-allocator statistics of a device, keyed like ``torch.cuda.memory_stats``."""
+    """All caching-allocator statistics of a device, keyed like ``torch.cuda.memory_stats``. Before
+    openreg is initialised nothing was allocated, and the answer is ``{}`` (the functions below
+    answer 0), as torch.cuda's: asking does not initialise, so a process may still fork."""
+    if not _package()._initialized:
+        return {}
     return dict(sorted(_C._memory_stats(_device_index(device)).items()))
 
 
 def memory_allocated(device: _DeviceLike = None) -> int:
     """Bytes currently occupied by tensors on a device."""
-    return memory_stats(device)["allocated_bytes.all.current"]
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
 
 
 def max_memory_allocated(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_allocated` since start or the last reset."""
-    return memory_stats(device)["allocated_bytes.all.peak"]
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
 
 
 def memory_reserved(device: _DeviceLike = None) -> int:
     """Bytes held by the caching allocator on a device (in use or cached)."""
-    return memory_stats(device)["reserved_bytes.all.current"]
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
 
 
 def max_memory_reserved(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_reserved` since start or the last reset."""
-    return memory_stats(device)["reserved_bytes.all.peak"]
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
 
 
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:

@@ -90,12 +90,19 @@ def _checked_seed(seed: Any) -> int:
     return seed
 
 
+def _current_device() -> int:
+    # The thread's index (asking the runtime starts nothing). In a child forked after initialisation
+    # the runtime refuses every call and the seed stays queued for good (initialisation is refused
+    # there): as torch.cuda's, the call does nothing.
+    return 0 if _package()._is_in_bad_fork() else _C._get_device()
+
+
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator (without a usable device, nothing: as torch.cuda)."""
     seed = _checked_seed(seed)
     if _count() <= 0:
         return
-    device = _C._get_device()
+    device = _current_device()
     _package()._lazy_call(lambda: _default_generators()[device].manual_seed(seed), seed=device)
 
 
@@ -114,7 +121,7 @@ def seed() -> None:
     """Seed the current device's generator with a random number (without a usable device, nothing)."""
     if _count() <= 0:
         return
-    device = _C._get_device()
+    device = _current_device()
     _package()._lazy_call(lambda: _default_generators()[device].seed(), seed=device)
 
 
