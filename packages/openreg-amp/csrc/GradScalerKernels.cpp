@@ -15,6 +15,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -84,18 +85,25 @@ void non_finite_check_and_unscale(at::TensorList scaled_grads, at::Tensor& found
   OPENREG_CHECK(::openreg::launch(
       c10::openreg::current_stream_handle(device.index()), "_amp_foreach_non_finite_check_and_unscale_",
       [grads = std::move(grads), found = KernelTensorArg(found_inf), inv = KernelTensorArg(inv_scale)] {
-        const float inv_scale = *inv.materialize().data_ptr<float>();
+        const at::Tensor inv_view = inv.materialize();
+        at::Tensor found_view = found.materialize();
+        const float inv_scale = *inv_view.data_ptr<float>();
         bool non_finite = false;
         for (const auto& arg : grads) {
           at::Tensor g = arg.materialize();
-          // Gradients are contiguous in practice; others go through a contiguous copy.
-          at::Tensor work = g.is_contiguous() ? g : g.contiguous();
-          AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, work.scalar_type(), "openreg_amp_unscale", [&] {
-            non_finite |= unscale_contiguous(work.data_ptr<scalar_t>(), work.numel(), inv_scale);
+          if (!g.is_contiguous()) {
+            // Rare: the CPU's own kernel on the kernel view, in place and strided, so a view whose
+            // elements share memory in a way the overlap check cannot prove (as_strided) is unscaled
+            // as on the CPU (a contiguous copy multiplied a shared element once, the CPU once per
+            // reference). It sets found_inf itself.
+            at::_amp_foreach_non_finite_check_and_unscale_(g, found_view, inv_view);
+            continue;
+          }
+          AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "openreg_amp_unscale", [&] {
+            non_finite |= unscale_contiguous(g.data_ptr<scalar_t>(), g.numel(), inv_scale);
           });
-          if (!work.is_same(g)) g.copy_(work);
         }
-        if (non_finite) *found.materialize().data_ptr<float>() = 1.f;
+        if (non_finite) *found_view.data_ptr<float>() = 1.f;
       }));
 }
 

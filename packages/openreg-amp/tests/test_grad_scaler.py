@@ -102,6 +102,23 @@ class TestNativeKernels(TestCase):
         self.assertEqual(torch.openreg.fallback_op_counts(), {})
         self.assertEqual(tracker.item(), 1)
 
+    def test_unscale_of_a_view_whose_elements_share_memory_matches_cpu(self):
+        # The overlap check cannot prove this view overlaps (base[1] is read twice), so the CPU and
+        # openreg accept it; the CPU unscales it in place, element by element. openreg unscaled a
+        # contiguous copy and wrote it back: the shared element was multiplied once, not twice.
+        results = {}
+        for device in ("cpu", "openreg"):
+            base = torch.tensor([1.0, 2.0, 3.0, float("inf"), 5.0], device=device)
+            found = torch.zeros(1, device=device)
+            g = base.as_strided((2, 2), (1, 1))  # [[b0, b1], [b1, b2]]
+            other = base[3:]  # the inf, contiguous: found either way
+            UNSCALE([g], found, torch.full((1,), 0.5, device=device))
+            first = (base.cpu().tolist(), found.item())
+            UNSCALE([other], found, torch.full((1,), 0.5, device=device))
+            results[device] = (first, base.cpu().tolist(), found.item())
+        self.assertEqual(results["openreg"], results["cpu"])
+        self.assertEqual(results["cpu"][0], ([0.5, 0.5, 1.5, float("inf"), 5.0], 0.0))
+
     def test_kernels_run_on_the_current_stream_without_host_sync(self):
         # Hold a side stream, then unscale there: the host returns before the side stream reaches
         # the unscale, and the default stream never sees the work.
