@@ -10,8 +10,9 @@ namespace {
 // A plain buffer, not a std::string: the main thread's thread-locals are destroyed before the
 // static destructors run, and those may still call the runtime (a forked child's exit asks it
 // whether it is a forked child, which fails: c10::openreg::in_forked_child). Writing the destroyed
-// string corrupted the heap. Longer messages are cut.
-constexpr size_t kMaxMessage = 4096;
+// string corrupted the heap. Room for a kernel's failure with a Python traceback; longer messages
+// are cut.
+constexpr size_t kMaxMessage = 16384;
 thread_local char t_last_error[kMaxMessage];
 }  // namespace
 

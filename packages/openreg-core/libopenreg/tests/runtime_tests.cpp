@@ -2683,6 +2683,20 @@ void check_all_memory_free() {
 
 }  // namespace
 
+// The last error message is a fixed per-thread buffer (safe to write during static destruction):
+// a longer message is cut, whole up to the limit, and the next failure replaces it.
+TEST(a_long_error_message_is_cut_and_replaced_by_the_next) {
+  const std::string name(20000, 'k');
+  CHECK_STATUS(orErrorInvalidValue, orInjectFaults((name + ":1").c_str()));  // an unknown fault, named twice
+  const std::string cut = orGetLastErrorMessage();
+  CHECK(cut.size() == 16383);
+  CHECK(cut.rfind("orErrorInvalidValue: ", 0) == 0);
+  CHECK(cut.find(std::string(1000, 'k')) != std::string::npos);
+  CHECK_STATUS(orErrorInvalidValue, orInjectFaults("bogus:1"));
+  CHECK_MESSAGE_HAS("unknown fault 'bogus'");
+  CHECK(std::string(orGetLastErrorMessage()).size() < 1000);  // none of the first message is left
+}
+
 TEST(faults_malformed_specs_are_refused) {
   const char* bad[][2] = {
       {"bogus:1", "unknown fault 'bogus'"},

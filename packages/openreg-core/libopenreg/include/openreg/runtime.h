@@ -24,7 +24,7 @@
  *
  *  - Errors. Every call returns an orStatus; orGetLastErrorMessage() gives
  *    the detailed message of the calling thread's last failure (at most
- *    4095 bytes; valid until the thread's next failure). A kernel
+ *    16383 bytes; valid until the thread's next failure). A kernel
  *    that fails leaves an error on its device which the next synchronising
  *    call on that device (stream/event/device synchronize, synchronous
  *    memcpy/memset) returns, naming the kernel.
