@@ -471,6 +471,46 @@ class TestGenericPath(TestCase):
         r = torch.arange(3.0, device="openreg")
         self.assertEqual(r.conj_physical_().cpu(), torch.arange(3.0))  # real: nothing to do
 
+    def test_a_verdict_for_one_mode_or_reduction_is_not_reused_for_another(self):
+        # The first-call verdict is shared by a coarse signature, which kept only that an argument
+        # is an int: embedding_bag's mode and the margin losses' reduction are ints. A mode whose
+        # meta kernel agrees with the CPU (max) verified the signature for the others, whose
+        # auxiliary outputs the meta kernel shapes differently: their kernels failed at a later
+        # call, and a backward then read outputs never written (a segfault). Small ints are keyed.
+        F = torch.nn.functional
+        weight = torch.arange(30.0).reshape(10, 3)
+        idx, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3])
+        for grad in (False, True):
+            for mode in ("max", "mean", "sum", "max", "sum"):
+                results = {}
+                for d in ("cpu", "openreg"):
+                    w = weight.to(d, copy=True).requires_grad_(grad)
+                    out = F.embedding_bag(idx.to(d), w, offsets.to(d), mode=mode)
+                    if grad:
+                        out.pow(2).sum().backward()
+                    results[d] = (out.detach().cpu(), w.grad.cpu() if grad else None)
+                self.assertEqual(results["openreg"], results["cpu"], msg=f"mode={mode} grad={grad}")
+        x, target = torch.tensor([0.1, 0.9, 0.4, -0.3]), torch.tensor(1)
+        for reduction in ("mean", "none", "sum", "none"):
+            for loss, t in ((F.multi_margin_loss, target), (F.multilabel_margin_loss, torch.tensor([3, 0, -1, 1]))):
+                want = loss(x, t, reduction=reduction)
+                got = loss(x.to("openreg"), t.to("openreg"), reduction=reduction)
+                self.assertEqual(got.cpu(), want, msg=f"{loss.__name__} {reduction}")
+        torch.openreg.synchronize()
+
+    def test_results_of_sub_byte_dtypes_land(self):
+        # The generic path copied a result into its device output with the CPU's copy_, which has
+        # no kernel for uint1..7 and int1..7 even between equal dtypes: torch.cat of uint4 failed on
+        # each signature's first call. They land as bits.
+        raw = torch.tensor([1, 2, 7, 0], dtype=torch.uint8)
+        for dtype in (torch.uint4, torch.uint1, torch.int4):
+            x = raw.view(dtype)
+            for _ in range(2):  # the first call synchronous, the second asynchronous
+                got = torch.cat([x.to("openreg"), x.to("openreg")]).cpu()
+                self.assertEqual(got.view(torch.uint8), torch.cat([x, x]).view(torch.uint8), msg=str(dtype))
+                got = x.to("openreg").narrow_copy(0, 1, 2).cpu()
+                self.assertEqual(got.view(torch.uint8), x.narrow_copy(0, 1, 2).view(torch.uint8), msg=str(dtype))
+
     def test_results_keep_the_cpu_kernels_dtypes_after_the_first_call(self):
         # The first call's check compared the results' shapes with the meta kernel's, not their
         # dtypes. Where the meta kernel describes CUDA's dtypes (batch norm's saved statistics in
@@ -754,16 +794,17 @@ class TestGenericPath(TestCase):
 
     def test_in_place_resize_missed_by_the_asynchronous_path_fails_the_kernel(self):
         # A signature verified without a resize runs asynchronously afterwards; a later call whose
-        # CPU kernel resizes a written argument fails at the next synchronisation, naming it.
-        x = torch.zeros(3, device="openreg")
-        grow_to(x, 3)  # verified: no resize
+        # CPU kernel resizes a written argument fails at the next synchronisation, naming it. (Sizes
+        # of 64 and more: a smaller int is part of the coarse signature, a new one for each value.)
+        x = torch.zeros(100, device="openreg")
+        grow_to(x, 100)  # verified: no resize
         torch.openreg.synchronize()
         with self.assertRaisesRegex(
-            RuntimeError, r"openreg_test::grow_to resized its argument 'x' in place \(from \[3\] to \[5\]\)"
+            RuntimeError, r"openreg_test::grow_to resized its argument 'x' in place \(from \[100\] to \[120\]\)"
         ):
-            grow_to(x, 5)
+            grow_to(x, 120)
             torch.openreg.synchronize()
-        self.assertEqual(x.shape, (3,))
+        self.assertEqual(x.shape, (100,))
         self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))  # still usable
 
     def test_fft(self):
@@ -1280,6 +1321,31 @@ class TestErrorsAtTheCall(TestCase):
                 bad(d)
             errors.append((type(caught.exception), str(caught.exception).splitlines()[0]))
         self.assertEqual(errors[1], errors[0])
+        torch.openreg.synchronize()  # nothing left to fail later
+        self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))
+
+    def test_dtypes_the_cpu_kernel_is_not_compiled_for(self):
+        # abs, mm and the fused attention accepted dtypes the CPU's kernels have no code for
+        # (float8_e8m0fnu, bits, sub-byte, float8 in attention): the kernel failed at a later,
+        # unrelated synchronisation with a RuntimeError. The CPU's NotImplementedError, at the call.
+        F = torch.nn.functional
+        cases = {
+            "abs": (lambda x: torch.abs(x), (torch.float8_e8m0fnu, torch.bits8, torch.uint4, torch.int3)),
+            "mm": (lambda x: torch.mm(x.view(2, 2), x.view(2, 2)), (torch.float8_e8m0fnu, torch.bits8, torch.int4)),
+            "sdpa": (
+                lambda x: F.scaled_dot_product_attention(*[x.view(1, 1, 2, 2)] * 3),
+                (torch.float8_e4m3fn, torch.float8_e8m0fnu),
+            ),
+        }
+        for name, (op, dtypes) in cases.items():
+            for dtype in dtypes:
+                errors = []
+                for d in ("cpu", "openreg"):
+                    x = torch.zeros(4, dtype=torch.uint8).view(dtype).to(d)
+                    with self.assertRaises(NotImplementedError, msg=f"{name} {dtype} on {d}") as caught:
+                        op(x)
+                    errors.append(str(caught.exception).splitlines()[0])
+                self.assertEqual(errors[1], errors[0], msg=f"{name} {dtype}")
         torch.openreg.synchronize()  # nothing left to fail later
         self.assertEqual((torch.ones(2, device="openreg") + 1).cpu(), torch.full((2,), 2.0))
 

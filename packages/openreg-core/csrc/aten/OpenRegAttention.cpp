@@ -51,6 +51,12 @@ namespace c10::openreg {
 
 namespace {
 
+// The dtypes the CPU's flash attention is compiled for; the others (float8) take MATH, whose CPU
+// ops raise the CPU's error at the call (the fused kernel failed at a later synchronisation).
+bool is_flash_dtype(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
 // The mask must broadcast to the scores' shape (not the scores to a larger one), as the CPU's
 // in-place add into the scores requires. With symbolic sizes: the backend choice checks with it under
 // fake tensors too (a guard per dim, as the CPU's MATH ops install).
@@ -92,8 +98,8 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
     unsupported = "grouped-query attention";
   else if (query.is_nested() || key.is_nested() || value.is_nested())
     unsupported = "nested tensors";
-  else if (!at::isFloatingType(query.scalar_type()))  // MATH raises the CPU's error, under fake tensors too
-    unsupported = "inputs that are not floating point";
+  else if (!is_flash_dtype(query.scalar_type()))  // MATH raises the CPU's error, under fake tensors too
+    unsupported = "inputs that are not float32, float64, float16 or bfloat16";
   else if (query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
     unsupported = "inputs that are not 4-D (batch, heads, sequence, head size)";
   else if (functorch(query) || functorch(key) || functorch(value) || (attn_mask.has_value() && functorch(*attn_mask)))
@@ -197,7 +203,7 @@ attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   TORCH_CHECK(dropout_p == 0.0, "openreg's fused attention does not implement dropout (the MATH backend does)");
   // The CPU's kernels refuse these at the call, in these words; the kernel would refuse them at a
   // later synchronising call.
-  TORCH_CHECK(at::isFloatingType(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
+  TORCH_CHECK(is_flash_dtype(query.scalar_type()), "expected scalar type Float but found ", query.scalar_type());
   check_sizes(query, key, value);
   if (attn_bias.has_value() && attn_bias->defined()) check_mask_broadcasts(query, key, *attn_bias);
   c10::DeviceGuard guard(query.device());

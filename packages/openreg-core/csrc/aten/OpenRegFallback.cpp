@@ -661,7 +661,7 @@ int64_t dtype_word(const at::Tensor& t) {
 // CPU kernel could disagree on (the operator, dtypes, ranks, empty tensors, which
 // optional arguments are given, flags and strings) without the sizes, strides,
 // offsets and numbers that change from call to call (a learning rate, a slice):
-// the first-call verification is shared under it.
+// the first-call verification is shared under it. Small integers are kept in it (key_value).
 enum class Key { exact, coarse };
 
 void key_tensor(const at::Tensor& t, std::vector<int64_t>& w, Key kind) {
@@ -683,6 +683,9 @@ void key_tensor(const at::Tensor& t, std::vector<int64_t>& w, Key kind) {
   w.push_back(static_cast<int64_t>(t.storage().nbytes()));
 }
 
+// Integers in [kSmallIntLow, kSmallIntHigh) are part of the coarse key (see key_value).
+constexpr int64_t kSmallIntLow = -16, kSmallIntHigh = 64;
+
 // Appends `v` to a key; false when it cannot be keyed (symbolic or custom values).
 bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::exact) {
   const bool exact = kind == Key::exact;
@@ -701,7 +704,16 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::ex
     w.push_back(2);
   } else if (v.isInt()) {
     const int64_t i = v.toInt();
-    number(3, &i, 1);
+    // The coarse key keeps a small integer's value: such an argument is mostly a choice (a reduction,
+    // an embedding_bag mode, a dim, a dtype) on which the meta and CPU kernels can disagree, and a
+    // verdict for one choice is no verdict for another. Larger ones are mostly sizes and offsets that
+    // change from call to call; keeping the small ones costs at most one first call per value.
+    if (!exact && i >= kSmallIntLow && i < kSmallIntHigh) {
+      w.push_back(13);
+      w.push_back(i);
+    } else {
+      number(3, &i, 1);
+    }
   } else if (v.isDouble()) {
     const double d = v.toDouble();
     number(4, &d, 1);
@@ -863,6 +875,24 @@ void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntA
     out.as_strided_(sizes, strides, out.storage_offset());
 }
 
+// dst.copy_(src) of a result into its device output, as the bits they are when the dtypes are the
+// same: the CPU's copy_ has no kernel for some dtypes even between equal ones (uint1..7, int1..7,
+// bits), and results the CPU's kernels made of them (torch.cat of uint4) failed to land.
+void copy_result(const at::Tensor& dst, const at::Tensor& src) {
+  const size_t size = src.itemsize();
+  const c10::ScalarType bits = size == 1   ? at::kByte
+                               : size == 2 ? at::kShort
+                               : size == 4 ? at::kInt
+                               : size == 8 ? at::kLong
+                                           : c10::ScalarType::Undefined;
+  if (dst.scalar_type() == src.scalar_type() && bits != c10::ScalarType::Undefined && !src.is_complex() &&
+      !src.is_conj() && !dst.is_conj() && !src.is_neg() && !dst.is_neg()) {
+    dst.view(bits).copy_(src.view(bits));
+    return;
+  }
+  dst.copy_(src);
+}
+
 // ---- 4. the synchronous path ----
 // Runs the op on the device and waits. Tensor results that alias an input
 // become views; fresh ones are copied into new device tensors by a kernel,
@@ -1011,7 +1041,7 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
   auto launch_copies = [&](std::vector<std::pair<KernelTensorArg, at::Tensor>> batch) {
     if (!batch.empty())
       OPENREG_CHECK(::openreg::launch(stream.handle(), "openreg::copy_results", [batch = std::move(batch)] {
-        for (const auto& [out, host] : batch) out.materialize().copy_(host);
+        for (const auto& [out, host] : batch) copy_result(out.materialize(), host);
       }));
   };
   // A new dense device tensor for a host result, filled by `fill`'s copy kernel.
@@ -1159,7 +1189,7 @@ bool land(const at::Tensor& got, const at::Tensor& want) {
   if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides() && same_bits)
     return true;
   if (got.sizes() != want.sizes()) return false;
-  want.copy_(same_bits ? got : got.resolve_conj().resolve_neg());
+  copy_result(want, same_bits ? got : got.resolve_conj().resolve_neg());
   return true;
 }
 

@@ -32,6 +32,7 @@
 #include "../runtime/OpenRegHostAllocator.h"
 #include "../runtime/OpenRegStream.h"
 #include "OpenRegKernelTensor.h"
+#include "OpenRegLaunch.h"
 
 namespace c10::openreg {
 
@@ -274,14 +275,9 @@ void check_copy(const at::Tensor& dst, const at::Tensor& src) {
   if (c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
   constexpr int n = static_cast<int>(c10::ScalarType::NumOptions);
   static std::atomic<bool> copies[n][n] = {};
-  std::atomic<bool>& known = copies[static_cast<int>(from)][static_cast<int>(to)];
-  if (known.load(std::memory_order_relaxed)) return;
-  struct Quiet final : c10::WarningHandler {  // "ComplexHalf support is experimental": not the user's call
-    void process(const c10::Warning&) override {}
-  } quiet;
-  c10::WarningUtils::WarningHandlerGuard keep_quiet(&quiet);
-  at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t());
-  known.store(true, std::memory_order_relaxed);  // not reached when the CPU refuses
+  check_cpu_accepts(copies[static_cast<int>(from)][static_cast<int>(to)], [&] {
+    at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t());
+  });
 }
 
 bool is_same_data(const at::Tensor& a, const at::Tensor& b) {

@@ -18,6 +18,7 @@
 #include "../runtime/OpenRegException.h"
 #include "../runtime/OpenRegStream.h"
 #include "OpenRegKernelTensor.h"
+#include "OpenRegLaunch.h"
 
 namespace c10::openreg {
 
@@ -64,10 +65,14 @@ void check_mm_dtypes(const at::Tensor& self, const at::Tensor& mat2) {
   TORCH_CHECK(self.dtype() == mat2.dtype(), "expected m1 and m2 to have the same dtype, but got: ", self.dtype(),
               " != ", mat2.dtype());
   if (self.size(0) == 0 || mat2.size(1) == 0 || self.size(1) == 0) return;
+  // The CPU's mm on 1x1 matrices of the dtype (a list of refused dtypes missed float8_e8m0fnu, the
+  // bits and the sub-byte types).
   const c10::ScalarType dtype = self.scalar_type();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      dtype != c10::ScalarType::Bool && dtype != c10::ScalarType::ComplexHalf && !c10::isBarebonesUnsignedType(dtype),
-      "\"addmm_impl_cpu_\" not implemented for '", dtype, "'");
+  static std::atomic<bool> known[static_cast<int>(c10::ScalarType::NumOptions)] = {};
+  check_cpu_accepts(known[static_cast<int>(dtype)], [&] {
+    const at::Tensor one = at::empty({1, 1}, at::TensorOptions().dtype(dtype));
+    at::mm(one, one);
+  });
 }
 
 void launch_mm(const at::Tensor& out, const at::Tensor& self, const at::Tensor& mat2) {
