@@ -587,6 +587,18 @@ class TestFork(TestCase):
             torch_openreg._C._hold_locks_for_fork_test(True)
             pid = os.fork()
             if pid == 0:
+                # what a child may still ask answers without those locks (nothing ran here) ...
+                assert torch.openreg.memory_snapshot() == [] and torch.openreg.fallback_op_counts() == {}
+                torch.openreg.reset_fallback_op_counts()
+                assert torch._C._accelerator_getDeviceStats(0)["allocated_bytes"]["all"]["current"] == 0
+                # ... and what uses the device meets the runtime's refusal before them
+                for use in (lambda: x + 1, lambda: torch.special.erfcx(x), lambda: torch.ones(2).pin_memory()):
+                    try:
+                        use()
+                        sys.exit(3)
+                    except RuntimeError as e:
+                        if "'spawn'" not in str(e):
+                            sys.exit(4)
                 del kept[:]  # frees both inherited tensors
                 lib = torch.library.Library("fork_child", "FRAGMENT")
                 lib.define("f(Tensor x) -> Tensor")
@@ -625,6 +637,7 @@ class TestFork(TestCase):
                     torch.openreg.manual_seed(1)
                     torch.openreg.seed()
                     torch.manual_seed(1)
+                    assert hasattr(torch.openreg, "default_generators")  # no initialisation to try
                     for _ in range(2):
                         torch.openreg.empty_cache()
                         torch.accelerator.empty_cache()
@@ -719,6 +732,8 @@ class TestFork(TestCase):
             torch.openreg.manual_seed(3)
             torch.openreg.seed()
             print(torch.openreg.memory_stats(), torch.openreg.memory_allocated(), torch.openreg.max_memory_reserved())
+            print(dict(torch.accelerator.memory_stats()), torch.accelerator.memory_allocated())
+            torch.accelerator.reset_peak_memory_stats()
             print(torch.openreg.is_initialized())
             pid = os.fork()
             if pid == 0:
@@ -728,12 +743,12 @@ class TestFork(TestCase):
             print(os.waitstatus_to_exitcode(status))
             """
         )
-        self.assertEqual(r.stdout.split("\n")[:3], ["{} 0 0", "False", "0"], r.stderr)
+        self.assertEqual(r.stdout.split("\n")[:4], ["{} 0 0", "{} 0", "False", "0"], r.stderr)
 
     def test_default_generators_run_the_queued_seeds_first(self):
         # torch.manual_seed before first use is queued; default_generators handed out the generators
         # without running it, so a seed given to one (or a state restored into it) was replaced by
-        # the queued seed at initialisation. torch.cuda.default_generators exists only once CUDA is
+        # the queued seed at initialisation. torch.cuda.default_generators is empty until CUDA is
         # initialised: openreg's initialises first.
         r = run_python(
             """
@@ -758,11 +773,13 @@ class TestFork(TestCase):
             torch.openreg.manual_seed(1); torch.openreg.seed()
             torch.openreg.manual_seed_all(1); torch.openreg.seed_all(); torch.manual_seed(1)
             print("ignored")
+            # nothing to initialise: the tuple as it is, without raising (hasattr must answer)
+            print(hasattr(torch.openreg, "default_generators"), torch.openreg.default_generators)
             """,
             env={"OPENREG_DEVICE_COUNT": "0"},
         )
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.split(), ["False", "ignored"])
+        self.assertEqual(r.stdout.split(), ["False", "ignored", "True", "()"])
 
     def test_a_queued_call_that_fails_names_where_it_was_made(self):
         r = run_python(

@@ -51,6 +51,24 @@ class TestGraphs(TestCase):
         self.assertEqual(y.cpu(), torch.full((1000,), 8.0))  # the captured output is rewritten by each replay
         g.reset()
 
+    def test_an_op_warmed_up_with_one_offset_is_captured_with_another(self):
+        # The generic path's first-call verdict is shared by a coarse signature without sizes and
+        # offsets: keyed for a while with every small integer, narrow_copy warmed up at start 0
+        # and captured at start 5 was a new signature, whose synchronous first call a capture
+        # refuses. Only arguments the schema declares int (a mode, a dim) are keyed, not SymInts.
+        x = torch.arange(48.0, device="openreg").reshape(3, 16)
+        s = torch.openreg.Stream()
+        warm_up(lambda: x.narrow_copy(1, 0, 8), s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            y = x.narrow_copy(1, 5, 8)
+            g.capture_end()
+        g.replay()
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.arange(48.0).reshape(3, 16).narrow_copy(1, 5, 8))
+        g.reset()
+
     def test_a_masked_assignment_of_one_value_is_captured(self):
         # x[mask] = 0.0 is a masked fill on every device (no nonzero(), no wait): the shape checks
         # index_put_ gained for other forms must leave it asynchronous, so a warmed-up capture takes it.

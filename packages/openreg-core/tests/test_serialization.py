@@ -427,6 +427,25 @@ class TestWithoutOpenreg(SerializationTestCase):
             lines[4], r"^RuntimeError Expected one of cpu, .* device type at start of device string: openreg$"
         )
 
+    def test_a_late_import_under_no_grad_still_loads_storageless_tensors_that_require_grad(self):
+        # torch's weights_only unpickler caches the functions it allows at its first load: one
+        # before openreg's import kept torch's broken rebuild; and the probe that decides whether to
+        # wrap it answered "sound" when the import ran under no_grad.
+        path = self.save(torch.eye(2).to_sparse_csr().to("openreg").requires_grad_(), "csr.pt")
+        r = run_python(
+            f"""
+            import io, torch
+            buf = io.BytesIO(); torch.save(torch.ones(1), buf); buf.seek(0)
+            torch.load(buf, weights_only=True)  # fills torch's cache of allowed functions
+            with torch.no_grad():
+                import torch_openreg
+            t = torch.load({path!r}, weights_only=True)
+            print(t.device, t.layout, t.requires_grad, t.is_leaf, t.to_dense().cpu().tolist())
+            """,
+            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        )
+        self.assertEqual(r.stdout.strip(), "openreg:0 torch.sparse_csr True True [[1.0, 0.0], [0.0, 1.0]]", r.stderr)
+
     def test_byteswap_of_a_device_storage(self):
         # torch's UntypedStorage._byteswap swaps through host memory: on an openreg storage the
         # process died (SIGSEGV). It runs on the device now, with torch's checks.

@@ -661,7 +661,7 @@ int64_t dtype_word(const at::Tensor& t) {
 // CPU kernel could disagree on (the operator, dtypes, ranks, empty tensors, which
 // optional arguments are given, flags and strings) without the sizes, strides,
 // offsets and numbers that change from call to call (a learning rate, a slice):
-// the first-call verification is shared under it. Small integers are kept in it (key_value).
+// the first-call verification is shared under it. Small choices are kept in it (key_value).
 enum class Key { exact, coarse };
 
 void key_tensor(const at::Tensor& t, std::vector<int64_t>& w, Key kind) {
@@ -683,11 +683,24 @@ void key_tensor(const at::Tensor& t, std::vector<int64_t>& w, Key kind) {
   w.push_back(static_cast<int64_t>(t.storage().nbytes()));
 }
 
-// Integers in [kSmallIntLow, kSmallIntHigh) are part of the coarse key (see key_value).
+// The values of choices from kSmallIntLow to kSmallIntHigh - 1 are part of the coarse key (key_value).
 constexpr int64_t kSmallIntLow = -16, kSmallIntHigh = 64;
 
-// Appends `v` to a key; false when it cannot be keyed (symbolic or custom values).
-bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::exact) {
+// Whether the schema declares an argument a choice among a few values: an int (a reduction, a mode,
+// a dim), a ScalarType, Layout or MemoryFormat, or an optional one. ATen declares sizes, offsets and
+// counts SymInt: they stay out of the coarse key (a warmed-up narrow_copy captured with another
+// start was a new signature, whose first call cannot be captured).
+bool is_choice(const c10::Argument& a) {
+  c10::TypePtr t = a.real_type();
+  if (auto optional = t->cast<c10::OptionalType>()) t = optional->getElementType();
+  const c10::TypeKind k = t->kind();
+  return k == c10::TypeKind::IntType || k == c10::TypeKind::ScalarTypeType || k == c10::TypeKind::LayoutType ||
+         k == c10::TypeKind::MemoryFormatType;
+}
+
+// Appends `v` to a key; false when it cannot be keyed (symbolic or custom values). `choice`: the
+// schema declares it one (is_choice).
+bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::exact, bool choice = false) {
   const bool exact = kind == Key::exact;
   auto number = [&](int64_t tag, const void* bits, size_t words) {
     w.push_back(tag);  // the kind of a number promotes; its value matters to the exact key only
@@ -704,11 +717,10 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w, Key kind = Key::ex
     w.push_back(2);
   } else if (v.isInt()) {
     const int64_t i = v.toInt();
-    // The coarse key keeps a small integer's value: such an argument is mostly a choice (a reduction,
-    // an embedding_bag mode, a dim, a dtype) on which the meta and CPU kernels can disagree, and a
-    // verdict for one choice is no verdict for another. Larger ones are mostly sizes and offsets that
-    // change from call to call; keeping the small ones costs at most one first call per value.
-    if (!exact && i >= kSmallIntLow && i < kSmallIntHigh) {
+    // The coarse key keeps the value of a small choice (a reduction, an embedding_bag mode, a dim, a
+    // dtype), on which the meta and CPU kernels can disagree: a verdict for one choice is no verdict
+    // for another. At most one first call per value.
+    if (!exact && choice && i >= kSmallIntLow && i < kSmallIntHigh) {
       w.push_back(13);
       w.push_back(i);
     } else {
@@ -854,7 +866,9 @@ std::shared_ptr<const MetaResult> meta_for(const c10::OperatorHandle& op, c10::A
   auto result = compute_meta(op, args, tensor_returns_only);
   if (cacheable) {
     MetaKey coarse{key.op, {key.words[0]}};  // the determinism word (see determinism_word)
-    for (const c10::IValue& v : args) key_value(v, coarse.words, Key::coarse);
+    const auto& declared = op.schema().arguments();
+    for (size_t i = 0; i < args.size(); ++i)
+      key_value(args[i], coarse.words, Key::coarse, i < declared.size() && is_choice(declared[i]));
     std::lock_guard<std::mutex> lock(g_meta_mu);
     if (g_meta_cache.size() >= kMetaCacheCapacity) g_meta_cache.clear();
     if (g_checks.size() >= kCheckCapacity) g_checks.clear();
@@ -1673,6 +1687,9 @@ bool answer_zero_tensors(const c10::OperatorHandle& op, Stack* stack, size_t num
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
   check_not_strict(schema);
+  // An inherited tensor in a forked child: the runtime's refusal before the locks below (a parent
+  // thread may have held them at the fork), not at the launch after them.
+  check_not_forked_child();
   if (answer_zero_tensors(op, stack, schema.arguments().size())) return;
   // A copy: the kernels below may remove operators (a meta kernel that defines and destroys a
   // library), after which facts_of drops the map this would refer to.
@@ -1964,9 +1981,12 @@ std::vector<std::string> shadowed_by_composite(c10::DispatchKey cpu_key, c10::Di
   return names;
 }
 
+// In a forked child nothing ran on the device, and g_stats_mu may be held by a parent thread that
+// no longer exists there (lazy-init-fork.md): no counts, nothing to reset.
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {
-  std::lock_guard<std::mutex> lock(g_stats_mu);
   std::vector<std::pair<std::string, int64_t>> out;
+  if (in_forked_child()) return out;
+  std::lock_guard<std::mutex> lock(g_stats_mu);
   for (const auto& [schema, counter] : g_counts) {
     const int64_t n = counter->calls.load(std::memory_order_relaxed);
     if (n != 0) out.emplace_back(counter->name, n);  // not schema->name(): see forget_operator
@@ -1975,6 +1995,7 @@ std::vector<std::pair<std::string, int64_t>> fallback_counts() {
 }
 
 void reset_fallback_counts() {
+  if (in_forked_child()) return;
   std::lock_guard<std::mutex> lock(g_stats_mu);
   for (auto& [schema, counter] : g_counts) counter->calls.store(0, std::memory_order_relaxed);  // threads keep pointers
 }

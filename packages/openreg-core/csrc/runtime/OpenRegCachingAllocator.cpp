@@ -877,7 +877,14 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     OPENREG_CHECK(orMemcpyAsync(dest, src, count, orMemcpyDeviceToDevice, current_stream_handle(current_device())));
   }
 
-  bool initialized() override { return true; }
+  // Whether a device's cache exists (something was allocated on it, or asked of it): before,
+  // torch.accelerator's memory functions answer {} or 0 without initialising openreg, as
+  // torch.openreg's and torch.cuda's do, so that a process may still fork.
+  bool initialized() override {
+    for (const auto& cache : ready_)
+      if (cache.load(std::memory_order_acquire) != nullptr) return true;
+    return false;
+  }
 
   void emptyCache(c10::MempoolId_t) override {
     // A forked child's cache holds the parent's memory, which the runtime refuses to take back there:
@@ -890,14 +897,24 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     failure.raise();
   }
 
+  // In a child forked after the parent used the device, none of these takes a cache's lock, which a
+  // parent thread may have held at the fork (lazy-init-fork.md): the statistics and the snapshot are
+  // empty there (the child allocated nothing), a reset does nothing, a record is refused.
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get() == nullptr || ptr.get_deleter() != &raw_delete) return;  // not ours
+    check_not_forked_child();
     cache(ptr.device().index()).record_stream(ptr.get(), stream);
   }
 
-  DeviceStats getDeviceStats(c10::DeviceIndex device) override { return cache(device).stats(); }
-  void resetAccumulatedStats(c10::DeviceIndex device) override { cache(device).reset_accumulated(); }
-  void resetPeakStats(c10::DeviceIndex device) override { cache(device).reset_peak(); }
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    return in_forked_child() ? DeviceStats() : cache(device).stats();
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    if (!in_forked_child()) cache(device).reset_accumulated();
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    if (!in_forked_child()) cache(device).reset_peak();
+  }
 
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
     check_device_index(device);
@@ -923,6 +940,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> segments() {
     std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
+    if (in_forked_child()) return out;  // as getDeviceStats
     for (auto& c : caches_)
       if (c) c->snapshot(out);
     return out;

@@ -59,4 +59,9 @@ bool in_forked_child() noexcept {
   return orGetDevice(&device) == orErrorForkedProcess;
 }
 
+void check_not_forked_child() {
+  int device = 0;
+  if (in_forked_child()) OPENREG_CHECK(orGetDevice(&device));
+}
+
 }  // namespace c10::openreg

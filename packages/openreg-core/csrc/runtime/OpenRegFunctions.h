@@ -24,5 +24,8 @@ size_t abandon_open_captures();
 // child must not take the PyTorch layer's locks either: a parent thread may have held one at the
 // fork, and nothing in the child will ever release it (lazy-init-fork.md). Asking starts nothing.
 bool in_forked_child() noexcept;
+// Raises the runtime's refusal (orErrorForkedProcess, naming 'spawn') in such a child, before a lock
+// is taken; nothing elsewhere.
+void check_not_forked_child();
 
 }  // namespace c10::openreg

@@ -51,6 +51,7 @@ class HostCache final : public at::HostAllocator {
     // and the device allocator refuse it.
     TORCH_CHECK(static_cast<std::ptrdiff_t>(n) >= 0,
                 "openreg's pinned host allocator seems to have been called with a negative number of bytes: ", n);
+    check_not_forked_child();  // before the lock, which a parent thread may have held at the fork
     const size_t size = round_pow2(n);
     std::lock_guard<std::mutex> lock(mu_);
     HostBlock* block = nullptr;
@@ -121,6 +122,7 @@ class HostCache final : public at::HostAllocator {
   // storage is the allocation, something else for a tensor made over pinned memory it does not own
   // (torch.from_numpy(pinned.numpy()), from_blob), whose block is then found by address.
   void record(const void* ptr, void* ctx, OpenRegStream stream) {
+    check_not_forked_child();  // as allocate
     const orStream_t handle = stream.handle();
     bool kept = false;
     orStatus st = orSuccess;

@@ -435,10 +435,13 @@ def is_strict_mode() -> bool:
 def __getattr__(name: str) -> Any:
     # Computed at use, as torch.cuda.default_generators is filled at CUDA's initialisation. Handed
     # out after it, so that the seeds queued before it (torch.manual_seed) have run: they ran later,
-    # and replaced a state restored directly into a generator (g.set_state) with the seed's.
+    # and replaced a state restored directly into a generator (g.set_state) with the seed's. Where
+    # initialisation cannot happen (no usable device, a child forked after it) the tuple is given as
+    # it was, without raising: hasattr(torch.openreg, "default_generators") must answer.
     if name == "default_generators":
         from .random import _default_generators
 
-        _lazy_init()
+        if not _in_bad_fork and is_available():
+            _lazy_init()
         return _default_generators()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,9 @@ through plain ``pickle`` too. The CPU's and CUDA's sparse tensors take another p
 
 :func:`install` wraps the rebuild function while torch's is broken (a probe on the CPU): the CPU
 copy is detached before it moves, so the tensor loads as a leaf with the saved ``requires_grad``.
-torch's ``weights_only`` unpickler looks the function up by name at each load, so it takes the
-wrapper as well.
+torch's ``weights_only`` unpickler keeps the functions it allows in a cache filled at its first
+load, which may have happened before openreg was imported: the cache is cleared, so that it takes
+the wrapper.
 """
 
 import functools
@@ -23,9 +24,11 @@ _MARK = "_openreg_rebuild_wrapper"
 
 
 def _torch_is_broken(rebuild) -> bool:
-    # A move that copies (a dtype change on the CPU) gives a non-leaf, as a device move does.
+    # A move that copies (a dtype change on the CPU) gives a non-leaf, as a device move does; with
+    # autograd on, as a load may run (an import under no_grad would have answered "not broken").
     try:
-        rebuild(torch.zeros(1, requires_grad=True), torch.float64, "cpu", True)
+        with torch.enable_grad():
+            rebuild(torch.zeros(1, requires_grad=True), torch.float64, "cpu", True)
     except RuntimeError:
         return True
     return False
@@ -42,3 +45,4 @@ def install() -> None:
 
     setattr(_rebuild_device_tensor_from_cpu_tensor, _MARK, True)
     torch._utils._rebuild_device_tensor_from_cpu_tensor = _rebuild_device_tensor_from_cpu_tensor
+    torch._weights_only_unpickler._get_allowed_globals.cache_clear()

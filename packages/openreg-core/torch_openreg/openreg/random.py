@@ -3,6 +3,7 @@
 Each generator's state is host-side (see ``csrc/runtime/OpenRegGenerator.h``).
 """
 
+import os
 import threading
 from typing import Any, Iterable, List, Optional
 
@@ -42,7 +43,16 @@ def _count() -> int:
 
 
 _DEFAULT_GENERATORS: Optional[tuple] = None
-_DEFAULT_GENERATORS_LOCK = threading.Lock()
+
+
+def _new_default_generators_lock() -> None:
+    global _DEFAULT_GENERATORS_LOCK
+    _DEFAULT_GENERATORS_LOCK = threading.Lock()  # a child forked while another thread held it would wait forever
+
+
+_new_default_generators_lock()
+if hasattr(os, "register_at_fork"):  # POSIX only
+    os.register_at_fork(after_in_child=_new_default_generators_lock)
 
 
 def _default_generators() -> tuple:
