@@ -539,6 +539,25 @@ class TestMultiprocessing(TestCase):
                 torch.openreg.ipc._C._ipc_open(h.handle, h.device, h.offset, h.nbytes, slab, 3, 5)
             self.assertEqual(slab[3].item(), after)
 
+    def test_a_change_of_sharing_strategy_leaves_earlier_receivers_releases_seen(self):
+        # A slab shared by file name, sent again under file_descriptor, is moved by torch to new
+        # memory: the receivers of the earlier messages released their storages into the old one,
+        # and the sender kept those storages for ever. Slabs are per strategy (Module.cpp).
+        from torch_openreg.openreg.ipc import _kept_count
+
+        torch.openreg.empty_cache()
+        kept = _kept_count()
+        with file_system_sharing(), spawned(_holding_reader_of_tensors) as (queue, results, go, proc):
+            queue.put(torch.full((4,), 3.0, device="openreg"))
+            self.assertEqual(results.get(timeout=60), [3.0, 3.0])
+            with spawned(_holding_reader_of_tensors) as (queue2, results2, go2, proc2):
+                mp.set_sharing_strategy("file_descriptor")
+                queue2.put(torch.full((4,), 4.0, device="openreg"))
+                self.assertEqual(results2.get(timeout=60), [4.0, 4.0])
+        self.assertEqual((proc.exitcode, proc2.exitcode), (0, 0))
+        torch.openreg.empty_cache()  # takes the released storages back
+        self.assertEqual(_kept_count(), kept)
+
     def test_a_message_read_back_twice_in_its_own_process(self):
         # The sender read its own message twice: the second reading found the slot that a later
         # send had taken over, and returned that send's storage (zeros here instead of 0..9).

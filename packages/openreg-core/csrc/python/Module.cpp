@@ -294,16 +294,19 @@ class SentStorages {
  public:
   static constexpr int64_t kSlots = 1024;
 
-  // The (slab, slot) the receiver zeroes and the send's generation, or nothing when every slab is
-  // full (add_slab, then again). The slot holds the generation while the storage is kept: a message
-  // read after its slot went to a later send finds another number there (_ipc_open, take).
-  std::optional<std::tuple<int64_t, int64_t, int64_t>> keep(c10::Storage storage) {
+  // The (slab, slot) the receiver zeroes and the send's generation, or nothing when every slab of
+  // the sharing strategy is full (add_slab, then again). The slot holds the generation while the
+  // storage is kept: a message read after its slot went to a later send finds another number there
+  // (_ipc_open, take). Slabs are per torch.multiprocessing sharing strategy: a slab shared by file
+  // name cannot travel as a file descriptor, nor the other way round (torch aborted the process).
+  std::optional<std::tuple<int64_t, int64_t, int64_t>> keep(c10::Storage storage, const std::string& strategy) {
     std::vector<Kept> released;
     std::lock_guard<std::mutex> lock(mu_);
     released = take_released();
-    if (free_.empty()) return std::nullopt;
-    const auto key = free_.back();
-    free_.pop_back();
+    auto& free = free_[strategy];
+    if (free.empty()) return std::nullopt;
+    const auto key = free.back();
+    free.pop_back();
     const int64_t generation = ++generation_;
     slot(key).store(ipc_slot::kept(generation), std::memory_order_relaxed);  // read by receivers after the message
     const void* memory = storage.data();
@@ -312,14 +315,15 @@ class SentStorages {
     return std::make_tuple(key.first, key.second, generation);
   }
 
-  void add_slab(const at::Tensor& slab) {
+  void add_slab(const at::Tensor& slab, const std::string& strategy) {
     TORCH_CHECK(slab.device().is_cpu() && slab.scalar_type() == at::kLong && slab.dim() == 1 && slab.is_contiguous() &&
                     slab.numel() == kSlots,
                 "_ipc_add_slab: a slab is a contiguous 1-D int64 CPU tensor of ", kSlots, " elements");
     std::lock_guard<std::mutex> lock(mu_);
     slabs_.push_back(slab);
+    strategies_.push_back(strategy);
     const auto index = static_cast<int64_t>(slabs_.size()) - 1;
-    for (int64_t i = kSlots - 1; i >= 0; --i) free_.emplace_back(index, i);
+    for (int64_t i = kSlots - 1; i >= 0; --i) free_[strategy].emplace_back(index, i);
   }
 
   at::Tensor slab(int64_t index) {
@@ -347,7 +351,7 @@ class SentStorages {
     parked = std::move(it->second.parked);
     kept_.erase(it);
     count_.store(kept_.size(), std::memory_order_relaxed);
-    free_.emplace_back(slab, index);
+    free_[strategies_[slab]].emplace_back(slab, index);
     return storage;
   }
 
@@ -404,7 +408,7 @@ class SentStorages {
     for (auto it = kept_.begin(); it != kept_.end();) {
       if (slot(it->first).load(std::memory_order_acquire) == 0) {  // the receiver's deleter is done
         out.push_back(std::move(it->second));
-        free_.push_back(it->first);
+        free_[strategies_[it->first.first]].push_back(it->first);
         it = kept_.erase(it);
       } else {
         ++it;
@@ -416,7 +420,8 @@ class SentStorages {
 
   std::mutex mu_;
   std::vector<at::Tensor> slabs_;
-  std::vector<Key> free_;
+  std::vector<std::string> strategies_;           // of each slab
+  std::map<std::string, std::vector<Key>> free_;  // by strategy
   std::map<Key, Kept> kept_;
   int64_t generation_ = 0;
   std::atomic<size_t> count_{0};
@@ -644,8 +649,11 @@ PYBIND11_MODULE(_C, m) {
   });
   // what this process sent (SentStorages); a storage travels as a uint8 tensor over it
   m.attr("_IPC_SLOTS") = SentStorages::kSlots;
-  m.def("_ipc_keep", [](const at::Tensor& over) { return sent_storages().keep(over.storage()); });
-  m.def("_ipc_add_slab", [](const at::Tensor& slab) { sent_storages().add_slab(slab); });
+  m.def("_ipc_keep", [](const at::Tensor& over, const std::string& strategy) {
+    return sent_storages().keep(over.storage(), strategy);
+  });
+  m.def("_ipc_add_slab",
+        [](const at::Tensor& slab, const std::string& strategy) { sent_storages().add_slab(slab, strategy); });
   m.def("_ipc_slab", [](int64_t index) { return sent_storages().slab(index); });
   m.def("_ipc_take", [](int64_t slab, int64_t slot, int64_t generation) -> std::optional<at::Tensor> {
     auto storage = sent_storages().take(slab, slot, generation);

@@ -148,10 +148,11 @@ def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, 
     given a later send's memory). A slab is CPU memory shared with the receivers; it travels with
     the message."""
     over = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    key = _C._ipc_keep(over)
+    strategy = torch.multiprocessing.get_sharing_strategy()  # slabs are per strategy (Module.cpp)
+    key = _C._ipc_keep(over, strategy)
     while key is None:  # every slot is taken; a CPU slab whatever the default device is
-        _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64, device="cpu").share_memory_())
-        key = _C._ipc_keep(over)
+        _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64, device="cpu").share_memory_(), strategy)
+        key = _C._ipc_keep(over, strategy)
     slab, slot, generation = key
     return _C._ipc_slab(slab), slot, (os.getpid(), slab), generation
 
