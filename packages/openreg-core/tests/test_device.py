@@ -654,6 +654,31 @@ class TestFork(TestCase):
         )
         self.assertEqual(r.stdout.split("\n")[:3], ["child: no error", "0 True", "0"], r.stderr)
 
+    def test_python_locks_held_at_a_fork_are_fresh_in_the_child(self):
+        # The default generators' lock and the plugin-import hook's were kept in a child forked
+        # while another thread held them: its first torch.manual_seed (or watched import) waited
+        # for ever. They are renewed in the child (torch_openreg/utils/fork.py), as IPC's is.
+        r = run_python(
+            """
+            import os, torch
+            from torch_openreg.openreg import ipc, random
+            from torch_openreg.utils import imports
+            held = [random._DEFAULT_GENERATORS_LOCK, imports._lock, ipc._opening]
+            for lock in held:  # held by the forking thread, as another thread would hold them
+                lock.acquire()
+            pid = os.fork()
+            if pid == 0:
+                fresh = [random._DEFAULT_GENERATORS_LOCK, imports._lock, ipc._opening]
+                ok = all(lock.acquire(timeout=10) for lock in fresh) and not any(a is b for a, b in zip(held, fresh))
+                os._exit(0 if ok else 3)
+            for lock in held:
+                lock.release()
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status))
+            """
+        )
+        self.assertEqual(r.stdout.strip(), "0", r.stderr)
+
     def test_inherited_tensor_meets_the_runtime_guard(self):
         # a tensor made in the parent never passes torch's lazy initialisation in the child: the
         # runtime itself refuses the child's kernel (and its read-back) with orErrorForkedProcess

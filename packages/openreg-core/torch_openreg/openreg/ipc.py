@@ -29,6 +29,7 @@ import torch
 from torch.multiprocessing import reductions
 
 from .. import _C
+from ..utils.fork import renewed_at_fork
 
 
 class IpcHandle(NamedTuple):
@@ -110,14 +111,10 @@ def _open_storage(
         return storage
 
 
+@renewed_at_fork
 def _new_opening_lock() -> None:
     global _opening
-    _opening = threading.Lock()  # a child forked while another thread held it would wait forever
-
-
-_new_opening_lock()
-if hasattr(os, "register_at_fork"):  # POSIX only
-    os.register_at_fork(after_in_child=_new_opening_lock)
+    _opening = threading.Lock()
 
 
 def open_ipc_handle(h: IpcHandle) -> torch.Tensor:

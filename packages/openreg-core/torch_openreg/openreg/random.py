@@ -3,13 +3,13 @@
 Each generator's state is host-side (see ``csrc/runtime/OpenRegGenerator.h``).
 """
 
-import os
 import threading
 from typing import Any, Iterable, List, Optional
 
 import torch
 
 from .. import _C
+from ..utils.fork import renewed_at_fork
 from ._utils import _device_index, _DeviceLike, _package
 
 
@@ -45,14 +45,10 @@ def _count() -> int:
 _DEFAULT_GENERATORS: Optional[tuple] = None
 
 
+@renewed_at_fork
 def _new_default_generators_lock() -> None:
     global _DEFAULT_GENERATORS_LOCK
-    _DEFAULT_GENERATORS_LOCK = threading.Lock()  # a child forked while another thread held it would wait forever
-
-
-_new_default_generators_lock()
-if hasattr(os, "register_at_fork"):  # POSIX only
-    os.register_at_fork(after_in_child=_new_default_generators_lock)
+    _DEFAULT_GENERATORS_LOCK = threading.Lock()
 
 
 def _default_generators() -> tuple:

@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 import threading
 import warnings
 from types import ModuleType
 from typing import Callable, Dict, List
 
+from .fork import renewed_at_fork
 
+
+@renewed_at_fork
 def _new_lock() -> None:
     global _lock
-    _lock = threading.Lock()  # a child forked while another thread held it would wait forever
+    _lock = threading.Lock()
 
 
-_new_lock()
-if hasattr(os, "register_at_fork"):  # POSIX only
-    os.register_at_fork(after_in_child=_new_lock)
 _pending: Dict[str, List[Callable[[ModuleType], None]]] = {}
 
 
