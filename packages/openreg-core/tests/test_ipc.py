@@ -95,6 +95,20 @@ def _twice_reading_consumer(queue, results, go):
     results.put(b[:2].cpu().tolist())
 
 
+def _reader_of_two_messages(queue, results, go):
+    """Runs in a spawned process: reads a message's bytes twice and drops what it read, then reads
+    the sender's next message."""
+    from multiprocessing.reduction import ForkingPickler
+
+    buf = queue.get(timeout=60)
+    a, b = ForkingPickler.loads(buf), ForkingPickler.loads(buf)
+    first = a[:2].cpu().tolist()
+    del a, b
+    gc.collect()
+    results.put(first)
+    results.put(ForkingPickler.loads(queue.get(timeout=60))[:2].cpu().tolist())
+
+
 def reuse_freed_memory() -> list:
     """Empties the sender's cache and fills new tensors with -1: where a storage a receiver still
     reads was wrongly freed, they overwrite it. Keep them until the receiver has read."""
@@ -482,6 +496,20 @@ class TestMultiprocessing(TestCase):
             go.set()
             self.assertEqual(results.get(timeout=60), [7.0, 7.0])
             del others
+        self.assertEqual(proc.exitcode, 0)
+
+    def test_a_message_read_twice_leaves_the_slab_to_the_next_message(self):
+        # torch's transport of a CPU storage under file_system counts a reference on its file per
+        # sending and drops one per reading: the release slab of a message read twice lost its file
+        # once the receiver dropped what it read, and the sender's next message could not be opened
+        # ("unable to open shared memory object"). The slab now travels by name (ipc.py::_SlabByName).
+        from multiprocessing.reduction import ForkingPickler
+
+        with file_system_sharing(), spawned(_reader_of_two_messages) as (queue, results, go, proc):
+            queue.put(bytes(ForkingPickler.dumps(torch.full((1024,), 7.0, device="openreg"))))
+            self.assertEqual(results.get(timeout=120), [7.0, 7.0])
+            queue.put(bytes(ForkingPickler.dumps(torch.full((1024,), 8.0, device="openreg"))))
+            self.assertEqual(results.get(timeout=60), [8.0, 8.0])
         self.assertEqual(proc.exitcode, 0)
 
     def test_a_release_slot_that_lost_its_generation_is_refused(self):

@@ -75,14 +75,15 @@ def get_ipc_handle(tensor: torch.Tensor) -> IpcHandle:
 
 def _open_storage(
     h: IpcHandle,
-    release: Optional[torch.Tensor] = None,
+    release=None,  # the slab: a tensor, or a _SlabByName
     slot: int = -1,
     sender: Optional[Tuple[int, int]] = None,
     generation: int = 0,
 ) -> torch.UntypedStorage:
     def opened() -> torch.UntypedStorage:  # the runtime maps the exporter's memory
         try:
-            return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, release, slot, generation).untyped_storage()
+            slab = _slab(release)
+            return _C._ipc_open(h.handle, h.device, h.offset, h.nbytes, slab, slot, generation).untyped_storage()
         except RuntimeError as e:
             # The runtime refuses a handle of its own process (as CUDA's does): here a tensor that
             # another process received from this one and sent back. CUDA refuses to send it at all.
@@ -124,7 +125,7 @@ def open_ipc_handle(h: IpcHandle) -> torch.Tensor:
 
 def _open_tensor(
     h: IpcHandle,
-    release: Optional[torch.Tensor] = None,
+    release=None,  # the slab: a tensor, or a _SlabByName
     slot: int = -1,
     sender: Optional[Tuple[int, int]] = None,
     generation: int = 0,
@@ -137,7 +138,28 @@ def _open_tensor(
 # ---- torch.multiprocessing ----
 
 
-def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, int], int]:
+class _SlabByName(NamedTuple):
+    """A file_system slab as it travels: its shared-memory file's name, opened by each reading
+    (:func:`_slab`). torch's own transport of a CPU storage under file_system counts a reference on
+    the file at each sending and drops one at each reading, so a message read twice (which openreg's
+    receivers allow) dropped one too many: the file was unlinked when the receiver exited, and the
+    sender's next message named a file that no longer existed. An opening here counts itself and
+    its closing uncounts itself; the sender's own mapping keeps the file while it keeps the slab."""
+
+    manager: bytes
+    name: bytes
+    nbytes: int
+
+
+def _slab(release) -> torch.Tensor:
+    """The slab a message carries (a tensor, or a :class:`_SlabByName` to open)."""
+    if not isinstance(release, _SlabByName):
+        return release
+    storage = torch.UntypedStorage._new_shared_filename_cpu(release.manager, release.name, release.nbytes)
+    return torch.empty(0, dtype=torch.int64).set_(storage, 0, (release.nbytes // 8,), (1,))
+
+
+def _keep(storage: torch.UntypedStorage) -> Tuple[object, int, Tuple[int, int], int]:
     """Keeps ``storage`` until its receivers release it (``Module.cpp::SentStorages``, as torch keeps
     a CUDA storage it sent): the slab and slot in which receivers count themselves, the last one
     zeroing it; who sent it (this process and the slab's index, for :func:`_take`); and the send's
@@ -151,7 +173,10 @@ def _keep(storage: torch.UntypedStorage) -> Tuple[torch.Tensor, int, Tuple[int, 
         _C._ipc_add_slab(torch.zeros(_C._IPC_SLOTS, dtype=torch.int64, device="cpu").share_memory_(), strategy)
         key = _C._ipc_keep(over, strategy)
     slab, slot, generation = key
-    return _C._ipc_slab(slab), slot, (os.getpid(), slab), generation
+    release = _C._ipc_slab(slab)
+    if strategy == "file_system":
+        release = _SlabByName(*release.untyped_storage()._share_filename_cpu_())
+    return release, slot, (os.getpid(), slab), generation
 
 
 def _take(sender: Tuple[int, int], slot: int, generation: int) -> Optional[torch.UntypedStorage]:
@@ -186,7 +211,7 @@ def _rebuild_tensor(
     cls,
     h: IpcHandle,
     requires_grad: bool,
-    release: Optional[torch.Tensor] = None,
+    release=None,  # the slab: a tensor, or a _SlabByName
     slot: int = -1,
     sender: Optional[Tuple[int, int]] = None,
     generation: int = 0,
@@ -196,7 +221,7 @@ def _rebuild_tensor(
 
 def _rebuild_storage(
     h: IpcHandle,
-    release: Optional[torch.Tensor] = None,
+    release=None,  # the slab: a tensor, or a _SlabByName
     slot: int = -1,
     sender: Optional[Tuple[int, int]] = None,
     generation: int = 0,
