@@ -181,6 +181,45 @@ class TestGraphs(TestCase):
         for g in (outer, plain, random):
             g.reset()
 
+    def test_a_graph_replayed_into_another_keeps_its_memory_for_it_after_a_reset(self):
+        # The outer graph's replays run the inner graph's work on the inner graph's pool: resetting
+        # the inner graph gave that pool's blocks to new tensors, which the outer graph's replays then
+        # overwrote with the inner graph's temporaries. The outer capture holds the inner pool too.
+        n = 1 << 16
+        torch.openreg.empty_cache()
+        reserved = torch.openreg.memory_reserved()
+        inputs = [torch.arange(float(n), device="openreg")]
+        s = torch.openreg.Stream()
+
+        def f():  # its temporaries are freed during the capture, into the inner graph's pool
+            return (inputs[0].sin() * 2) + 1
+
+        warm_up(f, s)
+        inner, outer = torch.accelerator.Graph(), torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            inner.capture_begin()
+            z = f()
+            inner.capture_end()
+            outer.capture_begin()
+            inner.replay()
+            outer.capture_end()
+        s.synchronize()
+        inner.reset()
+        with torch.openreg.stream(s):
+            fresh = [torch.full((n,), 7.0, device="openreg") for _ in range(4)]
+            outer.replay()
+        s.synchronize()
+        self.assertEqual(z.cpu(), torch.arange(float(n)).sin() * 2 + 1)
+        for t in fresh:
+            self.assertEqual(t.cpu(), torch.full((n,), 7.0))
+        del fresh, t, z
+        inputs.clear()
+        torch.openreg.empty_cache()
+        self.assertGreater(torch.openreg.memory_reserved(), reserved)  # the inner pool, held by outer
+        outer.reset()  # ... until the outer graph goes too
+        torch.openreg.empty_cache()
+        self.assertEqual(torch.openreg.memory_reserved(), reserved)
+
     def test_random_ops_draw_fresh_numbers_on_each_replay(self):
         """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the
         generator's current (seed, offset), so replays differ, and the sequence is reproducible."""

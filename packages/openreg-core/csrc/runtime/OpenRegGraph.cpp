@@ -113,6 +113,8 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     if (capturing == 0 && last_replay_stream_ != nullptr && last_replay_stream_ != stream)
       OPENREG_CHECK(orStreamWaitEvent(stream, last_replay_, 0));
     reseed_for_replay(stream, random_ops_);  // fresh numbers for the captured random ops
+    // Captured into another graph, which then replays this one's work on this one's pool.
+    if (capturing != 0) allocator::holdGraphPoolForCapture(device_, stream, pool_);
     OPENREG_CHECK(orGraphLaunch(graph_, stream));
     if (capturing == 0) {
       if (last_replay_ == nullptr) OPENREG_CHECK(orEventCreateWithFlags(&last_replay_, orEventDisableTiming));
