@@ -321,6 +321,55 @@ class TestResultsElsewhere(TestCase):
         got = op(x, torch.device("openreg"))  # on openreg: as before
         self.assertEqual((got.device, got.cpu().tolist()), (x.device, [0.0, 3.0]))
 
+    def test_a_result_on_another_openreg_device_is_refused(self):
+        # The call runs on its tensors' device and lands its results there: a Device argument naming
+        # another openreg device (the fake kernel's device) gave a result on the tensors' device.
+        lib = torch.library.Library("openreg_elsewhere_index_test", "DEF")
+        self.addCleanup(lib._destroy)
+        lib.define("summary(Tensor x, Device dev) -> Tensor")
+        lib.impl("summary", lambda x, dev: torch.stack([x.min(), x.max()]).to(dev), "CPU")
+        lib.impl("summary", lambda x, dev: torch.empty(2, dtype=x.dtype, device=dev), "Meta")
+        op = torch.ops.openreg_elsewhere_index_test.summary
+        x = torch.arange(4.0, device="openreg:1")
+        for _ in range(2):  # the first call of a signature and a later one
+            with self.assertRaisesRegex(
+                NotImplementedError,
+                "'openreg_elsewhere_index_test::summary' names device openreg:0 and its tensors are on openreg:1: "
+                "openreg's generic path runs an operator on its tensors' device",
+            ):
+                op(x, torch.device("openreg:0"))
+        got = op(x, torch.device("openreg:1"))
+        self.assertEqual((got.device, got.cpu().tolist()), (x.device, [0.0, 3.0]))
+
+
+class TestListsOfViews(TestCase):
+    def test_a_custom_op_returning_a_list_of_views(self):
+        # `Tensor(a) x -> Tensor(a)[]` (split's form) of a custom op: the first call's synchronous run
+        # read the list as one tensor ("Expected Tensor but got GenericList") at every call.
+        lib = torch.library.Library("openreg_list_of_views_test", "DEF")
+        self.addCleanup(lib._destroy)
+        lib.define("halves(Tensor(a) x) -> Tensor(a)[]")
+        lib.impl("halves", lambda x: list(x.chunk(2)), "CPU")
+        lib.impl("halves", lambda x: list(x.chunk(2)), "Meta")
+        for call in range(3):  # the first call runs synchronously, the later ones asynchronously
+            x = torch.arange(6.0, device="openreg")
+            halves = torch.ops.openreg_list_of_views_test.halves(x)
+            self.assertEqual([h.cpu().tolist() for h in halves], [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+            self.assertTrue(all(h._base is x for h in halves))
+            halves[1].fill_(9.0)  # views: the write shows in x
+            self.assertEqual(x.cpu().tolist(), [0.0, 1.0, 2.0, 9.0, 9.0, 9.0])
+
+    def test_a_custom_op_whose_list_of_views_is_fresh_after_all(self):
+        # A kernel that declares views but returns new tensors: the results are copied to the device.
+        lib = torch.library.Library("openreg_fresh_list_test", "DEF")
+        self.addCleanup(lib._destroy)
+        lib.define("halves(Tensor(a) x) -> Tensor(a)[]")
+        lib.impl("halves", lambda x: [c.clone() for c in x.chunk(2)], "CPU")
+        lib.impl("halves", lambda x: list(x.chunk(2)), "Meta")
+        x = torch.arange(4.0, device="openreg")
+        halves = torch.ops.openreg_fresh_list_test.halves(x)
+        self.assertEqual([h.cpu().tolist() for h in halves], [[0.0, 1.0], [2.0, 3.0]])
+
 
 class TestRedefinedOperators(TestCase):
     def test_an_operator_defined_again_gets_fresh_state(self):

@@ -1024,13 +1024,15 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
             const at::Tensor& got = kernel_args[i].toTensor();
             moved = got.data_ptr() != want.data_ptr() || got.sizes() != want.sizes() || got.strides() != want.strides();
           }
-        } else if (is_view_return(ret) && kernel_args[i].isTensor()) {  // a "view" that is not one
+        } else if (is_view_return(ret)) {  // a "view" that is not one (of a list of views: any element)
           const at::Tensor& base = originals[aliased_argument(schema, ret)].toTensor();
-          const at::Tensor& got = kernel_args[i].toTensor();
-          // A view of or as a sparse tensor comes back as a copy (the structure views are native).
-          // A nested one stays a view if it shares the kernel view of its base's storage.
-          moved = sparse::is_sparse(base) || sparse::is_sparse(got) ||
-                  got.storage().data() != ::openreg::kernel_pointer(base.storage().data());
+          for_each_tensor(kernel_args[i], [&](const at::Tensor& got) {
+            // A view of or as a sparse tensor comes back as a copy (the structure views are native).
+            // A nested one stays a view if it shares the kernel view of its base's storage.
+            if (got.defined())
+              moved = moved || sparse::is_sparse(base) || sparse::is_sparse(got) ||
+                      got.storage().data() != ::openreg::kernel_pointer(base.storage().data());
+          });
         }
         state->moved.push_back(moved);
       }
@@ -1102,9 +1104,13 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
           }));
           continue;
         }
-        const at::Tensor& host = results[i].toTensor();
         // A nested view of a dense buffer (_nested_view_from_buffer): a nested tensor over its storage.
-        stack->push_back(nested::is_nested(host) ? nested::assemble(host, base) : view_like(base, host));
+        // A list of views (`Tensor(a)[]`, a custom op's) maps each (it failed with "Expected Tensor").
+        stack->push_back(map_tensors(results[i], [&](const at::Tensor& host) {
+          return !host.defined()           ? host
+                 : nested::is_nested(host) ? nested::assemble(host, base)
+                                           : view_like(base, host);
+        }));
         continue;
       }
       if (is_view_return(ret)) {  // a fresh result after all: copy it into a new device tensor
@@ -1320,7 +1326,7 @@ bool is_nested_metadata(const c10::FunctionSchema& schema, size_t i) {
 // openreg only through its generator (torch.randn(3, generator=openreg_generator))
 // is a CPU call with the wrong generator.
 c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  std::optional<c10::Device> device, other;
+  std::optional<c10::Device> device, other, named;  // named: an openreg Device argument
   bool openreg_generator = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
@@ -1337,7 +1343,7 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
       if (*device != t.device() && i > 0 && is_index_list(schema.arguments()[i])) refuse_index_device(*device);
       check_same_device(*device, t.device(), schema.operator_name());
     });
-    if (v.isDevice() && v.toDevice().is_privateuseone() && !device) device = v.toDevice();
+    if (v.isDevice() && v.toDevice().is_privateuseone() && !named) named = v.toDevice();
     if (v.isGenerator() && v.toGenerator().device().is_privateuseone()) openreg_generator = true;
   }
   TORCH_CHECK(device || !openreg_generator, "Expected a 'cpu' device type for generator but found 'openreg' (in ",
@@ -1348,6 +1354,16 @@ c10::Device common_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::
       refuse_index_device(*other);
     check_same_device(*device, *other, schema.operator_name());
   }
+  // The call runs on its tensors' device and its results land there (the kernel's Device arguments
+  // are the CPU): a Device argument naming another openreg device (a custom op's `.to(dev)`, whose
+  // fake kernel says `dev`) gave a result on the tensors' device (hunt35c).
+  if (device && named && named->has_index())
+    TORCH_CHECK_NOT_IMPLEMENTED(named->index() == device->index(), "'", schema.operator_name(), "' names device ",
+                                *named, " and its tensors are on ", *device,
+                                ": openreg's generic path runs an operator on its tensors' device and returns its "
+                                "results there; register an openreg kernel for it (e.g. torch.library.custom_op "
+                                "with device_types=\"openreg\") to return a tensor on another device");
+  if (!device) device = named;
   if (!device) device = c10::Device(c10::DeviceType::PrivateUse1);
   if (!device->has_index())
     device = c10::Device(c10::DeviceType::PrivateUse1, getCurrentOpenRegStream().device_index());
