@@ -5,7 +5,7 @@ import tempfile
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
-from torch_openreg.utils.testing import run_python
+from torch_openreg.utils.testing import StreamHold, run_python
 
 
 def warm_up(fn, stream):
@@ -219,6 +219,36 @@ class TestGraphs(TestCase):
         outer.reset()  # ... until the outer graph goes too
         torch.openreg.empty_cache()
         self.assertEqual(torch.openreg.memory_reserved(), reserved)
+
+    def test_a_replay_on_another_stream_waits_for_the_work_queued_before_the_capture(self):
+        # The capture may take a block that eager work queued on its stream freed and still uses; a
+        # replay on another stream ran at once and wrote it, and the queued eager work then wrote it
+        # again (the graph's output read x * 2, not x * 3). The first replay on another stream now
+        # waits for the capture stream's queued work.
+        n = 1 << 16
+        x = torch.arange(float(n), device="openreg")
+        s = torch.openreg.Stream()
+        warm_up(lambda: (x * 2 + 1, x * 3), s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            hold = StreamHold().__enter__()  # s is busy: what follows on it is queued behind
+        try:
+            with torch.openreg.stream(s):
+                tmp = x * 2
+                tmp_block = tmp.data_ptr()
+                kept = tmp + 1
+                del tmp  # freed on s, its kernels still queued
+                g.capture_begin()
+                y = x * 3
+                g.capture_end()
+            self.assertEqual(y.data_ptr(), tmp_block)  # the premise: the capture took tmp's block
+            g.replay()  # on the default stream
+        finally:
+            hold.release()
+        torch.openreg.synchronize()
+        self.assertEqual(y.cpu(), torch.arange(float(n)) * 3)
+        self.assertEqual(kept.cpu(), torch.arange(float(n)) * 2 + 1)
+        g.reset()
 
     def test_random_ops_draw_fresh_numbers_on_each_replay(self):
         """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the

@@ -498,6 +498,34 @@ class TestGenericPath(TestCase):
                 self.assertEqual(got.cpu(), want, msg=f"{loss.__name__} {reduction}")
         torch.openreg.synchronize()
 
+    def test_a_kernel_that_restrides_its_output_in_place_lands_its_values(self):
+        # The CPU's replication and reflection pads restride a contiguous output to channels-last
+        # and write it in that order: the result is the output's own memory, and copying it onto the
+        # output read elements the copy had already overwritten (from the second call of a
+        # signature on; with out= from the first). Compared with the CPU over three calls each.
+        cl, cl3 = torch.channels_last, torch.channels_last_3d
+        g = torch.Generator().manual_seed(0)
+        x4 = torch.randn(2, 3, 5, 6, generator=g).contiguous(memory_format=cl)
+        x5 = torch.randn(2, 3, 4, 5, 6, generator=g).contiguous(memory_format=cl3)
+        cases = [
+            (torch._C._nn.replication_pad2d, x4, (1, 2, 0, 1)),
+            (torch._C._nn.reflection_pad2d, x4, (1, 2, 0, 1)),
+            (torch._C._nn.replication_pad3d, x5, (1, 2, 0, 1, 1, 1)),
+            (torch._C._nn.reflection_pad3d, x5, (1, 2, 0, 1, 1, 1)),
+        ]
+        for pad, x, widths in cases:
+            want = pad(x, widths)
+            for _ in range(3):
+                self.assertEqual(pad(x.to("openreg"), widths).cpu(), want, atol=0, rtol=0)
+                out = torch.empty(want.shape, device="openreg")  # contiguous: the kernel restrides it
+                pad(x.to("openreg"), widths, out=out)
+                self.assertEqual(out.cpu(), want, atol=0, rtol=0)
+        conv = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="replicate").to(memory_format=cl)
+        want = conv(x4)
+        conv.to("openreg")
+        for _ in range(3):
+            self.assertEqual(conv(x4.to("openreg")).cpu(), want)
+
     def test_results_of_sub_byte_dtypes_land(self):
         # The generic path copied a result into its device output with the CPU's copy_, which has
         # no kernel for uint1..7 and int1..7 even between equal dtypes: torch.cat of uint4 failed on

@@ -370,6 +370,38 @@ class TestListsOfViews(TestCase):
         halves = torch.ops.openreg_fresh_list_test.halves(x)
         self.assertEqual([h.cpu().tolist() for h in halves], [[0.0, 1.0], [2.0, 3.0]])
 
+    def test_an_alias_of_a_list_argument_is_refused_before_the_kernel_runs(self):
+        # The paths place a returned alias on one tensor argument: for an alias of a list argument
+        # they indexed the arguments at -1 (a read out of bounds) or read the list as a tensor, after
+        # the kernel had written the arguments (a retry doubled them again).
+        lib = torch.library.Library("openreg_list_alias_test", "DEF")
+        self.addCleanup(lib._destroy)
+
+        def double_all_(xs):
+            for x in xs:
+                x.mul_(2)
+            return xs
+
+        schemas = {
+            "double_elements_": "(Tensor(a!)[] xs) -> Tensor(a!)[]",  # the alias on the element type
+            "double_list_": "(Tensor[](a!) xs) -> Tensor[](a!)",  # on the list (all_reduce_coalesced_'s)
+            "first_of": "(Tensor(a)[] xs) -> Tensor(a)",  # a view of an element
+        }
+        for name, schema in schemas.items():
+            lib.define(name + schema)
+            kernel = double_all_ if name != "first_of" else (lambda xs: xs[0][1:])
+            lib.impl(name, kernel, "CPU")
+            lib.impl(name, kernel if name == "first_of" else (lambda xs: xs), "Meta")
+            a, b = torch.ones(3, device="openreg"), torch.ones(2, device="openreg")
+            for _ in range(2):
+                with self.assertRaisesRegex(
+                    NotImplementedError,
+                    f"'openreg_list_alias_test::{name}' returns an alias of (an element of )?"
+                    "its list argument 'xs', which",
+                ):
+                    getattr(torch.ops.openreg_list_alias_test, name)([a, b])
+            self.assertEqual((a.cpu().tolist(), b.cpu().tolist()), ([1.0] * 3, [1.0] * 2))  # not run
+
 
 class TestRedefinedOperators(TestCase):
     def test_an_operator_defined_again_gets_fresh_state(self):

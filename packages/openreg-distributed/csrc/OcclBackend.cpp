@@ -1760,6 +1760,16 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tens
   const int64_t out_row = output.dim() == 0 || output.size(0) == 0 ? 1 : output.numel() / output.size(0);
   TORCH_CHECK_VALUE(input.numel() == 0 || output.numel() == 0 || in_row == out_row, "occl ", op,
                     ": input and output rows differ in size (", in_row, " and ", out_row, " elements)");
+  // The part a rank sends itself is the part it receives from itself: a local mismatch, refused
+  // here as Gloo refuses it at the call (it failed the kernel, and the group with it; hunt35a).
+  auto own_rows = [&](const at::Tensor& x, const std::vector<int64_t>& splits) {
+    return splits.empty() ? (x.dim() == 0 ? 1 : x.size(0)) / size_ : splits[rank_];
+  };
+  const int64_t sent_self = own_rows(input, inputSplitSizes) * in_row;
+  const int64_t got_self = own_rows(output, outputSplitSizes) * out_row;
+  TORCH_CHECK_VALUE(sent_self == got_self, "occl ", op, ": rank ", rank_, " sends itself ", sent_self,
+                    " elements but expects ", got_self, " from itself (its input and output split sizes at index ",
+                    rank_, " disagree)");
   // Splits in elements of the 1-D views the transport sees (bytes for dtypes it cannot carry).
   const int64_t unit = transport_dtype(input.scalar_type()) ? 1 : input.element_size();
   std::vector<int64_t> in_splits, out_splits;
@@ -1789,6 +1799,9 @@ c10::intrusive_ptr<Work> OcclBackend::alltoall(std::vector<at::Tensor>& outputs,
     check_same_dtype(op, inputs[0], outputs[i]);
     check_same_dtype(op, inputs[0], inputs[i]);
   }
+  TORCH_CHECK_VALUE(inputs[rank_].numel() == outputs[rank_].numel(), "occl ", op, ": rank ", rank_, " sends itself ",
+                    inputs[rank_].numel(), " elements but expects ", outputs[rank_].numel(),
+                    " from itself (its input and output tensors at index ", rank_, " differ in size)");
   // One staging buffer each way: rank r's part is outputs[r] / inputs[r], flattened.
   const int64_t unit = transport_dtype(inputs[0].scalar_type()) ? 1 : inputs[0].element_size();
   std::vector<int64_t> in_splits, out_splits;

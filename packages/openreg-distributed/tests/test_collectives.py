@@ -1212,6 +1212,17 @@ class TestCollectives(OcclTestCase):
             dist.all_reduce(torch.ones(4, device=d), op=dist._make_nccl_premul_sum(torch.tensor(2.0, device=other)))
         with self.assertRaisesRegex(ValueError, r"input split sizes add up to 3 but its dim 0 is 4"):
             dist.all_to_all_single(torch.empty(4, device=d), torch.ones(4, device=d), [2, 2], [1, 2])
+        # What a rank sends itself against what it expects from itself: local, refused at the call as
+        # Gloo refuses it (the kernel failed, and the group with it).
+        own = [1, 3] if self.rank == 0 else [3, 1]
+        with self.assertRaisesRegex(
+            ValueError, rf"occl all_to_all_single: rank {self.rank} sends itself 1 elements but expects 2 from itself"
+        ):
+            dist.all_to_all_single(torch.empty(4, device=d), torch.ones(4, device=d), [2, 2], own)
+        with self.assertRaisesRegex(
+            ValueError, rf"occl all_to_all: rank {self.rank} sends itself 1 elements but expects 2 from itself"
+        ):
+            dist.all_to_all([torch.empty(2, device=d)] * 2, [torch.ones(1, device=d)] * 2)
         # The root's list of per-rank tensors (each rank calls the backend as its own root here, so
         # that every rank raises): world size tensors of the other side's dtype and size.
         backend = dist.group.WORLD._get_backend(d)

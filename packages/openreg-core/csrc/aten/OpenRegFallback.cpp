@@ -113,7 +113,35 @@ struct OpFacts {
   int value_tensor = -1;                        // fill_, masked_fill_, index_fill_, index_put_: see move_value
   bool index_put = false;                       // index_put(_), _index_put_impl(_): see index_put_needs_the_host
   bool put = false;                             // put(_): see check_put
+  bool unplaceable = false;                     // a return aliases a list argument: see unplaceable_alias
 };
+
+int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret);
+
+// A return aliasing an element of a list argument (`Tensor(a!)[] xs -> Tensor(a!)[]`,
+// `Tensor(a)[] xs -> Tensor(a)`), or no argument the generic path can find: the paths below place
+// a returned alias on one tensor argument. Such an operator is refused at the call, before its
+// kernel runs; until 2026-12-07 the path indexed its arguments at -1 (a read out of bounds) or read
+// a list as a tensor, after the kernel had written the arguments (hunt35c).
+std::optional<std::string> unplaceable_alias(const c10::FunctionSchema& schema) {
+  for (const auto& ret : schema.returns()) {
+    if (!ret.alias_info()) continue;
+    const int a = aliased_argument(schema, ret);
+    if (a >= 0 && schema.arguments()[a].type()->kind() != c10::TypeKind::ListType) continue;
+    std::string what = a >= 0 ? "its list argument '" + schema.arguments()[a].name() + "'" : "no tensor argument";
+    const c10::AliasInfo* info = ret.alias_info();
+    if (info->beforeSets().empty() && !info->containedTypes().empty()) info = &info->containedTypes()[0];
+    for (const auto& arg : schema.arguments())  // Tensor(a!)[] xs: the alias set on the element type
+      if (a < 0 && arg.alias_info() && !arg.alias_info()->containedTypes().empty() &&
+          arg.alias_info()->containedTypes()[0].beforeSets() == info->beforeSets())
+        what = "an element of its list argument '" + arg.name() + "'";
+    return c10::str("'", schema.operator_name(), "' returns an alias of ", what,
+                    ", which openreg's generic path cannot return: register an openreg "
+                    "kernel for it (e.g. torch.library.custom_op with device_types=\"openreg\"), or return "
+                    "new tensors");
+  }
+  return std::nullopt;
+}
 
 const OpFacts& facts_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> mine;
@@ -146,6 +174,7 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   }
   for (const auto& a : schema.arguments()) f.writes_argument |= is_written(a);
   f.mutates = f.writes_argument || schema.returns().empty();
+  f.unplaceable = unplaceable_alias(schema).has_value();
   f.out_op = out_overload(op);
   const std::string& name = schema.name();
   if (name == "aten::fill" || name == "aten::fill_" || name == "aten::masked_fill" || name == "aten::masked_fill_" ||
@@ -892,7 +921,26 @@ void resize_output_like(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntA
 // dst.copy_(src) of a result into its device output, as the bits they are when the dtypes are the
 // same: the CPU's copy_ has no kernel for some dtypes even between equal ones (uint1..7, int1..7,
 // bits), and results the CPU's kernels made of them (torch.cat of uint4) failed to land.
+//
+// A CPU out= kernel may restride its output in place and write it in the new layout (the
+// replication and reflection pads restride a contiguous output to channels-last): the result then
+// is the output's own memory in another order, and copying it over itself element by element read
+// elements it had already overwritten (hunt35d). Such a result is cloned first.
+bool spans_overlap(const at::Tensor& a, const at::Tensor& b) {
+  auto span = [](const at::Tensor& t) {
+    const auto* lo = static_cast<const char*>(t.const_data_ptr());
+    int64_t last = 0;  // the farthest element, in elements (strides of results are not negative)
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    return std::make_pair(lo, lo + (last + 1) * static_cast<int64_t>(t.itemsize()));
+  };
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a_lo, a_hi] = span(a);
+  const auto [b_lo, b_hi] = span(b);
+  return a_lo < b_hi && b_lo < a_hi;
+}
+
 void copy_result(const at::Tensor& dst, const at::Tensor& src) {
+  const bool overlap = spans_overlap(dst, src);
   const size_t size = src.itemsize();
   const c10::ScalarType bits = size == 1   ? at::kByte
                                : size == 2 ? at::kShort
@@ -901,10 +949,11 @@ void copy_result(const at::Tensor& dst, const at::Tensor& src) {
                                            : c10::ScalarType::Undefined;
   if (dst.scalar_type() == src.scalar_type() && bits != c10::ScalarType::Undefined && !src.is_complex() &&
       !src.is_conj() && !dst.is_conj() && !src.is_neg() && !dst.is_neg()) {
-    dst.view(bits).copy_(src.view(bits));
+    const at::Tensor from = src.view(bits);
+    dst.view(bits).copy_(overlap ? from.clone() : from);
     return;
   }
-  dst.copy_(src);
+  dst.copy_(overlap ? src.clone() : src);
 }
 
 // ---- 4. the synchronous path ----
@@ -1711,6 +1760,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   // library), after which facts_of drops the map this would refer to.
   const OpFacts facts = facts_of(op);
   facts.calls->fetch_add(1, std::memory_order_relaxed);
+  if (facts.unplaceable) TORCH_CHECK_NOT_IMPLEMENTED(false, *unplaceable_alias(schema));
   // The arguments stay on the stack until the launch takes them.
   const size_t num_args = schema.arguments().size();
   c10::IValue* const first = stack->data() + stack->size() - num_args;

@@ -110,6 +110,17 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     // same memory: read-modify-writes lost updates, and random ops drew the next replay's numbers.
     // A replay captured into another graph is ordered by that graph's replays.
     std::lock_guard<std::mutex> lock(replay_mu_);
+    // The first replay on another stream than the capture's waits for the capture stream's queued
+    // work: the capture may have taken blocks that eager work queued there before it freed and still
+    // reads or writes (CUDA's captures allocate from the graph's private pool only). Unordered, the
+    // replay raced that work (hunt35b). Recorded here, not at capture_end, which queues nothing.
+    // (A record on a capture stream that captures again would be refused, and void that capture.)
+    int capture_stream_busy = 0;
+    if (capturing == 0 && last_replay_stream_ == nullptr && stream != stream_ &&
+        orStreamIsCapturing(stream_, &capture_stream_busy) == orSuccess && capture_stream_busy == 0) {
+      if (last_replay_ == nullptr) OPENREG_CHECK(orEventCreateWithFlags(&last_replay_, orEventDisableTiming));
+      if (orEventRecord(last_replay_, stream_) == orSuccess) last_replay_stream_ = stream_;
+    }
     if (capturing == 0 && last_replay_stream_ != nullptr && last_replay_stream_ != stream)
       OPENREG_CHECK(orStreamWaitEvent(stream, last_replay_, 0));
     reseed_for_replay(stream, random_ops_);  // fresh numbers for the captured random ops
