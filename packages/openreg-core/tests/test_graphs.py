@@ -220,11 +220,14 @@ class TestGraphs(TestCase):
         torch.openreg.empty_cache()
         self.assertEqual(torch.openreg.memory_reserved(), reserved)
 
-    def test_a_replay_on_another_stream_waits_for_the_work_queued_before_the_capture(self):
+    def test_a_capture_begins_after_the_work_queued_on_its_stream(self):
         # The capture may take a block that eager work queued on its stream freed and still uses; a
         # replay on another stream ran at once and wrote it, and the queued eager work then wrote it
-        # again (the graph's output read x * 2, not x * 3). The first replay on another stream now
-        # waits for the capture stream's queued work.
+        # again (the graph's output read x * 2, not x * 3; through a graph replayed inside another,
+        # and with the capture stream capturing the next graph, too). capture_begin() now waits for
+        # the stream's queued work, as the `with graph:` form synchronises the device.
+        import threading
+
         n = 1 << 16
         x = torch.arange(float(n), device="openreg")
         s = torch.openreg.Stream()
@@ -232,23 +235,68 @@ class TestGraphs(TestCase):
         g = torch.accelerator.Graph()
         with torch.openreg.stream(s):
             hold = StreamHold().__enter__()  # s is busy: what follows on it is queued behind
+        release = threading.Timer(0.3, hold.release)  # capture_begin() waits for it now
+        release.start()
         try:
             with torch.openreg.stream(s):
                 tmp = x * 2
                 tmp_block = tmp.data_ptr()
                 kept = tmp + 1
                 del tmp  # freed on s, its kernels still queued
+                queued = torch.openreg.Event()
+                queued.record(s)
                 g.capture_begin()
+                waited = queued.query()  # what was queued has run
                 y = x * 3
                 g.capture_end()
+            self.assertTrue(waited)
             self.assertEqual(y.data_ptr(), tmp_block)  # the premise: the capture took tmp's block
             g.replay()  # on the default stream
         finally:
             hold.release()
+            release.join()
         torch.openreg.synchronize()
         self.assertEqual(y.cpu(), torch.arange(float(n)) * 3)
         self.assertEqual(kept.cpu(), torch.arange(float(n)) * 2 + 1)
         g.reset()
+
+    def test_a_graph_sharing_the_pool_of_the_graph_it_replays_gives_the_pool_back(self):
+        # The outer graph held the inner graph's pool, its own: counted twice for one capture, the
+        # pool never went back (34 MiB kept for reset graphs, for the life of the process).
+        torch.openreg.empty_cache()
+        reserved = torch.openreg.memory_reserved()
+        s = torch.openreg.Stream()
+        inputs = [torch.ones(1 << 18, device="openreg")]
+
+        def f():
+            return (inputs[0] * 2 + 1).sum()
+
+        warm_up(f, s)
+        inner = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            inner.capture_begin()
+            total = f()
+            inner.capture_end()
+        outer = torch.accelerator.Graph(pool=inner.pool())
+        with torch.openreg.stream(s):
+            outer.capture_begin()
+            inner.replay()
+            outer.capture_end()
+            outer.replay()
+        s.synchronize()
+        self.assertEqual(total.item(), 3.0 * (1 << 18))
+        del total
+        inputs.clear()
+        inner.reset()
+        outer.reset()
+        torch.openreg.empty_cache()
+        self.assertEqual(torch.openreg.memory_reserved(), reserved)
+
+    def test_the_pool_of_a_graph_not_captured_yet_is_refused(self):
+        # It was (0, 0), which capture_begin reads as "a pool of its own": a graph meant to share the
+        # pool silently got another. CUDA refuses too.
+        with self.assertRaisesRegex(RuntimeError, "Called pool\\(\\) without a preceding capture"):
+            torch.accelerator.Graph().pool()
 
     def test_random_ops_draw_fresh_numbers_on_each_replay(self):
         """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the

@@ -370,31 +370,17 @@ class DeviceCache {
     if (!needs_events_.empty()) retry_needs_events();
   }
 
-  // A graph replayed while `stream` captures into another: the capture holds the replayed graph's
-  // pool too, because its replays run the replayed graph's work on that pool's blocks. Without it,
-  // resetting the replayed graph gave its blocks to new tensors, which the capturing graph's replays
-  // then overwrote (hunt35b).
-  void hold_pool_for_capture(orStream_t stream, uint64_t replayed) {
+  // Another graph holds pool `id` too (one that replays the pool's graph inside its capture, and
+  // so runs that graph's work on the pool's blocks): released by one more release_graph(id).
+  void retain_graph(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto capture = capturing_.find(stream);
-    if (capture == capturing_.end()) return;
-    held_pools_[capture->second].push_back(replayed);
-    ++pool_users_[replayed];
+    ++pool_users_[id];
   }
 
   void release_graph(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
-    release_graph_locked(id);
-  }
-
-  void release_graph_locked(uint64_t id) {
     if (auto users = pool_users_.find(id); users != pool_users_.end() && --users->second > 0) return;
     pool_users_.erase(id);
-    if (auto held = held_pools_.find(id); held != held_pools_.end()) {  // the pools its replays used
-      const std::vector<uint64_t> pools = std::move(held->second);
-      held_pools_.erase(held);
-      for (uint64_t pool : pools) release_graph_locked(pool);
-    }
     for (auto& [ptr, block] : live_)
       if (block->graph == id) block->graph = 0;  // still in use by tensors: ordinary from now on
     if (auto pooled = graph_free_.find(id); pooled != graph_free_.end()) {
@@ -839,8 +825,7 @@ class DeviceCache {
   std::unordered_map<uint64_t, std::vector<Block*>> retained_;    // freed blocks a graph may still use
   std::unordered_map<uint64_t, std::vector<Block*>> graph_free_;  // freed blocks of a graph pool (see free)
   std::unordered_map<uint64_t, int> pool_users_;  // graph pool -> captures begun on it and not yet reset
-  std::unordered_map<uint64_t, std::vector<uint64_t>> held_pools_;  // pool -> pools of graphs replayed into it
-  std::vector<Block*> needs_events_;  // freed while a stream that used them captures (see insert_events)
+  std::vector<Block*> needs_events_;              // freed while a stream that used them captures (see insert_events)
   int waiting_ = 0;                   // empty_cache calls waiting for pending_'s events (see process_events)
   std::atomic<size_t> releasing_{0};  // bytes taken out by empty_cache, not given back to the runtime yet
   DeviceStats stats_;
@@ -1007,9 +992,7 @@ void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t grap
 }
 void endGraphCapture(c10::DeviceIndex device, orStream_t stream) { g_allocator.cache(device).end_capture(stream); }
 void releaseGraph(c10::DeviceIndex device, uint64_t graph) { g_allocator.cache(device).release_graph(graph); }
-void holdGraphPoolForCapture(c10::DeviceIndex device, orStream_t stream, uint64_t replayed) {
-  g_allocator.cache(device).hold_pool_for_capture(stream, replayed);
-}
+void retainGraph(c10::DeviceIndex device, uint64_t graph) { g_allocator.cache(device).retain_graph(graph); }
 c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) {
   return g_allocator.getDeviceStats(device);
 }

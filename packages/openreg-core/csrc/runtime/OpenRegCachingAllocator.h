@@ -28,9 +28,9 @@ void registerFreeMemoryCallback(FreeMemoryCallback callback);
 void beginGraphCapture(c10::DeviceIndex device, orStream_t stream, uint64_t graph);
 void endGraphCapture(c10::DeviceIndex device, orStream_t stream);
 void releaseGraph(c10::DeviceIndex device, uint64_t graph);
-// Graph `replayed` is replayed into the capture under way on `stream`: that capture's graph holds
-// its pool until it is released too.
-void holdGraphPoolForCapture(c10::DeviceIndex device, orStream_t stream, uint64_t replayed);
+// One more holder of a graph pool (a graph that replays the pool's graph inside its capture),
+// which releases it with one more releaseGraph.
+void retainGraph(c10::DeviceIndex device, uint64_t graph);
 c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device);
 void resetPeakStats(c10::DeviceIndex device);
 void resetAccumulatedStats(c10::DeviceIndex device);

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <mutex>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "OpenRegCachingAllocator.h"
@@ -51,6 +52,17 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   }
 
   void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode) override {
+    {
+      // The stream's queued work runs first, as torch.accelerator.Graph's `with` form synchronises
+      // the device: the capture may take blocks that work freed and still reads or writes (CUDA's
+      // captures allocate from the graph's private pool only), and a replay on another stream, or
+      // inside another graph, raced it until 2026-12-07 (hunt35b). Not on a stream that captures
+      // already (refused below; a synchronisation would be refused too, and void that capture).
+      const orStream_t stream = getCurrentOpenRegStream(current_device()).handle();
+      int capturing = 0;
+      OPENREG_CHECK(orStreamIsCapturing(stream, &capturing));
+      if (capturing == 0) OPENREG_CHECK(orStreamSynchronize(stream));
+    }
     std::lock_guard<std::mutex> lock(open_captures_mu());
     TORCH_CHECK(graph_ == nullptr && !capturing_,
                 "This openreg graph has already been captured; call reset() before capturing again.");
@@ -85,7 +97,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     if (st != orSuccess) {  // a capture a refused call invalidated: no graph, and its memory goes back
       graph_ = nullptr;
       random_ops_.clear();
-      allocator::releaseGraph(device_, pool_);
+      release_pools();
       TORCH_CHECK(false, refusal);
     }
   }
@@ -110,22 +122,20 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     // same memory: read-modify-writes lost updates, and random ops drew the next replay's numbers.
     // A replay captured into another graph is ordered by that graph's replays.
     std::lock_guard<std::mutex> lock(replay_mu_);
-    // The first replay on another stream than the capture's waits for the capture stream's queued
-    // work: the capture may have taken blocks that eager work queued there before it freed and still
-    // reads or writes (CUDA's captures allocate from the graph's private pool only). Unordered, the
-    // replay raced that work (hunt35b). Recorded here, not at capture_end, which queues nothing.
-    // (A record on a capture stream that captures again would be refused, and void that capture.)
-    int capture_stream_busy = 0;
-    if (capturing == 0 && last_replay_stream_ == nullptr && stream != stream_ &&
-        orStreamIsCapturing(stream_, &capture_stream_busy) == orSuccess && capture_stream_busy == 0) {
-      if (last_replay_ == nullptr) OPENREG_CHECK(orEventCreateWithFlags(&last_replay_, orEventDisableTiming));
-      if (orEventRecord(last_replay_, stream_) == orSuccess) last_replay_stream_ = stream_;
-    }
     if (capturing == 0 && last_replay_stream_ != nullptr && last_replay_stream_ != stream)
       OPENREG_CHECK(orStreamWaitEvent(stream, last_replay_, 0));
     reseed_for_replay(stream, random_ops_);  // fresh numbers for the captured random ops
-    // Captured into another graph, which then replays this one's work on this one's pool.
-    if (capturing != 0) allocator::holdGraphPoolForCapture(device_, stream, pool_);
+    // Captured into another graph, whose replays run this one's work on this one's pool: that graph
+    // holds the pool too, until it is reset. Until 2026-12-07 resetting this graph gave the pool's
+    // blocks to new tensors, which the other graph's replays overwrote (hunt35b).
+    if (capturing != 0) {
+      std::lock_guard<std::mutex> captures(open_captures_mu());
+      for (OpenRegGraphImpl* outer : open_captures())
+        if (outer->stream_ == stream) {
+          allocator::retainGraph(device_, pool_);
+          outer->held_pools_.push_back(pool_);
+        }
+    }
     OPENREG_CHECK(orGraphLaunch(graph_, stream));
     if (capturing == 0) {
       if (last_replay_ == nullptr) OPENREG_CHECK(orEventCreateWithFlags(&last_replay_, orEventDisableTiming));
@@ -146,8 +156,14 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
       last_replay_ = nullptr;
       last_replay_stream_ = nullptr;
       random_ops_.clear();
-      allocator::releaseGraph(device_, pool_);
+      release_pools();
     }
+  }
+
+  // Its pool, and the pools of the graphs it replayed inside its capture.
+  void release_pools() {
+    allocator::releaseGraph(device_, pool_);
+    for (uint64_t held : std::exchange(held_pools_, {})) allocator::releaseGraph(device_, held);
   }
 
   // An abandoned capture (reset() before capture_end(), or a program that exits with its capture
@@ -161,10 +177,15 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     if (abandoned) orGraphDestroy(abandoned);
     capturing_ = false;
     open_captures().erase(this);
-    allocator::releaseGraph(device_, pool_);
+    release_pools();
   }
 
-  at::MempoolId_t pool() const override { return {static_cast<at::CaptureId_t>(pool_), 0}; }
+  // As CUDA's: a pool is known once a capture has begun (it was {0, 0}, which capture_begin reads as
+  // "a pool of its own": a graph meant to share another's silently did not; hunt35b).
+  at::MempoolId_t pool() const override {
+    TORCH_CHECK(pool_ != 0, "Called pool() without a preceding capture: capture a graph before sharing its pool");
+    return {static_cast<at::CaptureId_t>(pool_), 0};
+  }
 
   void enable_debug_mode() override { debug_ = true; }
 
@@ -191,6 +212,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   orStream_t stream_ = nullptr;
   orGraph_t graph_ = nullptr;
   uint64_t pool_ = 0;
+  std::vector<uint64_t> held_pools_;          // of graphs replayed inside its capture (see replay)
   std::vector<CapturedRandomOp> random_ops_;  // re-seeded before each replay
   std::mutex replay_mu_;                      // replays from several threads are ordered too
   orEvent_t last_replay_ = nullptr;           // recorded after the last replay (see replay)
