@@ -234,8 +234,13 @@ struct Stream {
   // Returns the item's sequence number; while capturing, records the item instead and returns 0.
   // `forward` (for an event record) receives what the item waits for on this stream. A stream being
   // destroyed refuses it: its deleter runs at once and kRefused is returned.
+  // `refusal`: an item that must not be captured (an event's record): while the stream captures it is
+  // refused with kRefusedCapturing instead (its deleter runs), and the capture is voided with that
+  // message. Checked under the lock that orders captures: a check before enqueue left a window in
+  // which another thread's capture_begin recorded the item into its graph.
   static constexpr uint64_t kRefused = UINT64_MAX;
-  uint64_t enqueue(const WorkItem& item, Forward* forward = nullptr);
+  static constexpr uint64_t kRefusedCapturing = UINT64_MAX - 1;
+  uint64_t enqueue(const WorkItem& item, Forward* forward = nullptr, const char* refusal = nullptr);
   bool capturing() {
     std::lock_guard<std::mutex> lock(mu);
     return capture != nullptr;

@@ -194,12 +194,18 @@ void delete_record_args(void* p) { delete static_cast<RecordArgs*>(p); }
 void delete_wait_args(void* p) { delete static_cast<WaitTarget*>(p); }
 }  // namespace
 
-uint64_t Stream::enqueue(const WorkItem& in, Forward* forward) {
+uint64_t Stream::enqueue(const WorkItem& in, Forward* forward, const char* refusal) {
   std::unique_lock<std::mutex> lock(mu);
   if (dying) {  // orStreamDestroy drains only what was queued before it began
     lock.unlock();
     if (in.deleter) in.deleter(in.args);
     return kRefused;
+  }
+  if (capture != nullptr && refusal != nullptr) {
+    if (capture->invalidated_by.empty()) capture->invalidated_by = refusal;
+    lock.unlock();
+    if (in.deleter) in.deleter(in.args);
+    return kRefusedCapturing;
   }
   if (capture != nullptr) {  // recorded into the graph, which now owns the item's arguments
     capture->items.push_back(in);
@@ -657,9 +663,8 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   if (orStatus st = resolve_event(event, &e)) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
-  if (orStatus st =
-          refuse_while_capturing(*s, "cannot record an event while the stream is being captured into a graph"))
-    return st;
+  const char* const refusal = "cannot record an event while the stream is being captured into a graph";
+  if (orStatus st = refuse_while_capturing(*s, refusal)) return st;
   WorkItem item;
   item.fn = record_kernel;
   item.deleter = delete_record_args;
@@ -674,12 +679,16 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   // elapsed time from an event to a later one). Its waiters wait for the record itself.
   Forward* forward = e->timing.load() ? nullptr : &e->forward;
   e->stream.store(s, std::memory_order_relaxed);
-  // never blocks; 0: captured (another thread began a capture)
-  const uint64_t seq = s->enqueue(item, forward);
-  if (seq == Stream::kRefused) {  // the event stays as it was: a generation that never runs never completes
+  // Never blocks. Refused if another thread began a capture since the check above: a record captured
+  // into its graph never completed once the graph was destroyed, and the allocator's frees waiting
+  // for that event held their memory for ever (hunt35b).
+  const uint64_t seq = s->enqueue(item, forward, refusal);
+  if (seq == Stream::kRefused || seq == Stream::kRefusedCapturing) {
+    // the event stays as it was: a generation that never runs never completes
     e->recorded.store(generation - 1);
     e->stream.store(previous_stream, std::memory_order_relaxed);
     e->device.store(previous_device);
+    if (seq == Stream::kRefusedCapturing) return fail(orErrorStreamCaptureUnsupported, refusal);
     return fail(orErrorInvalidResourceHandle, "the stream was destroyed");
   }
   if (seq != 0 && forward != nullptr) forward->generation = generation;

@@ -1209,6 +1209,48 @@ TEST(graph_capture_and_replay) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+// An event's record racing another thread's capture_begin on its stream: the record either runs or
+// is refused (voiding that capture), never recorded into the graph. It was checked before it was
+// queued, and a capture begun in between recorded it: the event never completed once the graph was
+// destroyed, and the allocator's frees waiting for it held their memory for ever.
+TEST(graph_an_event_record_racing_a_capture_runs_or_is_refused) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  orEvent_t e = nullptr;
+  CHECK_OK(orEventCreateWithFlags(&e, orEventDisableTiming));
+  std::atomic<bool> stop{false};
+  std::thread capturer([&] {
+    while (!stop.load()) {
+      if (orStreamBeginCapture(s) != orSuccess) continue;
+      orGraph_t g = nullptr;
+      if (orStreamEndCapture(s, &g) == orSuccess) orGraphDestroy(g);
+    }
+  });
+  int ran = 0, refused = 0, stuck = 0;
+  for (int i = 0; i < 60000 && stuck == 0; ++i) {
+    const orStatus st = orEventRecord(e, s);
+    if (st != orSuccess) {
+      CHECK_STATUS(orErrorStreamCaptureUnsupported, st);
+      ++refused;
+      continue;
+    }
+    ++ran;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (orEventQuery(e) != orSuccess)
+      if (std::chrono::steady_clock::now() > deadline) {
+        ++stuck;
+        break;
+      }
+  }
+  stop.store(true);
+  capturer.join();
+  CHECK_EQ(stuck, 0);
+  CHECK(ran > 0);
+  (void)refused;
+  CHECK_OK(orEventDestroy(e));
+  CHECK_OK(orStreamDestroy(s));
+}
+
 // A graph handle is never reused: a destroyed graph's handle is refused, where it named the
 // next graph created at the same address. One of two destroys of a graph wins.
 TEST(graph_handles_are_not_reused) {
