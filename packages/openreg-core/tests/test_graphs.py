@@ -182,9 +182,10 @@ class TestGraphs(TestCase):
             g.reset()
 
     def test_a_graph_replayed_into_another_keeps_its_memory_for_it_after_a_reset(self):
-        # The outer graph's replays run the inner graph's work on the inner graph's pool: resetting
-        # the inner graph gave that pool's blocks to new tensors, which the outer graph's replays then
-        # overwrote with the inner graph's temporaries. The outer capture holds the inner pool too.
+        # The outer graphs' replays run the inner graph's work on the inner graph's pool: resetting
+        # the inner graph gave that pool's blocks to new tensors, which the outer graphs' replays then
+        # overwrote with the inner graph's temporaries. Each capture holds the pools of the graphs it
+        # replays, and of the graphs they replay in turn (three levels here).
         n = 1 << 16
         torch.openreg.empty_cache()
         reserved = torch.openreg.memory_reserved()
@@ -195,18 +196,22 @@ class TestGraphs(TestCase):
             return (inputs[0].sin() * 2) + 1
 
         warm_up(f, s)
-        inner, outer = torch.accelerator.Graph(), torch.accelerator.Graph()
+        inner, middle, outer = torch.accelerator.Graph(), torch.accelerator.Graph(), torch.accelerator.Graph()
         with torch.openreg.stream(s):
             inner.capture_begin()
             z = f()
             inner.capture_end()
-            outer.capture_begin()
+            middle.capture_begin()
             inner.replay()
+            middle.capture_end()
+            outer.capture_begin()
+            middle.replay()
             outer.capture_end()
         s.synchronize()
         inner.reset()
+        middle.reset()
         with torch.openreg.stream(s):
-            fresh = [torch.full((n,), 7.0, device="openreg") for _ in range(4)]
+            fresh = [torch.full((n,), 7.0, device="openreg") for _ in range(6)]
             outer.replay()
         s.synchronize()
         self.assertEqual(z.cpu(), torch.arange(float(n)).sin() * 2 + 1)

@@ -131,7 +131,11 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     if (capturing != 0) {
       std::lock_guard<std::mutex> captures(open_captures_mu());
       for (OpenRegGraphImpl* outer : open_captures())
-        if (outer->stream_ == stream) {
+        if (outer->stream_ == stream) {  // this one's pool, and those of the graphs it replays in turn
+          for (const uint64_t pool : held_pools_) {
+            allocator::retainGraph(device_, pool);
+            outer->held_pools_.push_back(pool);
+          }
           allocator::retainGraph(device_, pool_);
           outer->held_pools_.push_back(pool_);
         }
