@@ -99,6 +99,7 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, create_occl_backend, extended_api=True, devices=["openreg"])
     _name_mixed_groups()
     _set_pg_timeout_reaches_occl()
+    _give_gloo_its_ranks()
 
 
 def _name_mixed_groups() -> None:
@@ -144,3 +145,30 @@ def _set_pg_timeout_reaches_occl() -> None:
 
     set_pg_timeout._reaches_occl = True
     c10d._set_pg_timeout = set_pg_timeout
+
+
+def _give_gloo_its_ranks() -> None:
+    """torch 2.13: ``ProcessGroupGloo::groupRanks`` answers the ranks of a Gloo backend made without a
+    rank list (the default group's) only if it is the process's first Gloo backend; otherwise
+    ``split`` reads an empty list, and ``split_group`` crashed every rank (SIGSEGV). occl's transport
+    is a Gloo backend too: in a group named ``openreg:occl,cpu:gloo`` it is made first (so is any
+    after a re-initialisation). Wrapped so that a group's Gloo backend without ranks gets its own,
+    ``0 .. size - 1`` (what torch's first Gloo backend answers). hunt35a."""
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d._new_process_group_helper
+    if getattr(original, "_gives_gloo_ranks", False):
+        return
+
+    @functools.wraps(original)
+    def new_process_group_helper(group_size, group_rank, global_ranks_in_group, *args, **kwargs):
+        pg, prefix_store = original(group_size, group_rank, global_ranks_in_group, *args, **kwargs)
+        if not global_ranks_in_group and isinstance(pg, dist.ProcessGroup) and torch.device("cpu") in pg._device_types:
+            gloo = pg._get_backend(torch.device("cpu"))
+            if isinstance(gloo, dist.ProcessGroupGloo) and not gloo.options.global_ranks_in_group:
+                gloo.options.global_ranks_in_group = list(range(group_size))
+        return pg, prefix_store
+
+    new_process_group_helper._gives_gloo_ranks = True
+    c10d._new_process_group_helper = new_process_group_helper

@@ -289,5 +289,20 @@ class TestMesh2x2(OcclTestCase):
         self.assertEqual((a @ b).full_tensor().cpu(), full @ w)
 
 
+class TestOcclNamedFirst(OcclTestCase):
+    # "openreg:occl,cpu:gloo": occl's transport (a Gloo backend) is made before the group's own Gloo,
+    # which torch 2.13 then gave no ranks (only a process's first Gloo backend answers them): the
+    # Gloo part of split_group read an empty list and every rank died (SIGSEGV). hunt35a.
+    backend = "openreg:occl,cpu:gloo"
+
+    def test_split_group(self):
+        pair = dist.split_group(split_ranks=[[0, 1]])
+        on_device = torch.full((2,), float(self.rank + 1), device=self.device)
+        on_host = torch.full((2,), float(self.rank + 1))
+        dist.all_reduce(on_device, group=pair)
+        dist.all_reduce(on_host, group=pair)
+        self.assertEqual((on_device.cpu(), on_host), (torch.full((2,), 3.0), torch.full((2,), 3.0)))
+
+
 if __name__ == "__main__":
     run_tests()
