@@ -576,6 +576,27 @@ class TestGenericPath(TestCase):
         self.assertEqual([t.dtype for t in got], [t.dtype for t in want])
         self.assertEqual([t.cpu() for t in got], list(want))
 
+    def test_views_of_conjugate_and_negative_views_keep_their_bit(self):
+        # The meta mirror of an input dropped its conjugate and negative bits, so the asynchronous
+        # path's views (from a signature's second call on) of x.conj() or a negative view came back
+        # without them: unfold, view_as_real and view_as_complex returned the conjugate (or negation)
+        # of the answer.
+        z = torch.tensor([1 + 2j, 3 - 4j, 5 + 6j, 7 - 8j])
+        w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        cases = {
+            "unfold of conj": lambda z, w: z.conj().unfold(0, 2, 2),
+            "unfold of neg": lambda z, w: w._neg_view().unfold(0, 2, 2),
+            "mH unfold sum": lambda z, w: z.view(2, 2).mH.unfold(0, 1, 1).sum(-1),
+            "view_as_real of neg": lambda z, w: torch.view_as_real(z._neg_view()),
+            "view_as_complex of neg": lambda z, w: torch.view_as_complex(w.view(2, 2)._neg_view()),
+        }
+        for name, f in cases.items():
+            want = f(z, w)
+            for _ in range(3):
+                got = f(z.to("openreg"), w.to("openreg"))
+                self.assertEqual((got.is_conj(), got.is_neg()), (want.is_conj(), want.is_neg()), msg=name)
+                self.assertEqual(got.cpu(), want, msg=name)
+
     def test_a_conjugate_view_returned_by_a_kernel_is_resolved(self):
         # ATen's linalg_lu_solve with left=False answers by flipping its output's conj bit; the
         # bit stayed on the CPU side and every call after the first (the asynchronous path)

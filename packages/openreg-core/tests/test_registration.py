@@ -403,6 +403,91 @@ class TestListsOfViews(TestCase):
             self.assertEqual((a.cpu().tolist(), b.cpu().tolist()), ([1.0] * 3, [1.0] * 2))  # not run
 
 
+class TestCustomOperatorsOnTheGenericPath(TestCase):
+    """Custom operators (torch.library) with CPU and fake kernels only, run on openreg tensors: each
+    compared with the CPU over several calls (the first runs synchronously, the later ones not)."""
+
+    def library(self, name):
+        lib = torch.library.Library(name, "DEF")
+        self.addCleanup(lib._destroy)
+        return lib
+
+    def test_a_result_in_another_dtype_than_the_fake_kernels_fails(self):
+        # The fake kernel is right for odd lengths only: a wrong shape failed the kernel, naming the
+        # operator, but a wrong dtype was cast into the meta kernel's (1.5 became 1, no error).
+        lib = self.library("openreg_dtype_disagrees_test")
+        lib.define("scale(Tensor x) -> Tensor")
+        lib.impl("scale", lambda x: (x * 1.5) if x.shape[0] % 2 == 0 else x.clone(), "CPU")
+        lib.impl("scale", lambda x: torch.empty_like(x), "Meta")
+        op = torch.ops.openreg_dtype_disagrees_test.scale
+        self.assertEqual(op(torch.arange(3, device="openreg")).cpu(), torch.arange(3))  # verifies the signature
+        op(torch.arange(4, device="openreg"))
+        with self.assertRaisesRegex(
+            RuntimeError,
+            "the CPU kernel of openreg_dtype_disagrees_test::scale produced results whose shapes or dtypes differ "
+            "from its meta kernel's",
+        ):
+            torch.openreg.synchronize()
+
+    def test_a_fake_kernel_with_an_expanded_result(self):
+        # The asynchronous path laid the result out as the fake kernel did (stride 0), which the
+        # kernel's copy cannot write ("more than one element of the written-to tensor refers to a
+        # single memory location"), from the second call on.
+        lib = self.library("openreg_expanded_fake_test")
+        lib.define("ramp(Tensor x) -> Tensor")
+        lib.impl("ramp", lambda x: torch.arange(x.numel(), dtype=x.dtype) + x, "CPU")
+        lib.impl("ramp", lambda x: x.new_empty(1).expand(x.numel()), "Meta")
+        for _ in range(3):
+            got = torch.ops.openreg_expanded_fake_test.ramp(torch.ones(5, device="openreg"))
+            self.assertEqual(got.cpu(), torch.arange(5.0) + 1)
+        torch.openreg.synchronize()
+
+    def test_an_in_place_write_counts_as_a_version_bump(self):
+        # The CPU kernel's write through a kernel view counted nothing on the real tensor: autograd
+        # used a saved output it had overwritten (no error, wrong gradient), and an inference tensor
+        # was written outside inference mode. As on the CPU, where the kernel writes the tensor itself.
+        lib = self.library("openreg_version_test")
+        lib.define("bump_(Tensor(a!) x) -> ()")
+
+        def bump_(x):
+            x.add_(1)
+
+        lib.impl("bump_", bump_, "CPU")
+        lib.impl("bump_", lambda x: None, "Meta")
+        op = torch.ops.openreg_version_test.bump_
+        for device in ("cpu", "openreg"):
+            for _ in range(2):
+                a = torch.ones(3, device=device, requires_grad=True)
+                y = a.exp()
+                before = y._version
+                op(y)
+                self.assertEqual(y._version, before + 1)
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                    y.sum().backward()
+            with torch.inference_mode():
+                t = torch.zeros(3, device=device)
+            with self.assertRaisesRegex(RuntimeError, "Inplace update to inference tensor outside InferenceMode"):
+                op(t)
+            with torch.inference_mode():
+                op(t)
+            if device == "openreg":  # refused before the kernel ran (the CPU's kernel wrote, then refused)
+                self.assertEqual(t.cpu(), torch.ones(3))
+
+    def test_an_operator_with_no_kernel_to_run(self):
+        # The dispatcher's error described the generic path's inner CPU call ("from the 'CPU' backend")
+        # and listed PrivateUse1 as available, to a caller who passed openreg tensors.
+        lib = self.library("openreg_no_kernel_test")
+        lib.define("fake_only(Tensor x) -> Tensor")
+        lib.impl("fake_only", lambda x: torch.empty_like(x), "Meta")
+        with self.assertRaisesRegex(
+            NotImplementedError,
+            "'openreg_no_kernel_test::fake_only' has no openreg kernel, and no CPU kernel for openreg's generic path",
+        ):
+            torch.ops.openreg_no_kernel_test.fake_only(torch.ones(3, device="openreg"))
+        lib.impl("fake_only", lambda x: x + 1, "CPU")  # registered after a refused call: it runs now
+        self.assertEqual(torch.ops.openreg_no_kernel_test.fake_only(torch.ones(3, device="openreg")).cpu(), [2.0] * 3)
+
+
 class TestRedefinedOperators(TestCase):
     def test_an_operator_defined_again_gets_fresh_state(self):
         # The generic path keyed what it learns of an operator (its facts, meta results, call count) by

@@ -114,6 +114,7 @@ struct OpFacts {
   bool index_put = false;                       // index_put(_), _index_put_impl(_): see index_put_needs_the_host
   bool put = false;                             // put(_): see check_put
   bool unplaceable = false;                     // a return aliases a list argument: see unplaceable_alias
+  bool bumps_versions = false;                  // writes arguments, with no ADInplaceOrView kernel to count it
 };
 
 int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret);
@@ -175,6 +176,10 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   for (const auto& a : schema.arguments()) f.writes_argument |= is_written(a);
   f.mutates = f.writes_argument || schema.returns().empty();
   f.unplaceable = unplaceable_alias(schema).has_value();
+  // Not ATen's: their CPU kernels write through data pointers, which bumps nothing on the CPU either
+  // (batch norm's running statistics, rrelu's noise), and their in-place and out= forms have the kernel.
+  f.bumps_versions = f.writes_argument && schema.name().rfind("aten::", 0) != 0 &&
+                     !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   f.out_op = out_overload(op);
   const std::string& name = schema.name();
   if (name == "aten::fill" || name == "aten::fill_" || name == "aten::masked_fill" || name == "aten::masked_fill_" ||
@@ -246,13 +251,22 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
 }
 
 // ---- 1. meta ----
+// With the conjugate and negative bits: a view op's meta kernel passes them on, as the CPU kernel
+// does (without them the asynchronous path's views of `x.conj()` dropped the bit: `unfold`,
+// `view_as_real`; hunt35c).
 at::Tensor to_meta(const at::Tensor& t) {
   if (!t.defined() || !t.is_privateuseone()) return t;
   auto opts = t.options().device(c10::kMeta);
-  if (t.storage_offset() == 0 && t.numel() > 0 && t.storage().nbytes() == t.nbytes() && t.is_contiguous())
-    return at::empty_strided(t.sizes(), t.strides(), opts);
-  const int64_t storage_numel = static_cast<int64_t>(t.storage().nbytes() / t.dtype().itemsize());
-  return at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
+  at::Tensor m;
+  if (t.storage_offset() == 0 && t.numel() > 0 && t.storage().nbytes() == t.nbytes() && t.is_contiguous()) {
+    m = at::empty_strided(t.sizes(), t.strides(), opts);
+  } else {
+    const int64_t storage_numel = static_cast<int64_t>(t.storage().nbytes() / t.dtype().itemsize());
+    m = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
+  }
+  if (t.is_conj()) m._set_conj(true);
+  if (t.is_neg()) m._set_neg(true);
+  return m;
 }
 
 // ---- 3. the kernel ----
@@ -1257,7 +1271,8 @@ bool land(const at::Tensor& got, const at::Tensor& want) {
   const bool same_bits = got.is_conj() == want.is_conj() && got.is_neg() == want.is_neg();
   if (got.data_ptr() == want.data_ptr() && got.sizes() == want.sizes() && got.strides() == want.strides() && same_bits)
     return true;
-  if (got.sizes() != want.sizes()) return false;
+  // A result in another dtype than the meta kernel's was cast silently (a wrong shape failed).
+  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) return false;
   copy_result(want, same_bits ? got : got.resolve_conj().resolve_neg());
   return true;
 }
@@ -1333,7 +1348,7 @@ void run_kernel(const Launch& l) {
     landed = land_all(args, targets);
   }
   TORCH_CHECK(landed, "the CPU kernel of ", op.schema().operator_name(),
-              " produced results whose shapes differ from its meta kernel's");
+              " produced results whose shapes or dtypes differ from its meta kernel's");
 }
 
 orStatus Launch::run(void* p) {
@@ -1749,6 +1764,14 @@ bool answer_zero_tensors(const c10::OperatorHandle& op, Stack* stack, size_t num
   return false;
 }
 
+void bump_written_versions(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  for (size_t i = 0; i < args.size(); ++i)
+    if (is_written(schema.arguments()[i]))
+      for_each_tensor(args[i], [](const at::Tensor& t) {
+        if (t.defined()) t.unsafeGetTensorImpl()->bump_version();
+      });
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
   check_not_strict(schema);
@@ -1761,6 +1784,13 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   const OpFacts facts = facts_of(op);
   facts.calls->fetch_add(1, std::memory_order_relaxed);
   if (facts.unplaceable) TORCH_CHECK_NOT_IMPLEMENTED(false, *unplaceable_alias(schema));
+  // The dispatcher's own error described the inner CPU redispatch ("from the 'CPU' backend ...
+  // available for: [..., PrivateUse1, ...]") to a caller who passed openreg tensors.
+  // (Asked at each call: a CPU kernel may be registered after a refused call.)
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), "'", schema.operator_name(),
+                              "' has no openreg kernel, and no CPU kernel for openreg's generic path to run on the "
+                              "device: register a kernel for it on 'openreg' (e.g. torch.library.custom_op with "
+                              "device_types=\"openreg\") or on the CPU");
   // The arguments stay on the stack until the launch takes them.
   const size_t num_args = schema.arguments().size();
   c10::IValue* const first = stack->data() + stack->size() - num_args;
@@ -1770,6 +1800,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
   move_indices_to(schema, first, num_args, device);
+  // What a custom operator's CPU kernel does to the real tensors when it writes them with in-place
+  // ops (ADInplaceOrView kernels do it for torch.library.custom_op's): its write through a kernel view
+  // counted nothing, so autograd used a saved tensor it had overwritten, and an inference tensor was
+  // written outside inference mode (hunt35c). Counted before the launch, which refuses the latter.
+  if (facts.bumps_versions) bump_written_versions(schema, args);
   if (facts.returns_object) {
     run_on_host_copies(op, stack, take_arguments(stack, num_args), device);
     return;
@@ -1816,10 +1851,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   auto fresh = [&](const Geometry& g) {
     if (!g.defined) return at::Tensor();
     const size_t k = result_index++;
-    if (cpu_dtypes == nullptr || (*cpu_dtypes)[k] == g.dtype) return alloc_like(g, schema);
     Geometry in_cpu_dtype = g;
-    in_cpu_dtype.dtype = (*cpu_dtypes)[k];
-    return alloc_like(in_cpu_dtype, schema);
+    if (cpu_dtypes != nullptr) in_cpu_dtype.dtype = (*cpu_dtypes)[k];
+    at::Tensor out = alloc_like(in_cpu_dtype, schema);
+    // A fake kernel may describe an overlapping layout (an expand()ed result); the kernel could not
+    // write it (the synchronous path's choice, too).
+    return out.is_non_overlapping_and_dense() ? out : at::empty(out.sizes(), out.options());
   };
   c10::SmallVector<bool, 4> true_view;  // per return: aliases its input, needs no kernel
   bool needs_kernel = facts.mutates;    // foreach ops, fused optimizers, AMP's unscale: no returns to compute
