@@ -300,8 +300,22 @@ class TestGraphs(TestCase):
     def test_the_pool_of_a_graph_not_captured_yet_is_refused(self):
         # It was (0, 0), which capture_begin reads as "a pool of its own": a graph meant to share the
         # pool silently got another. CUDA refuses too.
-        with self.assertRaisesRegex(RuntimeError, "Called pool\\(\\) without a preceding capture"):
+        message = "Called pool\\(\\) without a preceding successful capture"
+        with self.assertRaisesRegex(RuntimeError, message):
             torch.accelerator.Graph().pool()
+        g = torch.accelerator.Graph()
+        with self.assertRaisesRegex(RuntimeError, "a graph cannot be captured on a device's default stream"):
+            g.capture_begin()  # a failed capture: its pool went back, none to share
+        with self.assertRaisesRegex(RuntimeError, message):
+            g.pool()
+        s = torch.openreg.Stream()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            with self.assertRaisesRegex(RuntimeError, message):  # not yet: as CUDA's
+                g.pool()
+            g.capture_end()
+        self.assertNotEqual(g.pool(), (0, 0))
+        g.reset()
 
     def test_random_ops_draw_fresh_numbers_on_each_replay(self):
         """Graph-safe RNG, as CUDA graphs have: each replay re-seeds the captured random ops from the

@@ -109,6 +109,20 @@ def _reader_of_two_messages(queue, results, go):
     results.put(ForkingPickler.loads(queue.get(timeout=60))[:2].cpu().tolist())
 
 
+def _holder_of_many(queue, results, go):
+    """Runs in a spawned process: receives 20 tensors (file_system messages), holds them, and reports
+    their values and how many release slabs it mapped."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing.reductions import shared_cache
+
+    held = [ForkingPickler.loads(queue.get(timeout=60)) for _ in range(20)]
+    slabs = [k for k, ref in list(shared_cache.items()) if isinstance(k, tuple) and k[:1] == ("openreg-slab",)]
+    slabs = [k for k in slabs if not shared_cache[k].expired()]
+    results.put(([t[0].item() for t in held], len(slabs)))
+    go.wait(timeout=60)
+
+
 def reuse_freed_memory() -> list:
     """Empties the sender's cache and fills new tensors with -1: where a storage a receiver still
     reads was wrongly freed, they overwrite it. Keep them until the receiver has read."""
@@ -510,6 +524,17 @@ class TestMultiprocessing(TestCase):
             self.assertEqual(results.get(timeout=120), [7.0, 7.0])
             queue.put(bytes(ForkingPickler.dumps(torch.full((1024,), 8.0, device="openreg"))))
             self.assertEqual(results.get(timeout=60), [8.0, 8.0])
+        self.assertEqual(proc.exitcode, 0)
+
+    def test_a_receiver_maps_a_slab_once_for_all_its_messages(self):
+        # Each message opened the slab's file again: one mapping per held tensor, until the process
+        # ran out of mappings (vm.max_map_count) at ~65k tensors.
+        from multiprocessing.reduction import ForkingPickler
+
+        with file_system_sharing(), spawned(_holder_of_many) as (queue, results, go, proc):
+            for i in range(20):
+                queue.put(bytes(ForkingPickler.dumps(torch.full((4,), float(i), device="openreg"))))
+            self.assertEqual(results.get(timeout=120), ([float(i) for i in range(20)], 1))
         self.assertEqual(proc.exitcode, 0)
 
     def test_a_release_slot_that_lost_its_generation_is_refused(self):

@@ -472,6 +472,22 @@ class TestCustomOperatorsOnTheGenericPath(TestCase):
                 op(t)
             if device == "openreg":  # refused before the kernel ran (the CPU's kernel wrote, then refused)
                 self.assertEqual(t.cpu(), torch.ones(3))
+        # A refused call counts nothing, as on the CPU (its kernel refused before writing).
+        lib.define("scale_(Tensor(a!) x, int n) -> ()")
+
+        def scale_(x, n):
+            if n <= 0:
+                raise ValueError(f"n must be positive, got {n}")
+            x.mul_(n)
+
+        lib.impl("scale_", scale_, "CPU")
+        lib.impl("scale_", lambda x, n: scale_(torch.empty(0, device="meta"), n), "Meta")
+        for device in ("cpu", "openreg"):
+            y = torch.ones(3, device=device, requires_grad=True).exp()
+            with self.assertRaisesRegex(ValueError, "n must be positive, got 0"):
+                torch.ops.openreg_version_test.scale_(y, 0)
+            self.assertEqual(y._version, 0)
+            y.sum().backward()
 
     def test_an_operator_with_no_kernel_to_run(self):
         # The dispatcher's error described the generic path's inner CPU call ("from the 'CPU' backend")

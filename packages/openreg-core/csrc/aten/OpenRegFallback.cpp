@@ -1764,13 +1764,32 @@ bool answer_zero_tensors(const c10::OperatorHandle& op, Stack* stack, size_t num
   return false;
 }
 
-void bump_written_versions(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  for (size_t i = 0; i < args.size(); ++i)
-    if (is_written(schema.arguments()[i]))
-      for_each_tensor(args[i], [](const at::Tensor& t) {
-        if (t.defined()) t.unsafeGetTensorImpl()->bump_version();
-      });
-}
+// Bumps the versions of a call's written arguments once it returns without an error (a refused call
+// changes nothing, as on the CPU). An inference tensor among them is refused at once, before anything
+// runs, with the error the CPU kernel's in-place op gives.
+class BumpWrittenVersions {
+ public:
+  BumpWrittenVersions(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+    for (size_t i = 0; i < args.size(); ++i)
+      if (is_written(schema.arguments()[i]))
+        for_each_tensor(args[i], [&](const at::Tensor& t) {
+          if (!t.defined()) return;
+          TORCH_CHECK(!t.is_inference() || c10::InferenceMode::is_enabled(),
+                      "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a "
+                      "clone to get a normal tensor before doing inplace update.See "
+                      "https://github.com/pytorch/rfcs/pull/17 for more details.");
+          written_.push_back(t);
+        });
+  }
+  ~BumpWrittenVersions() {
+    if (std::uncaught_exceptions() > exceptions_) return;
+    for (const at::Tensor& t : written_) t.unsafeGetTensorImpl()->bump_version();  // checked above: no throw
+  }
+
+ private:
+  c10::SmallVector<at::Tensor, 2> written_;
+  const int exceptions_ = std::uncaught_exceptions();
+};
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
@@ -1803,8 +1822,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   // What a custom operator's CPU kernel does to the real tensors when it writes them with in-place
   // ops (ADInplaceOrView kernels do it for torch.library.custom_op's): its write through a kernel view
   // counted nothing, so autograd used a saved tensor it had overwritten, and an inference tensor was
-  // written outside inference mode (hunt35c). Counted before the launch, which refuses the latter.
-  if (facts.bumps_versions) bump_written_versions(schema, args);
+  // written outside inference mode (hunt35c). Counted once the call returns, the latter refused first.
+  std::optional<BumpWrittenVersions> bump;
+  if (facts.bumps_versions) bump.emplace(schema, args);
   if (facts.returns_object) {
     run_on_host_copies(op, stack, take_arguments(stack, num_args), device);
     return;
@@ -1855,8 +1875,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     if (cpu_dtypes != nullptr) in_cpu_dtype.dtype = (*cpu_dtypes)[k];
     at::Tensor out = alloc_like(in_cpu_dtype, schema);
     // A fake kernel may describe an overlapping layout (an expand()ed result); the kernel could not
-    // write it (the synchronous path's choice, too).
-    return out.is_non_overlapping_and_dense() ? out : at::empty(out.sizes(), out.options());
+    // write it. Such a result is allocated contiguous (a layout with gaps stays as described).
+    return at::has_internal_overlap(out) == at::MemOverlap::No ? out : at::empty(out.sizes(), out.options());
   };
   c10::SmallVector<bool, 4> true_view;  // per return: aliases its input, needs no kernel
   bool needs_kernel = facts.mutates;    // foreach ops, fused optimizers, AMP's unscale: no returns to compute

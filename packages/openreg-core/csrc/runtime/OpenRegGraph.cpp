@@ -53,27 +53,26 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
 
   void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode) override {
     {
-      // The stream's queued work runs first, as torch.accelerator.Graph's `with` form synchronises
-      // the device: the capture may take blocks that work freed and still reads or writes (CUDA's
-      // captures allocate from the graph's private pool only), and a replay on another stream, or
-      // inside another graph, raced it until 2026-12-07 (hunt35b). Not on a stream that captures
-      // already (refused below; a synchronisation would be refused too, and void that capture).
-      const orStream_t stream = getCurrentOpenRegStream(current_device()).handle();
-      int capturing = 0;
-      OPENREG_CHECK(orStreamIsCapturing(stream, &capturing));
-      if (capturing == 0) OPENREG_CHECK(orStreamSynchronize(stream));
+      std::lock_guard<std::mutex> lock(open_captures_mu());
+      TORCH_CHECK(graph_ == nullptr && !capturing_,
+                  "This openreg graph has already been captured; call reset() before capturing again.");
+      captured_ = false;
+      device_ = current_device();
+      stream_ = getCurrentOpenRegStream(device_).handle();
+      pool_ = pool.first != 0 ? static_cast<uint64_t>(pool.first) : g_next_pool.fetch_add(1);
+      // Refuses a stream another capture holds, before anything else changes.
+      allocator::beginGraphCapture(device_, stream_, pool_);
     }
+    // Returns once the stream's queued work has run (runtime.h): the capture may take blocks that work
+    // freed and still read or wrote, and a replay on another stream, or inside another graph, raced it
+    // until 2026-12-07 (hunt35b). As torch.accelerator.Graph's `with` form synchronises the device.
+    // No lock held while it waits (queued kernels may need the GIL of a thread that replays).
+    const orStatus st = orStreamBeginCapture(stream_);
     std::lock_guard<std::mutex> lock(open_captures_mu());
-    TORCH_CHECK(graph_ == nullptr && !capturing_,
-                "This openreg graph has already been captured; call reset() before capturing again.");
-    device_ = current_device();
-    stream_ = getCurrentOpenRegStream(device_).handle();
-    pool_ = pool.first != 0 ? static_cast<uint64_t>(pool.first) : g_next_pool.fetch_add(1);
-    allocator::beginGraphCapture(device_, stream_, pool_);
-    orStatus st = orStreamBeginCapture(stream_);
     if (st != orSuccess) {
       allocator::endGraphCapture(device_, stream_);
       allocator::releaseGraph(device_, pool_);
+      pool_ = 0;  // no pool to share (pool())
     }
     OPENREG_CHECK(st);
     begin_random_capture(stream_);
@@ -100,6 +99,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
       release_pools();
       TORCH_CHECK(false, refusal);
     }
+    captured_ = true;
   }
 
   void instantiate() override {
@@ -187,7 +187,8 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   // As CUDA's: a pool is known once a capture has begun (it was {0, 0}, which capture_begin reads as
   // "a pool of its own": a graph meant to share another's silently did not; hunt35b).
   at::MempoolId_t pool() const override {
-    TORCH_CHECK(pool_ != 0, "Called pool() without a preceding capture: capture a graph before sharing its pool");
+    TORCH_CHECK(captured_,
+                "Called pool() without a preceding successful capture: capture a graph before sharing its pool");
     return {static_cast<at::CaptureId_t>(pool_), 0};
   }
 
@@ -216,7 +217,8 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   orStream_t stream_ = nullptr;
   orGraph_t graph_ = nullptr;
   uint64_t pool_ = 0;
-  std::vector<uint64_t> held_pools_;          // of graphs replayed inside its capture (see replay)
+  bool captured_ = false;             // a capture ended with a graph (pool() answers from then on, reset or not)
+  std::vector<uint64_t> held_pools_;  // of graphs replayed inside its capture (see replay)
   std::vector<CapturedRandomOp> random_ops_;  // re-seeded before each replay
   std::mutex replay_mu_;                      // replays from several threads are ordered too
   orEvent_t last_replay_ = nullptr;           // recorded after the last replay (see replay)

@@ -817,11 +817,19 @@ orStatus orStreamBeginCapture(orStream_t stream) {
     return fail(orErrorStreamCaptureUnsupported,
                 "a graph cannot be captured on a device's default stream; capture on a stream of your own "
                 "(a captured graph may be replayed on the default stream)");
-  std::lock_guard<std::mutex> lock(s->mu);
-  if (s->dying) return fail(orErrorInvalidResourceHandle, "the stream is being destroyed");
-  if (s->capture != nullptr) return fail(orErrorStreamCaptureUnsupported, "the stream is already capturing");
-  s->capture = new Graph();
-  s->capture->device = s->device;
+  uint64_t queued = 0;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->dying) return fail(orErrorInvalidResourceHandle, "the stream is being destroyed");
+    if (s->capture != nullptr) return fail(orErrorStreamCaptureUnsupported, "the stream is already capturing");
+    s->capture = new Graph();
+    s->capture->device = s->device;
+    queued = s->submitted_locked;
+  }
+  // The work queued before the capture runs first (see runtime.h). Waited for once the capture is
+  // set, so that another thread's capture_begin on the stream meanwhile is refused as above; a wait
+  // before it raced that capture and was refused, voiding the other thread's capture (review35).
+  s->completed.wait_for(queued);
   return orSuccess;
 }
 

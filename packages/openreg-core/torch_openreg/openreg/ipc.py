@@ -152,10 +152,17 @@ class _SlabByName(NamedTuple):
 
 
 def _slab(release) -> torch.Tensor:
-    """The slab a message carries (a tensor, or a :class:`_SlabByName` to open)."""
+    """The slab a message carries (a tensor, or a :class:`_SlabByName` to open). A process maps a
+    slab once while anything it received holds it (a weak entry in torch's ``shared_cache``, as
+    torch keeps the storages it shares): one mapping per message exhausted the process's mappings
+    (``vm.max_map_count``) at ~65k held tensors. Called under ``_opening``."""
     if not isinstance(release, _SlabByName):
         return release
-    storage = torch.UntypedStorage._new_shared_filename_cpu(release.manager, release.name, release.nbytes)
+    key = ("openreg-slab", release.name)
+    storage = reductions.storage_from_cache(torch.UntypedStorage, key)
+    if storage is None:
+        storage = torch.UntypedStorage._new_shared_filename_cpu(release.manager, release.name, release.nbytes)
+        reductions.shared_cache[key] = reductions.StorageWeakRef(storage)
     return torch.empty(0, dtype=torch.int64).set_(storage, 0, (release.nbytes // 8,), (1,))
 
 

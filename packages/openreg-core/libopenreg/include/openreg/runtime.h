@@ -253,7 +253,11 @@ OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t en
  * arguments each time. While a stream captures, calls that would wait for it
  * (synchronize, blocking copies, event records) fail with
  * orErrorStreamCaptureUnsupported, and so does a wait of the capturing stream
- * for an event (recorded outside the capture, its replays would not wait). */
+ * for an event (recorded outside the capture, its replays would not wait).
+ * orStreamBeginCapture returns once the work queued on the stream before it has
+ * run: a capture may be given memory that work freed and still used, and a
+ * replay on another stream would race it (CUDA's captures allocate from a
+ * private pool instead). */
 OPENREG_API orStatus orStreamBeginCapture(orStream_t stream);
 OPENREG_API orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph);
 OPENREG_API orStatus orStreamIsCapturing(orStream_t stream, int* capturing);
