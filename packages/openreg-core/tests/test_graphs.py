@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+import time
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -263,6 +264,45 @@ class TestGraphs(TestCase):
         torch.openreg.synchronize()
         self.assertEqual(y.cpu(), torch.arange(float(n)) * 3)
         self.assertEqual(kept.cpu(), torch.arange(float(n)) * 2 + 1)
+        g.reset()
+
+    def test_a_graph_beginning_its_capture_is_capturing_while_it_waits(self):
+        # capture_begin() waits for the stream's queued work without the graph's lock: the graph was
+        # not yet marked capturing, and a second capture_begin() on it from another thread was
+        # accepted (the first capture's stream then stayed capturing).
+        import threading
+
+        s = torch.openreg.Stream()
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            hold = StreamHold().__enter__()
+        errors = []
+
+        def begin():
+            with torch.openreg.stream(s):
+                g.capture_begin()  # waits for the hold
+
+        first = threading.Thread(target=begin)
+        first.start()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until the first call waits in the runtime (s captures)
+                try:
+                    s.query()  # refused while s captures, without voiding the capture
+                except RuntimeError:
+                    break
+                time.sleep(0.01)
+            try:
+                with torch.openreg.stream(s):
+                    g.capture_begin()
+            except RuntimeError as e:
+                errors.append(str(e))
+        finally:
+            hold.release()
+            first.join()
+        self.assertIn("This openreg graph has already been captured", errors[0])
+        with torch.openreg.stream(s):
+            g.capture_end()
         g.reset()
 
     def test_a_graph_sharing_the_pool_of_the_graph_it_replays_gives_the_pool_back(self):

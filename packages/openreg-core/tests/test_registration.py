@@ -441,6 +441,13 @@ class TestCustomOperatorsOnTheGenericPath(TestCase):
             got = torch.ops.openreg_expanded_fake_test.ramp(torch.ones(5, device="openreg"))
             self.assertEqual(got.cpu(), torch.arange(5.0) + 1)
         torch.openreg.synchronize()
+        # A layout with gaps is kept as the fake kernel describes it (each element has its memory).
+        lib.define("gapped(Tensor x) -> Tensor")
+        lib.impl("gapped", lambda x: torch.empty(2 * x.numel(), dtype=x.dtype)[::2].copy_(x + 1), "CPU")
+        lib.impl("gapped", lambda x: torch.empty(2 * x.numel(), dtype=x.dtype, device=x.device)[::2], "Meta")
+        for _ in range(3):
+            got = torch.ops.openreg_expanded_fake_test.gapped(torch.ones(5, device="openreg"))
+            self.assertEqual((got.stride(), got.cpu()), ((2,), torch.full((5,), 2.0)))
 
     def test_an_in_place_write_counts_as_a_version_bump(self):
         # The CPU kernel's write through a kernel view counted nothing on the real tensor: autograd
@@ -472,6 +479,21 @@ class TestCustomOperatorsOnTheGenericPath(TestCase):
                 op(t)
             if device == "openreg":  # refused before the kernel ran (the CPU's kernel wrote, then refused)
                 self.assertEqual(t.cpu(), torch.ones(3))
+
+        # torch.library.custom_op's own ADInplaceOrView kernel bumps versions, but lets an inference
+        # tensor be written outside inference mode (the CPU kernel's in-place op refuses it).
+        @torch.library.custom_op("openreg_version_test::add_one_", mutates_args=("x",), device_types="cpu")
+        def add_one_(x: torch.Tensor) -> None:
+            x.add_(1)
+
+        for device in ("cpu", "openreg"):
+            with torch.inference_mode():
+                t = torch.zeros(3, device=device)
+            with self.assertRaisesRegex(RuntimeError, "Inplace update to inference tensor outside InferenceMode"):
+                add_one_(t)
+            y = torch.ones(3, device=device, requires_grad=True).exp()
+            add_one_(y)
+            self.assertGreater(y._version, 0)  # (the CPU counts 2: its kernel's add_ and the custom op's)
         # A refused call counts nothing, as on the CPU (its kernel refused before writing).
         lib.define("scale_(Tensor(a!) x, int n) -> ()")
 

@@ -114,7 +114,8 @@ struct OpFacts {
   bool index_put = false;                       // index_put(_), _index_put_impl(_): see index_put_needs_the_host
   bool put = false;                             // put(_): see check_put
   bool unplaceable = false;                     // a return aliases a list argument: see unplaceable_alias
-  bool bumps_versions = false;                  // writes arguments, with no ADInplaceOrView kernel to count it
+  bool custom_writes = false;                   // a custom operator that writes arguments: see BumpWrittenVersions
+  bool bumps_versions = false;                  // ... with no ADInplaceOrView kernel to count it
 };
 
 int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret);
@@ -178,8 +179,8 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   f.unplaceable = unplaceable_alias(schema).has_value();
   // Not ATen's: their CPU kernels write through data pointers, which bumps nothing on the CPU either
   // (batch norm's running statistics, rrelu's noise), and their in-place and out= forms have the kernel.
-  f.bumps_versions = f.writes_argument && schema.name().rfind("aten::", 0) != 0 &&
-                     !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+  f.custom_writes = f.writes_argument && schema.name().rfind("aten::", 0) != 0;
+  f.bumps_versions = f.custom_writes && !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   f.out_op = out_overload(op);
   const std::string& name = schema.name();
   if (name == "aten::fill" || name == "aten::fill_" || name == "aten::masked_fill" || name == "aten::masked_fill_" ||
@@ -953,6 +954,22 @@ bool spans_overlap(const at::Tensor& a, const at::Tensor& b) {
   return a_lo < b_hi && b_lo < a_hi;
 }
 
+// Whether every element of `t` has memory of its own (gaps allowed), by the sufficient test ATen's
+// geometry checks use: each dimension's stride, in increasing order, passes the extent of the
+// dimensions below it. (at::has_internal_overlap answers "too hard" for any layout with gaps.)
+bool no_two_elements_share_memory(const at::Tensor& t) {
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of the dimensions of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;  // elements spanned by the dimensions so far
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent = stride * (size - 1) + extent;
+  }
+  return true;
+}
+
 void copy_result(const at::Tensor& dst, const at::Tensor& src) {
   const bool overlap = spans_overlap(dst, src);
   const size_t size = src.itemsize();
@@ -1199,7 +1216,7 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
       if (sparse::is_sparse(host) || nested::is_nested(host)) return to_device(host);
       at::Tensor out;
       if (const Geometry* g = meta_geometry(i, index, host)) out = alloc_like(*g, schema);
-      if (!out.defined() || !out.is_non_overlapping_and_dense())
+      if (!out.defined() || !no_two_elements_share_memory(out))
         out = host.is_non_overlapping_and_dense()
                   ? at::empty_strided(host.sizes(), host.strides(), host.options().device(device))
                   : at::empty(host.sizes(), host.options().device(device));
@@ -1764,12 +1781,13 @@ bool answer_zero_tensors(const c10::OperatorHandle& op, Stack* stack, size_t num
   return false;
 }
 
-// Bumps the versions of a call's written arguments once it returns without an error (a refused call
-// changes nothing, as on the CPU). An inference tensor among them is refused at once, before anything
-// runs, with the error the CPU kernel's in-place op gives.
+// A custom operator's written arguments: an inference tensor among them is refused at once, before
+// anything runs, with the error the CPU kernel's in-place op gives (a torch.library.custom_op's
+// ADInplaceOrView kernel does not refuse it either); with `bump`, their versions are bumped once the
+// call returns without an error (a refused call changes nothing, as on the CPU).
 class BumpWrittenVersions {
  public:
-  BumpWrittenVersions(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  BumpWrittenVersions(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, bool bump) {
     for (size_t i = 0; i < args.size(); ++i)
       if (is_written(schema.arguments()[i]))
         for_each_tensor(args[i], [&](const at::Tensor& t) {
@@ -1778,7 +1796,7 @@ class BumpWrittenVersions {
                       "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a "
                       "clone to get a normal tensor before doing inplace update.See "
                       "https://github.com/pytorch/rfcs/pull/17 for more details.");
-          written_.push_back(t);
+          if (bump) written_.push_back(t);
         });
   }
   ~BumpWrittenVersions() {
@@ -1824,7 +1842,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   // counted nothing, so autograd used a saved tensor it had overwritten, and an inference tensor was
   // written outside inference mode (hunt35c). Counted once the call returns, the latter refused first.
   std::optional<BumpWrittenVersions> bump;
-  if (facts.bumps_versions) bump.emplace(schema, args);
+  if (facts.custom_writes) bump.emplace(schema, args, facts.bumps_versions);
   if (facts.returns_object) {
     run_on_host_copies(op, stack, take_arguments(stack, num_args), device);
     return;
@@ -1876,7 +1894,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
     at::Tensor out = alloc_like(in_cpu_dtype, schema);
     // A fake kernel may describe an overlapping layout (an expand()ed result); the kernel could not
     // write it. Such a result is allocated contiguous (a layout with gaps stays as described).
-    return at::has_internal_overlap(out) == at::MemOverlap::No ? out : at::empty(out.sizes(), out.options());
+    return no_two_elements_share_memory(out) ? out : at::empty(out.sizes(), out.options());
   };
   c10::SmallVector<bool, 4> true_view;  // per return: aliases its input, needs no kernel
   bool needs_kernel = facts.mutates;    // foreach ops, fused optimizers, AMP's unscale: no returns to compute

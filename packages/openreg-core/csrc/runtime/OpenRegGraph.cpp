@@ -62,6 +62,10 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
       pool_ = pool.first != 0 ? static_cast<uint64_t>(pool.first) : g_next_pool.fetch_add(1);
       // Refuses a stream another capture holds, before anything else changes.
       allocator::beginGraphCapture(device_, stream_, pool_);
+      // Capturing from here on, for this graph's other callers and for graphs replayed into it
+      // (replay finds it among the open captures) while the runtime waits below.
+      capturing_ = true;
+      open_captures().insert(this);
     }
     // Returns once the stream's queued work has run (runtime.h): the capture may take blocks that work
     // freed and still read or wrote, and a replay on another stream, or inside another graph, raced it
@@ -69,15 +73,20 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     // No lock held while it waits (queued kernels may need the GIL of a thread that replays).
     const orStatus st = orStreamBeginCapture(stream_);
     std::lock_guard<std::mutex> lock(open_captures_mu());
+    if (st == orSuccess && !capturing_) {  // reset() (another thread's, or exit's) abandoned it meanwhile
+      orGraph_t abandoned = nullptr;
+      if (orStreamEndCapture(stream_, &abandoned) == orSuccess && abandoned != nullptr) orGraphDestroy(abandoned);
+      TORCH_CHECK(false, "capture_begin(): the capture was abandoned (reset()) while it began");
+    }
     if (st != orSuccess) {
+      capturing_ = false;
+      open_captures().erase(this);
       allocator::endGraphCapture(device_, stream_);
-      allocator::releaseGraph(device_, pool_);
+      release_pools();
       pool_ = 0;  // no pool to share (pool())
     }
     OPENREG_CHECK(st);
     begin_random_capture(stream_);
-    capturing_ = true;
-    open_captures().insert(this);
   }
 
   void capture_end() override {
@@ -161,6 +170,7 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
       last_replay_stream_ = nullptr;
       random_ops_.clear();
       release_pools();
+      captured_ = false;  // pool() is refused again, as CUDA's after reset()
     }
   }
 
@@ -184,8 +194,9 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     release_pools();
   }
 
-  // As CUDA's: a pool is known once a capture has begun (it was {0, 0}, which capture_begin reads as
-  // "a pool of its own": a graph meant to share another's silently did not; hunt35b).
+  // As CUDA's: a pool is known once a capture has ended, until reset() (it was {0, 0}, which
+  // capture_begin reads as "a pool of its own": a graph meant to share another's silently did not;
+  // hunt35b).
   at::MempoolId_t pool() const override {
     TORCH_CHECK(captured_,
                 "Called pool() without a preceding successful capture: capture a graph before sharing its pool");

@@ -817,12 +817,15 @@ orStatus orStreamBeginCapture(orStream_t stream) {
     return fail(orErrorStreamCaptureUnsupported,
                 "a graph cannot be captured on a device's default stream; capture on a stream of your own "
                 "(a captured graph may be replayed on the default stream)");
+  // It waits for the stream (below): from a kernel of that stream it would wait for itself.
+  if (orStatus st = refuse_wait_from_kernel("orStreamBeginCapture", s)) return st;
   uint64_t queued = 0;
+  Graph* capture = nullptr;
   {
     std::lock_guard<std::mutex> lock(s->mu);
     if (s->dying) return fail(orErrorInvalidResourceHandle, "the stream is being destroyed");
     if (s->capture != nullptr) return fail(orErrorStreamCaptureUnsupported, "the stream is already capturing");
-    s->capture = new Graph();
+    capture = s->capture = new Graph();
     s->capture->device = s->device;
     queued = s->submitted_locked;
   }
@@ -830,6 +833,19 @@ orStatus orStreamBeginCapture(orStream_t stream) {
   // set, so that another thread's capture_begin on the stream meanwhile is refused as above; a wait
   // before it raced that capture and was refused, voiding the other thread's capture (review35).
   s->completed.wait_for(queued);
+  // A kernel of that work that failed is reported here, as by a synchronisation, and no capture
+  // begins: the error surfaced after a later replay, as if the replay had failed (review35b).
+  if (orStatus st = take_device_error(runtime().devices[s->device])) {
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (s->capture == capture)
+        s->capture = nullptr;
+      else
+        capture = nullptr;  // (ended by another thread meanwhile: it is that thread's now)
+    }
+    if (capture != nullptr) release_graph(capture);
+    return st;
+  }
   return orSuccess;
 }
 

@@ -1209,6 +1209,38 @@ TEST(graph_capture_and_replay) {
   CHECK_OK(orStreamDestroy(s));
 }
 
+// orStreamBeginCapture returns once the work queued before it has run: a kernel of that work that
+// failed is reported by it and no capture begins (the error surfaced after a later replay, as if the
+// replay had failed); called from a kernel of the stream, it is refused (it would wait for itself:
+// it hung, leaving the stream capturing).
+TEST(graph_capture_begins_after_the_queued_work) {
+  orStream_t s = nullptr;
+  CHECK_OK(orStreamCreate(&s));
+  std::atomic<int> ran{0};
+  CHECK_OK(openreg::launch(s, "test::slow", [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ++ran;
+  }));
+  CHECK_OK(orStreamBeginCapture(s));
+  CHECK_EQ(ran.load(), 1);  // waited for
+  orGraph_t g = nullptr;
+  CHECK_OK(orStreamEndCapture(s, &g));
+  CHECK_OK(orGraphDestroy(g));
+  CHECK_OK(orLaunchKernel(s, "test::failing_kernel", [](void*) { return orKernelFail("boom"); }, nullptr, nullptr));
+  CHECK_STATUS(orErrorLaunchFailure, orStreamBeginCapture(s));
+  CHECK_MESSAGE_HAS("test::failing_kernel");
+  int capturing = 1;
+  CHECK_OK(orStreamIsCapturing(s, &capturing));
+  CHECK_EQ(capturing, 0);
+  std::atomic<orStatus> from_kernel{orSuccess};
+  CHECK_OK(openreg::launch(s, "test::begins_a_capture", [&] { from_kernel = orStreamBeginCapture(s); }));
+  CHECK_OK(orStreamSynchronize(s));
+  CHECK_EQ(from_kernel.load(), orErrorNotPermitted);
+  CHECK_OK(orStreamIsCapturing(s, &capturing));
+  CHECK_EQ(capturing, 0);
+  CHECK_OK(orStreamDestroy(s));
+}
+
 // An event's record racing another thread's capture_begin on its stream: the record either runs or
 // is refused (voiding that capture), never recorded into the graph. It was checked before it was
 // queued, and a capture begun in between recorded it: the event never completed once the graph was

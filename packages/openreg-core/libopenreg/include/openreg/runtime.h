@@ -257,7 +257,9 @@ OPENREG_API orStatus orEventElapsedTime(float* ms, orEvent_t start, orEvent_t en
  * orStreamBeginCapture returns once the work queued on the stream before it has
  * run: a capture may be given memory that work freed and still used, and a
  * replay on another stream would race it (CUDA's captures allocate from a
- * private pool instead). */
+ * private pool instead). A kernel of that work that failed is reported by it,
+ * as by a synchronisation, and no capture begins; called from a kernel of the
+ * stream it fails with orErrorNotPermitted (it would wait for itself). */
 OPENREG_API orStatus orStreamBeginCapture(orStream_t stream);
 OPENREG_API orStatus orStreamEndCapture(orStream_t stream, orGraph_t* graph);
 OPENREG_API orStatus orStreamIsCapturing(orStream_t stream, int* capturing);
