@@ -228,8 +228,8 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   orStream_t stream_ = nullptr;
   orGraph_t graph_ = nullptr;
   uint64_t pool_ = 0;
-  bool captured_ = false;             // a capture ended with a graph (pool() answers from then on, reset or not)
-  std::vector<uint64_t> held_pools_;  // of graphs replayed inside its capture (see replay)
+  bool captured_ = false;                     // a capture ended with a graph, not reset since (pool() answers)
+  std::vector<uint64_t> held_pools_;          // of graphs replayed inside its capture (see replay)
   std::vector<CapturedRandomOp> random_ops_;  // re-seeded before each replay
   std::mutex replay_mu_;                      // replays from several threads are ordered too
   orEvent_t last_replay_ = nullptr;           // recorded after the last replay (see replay)
