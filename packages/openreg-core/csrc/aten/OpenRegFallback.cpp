@@ -1889,9 +1889,14 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   auto fresh = [&](const Geometry& g) {
     if (!g.defined) return at::Tensor();
     const size_t k = result_index++;
-    Geometry in_cpu_dtype = g;
-    if (cpu_dtypes != nullptr) in_cpu_dtype.dtype = (*cpu_dtypes)[k];
-    at::Tensor out = alloc_like(in_cpu_dtype, schema);
+    at::Tensor out;
+    if (cpu_dtypes == nullptr || (*cpu_dtypes)[k] == g.dtype) {
+      out = alloc_like(g, schema);  // (no copy of the geometry on the hot path)
+    } else {
+      Geometry in_cpu_dtype = g;
+      in_cpu_dtype.dtype = (*cpu_dtypes)[k];
+      out = alloc_like(in_cpu_dtype, schema);
+    }
     // A fake kernel may describe an overlapping layout (an expand()ed result); the kernel could not
     // write it. Such a result is allocated contiguous (a layout with gaps stays as described).
     return no_two_elements_share_memory(out) ? out : at::empty(out.sizes(), out.options());
