@@ -301,16 +301,20 @@ class TestCustomOpGenerators(TestCase):
 
 
 class TestResultsElsewhere(TestCase):
-    def test_a_result_the_meta_kernel_puts_on_the_cpu_is_refused(self):
-        # The generic path returns every result on openreg: an op whose fake kernel returns a CPU
-        # tensor (its Device argument says "cpu") gave an openreg tensor, against FakeTensorMode and
-        # torch.compile, which say CPU.
-        lib = torch.library.Library("openreg_elsewhere_test", "DEF")
+    def summary_op(self, namespace):
+        """`namespace::summary(x, dev)`: x's min and max, on `dev` (a CPU kernel only)."""
+        lib = torch.library.Library(namespace, "DEF")
         self.addCleanup(lib._destroy)
         lib.define("summary(Tensor x, Device dev) -> Tensor")
         lib.impl("summary", lambda x, dev: torch.stack([x.min(), x.max()]).to(dev), "CPU")
         lib.impl("summary", lambda x, dev: torch.empty(2, dtype=x.dtype, device=dev), "Meta")
-        op = torch.ops.openreg_elsewhere_test.summary
+        return getattr(torch.ops, namespace).summary
+
+    def test_a_result_the_meta_kernel_puts_on_the_cpu_is_refused(self):
+        # The generic path returns every result on openreg: an op whose fake kernel returns a CPU
+        # tensor (its Device argument says "cpu") gave an openreg tensor, against FakeTensorMode and
+        # torch.compile, which say CPU.
+        op = self.summary_op("openreg_elsewhere_test")
         x = torch.arange(4.0, device="openreg")
         with self.assertRaisesRegex(
             NotImplementedError,
@@ -324,12 +328,7 @@ class TestResultsElsewhere(TestCase):
     def test_a_result_on_another_openreg_device_is_refused(self):
         # The call runs on its tensors' device and lands its results there: a Device argument naming
         # another openreg device (the fake kernel's device) gave a result on the tensors' device.
-        lib = torch.library.Library("openreg_elsewhere_index_test", "DEF")
-        self.addCleanup(lib._destroy)
-        lib.define("summary(Tensor x, Device dev) -> Tensor")
-        lib.impl("summary", lambda x, dev: torch.stack([x.min(), x.max()]).to(dev), "CPU")
-        lib.impl("summary", lambda x, dev: torch.empty(2, dtype=x.dtype, device=dev), "Meta")
-        op = torch.ops.openreg_elsewhere_index_test.summary
+        op = self.summary_op("openreg_elsewhere_index_test")
         x = torch.arange(4.0, device="openreg:1")
         for _ in range(2):  # the first call of a signature and a later one
             with self.assertRaisesRegex(

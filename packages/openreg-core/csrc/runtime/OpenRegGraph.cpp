@@ -94,18 +94,11 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
     TORCH_CHECK(capturing_, "capture_end() called without capture_begin()");
     TORCH_CHECK(getCurrentOpenRegStream(device_).handle() == stream_,
                 "capture_end() must be called on the stream capture_begin() was called on");
-    capturing_ = false;
-    open_captures().erase(this);
-    // The stream stops capturing first: the allocator then records the events that frees during
-    // the capture put off (a capturing stream cannot record one).
-    const orStatus st = orStreamEndCapture(stream_, &graph_);
-    const std::string refusal = st == orSuccess ? std::string() : last_error_message();
-    random_ops_ = end_random_capture(stream_);
-    allocator::endGraphCapture(device_, stream_);
-    if (st != orSuccess) {  // a capture a refused call invalidated: no graph, and its memory goes back
+    std::string refusal;
+    if (end_capture_locked(&graph_, &refusal) != orSuccess) {  // a refused call invalidated it: no graph
       graph_ = nullptr;
       random_ops_.clear();
-      release_pools();
+      release_pools();  // its memory goes back
       TORCH_CHECK(false, refusal);
     }
     captured_ = true;
@@ -185,13 +178,24 @@ struct OpenRegGraphImpl final : public at::GraphImplInterface {
   void abandon_capture_locked() {
     if (!capturing_) return;
     orGraph_t abandoned = nullptr;
-    orStreamEndCapture(stream_, &abandoned);
-    end_random_capture(stream_);
-    allocator::endGraphCapture(device_, stream_);
+    end_capture_locked(&abandoned, nullptr);
     if (abandoned) orGraphDestroy(abandoned);
+    random_ops_.clear();
+    release_pools();
+  }
+
+  // Ends the open capture: the stream stops capturing (first: the allocator then records the events
+  // that frees during the capture put off, which a capturing stream cannot record), and the
+  // allocator stops giving blocks from this graph's pool. The stream's refusal message, if any, in
+  // *refusal (read before anything else can overwrite the thread's last error).
+  orStatus end_capture_locked(orGraph_t* graph, std::string* refusal) {
     capturing_ = false;
     open_captures().erase(this);
-    release_pools();
+    const orStatus st = orStreamEndCapture(stream_, graph);
+    if (st != orSuccess && refusal != nullptr) *refusal = last_error_message();
+    random_ops_ = end_random_capture(stream_);
+    allocator::endGraphCapture(device_, stream_);
+    return st;
   }
 
   // As CUDA's: a pool is known once a capture has ended, until reset() (it was {0, 0}, which

@@ -663,8 +663,9 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   if (orStatus st = resolve_event(event, &e)) return st;
   Stream* s = nullptr;
   if (orStatus st = resolve_stream(stream, &s)) return st;
+  // Refused inside a capture by the enqueue below (under the stream's lock, so no capture begun by
+  // another thread slips in between a check and the enqueue).
   const char* const refusal = "cannot record an event while the stream is being captured into a graph";
-  if (orStatus st = refuse_while_capturing(*s, refusal)) return st;
   WorkItem item;
   item.fn = record_kernel;
   item.deleter = delete_record_args;
@@ -679,9 +680,9 @@ orStatus orEventRecord(orEvent_t event, orStream_t stream) {
   // elapsed time from an event to a later one). Its waiters wait for the record itself.
   Forward* forward = e->timing.load() ? nullptr : &e->forward;
   e->stream.store(s, std::memory_order_relaxed);
-  // Never blocks. Refused if another thread began a capture since the check above: a record captured
-  // into its graph never completed once the graph was destroyed, and the allocator's frees waiting
-  // for that event held their memory for ever (hunt35b).
+  // Never blocks. Refused while the stream is being captured: a record captured into its graph never
+  // completed once the graph was destroyed, and the allocator's frees waiting for that event held
+  // their memory for ever (hunt35b).
   const uint64_t seq = s->enqueue(item, forward, refusal);
   if (seq == Stream::kRefused || seq == Stream::kRefusedCapturing) {
     // the event stays as it was: a generation that never runs never completes
