@@ -297,8 +297,9 @@ struct Reduction {
 at::Tensor reduced_view(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t).view({-1}) : t.view({-1}); }
 
 // Refusals as NCCL's: a TypeError for what the dtype cannot take, a ValueError for an op no dtype takes.
+// A device factor of PREMUL_SUM goes to `factors`, for the operation to keep (see OcclBackend::enqueue).
 Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType dtype, int size, c10::Device device,
-                    std::vector<at::Tensor>& stash) {
+                    std::vector<at::Tensor>& factors) {
   if (c10::isComplexType(dtype)) {
     // What Gloo and torch.distributed allow on complex tensors: the ops that act on each part alone.
     const auto o = rop.op_;
@@ -356,7 +357,7 @@ Reduction reduction(const char* op, const c10d::ReduceOp& rop, c10::ScalarType d
                       ", the tensors on ", device, " (a device factor must be on the tensors' device)");
           check_tensor(op, f);
           r.factor_tensor.emplace(f);
-          stash.push_back(f);
+          factors.push_back(f);
         } else {
           r.factor_host = f;
         }
@@ -1065,11 +1066,12 @@ struct UnrunKernel {
 
 c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                               std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs,
-                                              Start start, std::chrono::milliseconds timeout, bool blocking) {
+                                              Start start, std::chrono::milliseconds timeout, bool blocking,
+                                              std::vector<at::Tensor> also_read) {
   timeout = effective(timeout);
   if (!at::hasCallbacks()) {
     return enqueue_impl(type, kernel, route, device, std::move(stash), std::move(outputs), std::move(start), timeout,
-                        blocking);
+                        blocking, std::move(also_read));
   }
   // Profiling (or another RecordFunction observer): the host-side record of the collective, with
   // its metadata, as NCCL's; the kernel it launches is correlated with it on the comm stream's track.
@@ -1088,13 +1090,14 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue(c10d::OpType type, const char* ker
                      in_numel, out_numel, dtype, std::vector<int64_t>(), std::vector<int64_t>(), rank_start,
                      rank_stride, size_);
   return enqueue_impl(type, kernel, route, device, std::move(stash), std::move(outputs), std::move(start), timeout,
-                      blocking);
+                      blocking, std::move(also_read));
 }
 
 c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char* kernel, Route route,
                                                    c10::Device device, std::vector<at::Tensor> stash,
                                                    std::vector<at::Tensor> outputs, Start start,
-                                                   std::chrono::milliseconds timeout, bool blocking) {
+                                                   std::chrono::milliseconds timeout, bool blocking,
+                                                   std::vector<at::Tensor> also_read) {
   const auto enqueued = std::chrono::steady_clock::now();
   if (error_->failed()) {
     C10_THROW_ERROR(DistBackendError, c10::str("occl: ", c10d::opTypeToString(type),
@@ -1285,6 +1288,7 @@ c10::intrusive_ptr<Work> OcclBackend::enqueue_impl(c10d::OpType type, const char
   if (route.lane == Lane::kRecv) outcome->source_rank = route.peer;  // a receive from a given rank
   const c10::Stream end_stream = c10::openreg::getStreamFromExternal(ends_on, device.index()).unwrap();
   c10::DeviceAllocator* allocator = c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);
+  stash.insert(stash.end(), also_read.begin(), also_read.end());
   for (const auto& t : stash)
     if (t.defined() && t.is_privateuseone() && t.has_storage() && t.storage().data() != nullptr)
       allocator->recordStream(t.storage().data_ptr(), end_stream);
@@ -1419,7 +1423,7 @@ c10::intrusive_ptr<Work> OcclBackend::broadcast(std::vector<at::Tensor>& tensors
 c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   const RefusalEndsCoalescing refusal_ends_coalescing(this);
   const auto device = check_tensors("all_reduce", tensors);
-  std::vector<at::Tensor> stash;
+  std::vector<at::Tensor> factors;
   // A coalesced all-reduce may mix dtypes; the transport reduces one dtype at a time: one of its
   // all-reduces per dtype, in order of first appearance (the same on every rank).
   std::vector<c10::ScalarType> dtypes;
@@ -1431,14 +1435,14 @@ c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors
     if (k == dtypes.size()) {
       dtypes.push_back(dtype);
       members.emplace_back();
-      reductions.push_back(reduction("all_reduce", opts.reduceOp, dtype, size_, device, stash));
+      reductions.push_back(reduction("all_reduce", opts.reduceOp, dtype, size_, device, factors));
     }
     members[k].push_back(i);
   }
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
-      c10d::OpType::ALLREDUCE, "occl::all_reduce", Lane::kColl, device, std::move(stash), tensors,
+      c10d::OpType::ALLREDUCE, "occl::all_reduce", Lane::kColl, device, {}, tensors,
       [t, a = args_of(tensors), members, reductions, timeout] {
         std::vector<at::Tensor> v = views(a);
         Started st;
@@ -1453,7 +1457,7 @@ c10::intrusive_ptr<Work> OcclBackend::allreduce(std::vector<at::Tensor>& tensors
         };
         return st;
       },
-      timeout);
+      timeout, /*blocking=*/false, factors);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -1466,14 +1470,14 @@ c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, c
   check_single("reduce", tensors.size(), "");
   const auto device = check_tensors("reduce", tensors);
   check_rank("reduce", "root", opts.rootRank);
-  std::vector<at::Tensor> stash;
-  Reduction r = reduction("reduce", opts.reduceOp, tensors[0].scalar_type(), size_, device, stash);
+  std::vector<at::Tensor> factors;
+  Reduction r = reduction("reduce", opts.reduceOp, tensors[0].scalar_type(), size_, device, factors);
   auto t = transport_;
   const int root = static_cast<int>(opts.rootRank);
   const bool is_root = root == rank_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
-      c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, std::move(stash), tensors,
+      c10d::OpType::REDUCE, "occl::reduce", Lane::kColl, device, {}, tensors,
       [t, a = args_of(tensors), r, root, is_root, timeout] {
         // Off the root the tensor is an input only, left as it was (as NCCL's): the transport reduces
         // into its buffer, so it gets a copy there (which PREMUL_SUM scales).
@@ -1484,7 +1488,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce(std::vector<at::Tensor>& tensors, c
                          if (is_root) r.finish(v);
                        }};
       },
-      timeout);
+      timeout, /*blocking=*/false, factors);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -1628,7 +1632,6 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "occl ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
                     " inputs");
   const auto device = check_tensors(op, inputs);
-  std::vector<at::Tensor> stash = inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(op, outputs[i], device);
     check_same_dtype(op, inputs[i], outputs[i]);
@@ -1640,11 +1643,12 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
   // each tensor has the reduction of its own dtype (AVG truncates integers). One Reduction for inputs[0]'s
   // dtype refused the mix ("input and output dtypes differ").
   std::vector<Reduction> rs;
-  for (const auto& x : inputs) rs.push_back(reduction(op, opts.reduceOp, x.scalar_type(), size_, device, stash));
+  std::vector<at::Tensor> factors;
+  for (const auto& x : inputs) rs.push_back(reduction(op, opts.reduceOp, x.scalar_type(), size_, device, factors));
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   return enqueue(
-      c10d::OpType::_REDUCE_SCATTER_BASE, "occl::reduce_scatter_tensor", Lane::kColl, device, std::move(stash), outputs,
+      c10d::OpType::_REDUCE_SCATTER_BASE, "occl::reduce_scatter_tensor", Lane::kColl, device, inputs, outputs,
       [t, in = args_of(inputs), out = args_of(outputs), rs, timeout] {
         Started st;
         std::vector<at::Tensor> results;
@@ -1659,7 +1663,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter_tensor_coalesced(std::vecto
         };
         return st;
       },
-      timeout);
+      timeout, /*blocking=*/false, factors);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -1683,15 +1687,15 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
   TORCH_CHECK_VALUE(ins[rank_].numel() == outputs[0].numel(), "occl ", op, ": input tensor ", rank_,
                     " (for this rank's output) must have the output's ", outputs[0].numel(), " elements, got ",
                     ins[rank_].numel());
-  std::vector<at::Tensor> stash = ins;
-  Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, device, stash);
+  std::vector<at::Tensor> factors;
+  Reduction r = reduction(op, opts.reduceOp, outputs[0].scalar_type(), size_, device, factors);
   auto t = transport_;
   const ms timeout = effective(opts.timeout);
   if (!even) {
     // Inputs of different sizes, as NCCL takes them: one reduce to each rank (the transport's
     // reduce-scatter takes one size), each into a copy, the inputs being inputs only.
     return enqueue(
-        c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
+        c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, ins, outputs,
         [t, in = member_args_of(ins), out = member_args_of(outputs), r, me = rank_, timeout] {
           Started st;
           std::vector<at::Tensor> copies;
@@ -1709,10 +1713,10 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
           };
           return st;
         },
-        timeout);
+        timeout, /*blocking=*/false, factors);
   }
   return enqueue(
-      c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, std::move(stash), outputs,
+      c10d::OpType::REDUCE_SCATTER, "occl::reduce_scatter", Lane::kColl, device, ins, outputs,
       [t, in = member_args_of(ins), out = member_args_of(outputs), r, timeout] {
         std::vector<at::Tensor> parts;
         for (const auto& x : views(in)) parts.push_back(reduced_view(logical(x).contiguous()));
@@ -1725,7 +1729,7 @@ c10::intrusive_ptr<Work> OcclBackend::reduce_scatter(std::vector<at::Tensor>& ou
                          mine.copy_back();
                        }};
       },
-      timeout);
+      timeout, /*blocking=*/false, factors);
 }
 
 c10::intrusive_ptr<Work> OcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,

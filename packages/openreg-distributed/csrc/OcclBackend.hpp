@@ -295,12 +295,17 @@ class OcclBackend : public c10d::Backend {
   static constexpr int64_t kStagedBytesLimit = 4 << 20;
 
  private:
+  // `stash`: the operation's inputs (empty: in place), `outputs` its outputs, both kept until it
+  // completes and reported to the flight recorder and the profiler; `also_read`: other tensors its
+  // kernel reads (a PREMUL_SUM device factor), kept as the inputs are, not reported as inputs.
   c10::intrusive_ptr<Work> enqueue(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                    std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
-                                   std::chrono::milliseconds timeout = c10d::kUnsetTimeout, bool blocking = false);
+                                   std::chrono::milliseconds timeout = c10d::kUnsetTimeout, bool blocking = false,
+                                   std::vector<at::Tensor> also_read = {});
   c10::intrusive_ptr<Work> enqueue_impl(c10d::OpType type, const char* kernel, Route route, c10::Device device,
                                         std::vector<at::Tensor> stash, std::vector<at::Tensor> outputs, Start start,
-                                        std::chrono::milliseconds timeout, bool blocking);
+                                        std::chrono::milliseconds timeout, bool blocking,
+                                        std::vector<at::Tensor> also_read);
   // The stream an operation of `route` starts on, or, with `completion`, the one a send is waited for on.
   // `in_batch`: inside a coalescing manager (a receive then runs on the peer's batch receive stream).
   orStream_t comm_stream(c10::Device device, Route route, bool completion = false, bool in_batch = false);

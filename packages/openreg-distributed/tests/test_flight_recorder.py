@@ -65,6 +65,26 @@ class TestFlightRecorder(OcclTestCase):
         self.assertEqual(names, ["occl:all_reduce", "occl:all_gather_into_tensor", p2p])
         dist.destroy_process_group(group)
 
+    def test_a_premul_sum_device_factor_is_not_recorded_as_an_input(self):
+        # The device factor of PREMUL_SUM is kept alive with the operation's inputs, and was recorded
+        # in their place: an in-place all_reduce read input_sizes [[]], the factor's, on every rank,
+        # which hid any real mismatch of sizes between ranks (hunt35a F2).
+        group = dist.new_group(backend="occl")
+        factor = torch.tensor(0.5, device=self.device)
+        x = torch.ones(4, 3, device=self.device)
+        dist.all_reduce(x, op=dist._make_nccl_premul_sum(factor), group=group)
+        out = torch.empty(4, device=self.device)
+        ins = [torch.ones(4, device=self.device) for _ in range(self.world_size)]
+        dist.reduce_scatter(out, ins, op=dist._make_nccl_premul_sum(factor), group=group)
+        torch.openreg.synchronize()
+        self.assertEqual(x.cpu(), torch.ones(4, 3))  # 2 ranks x 0.5
+        self.assertEqual(out.cpu(), torch.ones(4))
+        mine = retired(group)
+        self.assertEqual([e["profiling_name"] for e in mine], ["occl:all_reduce", "occl:reduce_scatter"])
+        self.assertEqual([e["input_sizes"] for e in mine], [[[4, 3]], [[4]] * self.world_size])
+        self.assertEqual([e["output_sizes"] for e in mine], [[[4, 3]], [[4]]])
+        dist.destroy_process_group(group)
+
     def test_operation_in_flight_is_active(self):
         group = dist.new_group(backend="occl")
         x = torch.ones(4, device=self.device)
