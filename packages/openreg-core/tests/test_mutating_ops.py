@@ -36,6 +36,55 @@ class TestMutatingOps(TestCase):
             for p, d in zip(cpu.parameters(), dev.parameters()):
                 self.assertEqual(d.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5, msg=str(kwargs))
 
+    def test_fused_steps_without_an_upstream_meta_kernel_are_asynchronous_and_capturable(self):
+        # _fused_sgd_, _fused_adagrad_ and the tensor-lr fused Adam/AdamW have no meta kernel in
+        # torch 2.13: the generic path ran every step synchronously (the host waited for the
+        # device at each one) and refused them in a graph capture, where CUDA captures them (hunt36a).
+        from torch_openreg.utils.testing import StreamHold
+
+        configs = [
+            (torch.optim.SGD, {"lr": 0.1}),
+            (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+            (torch.optim.SGD, {"lr": torch.tensor(0.1), "momentum": 0.9}),
+            (torch.optim.Adagrad, {"lr": 0.1}),
+            (torch.optim.Adam, {"lr": torch.tensor(0.1)}),
+            (torch.optim.AdamW, {"lr": torch.tensor(0.1), "amsgrad": True}),
+        ]
+        grads = [torch.randn(5, 3), torch.randn(3)]
+        for cls, kwargs in configs:
+            msg = f"{cls.__name__} {kwargs}"
+
+            def make(device):
+                params = [torch.linspace(-1, 1, 15).view(5, 3), torch.linspace(2, 3, 3)]
+                params = [torch.nn.Parameter(p.to(device)) for p in params]
+                for p, g in zip(params, grads):
+                    p.grad = g.to(device)
+                options = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+                return params, cls(params, fused=True, **options)
+
+            cpu_params, cpu_opt = make("cpu")
+            params, opt = make("openreg")
+            side = torch.openreg.Stream()
+            side.wait_stream(torch.openreg.current_stream())
+            with torch.openreg.stream(side):
+                for _ in range(2):  # warm-up: each signature's first call is verified, synchronously
+                    opt.step()  # (SGD's first step with momentum is a signature of its own)
+                with StreamHold() as held:  # a step that waited for the device would block here
+                    opt.step()
+                    self.assertFalse(held.stream.query(), msg=msg)
+                graph = torch.accelerator.Graph()
+                graph.capture_begin()
+                opt.step()
+                graph.capture_end()
+            torch.openreg.current_stream().wait_stream(side)
+            graph.replay()
+            graph.replay()
+            for _ in range(5):
+                cpu_opt.step()
+            for p, c in zip(params, cpu_params):
+                self.assertEqual(p.detach().cpu(), c.detach(), atol=1e-6, rtol=1e-6, msg=msg)
+            graph.reset()
+
     def test_grad_scaler_unscales_and_skips_inf(self):
         cpu, dev = make_pair()
         scaler = torch.amp.GradScaler("openreg", init_scale=1024.0)

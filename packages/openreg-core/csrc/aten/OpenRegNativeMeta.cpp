@@ -13,6 +13,7 @@
 #include "OpenRegNativeMeta.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -57,6 +58,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tenso
   return {at::empty(input.sizes(), input.options()), at::empty(stat_shape, stats), at::empty(stat_shape, stats)};
 }
 
+// No meta kernel upstream for these fused optimizer steps (torch 2.13 has Python ones for
+// _fused_adam_ and _fused_adamw_ with a float lr only). They update their lists in place and return
+// nothing, so there is nothing to compute; without a meta kernel the generic path ran every call
+// synchronously, and refused them in a graph capture, where CUDA runs and captures them (hunt36a).
+// Their argument checks stay the CPU kernel's: each signature's first call runs synchronously and is
+// verified (generic-path.md, step 3), and the lists' lengths are part of the signature.
+void fused_optimizer_step(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+}
+
 const NativeMetaTable& table() {
   static const NativeMetaTable* t = [] {
     auto* t = new NativeMetaTable();  // never destroyed: ops may run during interpreter shutdown
@@ -64,6 +75,14 @@ const NativeMetaTable& table() {
                c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(index_select)));
     t->emplace(c10::OperatorName("aten::native_layer_norm", ""),
                c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(native_layer_norm)));
+    for (const auto& [name, overload] : {std::pair{"aten::_fused_sgd_", ""},
+                                         {"aten::_fused_sgd_", "tensor_lr"},
+                                         {"aten::_fused_adagrad_", ""},
+                                         {"aten::_fused_adagrad_", "tensor_lr"},
+                                         {"aten::_fused_adam_", "tensor_lr"},
+                                         {"aten::_fused_adamw_", "tensor_lr"}})
+      t->emplace(c10::OperatorName(name, overload),
+                 c10::KernelFunction::makeFromBoxedFunction<&fused_optimizer_step>());
     add_upstream_meta_kernels(*t);
     return t;
   }();
