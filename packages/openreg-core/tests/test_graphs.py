@@ -444,6 +444,50 @@ class TestGraphs(TestCase):
         torch.openreg.synchronize()
         self.assertEqual(x.cpu(), torch.full((8,), 8.0))
 
+    def test_a_step_of_a_non_capturable_optimizer_is_refused_in_a_capture(self):
+        # Its step count and bias corrections live on the host: captured, every replay applied the
+        # captured step's again, silently (Adam's parameters off by up to 0.04 after four replays).
+        # torch refuses it only when the accelerator is cuda or xpu (_optim_capture.py; hunt36a).
+        def make(capturable):
+            p = torch.nn.Parameter(torch.ones(4, device="openreg"))
+            p.grad = torch.full((4,), 0.5, device="openreg")
+            return p, torch.optim.Adam([p], lr=0.1, foreach=True, capturable=capturable)
+
+        s = torch.openreg.Stream()
+        p, opt = make(capturable=False)
+        warm_up(opt.step, s)
+        before = p.detach().cpu()
+        g = torch.accelerator.Graph()
+        with self.assertRaisesRegex(
+            RuntimeError,
+            "^Attempting OPENREG graph capture of step\\(\\) for an instance of Adam "
+            "but param_groups' capturable is False",
+        ):
+            with s, g:
+                opt.step()
+        self.assertFalse(s.is_capturing())
+        torch.openreg.synchronize()
+        self.assertEqual(p.detach().cpu(), before)  # nothing ran
+        self.assertEqual(opt.state[p]["step"].item(), 1.0)
+        # A capturable one is captured: its replays advance the step count on the device.
+        p, opt = make(capturable=True)
+        warm_up(opt.step, s)
+        warm_up(opt.step, s)
+        g = torch.accelerator.Graph()
+        with s, g:
+            opt.step()
+        for _ in range(3):
+            g.replay()
+        torch.openreg.synchronize()
+        q = torch.nn.Parameter(torch.ones(4))
+        q.grad = torch.full((4,), 0.5)
+        reference = torch.optim.Adam([q], lr=0.1)
+        for _ in range(5):
+            reference.step()
+        self.assertEqual(p.detach().cpu(), q.detach())
+        self.assertEqual(opt.state[p]["step"].item(), 5.0)
+        g.reset()
+
     def test_waiting_inside_capture_is_refused(self):
         x = torch.ones(4, device="openreg")
         s = torch.openreg.Stream()

@@ -74,6 +74,9 @@ def _register() -> None:
     from .openreg import _serialization  # storage-less tensors that require grad load as leaves
 
     _serialization.install()
+    from .openreg import _optim_capture  # a non-capturable optimizer step is refused in a capture, as on CUDA
+
+    _optim_capture.install()
     openreg.random._register_graphsafe_rng()
     openreg._plugins.load_plugins()
 
