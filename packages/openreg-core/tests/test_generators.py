@@ -92,6 +92,60 @@ class TestState(TestCase):
             torch.openreg.set_rng_state(make_state(1, 6))
         self.assertEqual(torch.openreg.get_rng_state(), before)
 
+    def test_kernel_seeds_sharing_their_low_32_bits_draw_different_numbers(self):
+        # The kernel's CPU generator kept 32 of the launch's 64-bit seed: these two seeds' first
+        # launches (Philox of (seed, 0)) share their low 32 bits, and drew bit-identical numbers
+        # (found by rebuilding the Philox seeds in numpy; hunt36c). Within one run, seeds repeated
+        # after about 77,000 random operators.
+        draws = []
+        for seed in (166851, 341310):
+            torch.openreg.manual_seed(seed)
+            draws.append(torch.randn(1000, device="openreg").cpu())
+        self.assertNotEqual(draws[0], draws[1])
+        self.assertLess((draws[0] == draws[1]).sum().item(), 5)
+
+    def test_queued_random_ops_keep_their_own_numbers(self):
+        # Kernel generators are reused once no launch holds them: with more ops queued than the
+        # eight a thread keeps, each op still draws its own numbers, the same as one at a time.
+        from torch_openreg.utils.testing import StreamHold
+
+        def draw(hold):
+            torch.openreg.manual_seed(5)
+            xs = [torch.empty(64, device="openreg") for _ in range(20)]
+            if hold:
+                with StreamHold():
+                    for x in xs:
+                        x.uniform_()
+            else:
+                for x in xs:
+                    x.uniform_()
+                    torch.openreg.synchronize()
+            return torch.stack(xs).cpu()
+
+        queued, one_by_one = draw(hold=True), draw(hold=False)
+        self.assertEqual(queued, one_by_one)
+        self.assertEqual(len({tuple(row.tolist()) for row in queued}), 20)
+
+    def test_a_call_its_kernel_refuses_takes_no_numbers(self):
+        # The CPU and CUDA check these arguments before they draw: a caught refusal moved every later
+        # number of the device (the offset had advanced by the refused call's draw; hunt36c).
+        x = torch.empty(16, device="openreg")
+        refused = {
+            "uniform_(3, 2)": lambda: x.uniform_(3, 2),
+            "normal_(0, -1)": lambda: x.normal_(0, -1),
+            "exponential_(-1)": lambda: x.exponential_(-1),
+            "geometric_(0)": lambda: x.geometric_(0),
+            "cauchy_(0, -1)": lambda: x.cauchy_(0, -1),
+        }
+        torch.openreg.manual_seed(3)
+        expected = torch.randn(8, device="openreg").cpu()
+        for name, call in refused.items():
+            torch.openreg.manual_seed(3)
+            with self.assertRaises(RuntimeError, msg=name):
+                call()
+            self.assertEqual(state_of(), (3, 0), msg=name)
+            self.assertEqual(torch.randn(8, device="openreg").cpu(), expected, msg=name)
+
     def test_state_is_real_under_a_fake_mode(self):
         """AOTAutograd reads the state inside a FakeTensorMode (its graph-safe RNG functionalisation):
         the state is made on the host directly, not through the dispatcher the mode intercepts."""
@@ -183,6 +237,18 @@ class TestDistributions(TestCase):
             ):
                 F.dropout(x, 0.5, training=True)
             self.assertEqual(F.dropout(x, 0.5, training=False).cpu(), x.cpu())  # no mask drawn: allowed
+
+    def test_bernoulli_takes_p_from_any_device(self):
+        # As the CPU's and CUDA's kernels do (bernoulli_.Tensor is device_check: NoCheck): p moves
+        # to self's device. A CPU p, or one on another openreg device, was refused (hunt36c).
+        p = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0])
+        for where in ("cpu", "openreg:1", "openreg:0"):
+            x = torch.full((5,), 7.0, device="openreg:0")
+            x.bernoulli_(p.to(where))
+            self.assertEqual(x.device, torch.device("openreg:0"))
+            self.assertEqual(x.cpu(), p, msg=where)
+            functional = torch.ops.aten.bernoulli.Tensor(torch.zeros(5, device="openreg:0"), p.to(where))
+            self.assertEqual((functional.device, functional.cpu()), (torch.device("openreg:0"), p), msg=where)
 
     def test_bernoulli_randperm_dropout(self):
         torch.openreg.manual_seed(0)

@@ -111,6 +111,7 @@ struct OpFacts {
   int std_tensor = -1;                          // normal with a tensor std: see check_normal_std
   bool multinomial = false;                     // multinomial: see check_multinomial_values
   int value_tensor = -1;                        // fill_, masked_fill_, index_fill_, index_put_: see move_value
+  int probabilities = -1;                       // bernoulli's tensor p: see move_probabilities
   bool index_put = false;                       // index_put(_), _index_put_impl(_): see index_put_needs_the_host
   bool put = false;                             // put(_): see check_put
   bool unplaceable = false;                     // a return aliases a list argument: see unplaceable_alias
@@ -197,6 +198,10 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
         f.value_tensor = static_cast<int>(i);
     }
   const std::string& overload = schema.overload_name();
+  if (name == "aten::bernoulli" || name == "aten::bernoulli_")
+    for (size_t i = 1; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == "p" && schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType)
+        f.probabilities = static_cast<int>(i);
   f.value_probe =
       name == "aten::random_" || name == "aten::multinomial" ||
       ((name == "aten::bernoulli_" && overload == "float") || (name == "aten::bernoulli" && overload == "p"));
@@ -515,8 +520,17 @@ Stack LaunchStack::materialize() const {
   return stack;
 }
 
-// A generator argument: the per-launch generator from the device's generator.
-void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::DeviceIndex device) {
+// What a launch took from a generator: the offset it moved from and to (see give_back_draws).
+struct Draw {
+  at::Generator generator;
+  c10::intrusive_ptr<OpenRegGeneratorState> state;
+  uint64_t seed, from, to;
+};
+
+// A generator argument: the per-launch generator from the device's generator. Each draw is added
+// to `draws`, when given.
+void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::DeviceIndex device,
+                     std::vector<Draw>* draws = nullptr) {
   const auto& arguments = schema.arguments();
   int64_t values = -1;  // how many values the op may draw: its largest tensor argument (computed on demand)
   for (size_t i = 0; i < arguments.size(); ++i) {
@@ -559,7 +573,21 @@ void seed_generators(const c10::FunctionSchema& schema, c10::IValue* args, c10::
       // capture ended between here and the launch is the caller's race, as on CUDA.
     }
     std::lock_guard<std::mutex> lock(gen.mutex());
-    args[i] = gen.get<OpenRegGeneratorImpl>()->kernel_generator(static_cast<uint64_t>(values));
+    auto* impl = gen.get<OpenRegGeneratorImpl>();
+    const uint64_t from = impl->get_offset();
+    args[i] = impl->kernel_generator(static_cast<uint64_t>(values));
+    if (draws != nullptr) draws->push_back({gen, impl->state(), impl->current_seed(), from, impl->get_offset()});
+  }
+}
+
+// A call refused by its kernel's argument checks takes no numbers, as on the CPU and CUDA (which
+// check before they draw or reserve an offset): a caught refusal (`uniform_(3, 2)`) moved every
+// later number of the device (hunt36c). Unless the generator moved on meanwhile (another thread's
+// draw, a reseeding), its offset goes back.
+void give_back_draws(std::vector<Draw>& draws) {
+  for (auto it = draws.rbegin(); it != draws.rend(); ++it) {
+    std::lock_guard<std::mutex> lock(it->generator.mutex());
+    if (it->state->seed == it->seed && it->state->offset == it->to) it->state->offset = it->from;
   }
 }
 
@@ -1036,7 +1064,8 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
   };
   auto state = std::make_shared<State>();
   Stack kernel_args = args;
-  seed_generators(schema, kernel_args.data(), device.index());
+  std::vector<Draw> draws;
+  seed_generators(schema, kernel_args.data(), device.index(), &draws);
   replace_devices(kernel_args, c10::Device(c10::kCPU));
   c10::SmallVector<LaunchBytes, 4> counted;  // sizes the kernel's thread team (OpenRegStream.h)
   for (const c10::IValue& v : args)
@@ -1124,7 +1153,10 @@ std::vector<ResultShape> run_synchronously(const c10::OperatorHandle& op, Stack*
   stream.synchronize();
   for (const c10::Warning& w : state->alerts.alerts) c10::warn(w);  // the host waited: it warns
   if (alerted != nullptr) *alerted = !state->alerts.alerts.empty();
-  if (state->error) std::rethrow_exception(state->error);
+  if (state->error) {
+    give_back_draws(draws);
+    std::rethrow_exception(state->error);
+  }
   Stack& results = state->results;
   std::vector<ResultShape> shapes;
   for (const c10::IValue& r : results)
@@ -1461,6 +1493,16 @@ void move_value(c10::IValue* args, int value) {
   if (self.defined() && v.defined() && self.is_privateuseone() && v.is_privateuseone() && v.dim() == 0 &&
       v.device() != self.device())
     args[value] = v.to(self.device());
+}
+
+// bernoulli's tensor p may be on any device (device_check: NoCheck): the CPU's and CUDA's kernels
+// move it to self's device first. It was refused as a tensor on another device (hunt36c).
+void move_probabilities(c10::IValue* args, int p) {
+  if (!args[0].isTensor() || !args[p].isTensor()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& probabilities = args[p].toTensor();
+  if (self.defined() && probabilities.defined() && self.is_privateuseone() && probabilities.device() != self.device())
+    args[p] = probabilities.to(self.device());
 }
 
 // Copies the host tensors of `indices` arguments to `device` (see is_index_list).
@@ -1834,6 +1876,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) 
   const c10::ArrayRef<c10::IValue> args(first, num_args);
 
   if (facts.value_tensor >= 0) move_value(first, facts.value_tensor);
+  if (facts.probabilities >= 0) move_probabilities(first, facts.probabilities);
   const c10::Device device = common_device(schema, args);
   c10::DeviceGuard guard(device);
   move_indices_to(schema, first, num_args, device);

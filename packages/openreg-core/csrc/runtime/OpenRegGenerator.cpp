@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/GeneratorImpl.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -87,8 +88,55 @@ uint64_t OpenRegGeneratorState::kernel_seed(uint64_t values) {
   return (high << 32) | low;
 }
 
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The kernel's CPU generator, a Mersenne Twister, takes its whole state (624 words) from the 64-bit
+// kernel seed, through SplitMix64. Seeded as a CPU generator is seeded, it kept only the seed's low
+// 32 bits (at::mt19937 does): with a fresh seed per launch, two launches drew the same numbers after
+// about 77,000 random ops, and two manual seeds gave the same stream one time in 2^32 (hunt36c).
+void seed_kernel_generator(at::CPUGeneratorImpl& kernel, uint64_t seed) {
+  at::mt19937 engine = kernel.engine();
+  at::mt19937_data_pod data = engine.data();
+  uint64_t x = seed;
+  for (size_t i = 0; i + 1 < data.state_.size(); i += 2) {
+    const uint64_t z = splitmix64(x);
+    data.state_[i] = static_cast<uint32_t>(z);
+    data.state_[i + 1] = static_cast<uint32_t>(z >> 32);
+  }
+  data.seed_ = seed;
+  data.seeded_ = true;
+  data.left_ = 1;  // the first draw twists the state, as after at::mt19937's own seeding
+  data.next_ = 0;
+  engine.set_data(data);
+  kernel.set_engine(engine);
+  kernel.set_next_float_normal_sample(std::nullopt);  // a replay's kernel keeps no draw of the last one
+  kernel.set_next_double_normal_sample(std::nullopt);
+}
+}  // namespace
+
+// One of this thread's kernel generators that no launch holds any more, or a new one: making one
+// (a CPUGeneratorImpl seeds its engine's 624 words on construction, then ours are written over them)
+// took a tenth of a random op's host time.
+at::Generator unused_kernel_generator() {
+  thread_local std::array<at::Generator, 8> pool;
+  for (at::Generator& g : pool) {
+    if (!g.defined()) return g = at::make_generator<at::CPUGeneratorImpl>();
+    // An acquire load: the draws of the kernel that dropped it last happened before its reseeding.
+    if (g.getIntrusivePtr().is_uniquely_owned()) return g;
+  }
+  return at::make_generator<at::CPUGeneratorImpl>();  // all eight in queued launches
+}
+
 at::Generator OpenRegGeneratorImpl::kernel_generator(uint64_t values) {
-  return at::make_generator<at::CPUGeneratorImpl>(state_->kernel_seed(values));
+  at::Generator kernel = unused_kernel_generator();
+  seed_kernel_generator(*kernel.get<at::CPUGeneratorImpl>(), state_->kernel_seed(values));
+  return kernel;
 }
 
 // CUDA's semantics: the two generators share one state from here on (not a copy of it).
@@ -160,7 +208,7 @@ void reseed_for_replay(void* stream, const std::vector<CapturedRandomOp>& ops) {
       ::openreg::launch(static_cast<orStream_t>(stream), "openreg::graph_reseed", [seeds = std::move(seeds)]() mutable {
         for (auto& [kernel, seed] : seeds) {
           std::lock_guard<std::mutex> lock(kernel.mutex());
-          kernel.set_current_seed(seed);
+          seed_kernel_generator(*kernel.get<at::CPUGeneratorImpl>(), seed);
         }
       }));
 }
