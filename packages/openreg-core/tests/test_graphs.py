@@ -1031,6 +1031,36 @@ class TestGraphs(TestCase):
         self.assertFalse(kept & {t.data_ptr() for t in again})
         g.reset()
 
+    def test_pinned_copies_that_convert_are_captured(self):
+        # As CUDA's: a non-blocking copy between pinned memory and the device that changes the dtype
+        # or the layout moves the bytes as they are and converts on the device. It converted on the
+        # host into pageable memory, and a capture refused it, saying to use pinned memory (hunt36d).
+        s = torch.openreg.Stream()
+        host = {
+            "in": torch.empty(4, 2, pin_memory=True),
+            "out": torch.empty(4, 2, dtype=torch.float64, pin_memory=True),
+        }
+        dev = torch.zeros(2, 4, dtype=torch.float64, device="openreg")
+
+        def step():
+            dev.t().copy_(host["in"], non_blocking=True)  # float32 into a transposed float64 view
+            host["out"].copy_(dev.t() * 2, non_blocking=True)  # a strided source
+
+        host["in"].copy_(torch.arange(8.0).view(4, 2))
+        warm_up(step, s)
+        g = torch.accelerator.Graph()
+        with torch.openreg.stream(s):
+            g.capture_begin()
+            step()
+            g.capture_end()
+        for value in (3.0, 5.0):
+            host["in"].copy_(torch.arange(8.0).view(4, 2) + value)
+            with torch.openreg.stream(s):
+                g.replay()
+            s.synchronize()
+            self.assertEqual(host["out"], (torch.arange(8.0).view(4, 2) + value).double() * 2)
+        g.reset()
+
     def test_graphs_sharing_a_pool_keep_it_until_the_last_is_reset(self):
         # Resetting one graph released every block of the shared pool, so the other graph's
         # replay wrote into memory that had been handed out again.

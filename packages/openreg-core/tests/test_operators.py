@@ -396,6 +396,44 @@ class TestNativeOps(TestCase):
             a.copy_(a)  # the same memory: nothing to do
             a[:3].copy_(a[3:])  # disjoint parts of one storage
             self.assertEqual(a.cpu(), torch.tensor([3.0, 4.0, 5.0, 3.0, 4.0, 5.0]))
+            # Two equal expanded views: nothing to do, before the internal-overlap check (hunt36d).
+            one = torch.ones(1, device=device)
+            one.expand(4).copy_(one.expand(4))
+            # A broadcast source that partly overlaps: checked as given, not expanded (it passed and
+            # read what the copy had overwritten; hunt36d).
+            x = torch.arange(8.0, device=device)
+            with self.assertRaisesRegex(RuntimeError, "some elements of the input tensor and the written-to tensor"):
+                x.view(2, 4).copy_(x[2:6])
+            with self.assertRaisesRegex(RuntimeError, "some elements of the input tensor and the written-to tensor"):
+                x[0:2].copy_(x[0:1])
+            self.assertEqual(x.cpu(), torch.arange(8.0))
+
+    def test_negative_views_copy_as_the_cpus_copy(self):
+        # The CPU's copy_ converts, then negates in the destination's dtype. A negative view into a
+        # dtype the CPU cannot negate is refused at the call; the check probed without the view's
+        # bits, accepted it, and the device's copy failed at a later call (hunt36d).
+        refused = [
+            lambda d: torch._neg_view(torch.ones(2, dtype=torch.uint16, device=d)).clone(),
+            lambda d: torch._neg_view(torch.ones(2, dtype=torch.float8_e4m3fn, device=d)).to(torch.float32),
+            lambda d: torch.empty(2, dtype=torch.bool, device=d).copy_(torch._neg_view(torch.ones(2, device=d))),
+        ]
+        z = torch.tensor([1 + 1j, 2 - 3j])
+        refused.append(lambda d: torch.empty(2, dtype=torch.uint16, device=d).copy_(z.conj().imag))  # from the host
+        for i, call in enumerate(refused):
+            for device in ("cpu", "openreg"):
+                with self.assertRaisesRegex(NotImplementedError, '"neg_cpu" not implemented for', msg=f"{i} {device}"):
+                    call(device)
+        torch.openreg.synchronize()  # and nothing failed on the device
+        # Host to device, negated in the destination's dtype: int8 -128 into int16 is 128 (it was
+        # resolved in int8 on the host first, giving -128).
+        values = torch.tensor([-128, 1, 5], dtype=torch.int8)
+        src = torch._neg_view(values)
+        expected = torch.empty(3, dtype=torch.int16).copy_(src)
+        self.assertEqual(expected.tolist(), [128, -1, -5])
+        for source in (src, torch._neg_view(values.pin_memory())):
+            for non_blocking in (False, True):
+                got = torch.empty(3, dtype=torch.int16, device="openreg").copy_(source, non_blocking=non_blocking)
+                self.assertEqual(got.cpu(), expected)
 
 
 class TestForwardAD(TestCase):
@@ -1604,13 +1642,21 @@ class TestWarnings(TestCase):
             z = torch.tensor([1 + 2j], device="openreg")
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
+                nonzero = z.to(torch.bool)  # keeps "nonzero", imaginary part included: no warning, as the CPU's
+                torch.openreg.synchronize()
+            print(nonzero.cpu().tolist(), len(w))
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
                 real = z.to(torch.float32)
                 torch.openreg.synchronize()
             print(real.cpu().tolist(), [str(x.message).split(" (")[0] for x in w])
             """
         )
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout.strip(), "[1.0] ['Casting complex values to real discards the imaginary part']")
+        self.assertEqual(
+            r.stdout.strip().splitlines(),
+            ["[True] 0", "[1.0] ['Casting complex values to real discards the imaginary part']"],
+        )
         self.assertNotIn("Casting complex", r.stderr)
 
 

@@ -13,6 +13,7 @@
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_neg_view.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
@@ -222,11 +223,28 @@ void copy_device_to_device(const at::Tensor& dst, const at::Tensor& src) {
   }
 }
 
+// A copy that converts or lays out (dtype, strides, conjugate or negative bits) on either side.
 void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(dst.device());
   auto stream = getCurrentOpenRegStream(dst.device().index());
   if (!is_contiguous_same(dst, src)) {
-    at::Tensor host = src.to(dst.dtype()).resolve_conj().resolve_neg().contiguous();
+    if (non_blocking && src.is_contiguous() && host_allocator::is_pinned(src.const_data_ptr())) {
+      // As CUDA's: the pinned bytes go over as they are, without the host waiting, and the device
+      // converts them (and applies the source's bits) into dst, so the copy stays asynchronous and
+      // can be captured into a graph. It was converted on the host into pageable memory, whose copy
+      // waited, and a capture refused it saying to use pinned memory (hunt36d).
+      at::Tensor bytes = at::empty(src.sizes(), src.options().device(dst.device()));
+      OPENREG_CHECK(
+          orMemcpyAsync(bytes.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice, stream.handle()));
+      host_allocator::record_stream(src.const_data_ptr(), src.storage().data_ptr().get_context(), stream);
+      at::Tensor as_src = src.is_conj() ? bytes.conj() : bytes;
+      return copy_device_to_device(dst, src.is_neg() ? at::_neg_view(as_src) : as_src);
+    }
+    // Converted by the CPU's copy_, which applies the source's bits in dst's dtype as the device's
+    // copy does: `.to(dtype)` resolved a negative view in the source's dtype first (an int8 -128
+    // came out -128 in int16, where copy_ gives 128; hunt36d).
+    at::Tensor host = at::empty(src.sizes(), src.options().dtype(dst.dtype()));
+    host.copy_(src);
     // Straight in only if dst is plain too: a conjugated or negated view goes through the device.
     if (is_contiguous_same(dst, host)) return copy_host_to_device(dst, host, non_blocking);
     at::Tensor staging = at::empty(dst.sizes(), dst.options());
@@ -249,6 +267,10 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
   if (!is_contiguous_same(dst, src)) {
     at::Tensor dense = at::empty(src.sizes(), src.options().dtype(dst.dtype()));
     copy_device_to_device(dense, src);
+    // Into plain pinned memory without waiting, as CUDA's (see copy_host_to_device).
+    if (non_blocking && dst.is_contiguous() && !dst.is_conj() && !dst.is_neg() &&
+        host_allocator::is_pinned(dst.const_data_ptr()))
+      return copy_device_to_host(dst, dense, true);
     at::Tensor host = at::empty(src.sizes(), dst.options());
     copy_device_to_host(host, dense, false);
     dst.copy_(host);
@@ -269,14 +291,25 @@ void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_
 // surfacing at some later synchronising call. The CPU's own copy_ of a transposed 2 x 2 tensor takes
 // the kernel the device's copy takes; asked once per pair of dtypes that copies, and at each call of
 // a refused pair, so that it throws the CPU's error.
+// The probe carries both sides' conjugate and negative bits: a negative view copied into a dtype
+// the CPU cannot negate (uint16, bool, float8: the CPU's copy negates in dst's dtype) is refused by
+// the CPU at the call; probed without them it was accepted, and the device's copy failed later
+// (hunt36d).
 void check_copy(const at::Tensor& dst, const at::Tensor& src) {
   const c10::ScalarType from = src.scalar_type(), to = dst.scalar_type();
   if (is_contiguous_same(dst, src)) return;                  // a memcpy
   if (c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
   constexpr int n = static_cast<int>(c10::ScalarType::NumOptions);
-  static std::atomic<bool> copies[n][n] = {};
-  check_cpu_accepts(copies[static_cast<int>(from)][static_cast<int>(to)], [&] {
-    at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t());
+  static std::atomic<bool> copies[n][n][4][4] = {};
+  auto bits = [](const at::Tensor& t) { return (t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0); };
+  auto with_bits = [](at::Tensor t, int b) {
+    if (b & 1) t = t.conj();
+    return (b & 2) ? at::_neg_view(t) : t;
+  };
+  const int src_bits = bits(src), dst_bits = bits(dst);
+  check_cpu_accepts(copies[static_cast<int>(from)][static_cast<int>(to)][src_bits][dst_bits], [&] {
+    with_bits(at::empty({2, 2}, at::TensorOptions().dtype(to)), dst_bits)
+        .copy_(with_bits(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t(), src_bits));
   });
 }
 
@@ -295,16 +328,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   if (dst.numel() == 0) return dst;
+  // Two views of the same data: nothing to do, before any overlap check, as ATen's copy_ (an
+  // expanded view copied into an equal one was refused for its internal overlap; hunt36d).
+  if (is_same_data(dst, self)) return dst;
+  // copy_ reaches _copy_from before the overlap checks the CPU's copy runs: run them here, at
+  // the call (they compare addresses only, so they work on device tensors from the host). The
+  // source is checked as given, not broadcast: an expanded tensor's overlap cannot be told, and a
+  // broadcast source partly overlapping dst passed and read what the copy had overwritten (hunt36d).
+  at::assert_no_internal_overlap(dst);
+  at::assert_no_partial_overlap(dst, self);
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand_as(dst);
-  // copy_ reaches _copy_from before the overlap checks the CPU's copy runs: run them here, at
-  // the call (they compare addresses only, so they work on device tensors from the host).
-  at::assert_no_internal_overlap(dst);
-  // The CPU's copy warns here, on the host; a device kernel cannot (its warnings are dropped).
-  if (src.is_complex() && !dst.is_complex())
+  // The CPU's copy warns here, on the host; a device kernel cannot (its warnings are dropped). A
+  // bool keeps "nonzero", imaginary part included: no warning, as the CPU's.
+  if (src.is_complex() && !dst.is_complex() && dst.scalar_type() != at::kBool)
     TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
-  if (is_same_data(dst, src)) return dst;
-  at::assert_no_partial_overlap(dst, src);
   if (src.is_privateuseone() || dst.is_privateuseone()) check_copy(dst, src);
   if (src.is_privateuseone()) ready_for_launch(src);
   if (dst.is_privateuseone()) ready_for_launch(dst);
