@@ -3,6 +3,7 @@
 import io
 import os
 import tempfile
+import warnings
 from copy import deepcopy
 
 import torch
@@ -135,14 +136,37 @@ class TestUnderDynamo(TestCase):
 
             return step
 
+        from unittest import mock
+
+        import torch._dynamo.convert_frame as convert_frame
+
+        compiled = []  # the files of the frames Dynamo compiles
+        compile_frame = convert_frame._compile
+
+        def spy(code, *args, **kwargs):
+            compiled.append(code.co_filename)
+            return compile_frame(code, *args, **kwargs)
+
         torch._dynamo.reset()
-        with torch._dynamo.config.patch(compiled_autograd=True):
+        with (
+            torch._dynamo.config.patch(compiled_autograd=True),
+            mock.patch.object(convert_frame, "_compile", spy),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
             # openreg first: compiled autograd would reuse the graph the CPU's run cached, without fakes.
             for model, inp in ((dev, x.to("openreg")), (cpu, x)):
                 step = torch.compile(make_step(model), backend="eager")
                 for _ in range(3):
                     step(inp)
         torch._dynamo.reset()
+        # The function the wrappers call (_copy_meta) is skipped too: Dynamo compiled it once per
+        # shape, up to its recompile limit, and warned that it cannot trace _get_backend_meta (hunt36b).
+        self.assertTrue(compiled)
+        from torch_openreg.openreg import backend_meta
+
+        self.assertFalse([f for f in compiled if f == backend_meta.__file__])
+        self.assertFalse([w for w in caught if "_get_backend_meta" in str(w.message)])
         self.assertEqual(dev.weight.cpu(), cpu.weight, atol=1e-6, rtol=1e-6)
         self.assertEqual(dev.bias.cpu(), cpu.bias, atol=1e-6, rtol=1e-6)
         self.assertEqual(get_backend_meta(dev.weight), BackendMeta(4, False))

@@ -47,8 +47,9 @@ class TestMutatingOps(TestCase):
             (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
             (torch.optim.SGD, {"lr": torch.tensor(0.1), "momentum": 0.9}),
             (torch.optim.Adagrad, {"lr": 0.1}),
-            (torch.optim.Adam, {"lr": torch.tensor(0.1)}),
-            (torch.optim.AdamW, {"lr": torch.tensor(0.1), "amsgrad": True}),
+            # Adam's family is captured only when capturable, as on CUDA (its step() refuses otherwise).
+            (torch.optim.Adam, {"lr": torch.tensor(0.1), "capturable": True}),
+            (torch.optim.AdamW, {"lr": torch.tensor(0.1), "amsgrad": True, "capturable": True}),
         ]
         grads = [torch.randn(5, 3), torch.randn(3)]
         for cls, kwargs in configs:
@@ -60,6 +61,8 @@ class TestMutatingOps(TestCase):
                 for p, g in zip(params, grads):
                     p.grad = g.to(device)
                 options = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+                if device == "cpu":
+                    options.pop("capturable", None)  # the CPU refuses it
                 return params, cls(params, fused=True, **options)
 
             cpu_params, cpu_opt = make("cpu")
@@ -73,9 +76,8 @@ class TestMutatingOps(TestCase):
                     opt.step()
                     self.assertFalse(held.stream.query(), msg=msg)
                 graph = torch.accelerator.Graph()
-                graph.capture_begin()
-                opt.step()
-                graph.capture_end()
+                with graph:
+                    opt.step()
             torch.openreg.current_stream().wait_stream(side)
             graph.replay()
             graph.replay()

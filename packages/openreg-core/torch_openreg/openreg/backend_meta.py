@@ -83,6 +83,9 @@ def _install_propagation() -> None:
 
         from_real_tensor_with_meta._openreg_backend_meta = True
         _skipped_by_dynamo(from_real_tensor_with_meta)
+        # What the wrappers call is a frame of its own: Dynamo compiled it, graph-broke on
+        # _get_backend_meta with a warning, and recompiled it per shape up to its limit (hunt36b).
+        _skipped_by_dynamo(_copy_meta)
         converter.from_real_tensor = from_real_tensor_with_meta
 
     functional = functional_tensor.FunctionalTensor
