@@ -94,7 +94,11 @@ def _use_two_step_variance(original, x, *args, **kwargs) -> bool:
 #    generates the CPU's C++ and, with workaround 2, gets the CPU's loop reordering, but not the
 #    logical index: ``x.t().argmax()`` returned the index in memory order (29 where eager and CPU
 #    Inductor give 9). openreg gets the CPU's branch: the loader also returns the row-major index
-#    of the reduction position, as that function does for the CPU.
+#    of the reduction position, as that function does for the CPU, and does so for every input:
+#    the CPU's branch decides from the input's IR node, and a computed input whose loops Inductor
+#    reorders (``(x.permute(2, 1, 0) * 1).argmax()``) gave the memory-order index on the CPU too
+#    (pytorch/pytorch#193751, fixed after 2.13 by emitting the logical index unless the order is
+#    known to be row-major; hunt36b). The row-major index costs one index expression.
 #    Test: tests/test_codegen.py::TestReductions::test_argmax_of_a_permuted_input_is_a_logical_index.
 _ARG_REDUCTIONS = ("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value", "argmin_with_value")
 
@@ -113,21 +117,8 @@ def _make_reduction_inner(original, x, *, axis, keepdims, dtype, override_return
     if device is None or device.type != DEVICE or reduction_type not in _ARG_REDUCTIONS or len(reduced_sizes) <= 1:
         return kwargs
     import sympy
-    from torch._inductor import ir
-    from torch._inductor.ir import PermuteView
     from torch._inductor.virtualized import ops
 
-    # The same condition as the CPU's (and the Triton) branch of that function.
-    data = x.data
-    if isinstance(data, PermuteView):
-        logical = True
-    elif isinstance(data, ir.ReinterpretView) or (isinstance(data, ir.StorageBox) and isinstance(data.data, ir.Buffer)):
-        layout = x.get_layout()
-        logical = layout.is_transposed() or not layout.is_contiguous()
-    else:
-        logical = False
-    if not logical:
-        return kwargs
     value_loader = kwargs["inner_fn"]
 
     def loader(index, reduction_index):

@@ -1,7 +1,9 @@
 """Generated kernels vs CPU Inductor: pointwise, reductions, views, mutation, indirect indexing,
 random numbers, CPU scalars, devices, extern kernels, dtypes."""
 
+import os
 import uuid
+import warnings
 
 import torch
 from compile_check import compare_with_cpu_inductor
@@ -51,6 +53,21 @@ class TestPointwise(TestCase):
                 code = kernels_of(lambda x: (x * 2).sin(), torch.randn(n, device="openreg"))
                 self.assertEqual("#pragma omp parallel" in code, parallel and threads > 1)
                 compare_with_cpu_inductor(self, lambda x: (x * 2).sin(), torch.randn(n))
+
+    def test_a_bad_min_chunk_size_is_named_and_ignored(self):
+        # Parsed bare, OPENREG_INDUCTOR_MIN_CHUNK_SIZE=abc failed the plugin's registration, and
+        # every openreg compile then failed with "KeyError: 'openreg'" (hunt36b).
+        from unittest import mock
+
+        from openreg_inductor import config as openreg_config
+
+        for text, expected in (("abc", 4096), ("0", 4096), ("-3", 4096), ("1024", 1024)):
+            with self.subTest(text=text), mock.patch.dict(os.environ, {"OPENREG_INDUCTOR_MIN_CHUNK_SIZE": text}):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    self.assertEqual(openreg_config._min_chunk_size(), expected)
+                named = [w for w in caught if "OPENREG_INDUCTOR_MIN_CHUNK_SIZE" in str(w.message)]
+                self.assertEqual(len(named), 0 if text == "1024" else 1)
 
     def test_dtypes(self):
         def f(a, b):
@@ -140,6 +157,18 @@ class TestReductions(TestCase):
             return x.t().argmax(), x.t().argmin(), y.argmax(), y.permute(1, 2, 0).argmin()
 
         compare_with_cpu_inductor(self, f, torch.randn(5, 7), torch.randn(3, 4, 5).permute(2, 0, 1))
+
+    def test_argmax_of_a_computed_permuted_input_is_a_logical_index(self):
+        # A computed input whose loops Inductor reorders: torch 2.13's CPU Inductor returns the index
+        # in the source's memory order (pytorch/pytorch#193751, fixed after 2.13), and openreg, which
+        # took the CPU's condition, did too. Compared with eager (CPU Inductor is wrong here).
+        def f(x):
+            return (x.permute(2, 1, 0) * 1).argmax(), x.transpose(0, 2).contiguous().argmin()
+
+        x = torch.randn(5, 6, 4)
+        expected = f(x)
+        got = torch.compile(f)(x.to("openreg"))
+        self.assertEqual([g.cpu() for g in got], list(expected))
 
     def test_var_mean_low_precision(self):
         def f(x):
