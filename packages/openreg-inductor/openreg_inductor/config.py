@@ -14,6 +14,7 @@ from torch.utils._config_module import install_config_module
 # Bump when the generated code (launch.py, scheduling.py, wrapper.py) changes shape.
 codegen_version: int = 18
 
+
 # Elements per thread below which an openreg pointwise kernel runs its loops on the stream's worker alone
 # instead of opening an OpenMP parallel region (Inductor's ``cpp.min_chunk_size``, 512, for openreg
 # kernels only). A region wakes the worker's OpenMP team, whose threads compete with the host thread
