@@ -20,6 +20,27 @@ def warm_up(fn, stream):
     stream.synchronize()
 
 
+def captured(step, stream):
+    """A graph of ``step()``, warmed up and captured on ``stream``."""
+    warm_up(step, stream)
+    graph = torch.accelerator.Graph()
+    with torch.openreg.stream(stream):
+        graph.capture_begin()
+        step()
+        graph.capture_end()
+    return graph
+
+
+def replay_each(graph, stream, values, load):
+    """For each value: ``load(value)``, then a replay on ``stream``, waited for."""
+    for value in values:
+        load(value)
+        with torch.openreg.stream(stream):
+            graph.replay()
+        stream.synchronize()
+        yield value
+
+
 class TestGraphs(TestCase):
     def test_capture_and_replay(self):
         x = torch.zeros(1000, device="openreg")
@@ -79,12 +100,7 @@ class TestGraphs(TestCase):
         def step():
             x[x < 0] = 0.0
 
-        warm_up(step, s)
-        g = torch.accelerator.Graph()
-        with torch.openreg.stream(s):
-            g.capture_begin()
-            step()
-            g.capture_end()
+        g = captured(step, s)
         x.copy_(torch.arange(-8.0, 0.0, 1.0, device="openreg"))
         torch.openreg.synchronize()
         g.replay()
@@ -1013,17 +1029,8 @@ class TestGraphs(TestCase):
             host["out"].copy_(dev * 2, non_blocking=True)
 
         host["in"].fill_(1)
-        warm_up(step, s)
-        g = torch.accelerator.Graph()
-        with torch.openreg.stream(s):
-            g.capture_begin()
-            step()
-            g.capture_end()
-        for value in (3.0, 5.0):
-            host["in"].fill_(value)
-            with torch.openreg.stream(s):
-                g.replay()
-            s.synchronize()
+        g = captured(step, s)
+        for value in replay_each(g, s, (3.0, 5.0), host["in"].fill_):
             self.assertEqual(host["out"], torch.full((4,), 2 * value))
         kept = {t.data_ptr() for t in host.values()}
         host.clear()
@@ -1047,17 +1054,8 @@ class TestGraphs(TestCase):
             host["out"].copy_(dev.t() * 2, non_blocking=True)  # a strided source
 
         host["in"].copy_(torch.arange(8.0).view(4, 2))
-        warm_up(step, s)
-        g = torch.accelerator.Graph()
-        with torch.openreg.stream(s):
-            g.capture_begin()
-            step()
-            g.capture_end()
-        for value in (3.0, 5.0):
-            host["in"].copy_(torch.arange(8.0).view(4, 2) + value)
-            with torch.openreg.stream(s):
-                g.replay()
-            s.synchronize()
+        g = captured(step, s)
+        for value in replay_each(g, s, (3.0, 5.0), lambda v: host["in"].copy_(torch.arange(8.0).view(4, 2) + v)):
             self.assertEqual(host["out"], (torch.arange(8.0).view(4, 2) + value).double() * 2)
         g.reset()
 
