@@ -109,13 +109,17 @@ class TestState(TestCase):
         # eight a thread keeps, each op still draws its own numbers, the same as one at a time.
         from torch_openreg.utils.testing import StreamHold
 
+        torch.empty(64, device="openreg").uniform_()  # the signature's first call, verified synchronously
+        torch.openreg.synchronize()
+
         def draw(hold):
             torch.openreg.manual_seed(5)
             xs = [torch.empty(64, device="openreg") for _ in range(20)]
             if hold:
-                with StreamHold():
+                with StreamHold() as held:
                     for x in xs:
                         x.uniform_()
+                    self.assertFalse(held.stream.query())  # all twenty queued behind the hold
             else:
                 for x in xs:
                     x.uniform_()

@@ -87,6 +87,35 @@ class TestMutatingOps(TestCase):
                 self.assertEqual(p.detach().cpu(), c.detach(), atol=1e-6, rtol=1e-6, msg=msg)
             graph.reset()
 
+    def test_fused_steps_refuse_bad_values_at_the_call(self):
+        # What the verified signature does not hold (a momentum without its buffers, a tensor lr of
+        # several elements) is refused at the call with the CPU's error, not by the device later.
+        def sgd(device, momentum, lr):
+            p, g = [torch.zeros(3, device=device)], [torch.ones(3, device=device)]
+            torch._fused_sgd_(
+                p,
+                g,
+                [],
+                weight_decay=0.0,
+                momentum=momentum,
+                lr=lr,
+                dampening=0.0,
+                nesterov=False,
+                maximize=False,
+                is_first_step=False,
+            )
+            return p[0]
+
+        for device in ("cpu", "openreg"):
+            sgd(device, 0.0, 0.1)  # verified
+            sgd(device, 0.0, torch.tensor([0.1], device=device))
+            with self.assertRaisesRegex(RuntimeError, "momentum_buffer_list.size\\(\\) == n_tensors"):
+                sgd(device, 0.9, 0.1)
+            with self.assertRaisesRegex(RuntimeError, "a Tensor with 2 elements cannot be converted to Scalar"):
+                sgd(device, 0.0, torch.tensor([0.1, 0.2], device=device))
+        torch.openreg.synchronize()  # and nothing failed on the device
+        self.assertEqual(sgd("openreg", 0.0, 0.5).cpu(), torch.full((3,), -0.5))
+
     def test_grad_scaler_unscales_and_skips_inf(self):
         cpu, dev = make_pair()
         scaler = torch.amp.GradScaler("openreg", init_scale=1024.0)

@@ -18,6 +18,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/WrapDimMinimal.h>
 
+#include <string_view>
+
 #include "OpenRegFallback.h"
 
 namespace c10::openreg {
@@ -60,12 +62,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tenso
 
 // No meta kernel upstream for these fused optimizer steps (torch 2.13 has Python ones for
 // _fused_adam_ and _fused_adamw_ with a float lr only). They update their lists in place and return
-// nothing, so there is nothing to compute; without a meta kernel the generic path ran every call
-// synchronously, and refused them in a graph capture, where CUDA runs and captures them (hunt36a).
-// Their argument checks stay the CPU kernel's: each signature's first call runs synchronously and is
-// verified (generic-path.md, step 3), and the lists' lengths are part of the signature.
+// nothing; without a meta kernel the generic path ran every call synchronously, and refused them in
+// a graph capture, where CUDA runs and captures them (hunt36a). Argument errors stay the CPU
+// kernel's, raised at the call: each signature's first call runs synchronously and is verified
+// (generic-path.md, step 4), the lists' lengths are part of the signature, and what it does not hold
+// (a nonzero momentum without momentum buffers, a tensor lr of several elements) is refused here,
+// which sends the call to the CPU kernel synchronously (review36).
 void fused_optimizer_step(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  torch::jit::drop(*stack, op.schema().arguments().size());
+  const auto& arguments = op.schema().arguments();
+  const c10::IValue* first = stack->data() + stack->size() - arguments.size();
+  auto argument = [&](std::string_view name) -> const c10::IValue* {
+    for (size_t i = 0; i < arguments.size(); ++i)
+      if (arguments[i].name() == name) return first + i;
+    return nullptr;
+  };
+  const size_t params = argument("self")->toTensorList().size();
+  const c10::IValue* momentum = argument("momentum");
+  if (momentum != nullptr && momentum->toDouble() != 0.0)
+    TORCH_CHECK(argument("momentum_buffer_list")->toTensorList().size() == params, "momentum without its buffers");
+  const c10::IValue* lr = argument("lr");
+  if (lr != nullptr && lr->isTensor()) TORCH_CHECK(lr->toTensor().numel() == 1, "a tensor lr of several elements");
+  torch::jit::drop(*stack, arguments.size());
 }
 
 const NativeMetaTable& table() {

@@ -223,36 +223,19 @@ void copy_device_to_device(const at::Tensor& dst, const at::Tensor& src) {
   }
 }
 
-// A copy that converts or lays out (dtype, strides, conjugate or negative bits) on either side.
-void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
-  c10::DeviceGuard guard(dst.device());
-  auto stream = getCurrentOpenRegStream(dst.device().index());
-  if (!is_contiguous_same(dst, src)) {
-    if (non_blocking && src.is_contiguous() && host_allocator::is_pinned(src.const_data_ptr())) {
-      // As CUDA's: the pinned bytes go over as they are, without the host waiting, and the device
-      // converts them (and applies the source's bits) into dst, so the copy stays asynchronous and
-      // can be captured into a graph. It was converted on the host into pageable memory, whose copy
-      // waited, and a capture refused it saying to use pinned memory (hunt36d).
-      at::Tensor bytes = at::empty(src.sizes(), src.options().device(dst.device()));
-      OPENREG_CHECK(
-          orMemcpyAsync(bytes.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice, stream.handle()));
-      host_allocator::record_stream(src.const_data_ptr(), src.storage().data_ptr().get_context(), stream);
-      at::Tensor as_src = src.is_conj() ? bytes.conj() : bytes;
-      return copy_device_to_device(dst, src.is_neg() ? at::_neg_view(as_src) : as_src);
-    }
-    // Converted by the CPU's copy_, which applies the source's bits in dst's dtype as the device's
-    // copy does: `.to(dtype)` resolved a negative view in the source's dtype first (an int8 -128
-    // came out -128 in int16, where copy_ gives 128; hunt36d).
-    at::Tensor host = at::empty(src.sizes(), src.options().dtype(dst.dtype()));
-    host.copy_(src);
-    // Straight in only if dst is plain too: a conjugated or negated view goes through the device.
-    if (is_contiguous_same(dst, host)) return copy_host_to_device(dst, host, non_blocking);
-    at::Tensor staging = at::empty(dst.sizes(), dst.options());
-    copy_host_to_device(staging, host, false);
-    return copy_device_to_device(dst, staging);
-  }
-  OPENREG_CHECK(
-      orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyHostToDevice, stream.handle()));
+// A view's conjugate and negative bits (1: conj, 2: neg), and a view of `t` with such bits.
+int bits_of(const at::Tensor& t) { return (t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0); }
+at::Tensor with_bits(at::Tensor t, int bits) {
+  if (bits & 1) t = t.conj();
+  return (bits & 2) ? at::_neg_view(t) : t;
+}
+
+// Byte for byte, whatever the bits say: `nbytes` from src's first element to dst's (the same dtype
+// and layout). A pinned source or destination with non_blocking is not waited for; pageable memory
+// always is, by the runtime (its buffer may be reused when the call returns).
+void memcpy_to_device(const at::Tensor& dst, const at::Tensor& src, size_t nbytes, bool non_blocking,
+                      const OpenRegStream& stream) {
+  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), nbytes, orMemcpyHostToDevice, stream.handle()));
   if (host_allocator::is_pinned(src.const_data_ptr())) {
     if (non_blocking)
       host_allocator::record_stream(src.const_data_ptr(), src.storage().data_ptr().get_context(), stream);
@@ -261,27 +244,57 @@ void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_
   }
 }
 
-void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
-  c10::DeviceGuard guard(src.device());
-  auto stream = getCurrentOpenRegStream(src.device().index());
-  if (!is_contiguous_same(dst, src)) {
-    at::Tensor dense = at::empty(src.sizes(), src.options().dtype(dst.dtype()));
-    copy_device_to_device(dense, src);
-    // Into plain pinned memory without waiting, as CUDA's (see copy_host_to_device).
-    if (non_blocking && dst.is_contiguous() && !dst.is_conj() && !dst.is_neg() &&
-        host_allocator::is_pinned(dst.const_data_ptr()))
-      return copy_device_to_host(dst, dense, true);
-    at::Tensor host = at::empty(src.sizes(), dst.options());
-    copy_device_to_host(host, dense, false);
-    dst.copy_(host);
-    return;
-  }
-  OPENREG_CHECK(
-      orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), src.nbytes(), orMemcpyDeviceToHost, stream.handle()));
+void memcpy_to_host(const at::Tensor& dst, const at::Tensor& src, size_t nbytes, bool non_blocking,
+                    const OpenRegStream& stream) {
+  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), nbytes, orMemcpyDeviceToHost, stream.handle()));
   if (!non_blocking)
     stream.synchronize();
   else if (host_allocator::is_pinned(dst.const_data_ptr()))  // the copy may still write it
     host_allocator::record_stream(dst.const_data_ptr(), dst.storage().data_ptr().get_context(), stream);
+}
+
+// Host and device copies that convert (dtype, conjugate or negative bits) or lay out make on the
+// device exactly the copy the CPU's copy_ makes, with both sides' dtypes, bits and (dense) strides:
+// the CPU picks its kernel by them, and it cannot negate every dtype (a negative view into a negative
+// uint16 view negates nothing; a plain uint16 staging tensor between them needed a neg the CPU does
+// not have), nor does its float16<->float32 contiguous fast path apply a negative bit. Host staging
+// without the bits refused pairs the CPU copies and, host to device, negated a view in the source's
+// dtype (int8 -128 into int16 gave -128 where copy_ gives 128) (hunt36d, review36).
+// Host to device: the source's bytes go over as they are (gathered on the host first if it is not
+// dense), into device memory of its dtype, bits and strides. From pinned memory with non_blocking
+// nothing waits, and the copy can be captured into a graph: it converted on the host into pageable
+// memory, which waited, and a capture refused it saying to use pinned memory (hunt36d).
+void copy_host_to_device(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(dst.device());
+  auto stream = getCurrentOpenRegStream(dst.device().index());
+  if (is_contiguous_same(dst, src)) return memcpy_to_device(dst, src, src.nbytes(), non_blocking, stream);
+  const int bits = bits_of(src);
+  at::Tensor host = src;
+  if (!src.is_non_overlapping_and_dense()) {  // expanded, or with gaps: its elements, bits kept
+    host = with_bits(at::empty(src.sizes(), src.options()), bits);
+    host.copy_(src);  // the same dtype and bits: nothing is applied
+  }
+  at::Tensor bytes = at::empty_strided(host.sizes(), host.strides(), host.options().device(dst.device()));
+  memcpy_to_device(bytes, host, host.nbytes(), non_blocking, stream);
+  copy_device_to_device(dst, with_bits(bytes, bits));
+}
+
+// Device to host: the device copies into memory of dst's dtype, bits and (if dense) strides, whose
+// bytes then come over as they are; into plain pinned memory with non_blocking without waiting.
+void copy_device_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(src.device());
+  auto stream = getCurrentOpenRegStream(src.device().index());
+  if (is_contiguous_same(dst, src)) return memcpy_to_host(dst, src, src.nbytes(), non_blocking, stream);
+  const int bits = bits_of(dst);
+  const bool dense = dst.is_non_overlapping_and_dense();
+  const auto options = src.options().dtype(dst.dtype());
+  at::Tensor staged =
+      with_bits(dense ? at::empty_strided(dst.sizes(), dst.strides(), options) : at::empty(dst.sizes(), options), bits);
+  copy_device_to_device(staged, src);
+  if (dense) return memcpy_to_host(dst, staged, dst.nbytes(), non_blocking, stream);
+  at::Tensor host = with_bits(at::empty(dst.sizes(), dst.options()), bits);
+  memcpy_to_host(host, staged, host.nbytes(), false, stream);
+  dst.copy_(host);  // the same dtype and bits: nothing is applied
 }
 
 // A copy the CPU's copy_ has no kernel for is refused at the call with the CPU's
@@ -301,12 +314,7 @@ void check_copy(const at::Tensor& dst, const at::Tensor& src) {
   if (c10::isQIntType(from) || c10::isQIntType(to)) return;  // quantized: OpenRegQuantized.cpp
   constexpr int n = static_cast<int>(c10::ScalarType::NumOptions);
   static std::atomic<bool> copies[n][n][4][4] = {};
-  auto bits = [](const at::Tensor& t) { return (t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0); };
-  auto with_bits = [](at::Tensor t, int b) {
-    if (b & 1) t = t.conj();
-    return (b & 2) ? at::_neg_view(t) : t;
-  };
-  const int src_bits = bits(src), dst_bits = bits(dst);
+  const int src_bits = bits_of(src), dst_bits = bits_of(dst);
   check_cpu_accepts(copies[static_cast<int>(from)][static_cast<int>(to)][src_bits][dst_bits], [&] {
     with_bits(at::empty({2, 2}, at::TensorOptions().dtype(to)), dst_bits)
         .copy_(with_bits(at::zeros({2, 2}, at::TensorOptions().dtype(from)).t(), src_bits));

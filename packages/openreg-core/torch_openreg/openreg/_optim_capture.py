@@ -1,7 +1,7 @@
 """A non-capturable optimizer step is refused in an openreg graph capture, as on CUDA and XPU.
 
 Optimizers whose update reads a step count (Adam, AdamW, NAdam, RAdam, Adamax, RMSprop, Rprop,
-ASGD, Adadelta, Adafactor) keep it on the host unless built with ``capturable=True``: the bias
+ASGD, Adadelta) keep it on the host unless built with ``capturable=True``: the bias
 corrections are host numbers, fixed when a step is captured, and every replay would apply the
 captured step's corrections again. torch 2.13's
 ``Optimizer._accelerator_graph_capture_health_check`` (``torch/optim/optimizer.py``), which their
