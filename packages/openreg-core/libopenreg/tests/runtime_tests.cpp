@@ -243,9 +243,12 @@ void check_stream_still_runs(orStream_t s) {
   CHECK_EQ(ran, 1);
 }
 
-void sleep_kernel_ms(orStream_t stream, int ms) {
-  CHECK_OK(
-      openreg::launch(stream, "test::sleep", [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }));
+// A kernel that sleeps `ms`, then counts itself in `ran` (when given).
+void sleep_kernel_ms(orStream_t stream, int ms, std::atomic<int>* ran = nullptr) {
+  CHECK_OK(openreg::launch(stream, "test::sleep", [ms, ran] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (ran != nullptr) ++*ran;
+  }));
 }
 
 std::vector<unsigned char> pattern(size_t n, unsigned seed) {
@@ -392,12 +395,7 @@ TEST(device_synchronize_waits_for_all_streams) {
   std::vector<orStream_t> streams(3);
   for (auto& s : streams) CHECK_OK(orStreamCreate(&s));
   std::atomic<int> done{0};
-  for (int i = 0; i < 3; ++i) {
-    CHECK_OK(openreg::launch(streams[i], "test::slow", [&] {
-      std::this_thread::sleep_for(20ms);
-      done++;
-    }));
-  }
+  for (int i = 0; i < 3; ++i) sleep_kernel_ms(streams[i], 20, &done);
   CHECK_OK(openreg::launch(nullptr, "test::slow_default", [&] {
     std::this_thread::sleep_for(20ms);
     done++;
@@ -1217,10 +1215,7 @@ TEST(graph_capture_begins_after_the_queued_work) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
   std::atomic<int> ran{0};
-  CHECK_OK(openreg::launch(s, "test::slow", [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ++ran;
-  }));
+  sleep_kernel_ms(s, 50, &ran);
   CHECK_OK(orStreamBeginCapture(s));
   CHECK_EQ(ran.load(), 1);  // waited for
   orGraph_t g = nullptr;
@@ -2173,10 +2168,7 @@ TEST(launch_blocking_reports_at_the_launch) {
   orStream_t s = nullptr;
   CHECK_OK(orStreamCreate(&s));
   std::atomic<int> ran{0};
-  CHECK_OK(openreg::launch(s, "test::slow", [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ++ran;
-  }));
+  sleep_kernel_ms(s, 50, &ran);
   CHECK_EQ(ran.load(), 1);  // done when the launch returned
   CHECK_STATUS(orErrorLaunchFailure,
                orLaunchKernel(s, "test::failing", [](void*) { return orKernelFail("at once"); }, nullptr, nullptr));
